@@ -1,0 +1,65 @@
+"""sur_lab: budgeted KV-cache repair after context deletion (Semantic-Unit Refresh and its executors).
+
+Quick use::
+
+    from sur_lab import load_model, chat_edit, prepare, repair, answer
+    lm = load_model()                                   # embedded SmolLM2-135M-Instruct
+    edit = chat_edit(lm.tokenizer, documents, question, span=(start, end))
+    prepared = prepare(lm, edit)                        # Dirty prefill + Shift, shared by all methods
+    result = repair(lm, prepared, "SUR", budget_pct=5)  # allocator + sequential executor
+    print(answer(lm, result.cache, edit).text)
+
+Source: "Budgeted KV-Cache Repair for Evolving Contexts" (section 3, appendix 7 and 13).
+"""
+
+from .allocators import ALLOCATORS, AllocationRequest, Selection, allocate, get_allocator, register_allocator
+from .answer import Answer, answer, continuation_nll
+from .budget import Support, allowance, coalesce
+from .edits import EditedContext, build_edit, chat_edit, format_passages, render_chat, token_edit
+from .executors import EXECUTORS, dirty, get_executor, register_executor, replay, reprefill, shift
+from .models import EMBEDDED_MODEL, LoadedModel, ModelSpec, UnsupportedModelError, load_model, wrap_model
+from .repair import REFERENCE_METHODS, PreparedEdit, RepairResult, prepare, repair
+from .units import Unit, segment_units
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALLOCATORS",
+    "EMBEDDED_MODEL",
+    "EXECUTORS",
+    "REFERENCE_METHODS",
+    "AllocationRequest",
+    "Answer",
+    "EditedContext",
+    "LoadedModel",
+    "ModelSpec",
+    "PreparedEdit",
+    "RepairResult",
+    "Selection",
+    "Support",
+    "Unit",
+    "UnsupportedModelError",
+    "allocate",
+    "allowance",
+    "answer",
+    "build_edit",
+    "chat_edit",
+    "coalesce",
+    "continuation_nll",
+    "dirty",
+    "format_passages",
+    "get_allocator",
+    "get_executor",
+    "load_model",
+    "prepare",
+    "register_allocator",
+    "register_executor",
+    "render_chat",
+    "repair",
+    "replay",
+    "reprefill",
+    "segment_units",
+    "shift",
+    "token_edit",
+    "wrap_model",
+]

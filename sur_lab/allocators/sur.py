@@ -1,0 +1,168 @@
+"""Semantic-Unit Refresh (SUR): frozen-embedding relevance, semantic units, whole-unit admission and a forward-envelope
+window for the remainder (section 3.2, appendix 7.3, Algorithm 1 steps 4–9).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..budget import Support
+from ..units import Unit
+from .base import AllocationRequest, Selection, register_allocator
+
+#: Identical-token bonus of Eq. 1 / Eq. 7.
+IDENTICAL_TOKEN_BONUS = 0.25
+#: Forward-envelope decay per token of Eq. 8 (e^{-1/16}).
+ENVELOPE_DECAY = float(np.exp(-1.0 / 16.0))
+#: Suffix tokens scored per block (appendix 7.3).
+RELEVANCE_BLOCK = 1024
+#: Token scores averaged into a unit score (the four highest).
+UNIT_TOP_K = 4
+
+
+@torch.inference_mode()
+def token_relevance(
+    embedding: torch.Tensor, suffix_ids: torch.Tensor, query_ids: torch.Tensor, *, block: int = RELEVANCE_BLOCK
+) -> np.ndarray:
+    """SUR token scores r_i = max_j cos(E(s_i), E(q_j)) + 0.25·1[s_i ∈ q] (Eq. 1, Eq. 7).
+
+    Args:
+        embedding: ``[V, H]`` the model's frozen input-embedding table (any float dtype; scored in FP32).
+        suffix_ids: ``[S]`` int64 retained suffix tokens.
+        query_ids: ``[Q]`` int64 query tokens (tokenized without special tokens), Q >= 1.
+        block: suffix tokens per block (1,024 in the paper), bounds memory at ``block × Q`` floats.
+
+    Returns:
+        float32 array ``[S]``.
+
+    Raises:
+        ValueError: if ``query_ids`` is empty.
+    """
+    if query_ids.numel() == 0:
+        raise ValueError("query_ids is empty (empty query)")
+    q = torch.nn.functional.normalize(embedding[query_ids].float(), dim=-1)  # (Q, H)
+    q_set = torch.unique(query_ids)
+    out = torch.empty(suffix_ids.numel(), dtype=torch.float32)
+    for lo in range(0, suffix_ids.numel(), block):
+        ids = suffix_ids[lo : lo + block]
+        s = torch.nn.functional.normalize(embedding[ids].float(), dim=-1)  # (b, H)
+        cos = (s @ q.T).amax(dim=1)
+        out[lo : lo + block] = cos.cpu() + IDENTICAL_TOKEN_BONUS * torch.isin(ids, q_set).float().cpu()
+    return out.numpy()
+
+
+def unit_scores(token_scores: np.ndarray, units: list[Unit], k: int = UNIT_TOP_K) -> np.ndarray:
+    """Mean of each unit's ``k`` highest token scores (all of them when the unit is shorter); float64 ``[U]``."""
+    out = np.empty(len(units), dtype=np.float64)
+    for i, u in enumerate(units):
+        vals = np.asarray(token_scores[u.start : u.end], dtype=np.float64)
+        top = np.sort(vals)[-k:] if len(vals) > k else vals
+        out[i] = top.mean()
+    return out
+
+
+def forward_envelope(scores: np.ndarray) -> np.ndarray:
+    """Forward-decaying relevance envelope of Eq. 8 over one unit's token scores.
+
+    ``u_t = max(exp(r_t - r_max), e^{-1/16} u_{t-1})`` with ``u_0 = 0`` and ``r_max`` the unit's largest score.
+    Returns float64 ``[n]``.
+    """
+    r = np.asarray(scores, dtype=np.float64)
+    peaks = np.exp(r - r.max())
+    env = np.empty_like(peaks)
+    prev = 0.0
+    for t, value in enumerate(peaks):
+        prev = max(value, ENVELOPE_DECAY * prev)
+        env[t] = prev
+    return env
+
+
+def best_window(scores: np.ndarray, width: int) -> int:
+    """Start offset of the width-``width`` window with the largest envelope sum (Eq. 8), earliest maximizer.
+
+    Each window is summed on its own (not by prefix-sum differences) so equal windows compare exactly equal.
+
+    Raises:
+        ValueError: if ``width`` is not in ``[1, len(scores)]``.
+    """
+    n = len(scores)
+    if not 1 <= width <= n:
+        raise ValueError(f"width={width} must be in [1, {n}]")
+    env = forward_envelope(scores)
+    sums = np.lib.stride_tricks.sliding_window_view(env, width).sum(axis=1)
+    return int(np.argmax(sums))
+
+
+def rank_units(scores: np.ndarray, units: list[Unit]) -> np.ndarray:
+    """Unit indices by decreasing score, earlier position first among ties."""
+    starts = np.array([u.start for u in units], dtype=np.int64)
+    return np.lexsort((starts, -np.asarray(scores, dtype=np.float64)))
+
+
+def allocate_units(
+    units: list[Unit], token_scores: np.ndarray, unit_score: np.ndarray, budget: int
+) -> tuple[np.ndarray, list[int], int | None]:
+    """Admit whole units in ranked order, then the best exact-width window of the next unit (Algorithm 1, 6–8).
+
+    Args:
+        units: units partitioning the suffix.
+        token_scores: ``[S]`` per-token scores (used by the window rule).
+        unit_score: ``[U]`` unit scores used for ranking.
+        budget: B, positions to select (0 <= B <= S).
+
+    Returns:
+        ``(positions, admitted_unit_indices, partial_unit_index_or_None)`` with ``positions`` sorted int64 ``[B]``.
+    """
+    chosen: list[np.ndarray] = []
+    admitted: list[int] = []
+    partial = None
+    remaining = budget
+    for idx in rank_units(unit_score, units):
+        if remaining == 0:
+            break
+        u = units[idx]
+        if len(u) <= remaining:
+            chosen.append(np.arange(u.start, u.end))
+            admitted.append(int(idx))
+            remaining -= len(u)
+        else:
+            off = best_window(token_scores[u.start : u.end], remaining)
+            chosen.append(np.arange(u.start + off, u.start + off + remaining))
+            partial = int(idx)
+            remaining = 0
+    positions = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+    return positions.astype(np.int64), admitted, partial
+
+
+def sur_token_scores(request: AllocationRequest) -> np.ndarray:
+    """SUR's token scores for the request's suffix (Eq. 7), float32 ``[S]``."""
+    edit = request.edit
+    embedding = request.lm.model.get_input_embeddings().weight
+    return token_relevance(embedding, edit.suffix_ids.to(embedding.device), edit.relevance_ids.to(embedding.device))
+
+
+@register_allocator("SUR")
+def sur(request: AllocationRequest) -> Selection:
+    """Semantic-Unit Refresh (section 3.2, appendix 7.3, Algorithm 1 steps 4–9).
+
+    Diagnostics: ``token_scores`` ``[S]``, ``units`` (list of :class:`Unit`), ``unit_scores`` ``[U]``,
+    ``admitted`` (unit indices admitted whole, in rank order) and ``partial`` (the windowed unit or ``None``).
+    """
+    S, B = request.suffix_len, request.allowance
+    if B == 0:
+        return Selection(Support(np.zeros(0, dtype=np.int64), S))
+    scores = sur_token_scores(request)
+    units = request.get_units()
+    u_scores = unit_scores(scores, units)
+    positions, admitted, partial = allocate_units(units, scores, u_scores, B)
+    return Selection(
+        Support(positions, S),
+        diagnostics={
+            "token_scores": scores,
+            "units": units,
+            "unit_scores": u_scores,
+            "admitted": admitted,
+            "partial": partial,
+        },
+    )

@@ -1,0 +1,119 @@
+"""Budgets, allowances, supports and intervals (Eq. 3, appendix 7.1, Algorithm 1 steps 1 and 9).
+
+Vocabulary: the *budget* b is a percentage of the S retained suffix tokens; its *allowance* B = B(S, b) is a count of
+positions; a *support* is the sorted set of suffix positions to refresh; an *interval* is a maximal run of consecutive
+support positions (R of them). Support positions are suffix-local (0 .. S-1); ``absolute(prefix_len)`` maps them to
+positions in the edited context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+
+def check_budget(budget_pct: float) -> float:
+    """Validate a budget in percent.
+
+    Raises:
+        ValueError: if ``budget_pct`` is not a finite number in [0, 100].
+    """
+    try:
+        value = float(budget_pct)
+    except (TypeError, ValueError):
+        raise ValueError(f"budget_pct must be a number in [0, 100]; got {budget_pct!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 100.0:
+        raise ValueError(f"budget_pct must be in [0, 100] (percent of the suffix); got {budget_pct!r}")
+    return value
+
+
+def allowance(suffix_len: int, budget_pct: float) -> int:
+    """Allowance B(S, b) = min(S, ceil(S * b / 100)) positions (Eq. 3).
+
+    The product is formed exactly (as a fraction of the decimal value of b) so that, e.g., S = 100 and b = 7 gives 7,
+    not 8 from a float rounding of 7.000000000000001.
+
+    Args:
+        suffix_len: S >= 0, retained suffix tokens.
+        budget_pct: b in [0, 100], percent.
+
+    Raises:
+        ValueError: if ``suffix_len`` < 0 or ``budget_pct`` is outside [0, 100].
+    """
+    if int(suffix_len) != suffix_len or suffix_len < 0:
+        raise ValueError(f"suffix_len must be a non-negative integer; got {suffix_len!r}")
+    b = Fraction(str(check_budget(budget_pct)))
+    return min(int(suffix_len), math.ceil(int(suffix_len) * b / 100))
+
+
+def coalesce(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive integers in sorted ``positions``, as half-open ``(start, end)`` intervals."""
+    if len(positions) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1)
+    starts = np.concatenate(([positions[0]], positions[breaks + 1]))
+    ends = np.concatenate((positions[breaks] + 1, [positions[-1] + 1]))
+    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+
+@dataclass(frozen=True)
+class Support:
+    """A set of suffix positions to refresh.
+
+    Attributes:
+        positions: int64 array ``[B]``, strictly increasing, suffix-local in ``[0, suffix_len)``.
+        suffix_len: S, tokens.
+
+    Raises:
+        ValueError: (at construction) if positions are not sorted, not unique, or outside ``[0, suffix_len)``.
+    """
+
+    positions: np.ndarray
+    suffix_len: int
+    intervals: list[tuple[int, int]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        pos = np.asarray(self.positions, dtype=np.int64).reshape(-1)
+        if len(pos) and (pos[0] < 0 or pos[-1] >= self.suffix_len):
+            raise ValueError(f"positions must lie in the suffix [0, {self.suffix_len}); got {pos.min()}..{pos.max()}")
+        if len(pos) > 1 and np.any(np.diff(pos) <= 0):
+            raise ValueError("positions must be sorted and unique")
+        pos.setflags(write=False)
+        object.__setattr__(self, "positions", pos)
+        object.__setattr__(self, "intervals", coalesce(pos))
+
+    @classmethod
+    def from_unsorted(cls, positions, suffix_len: int) -> "Support":
+        """Sort and de-duplicate ``positions`` before building the support."""
+        return cls(np.unique(np.asarray(positions, dtype=np.int64)), suffix_len)
+
+    @classmethod
+    def full(cls, suffix_len: int) -> "Support":
+        """Every suffix position (B = S: Replay)."""
+        return cls(np.arange(suffix_len, dtype=np.int64), suffix_len)
+
+    @property
+    def size(self) -> int:
+        """B, the number of selected positions."""
+        return int(len(self.positions))
+
+    @property
+    def num_intervals(self) -> int:
+        """R, the number of maximal intervals."""
+        return len(self.intervals)
+
+    def absolute(self, prefix_len: int) -> np.ndarray:
+        """Positions in the edited context: ``prefix_len + positions`` (int64 ``[B]``)."""
+        return self.positions + int(prefix_len)
+
+    def mask(self) -> np.ndarray:
+        """Boolean ``[S]`` mask of selected positions."""
+        m = np.zeros(self.suffix_len, dtype=bool)
+        m[self.positions] = True
+        return m
+
+    def __len__(self) -> int:
+        return self.size

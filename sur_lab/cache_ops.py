@@ -1,0 +1,196 @@
+"""KV-cache operations: the only module that touches transformers' cache internals.
+
+A cache is a transformers ``DynamicCache`` (v5: ``cache.layers[i].keys`` / ``.values``), each layer holding keys and
+values shaped ``(batch=1, num_kv_heads, seq_len, head_dim)``. Keys are cached *after* RoPE, so any function that moves
+tokens to other positions says whether it re-rotates keys. Every function here returns a new cache and leaves its
+input untouched, except the ones named ``*_`` (trailing underscore), which write into a cache the caller owns.
+
+Source: appendix 7.1 (Shift, Eq. 2; sparse refresh writes), appendix 13.2 (indexed writes, Eq. 21).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def from_tensors(layers: Sequence[KV]) -> DynamicCache:
+    """Build a ``DynamicCache`` holding the given per-layer ``(keys, values)`` (no copy is made).
+
+    Args:
+        layers: one ``(K, V)`` pair per layer, each ``[1, H_kv, N, d_h]``.
+    """
+    return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+
+
+def layer_kv(cache: DynamicCache, layer: int) -> KV:
+    """Return layer ``layer``'s ``(keys, values)``, each ``[1, H_kv, N, d_h]`` (views, not copies)."""
+    entry = cache.layers[layer]
+    return entry.keys, entry.values
+
+
+def num_layers(cache: DynamicCache) -> int:
+    """Number of layers held by the cache."""
+    return len(cache.layers)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    """Cached sequence length N (tokens)."""
+    return cache.get_seq_length()
+
+
+def to_tensors(cache: DynamicCache) -> list[KV]:
+    """Per-layer ``(K, V)`` views of the cache."""
+    return [layer_kv(cache, i) for i in range(num_layers(cache))]
+
+
+def clone_cache(cache: DynamicCache) -> DynamicCache:
+    """Deep copy: new tensors, same values (bitwise)."""
+    return from_tensors([(k.clone(), v.clone()) for k, v in to_tensors(cache)])
+
+
+def slice_rows(cache: DynamicCache, start: int, end: int) -> DynamicCache:
+    """Copy of rows ``[start, end)`` of every layer, without re-rotation (positions are not changed).
+
+    Raises:
+        ValueError: if ``0 <= start <= end <= N`` does not hold.
+    """
+    n = cache_length(cache)
+    if not 0 <= start <= end <= n:
+        raise ValueError(f"rows [start={start}, end={end}) must satisfy 0 <= start <= end <= {n}")
+    return from_tensors([(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in to_tensors(cache)])
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The rotate-half pairing used by Llama/Qwen RoPE: ``(x1, x2) -> (-x2, x1)`` over the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move post-RoPE keys by ``delta`` positions: ``K' = R_delta K`` (Eq. 2 with ``delta = -d``).
+
+    Because rotate-half RoPE composes additively, ``R_{i-d} R_i^{-1} = R_{-d}`` for every position i, so one rotation
+    serves the whole suffix. Angles are formed in float64 from the model's inverse frequencies, then cast to the key
+    dtype (appendix 7.1). RoPE variants that scale cos and sin by a constant (YaRN's attention factor) are handled
+    exactly since the factor cancels in the relative rotation.
+
+    Args:
+        keys: ``[1, H_kv, L, d_h]`` post-RoPE keys, any float dtype.
+        delta: signed position offset in tokens.
+        inv_freq: ``[d_h // 2]`` inverse frequencies (any float dtype; promoted to float64).
+
+    Returns:
+        New tensor, same shape and dtype as ``keys``.
+
+    Raises:
+        ValueError: if ``inv_freq`` does not have ``d_h // 2`` entries.
+    """
+    head_dim = keys.shape[-1]
+    if inv_freq.numel() * 2 != head_dim:
+        raise ValueError(f"inv_freq has {inv_freq.numel()} entries; keys need head_dim // 2 = {head_dim // 2}")
+    angles = float(delta) * inv_freq.detach().to(device=keys.device, dtype=torch.float64)
+    emb = torch.cat((angles, angles))
+    cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
+    return keys * cos + rotate_half(keys) * sin
+
+
+def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq: torch.Tensor) -> DynamicCache:
+    """Shift: drop rows ``[p, p + d)`` and re-rotate the suffix keys by ``-d`` positions; values are unchanged.
+
+    No contextual forward is run, so the suffix still carries the deleted span's influence (appendix 7.1).
+
+    Args:
+        cache: Dirty cache of ``p ⊕ e ⊕ s``, ``N = p + d + S`` rows; not modified.
+        prefix_len: p, tokens.
+        deleted_len: d >= 1, tokens.
+        inv_freq: the model's RoPE inverse frequencies ``[d_h // 2]``.
+
+    Returns:
+        New cache of ``p + S`` rows: prefix rows bitwise copies, suffix keys re-rotated, suffix values copied.
+
+    Raises:
+        ValueError: if ``prefix_len < 0``, ``deleted_len < 1`` or ``prefix_len + deleted_len > N``.
+    """
+    n = cache_length(cache)
+    if prefix_len < 0 or deleted_len < 1 or prefix_len + deleted_len > n:
+        raise ValueError(
+            f"need 0 <= prefix_len ({prefix_len}) and 1 <= deleted_len ({deleted_len}) with "
+            f"prefix_len + deleted_len <= cache length {n}"
+        )
+    end = prefix_len + deleted_len
+    layers = []
+    for k, v in to_tensors(cache):
+        suffix_k = rerotate_keys(k[:, :, end:], -deleted_len, inv_freq)
+        layers.append(
+            (
+                torch.cat((k[:, :, :prefix_len], suffix_k), dim=2),
+                torch.cat((v[:, :, :prefix_len], v[:, :, end:]), dim=2),
+            )
+        )
+    return from_tensors(layers)
+
+
+def write_rows_(cache: DynamicCache, start: int, rows: Sequence[KV]) -> None:
+    """In place: overwrite rows ``[start, start + L)`` of every layer with ``rows[layer] = (K, V)`` ``[1,H_kv,L,d_h]``.
+
+    The cache length does not change (appendix 7.1, sparse refresh writes).
+
+    Raises:
+        ValueError: on a layer-count mismatch or rows that would run past the cache end.
+    """
+    if len(rows) != num_layers(cache):
+        raise ValueError(f"rows has {len(rows)} layers; cache has {num_layers(cache)}")
+    n = cache_length(cache)
+    for layer, (k_new, v_new) in enumerate(rows):
+        length = k_new.shape[2]
+        if start < 0 or start + length > n:
+            raise ValueError(f"rows [start={start}, {start + length}) run past the cache length {n}")
+        k, v = layer_kv(cache, layer)
+        k[:, :, start : start + length] = k_new
+        v[:, :, start : start + length] = v_new
+
+
+def scatter_rows_(cache: DynamicCache, layer: int, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+    """In place: write ``keys``/``values`` ``[1, H_kv, B, d_h]`` at row indices ``positions`` ``[B]`` of one layer.
+
+    Eq. 21, appendix 13.2 (indexed write of fresh K/V before attention).
+    """
+    k, v = layer_kv(cache, layer)
+    k.index_copy_(2, positions, keys.to(k.dtype))
+    v.index_copy_(2, positions, values.to(v.dtype))
+
+
+def caches_equal(a: DynamicCache, b: DynamicCache) -> bool:
+    """True when both caches have the same shapes, dtypes and bitwise-identical keys and values."""
+    if num_layers(a) != num_layers(b):
+        return False
+    for (ka, va), (kb, vb) in zip(to_tensors(a), to_tensors(b)):
+        if ka.shape != kb.shape or ka.dtype != kb.dtype or not (torch.equal(ka, kb) and torch.equal(va, vb)):
+            return False
+    return True
+
+
+def max_abs_diff(a: DynamicCache, b: DynamicCache, rows: slice | None = None) -> tuple[float, float]:
+    """Largest absolute key and value differences over all layers (optionally restricted to ``rows``)."""
+    rows = rows or slice(None)
+    dk = dv = 0.0
+    for (ka, va), (kb, vb) in zip(to_tensors(a), to_tensors(b)):
+        dk = max(dk, (ka[:, :, rows].double() - kb[:, :, rows].double()).abs().max().item())
+        dv = max(dv, (va[:, :, rows].double() - vb[:, :, rows].double()).abs().max().item())
+    return dk, dv
+
+
+def layer_deviation(a: DynamicCache, b: DynamicCache, rows: slice | None = None) -> torch.Tensor:
+    """Per-layer, per-position L2 deviation ``||K_a - K_b||² + ||V_a - V_b||²`` summed over heads, ``[L, n]`` float64."""
+    rows = rows or slice(None)
+    out = []
+    for (ka, va), (kb, vb) in zip(to_tensors(a), to_tensors(b)):
+        dk = (ka[0, :, rows].double() - kb[0, :, rows].double()).pow(2).sum(dim=(0, 2))
+        dv = (va[0, :, rows].double() - vb[0, :, rows].double()).pow(2).sum(dim=(0, 2))
+        out.append(dk + dv)
+    return torch.stack(out)

@@ -1,0 +1,62 @@
+"""Ordinary model forwards against a cache: prefill and appending tokens at explicit positions.
+
+Phases are named for what they are: ``prefill`` builds a cache from an empty one, ``forward_tokens`` appends tokens
+at given positions to an existing cache (query processing, interval replay), ``decode_step`` appends one token.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .cache_ops import cache_length
+from .models import LoadedModel
+
+
+@torch.inference_mode()
+def forward_tokens(
+    lm: LoadedModel, ids: torch.Tensor, cache: DynamicCache, *, logits: str = "last"
+) -> torch.Tensor | None:
+    """Append ``ids`` to ``cache`` (in place), at positions ``N .. N + L - 1`` where N is the cache length.
+
+    Args:
+        lm: the model.
+        ids: ``[L]`` int64 tokens, L >= 1.
+        cache: the cache to extend (mutated: the caller owns it).
+        logits: ``"last"`` (float32 ``[V]`` of the last position), ``"all"`` (float32 ``[L, V]``) or ``"none"``.
+
+    Returns:
+        Logits as requested, on the model's device, float32.
+
+    Raises:
+        ValueError: if ``ids`` is empty or not 1-D, or ``logits`` is not one of the three values.
+    """
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"ids must be a non-empty 1-D tensor (batch size 1); got shape {tuple(ids.shape)}")
+    if logits not in ("last", "all", "none"):
+        raise ValueError(f"logits={logits!r}; allowed: 'last', 'all', 'none'")
+    start = cache_length(cache)
+    device = lm.device
+    positions = torch.arange(start, start + ids.numel(), device=device)
+    out = lm.model(
+        input_ids=ids.to(device)[None],
+        cache=cache,
+        position_ids=positions[None],
+        use_cache=True,
+        logits_to_keep=0 if logits == "all" else 1,
+    )
+    if logits == "none":
+        return None
+    result = out.logits[0].float()
+    return result if logits == "all" else result[-1]
+
+
+def prefill(lm: LoadedModel, ids: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
+    """Build a cache for ``ids`` ``[N]`` from empty; returns ``(cache, last_logits [V] float32)``."""
+    cache = DynamicCache()
+    return cache, forward_tokens(lm, ids, cache)
+
+
+def decode_step(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tensor:
+    """Append one token to ``cache`` (in place); returns next-token logits ``[V]`` float32."""
+    return forward_tokens(lm, torch.tensor([token], dtype=torch.long), cache)

