@@ -9,6 +9,10 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton decorates its own helpers when it is first imported, so the interpreter must be chosen before any test module
+# imports triton (directly or through sur_lab.kernels); without a GPU the kernels run under the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def tiny_config(kind: str = "llama", *, vocab_size: int = 96, layers: int = 3, heads: int = 4, kv_heads: int = 2,

@@ -234,6 +234,16 @@ def test_indexed_attention_strided_inputs(dtype):
 
 
 @requires_kernel
+def test_indexed_attention_strided_positions():
+    positions = _positions(range(239))[3::5]  # a non-contiguous view: the plan must not read it with unit stride
+    assert not positions.is_contiguous()
+    q, k, v = _qkv(2, 1, positions.numel(), 239, 64, torch.float32, seed=9)
+    assert_matches_oracle(ia.indexed_attention(q, k, v, positions), q, k, v, positions)
+    plan = ia.build_indexed_attention_plan(positions)
+    assert plan.positions.is_contiguous() and plan.positions.data_ptr() != positions.data_ptr()
+
+
+@requires_kernel
 def test_indexed_attention_explicit_scale():
     positions = _intervals((10, 30), (90, 100))
     q, k, v = _qkv(2, 1, positions.numel(), 113, 64, torch.float16, seed=5)

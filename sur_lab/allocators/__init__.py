@@ -6,6 +6,7 @@ them through :func:`allocate`.
 
 from .base import ALLOCATORS, AllocationRequest, Allocator, Selection, allocate, get_allocator, register_allocator, top_b
 from .sur import allocate_units, best_window, forward_envelope, sur, token_relevance, unit_scores
+from . import controls, prior  # noqa: E402,F401 - importing registers the matched controls and Table 1 allocators
 
 __all__ = [
     "ALLOCATORS",

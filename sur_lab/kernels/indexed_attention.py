@@ -138,7 +138,7 @@ def build_indexed_attention_plan(
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if not isinstance(value, int) or value < 16 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
-    pos = as_positions(positions)
+    pos = as_positions(positions).clone()  # the frozen plan must not see later in-place edits of the caller's tensor
     b = pos.numel()
     max_position = int(pos[-1]) if b else -1
     if max_position + block_n >= 2**31:
@@ -339,7 +339,8 @@ def indexed_attention(
 
     Returns:
         ``[1, Hq, B, D]`` contiguous, q's dtype: ``O_r = softmax(q_r K_{0:u_r}^T * scale) V_{0:u_r}``, keys
-        0..u_r inclusive. Probabilities and accumulation in FP32.
+        0..u_r inclusive. Probabilities and accumulation in FP32. Forward only: the Triton path records no autograd
+        graph (the executor runs in evaluation mode).
 
     Raises:
         ValueError: before any launch, naming ``q``/``k``/``v`` for ranks, batch != 1, head counts, dtypes other than

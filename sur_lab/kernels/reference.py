@@ -44,7 +44,7 @@ def as_positions(positions: torch.Tensor | Sequence[int], name: str = "positions
         name: the argument name used in error messages.
 
     Returns:
-        ``[B]`` int64 tensor (a new tensor only when a conversion was needed).
+        ``[B]`` contiguous int64 tensor (a new tensor only when a conversion was needed).
 
     Raises:
         ValueError: naming ``name`` if positions are not 1-D, not integers, negative, unsorted or duplicated.
@@ -64,7 +64,7 @@ def as_positions(positions: torch.Tensor | Sequence[int], name: str = "positions
         raise ValueError(f"{name} must have an integer dtype, got {positions.dtype}")
     if positions.dim() != 1:
         raise ValueError(f"{name} must be 1-D [B], got shape {tuple(positions.shape)}")
-    positions = positions.to(torch.int64)
+    positions = positions.to(torch.int64).contiguous()  # kernels read positions with unit stride
     if positions.numel() > 0:
         if int(positions.min()) < 0:
             raise ValueError(f"{name} must be non-negative, got min {int(positions.min())}")
