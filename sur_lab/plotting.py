@@ -80,9 +80,11 @@ def plot_relevance_and_supports(token_scores, units, supports: dict, *, title: s
     x = np.arange(S)
     for i, u in enumerate(units):
         ax.axvspan(u.start - 0.5, u.end - 0.5, color="0.92" if i % 2 else "white", zorder=0)
+        if i:
+            ax.axvline(u.start - 0.5, color="0.55", lw=0.7, ls="--", zorder=1)
     ax.plot(x, token_scores, lw=1.0, color="C0", label="token relevance $r_i$ (Eq. 7)")
     ax.set_ylabel("relevance")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     for row, (label, support) in enumerate(supports.items()):

@@ -51,7 +51,7 @@ from .allocators.sur import token_relevance, unit_scores
 from .answer import Answer, answer
 from .budget import Support, allowance, check_budget
 from .cache_ops import cache_length, caches_equal, clone_cache, layer_deviation, slice_rows, to_tensors, write_rows_
-from .composition import ComposedPrompt, CompositionCaches, build_caches, composition_edit
+from .composition import ComposedPrompt, CompositionCaches, build_caches, compose_prompt, composition_edit
 from .edits import EditedContext
 from .executors import get_executor
 from .forward import decode_step, forward_tokens
@@ -755,6 +755,74 @@ def rag_passages(example, num_docs: int, *, seed: int = 0, filler: Sequence = ()
     return [passages[int(i)] for i in rng.permutation(len(passages))]
 
 
+@dataclass(frozen=True)
+class RagRequest:
+    """One composed request with what its records carry.
+
+    Attributes:
+        prompt: the composed prompt.
+        meta: columns added to every record (e.g. ``dataset``, ``source_id``, ``num_docs``, ``slot``).
+        scorer: gold-EM rule ``fn(extracted_answer) -> bool`` or ``None``.
+    """
+
+    prompt: ComposedPrompt
+    meta: dict[str, Any] = field(default_factory=dict)
+    scorer: Callable[[str], bool] | None = None
+
+
+def build_request(tokenizer, example, num_docs: int, *, seed: int = 0, filler: Sequence = (),
+                  max_doc_tokens: int | None = None, slot: int | None = None) -> RagRequest:
+    """A :class:`RagRequest` for one QA example: :func:`rag_passages`, optionally :func:`place_evidence` at ``slot``,
+    then :func:`sur_lab.composition.compose_prompt`; gold EM by :func:`sur_lab.scoring.score_example`.
+
+    Raises:
+        ValueError: see :func:`rag_passages`, :func:`place_evidence` and :func:`compose_prompt`.
+    """
+    from .scoring import score_example
+
+    passages = rag_passages(example, num_docs, seed=seed, filler=filler)
+    if slot is not None:
+        passages = place_evidence(passages, slot)
+    prompt = compose_prompt(tokenizer, passages, example.question, max_doc_tokens=max_doc_tokens)
+    meta = {"dataset": example.dataset, "source_id": example.id, "num_docs": num_docs,
+            "slot": -1 if slot is None else int(slot)}
+    return RagRequest(prompt, meta, lambda pred, ex=example: score_example(pred, ex))
+
+
+def run_requests(lm: LoadedModel, requests: Sequence[RagRequest], specs: Sequence[RepairSpec], *,
+                 protocols: Sequence[str] = ("forward",), executor: str = "sequential", max_new_tokens: int = 16,
+                 keep_drift: bool = False, progress: bool = True, desc: str = "requests") -> pd.DataFrame:
+    """Run :func:`evaluate_prompt` over requests and return one long DataFrame (records plus ``meta`` columns).
+
+    The prefix cache is shared by every request with the same prefix ids; document caches are kept in a store while
+    consecutive requests share a ``meta["source_id"]`` (e.g. the same example at several evidence slots or document
+    counts) and dropped when it changes, which bounds memory.
+
+    Raises:
+        ValueError: as :func:`evaluate_prompt`, before any model call.
+    """
+    from tqdm.auto import tqdm
+
+    from .composition import prefix_cache
+
+    prefixes: dict[tuple[int, ...], DynamicCache] = {}
+    store: dict = {}
+    source = object()
+    rows: list[dict[str, Any]] = []
+    for req in tqdm(requests, desc=desc, disable=not progress):
+        key = tuple(req.prompt.prefix_ids.tolist())
+        if key not in prefixes:
+            prefixes[key] = prefix_cache(lm, req.prompt)
+        if req.meta.get("source_id", None) != source:
+            store = {}
+            source = req.meta.get("source_id", None)
+        recs = evaluate_prompt(lm, req.prompt, specs, protocols=protocols, executor=executor,
+                               max_new_tokens=max_new_tokens, scorer=req.scorer, prefix_kv=prefixes[key],
+                               doc_store=store, keep_drift=keep_drift)
+        rows.extend({**req.meta, **r} for r in recs)
+    return pd.DataFrame(rows)
+
+
 def place_evidence(passages: Sequence, slot: int) -> list:
     """Move the gold passages (as one block, in their current order) to start at document ``slot``.
 
@@ -1113,11 +1181,13 @@ __all__ = [
     "SELECTOR_UNITS",
     "UNITS",
     "OperatingDecision",
+    "RagRequest",
     "RepairPlan",
     "RepairSpec",
     "adaptive_suffix_support",
     "answer_with_reference",
     "bootstrap_ci",
+    "build_request",
     "default_specs",
     "design_ledger",
     "document_drift",
@@ -1139,6 +1209,7 @@ __all__ = [
     "risk_components",
     "risk_scores",
     "run_protocol",
+    "run_requests",
     "selector_scores",
     "start_candidates",
     "suffix_support",

@@ -501,11 +501,13 @@ def bound_study(
     heads: Sequence[int],
     max_rows: int = 64,
     seed: int = 0,
+    replay_capture: tuple[DynamicCache, dict[int, CapturedRows]] | None = None,
     progress: bool = True,
 ) -> "pd.DataFrame":  # noqa: F821
     """Proposition 14.1 on a real model: every term for sampled refreshed positions, layers and heads.
 
-    Replay (⋆) runs once with the capture; each support runs the interval-wise executor with the capture (A).
+    Replay (⋆) runs once with the capture (unless ``replay_capture`` is given); each support runs the interval-wise
+    executor with the capture (A).
 
     Args:
         lm: the model.
@@ -514,6 +516,7 @@ def bound_study(
         layers: layers to sample; heads: query heads to sample (the same in every layer).
         max_rows: refreshed positions evaluated per support (sampled with ``seed``; all when fewer).
         seed: row sampling seed.
+        replay_capture: ``(cache_⋆, captured)`` from :func:`replay_with_queries` with the same layers and heads.
         progress: show a tqdm bar.
 
     Returns:
@@ -529,7 +532,12 @@ def bound_study(
     for label, sup in supports.items():
         if not 0 < sup.size < edit.suffix_len:
             raise ValueError(f"supports[{label!r}] has B={sup.size}; need 0 < B < S={edit.suffix_len}")
-    cache_ref, q_ref = replay_with_queries(lm, prepared.dirty_cache, edit, layers, heads)
+    if replay_capture is None:
+        replay_capture = replay_with_queries(lm, prepared.dirty_cache, edit, layers, heads)
+    cache_ref, q_ref = replay_capture
+    missing = sorted(set(layers) - set(q_ref))
+    if missing:
+        raise ValueError(f"replay_capture lacks layers {missing}")
     frames = []
     for label, sup in tqdm(supports.items(), desc="supports", disable=not progress):
         cache_a, q_a = refresh_with_queries(lm, prepared.shift_cache, edit, sup, layers, heads)
@@ -570,6 +578,27 @@ def bound_summary(df) -> "pd.DataFrame":  # noqa: F821
         "frac_eq28_under": float((ok["approx28"] < ok["lhs"]).mean()),
         "max_capture_err": float(df["capture_err"].max()),
     }])
+
+
+def eq28_table(df) -> "pd.DataFrame":  # noqa: F821
+    """How the fixed-attention approximation (Eq. 28) compares with the left side, per support label.
+
+    Returns:
+        DataFrame indexed by ``label`` with ``rows``, ``under`` (fraction with ``approx28 < lhs``: Eq. 28
+        under-estimates, the attention shift adds error), ``over`` (``approx28 > lhs``), ``median_ratio`` and the
+        5th / 95th percentiles ``q05``, ``q95`` of ``approx28 / lhs`` (rows with ``lhs > 0``).
+    """
+    ok = df[df["lhs"] > 0]
+    ratio = ok["approx28"] / ok["lhs"]
+    g = ratio.groupby(ok["label"])
+    return (
+        g.size().rename("rows").to_frame()
+        .join((ratio < 1).groupby(ok["label"]).mean().rename("under"))
+        .join((ratio > 1).groupby(ok["label"]).mean().rename("over"))
+        .join(g.median().rename("median_ratio"))
+        .join(g.quantile(0.05).rename("q05"))
+        .join(g.quantile(0.95).rename("q95"))
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -991,6 +1020,7 @@ __all__ = [
     "causal_attention_rows",
     "causal_pairs",
     "cost_table",
+    "eq28_table",
     "evenly_spaced_layers",
     "fit_traversal_model",
     "kv_head_of",

@@ -385,6 +385,48 @@ def hidden_norm_scores(aux: LoadedModel, ids: torch.Tensor) -> np.ndarray:
     return torch.stack([store[l] for l in layers]).double().mean(dim=0).numpy()
 
 
+def threshold_spans(active: np.ndarray, max_len: int = SPECCACHE_MAX_SPAN) -> list[tuple[int, int]]:
+    """Maximal runs of ``True`` in ``active`` ``[n]``, each split into balanced pieces of at most ``max_len`` tokens.
+
+    Raises:
+        ValueError: if ``max_len`` < 1.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len={max_len} must be >= 1")
+    idx = np.flatnonzero(np.asarray(active, dtype=bool))
+    if len(idx) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(idx) != 1)
+    starts = np.concatenate(([idx[0]], idx[breaks + 1])).tolist()
+    ends = np.concatenate((idx[breaks] + 1, [idx[-1] + 1])).tolist()
+    spans = []
+    for a, b in zip(starts, ends):
+        pieces = -(-(b - a) // max_len)
+        base, extra = divmod(b - a, pieces)
+        for k in range(pieces):
+            size = base + (1 if k < extra else 0)
+            spans.append((a, a + size))
+            a += size
+    return spans
+
+
+def complete_spans(
+    spans: list[tuple[int, int]], max_len: int = SPECCACHE_MAX_SPAN, coverage: float = SPECCACHE_COVERAGE
+) -> list[tuple[int, int]]:
+    """Completion: left to right, merge a span into the previous (merged) one, filling the gap, when the merged extent
+    is at most ``max_len`` tokens and the spans cover at least ``coverage`` of it."""
+    merged: list[tuple[int, int, int]] = []  # (start, end, covered tokens)
+    for a, b in spans:
+        if merged:
+            ma, _, covered = merged[-1]
+            extent = b - ma
+            if extent <= max_len and (covered + b - a) / extent >= coverage:
+                merged[-1] = (ma, b, covered + b - a)
+                continue
+        merged.append((a, b, b - a))
+    return [(a, b) for a, b, _ in merged]
+
+
 def smooth_spans(
     scores: np.ndarray,
     *,
@@ -396,42 +438,20 @@ def smooth_spans(
 
     1. Min-max normalize the scores to ``z`` in [0, 1] (all 0 when constant) and smooth with a centred 3-token moving
        average (edges replicated).
-    2. Spans are the maximal runs with smoothed ``z >= threshold``, each split into balanced pieces of at most
-       ``max_len`` tokens.
-    3. Completion: left to right, two consecutive spans merge (filling their gap) when the merged extent is at most
-       ``max_len`` tokens and the spans cover at least ``coverage`` of it.
+    2. Spans are the maximal runs with smoothed ``z >= threshold``, split into pieces of at most ``max_len`` tokens
+       (:func:`threshold_spans`).
+    3. Completion at ``coverage`` (:func:`complete_spans`).
 
     Returns:
         ``(spans, z)``: half-open ``(start, end)`` spans in order, and ``z`` float64 ``[n]`` (unsmoothed).
     """
     s = np.asarray(scores, dtype=np.float64)
-    lo, hi = (s.min(), s.max()) if len(s) else (0.0, 0.0)
+    if len(s) == 0:
+        return [], s
+    lo, hi = s.min(), s.max()
     z = (s - lo) / (hi - lo) if hi > lo else np.zeros_like(s)
-    padded = np.concatenate((z[:1], z, z[-1:])) if len(z) else z
-    smooth = np.convolve(padded, np.ones(3) / 3.0, mode="valid") if len(z) else z
-    spans: list[tuple[int, int]] = []
-    active = np.flatnonzero(smooth >= threshold)
-    if len(active):
-        breaks = np.flatnonzero(np.diff(active) != 1)
-        starts = np.concatenate(([active[0]], active[breaks + 1]))
-        ends = np.concatenate((active[breaks] + 1, [active[-1] + 1]))
-        for a, b in zip(starts.tolist(), ends.tolist()):
-            pieces = -(-(b - a) // max_len)
-            base, extra = divmod(b - a, pieces)
-            for k in range(pieces):
-                size = base + (1 if k < extra else 0)
-                spans.append((a, a + size))
-                a += size
-    merged: list[tuple[int, int, int]] = []  # (start, end, covered tokens)
-    for a, b in spans:
-        if merged:
-            ma, mb, covered = merged[-1]
-            extent = b - ma
-            if extent <= max_len and (covered + b - a) / extent >= coverage:
-                merged[-1] = (ma, b, covered + b - a)
-                continue
-        merged.append((a, b, b - a))
-    return [(a, b) for a, b, _ in merged], z
+    smooth = np.convolve(np.concatenate((z[:1], z, z[-1:])), np.ones(3) / 3.0, mode="valid")
+    return complete_spans(threshold_spans(smooth >= threshold, max_len), max_len, coverage), z
 
 
 def _aux_suffix_map(edit, aux: LoadedModel, lm: LoadedModel) -> tuple[torch.Tensor, np.ndarray, int]:

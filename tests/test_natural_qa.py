@@ -1,0 +1,351 @@
+"""Natural-QA placements (section 4.3): sources and passages, token-exact restoration of the clean prompt, and the
+tables and paired statistics of Tables 7, 9 and 10 on synthetic records (appendix 8.2-8.3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sur_lab.datasets import DATASETS, Passage, QAExample, load_qa
+from sur_lab.natural_qa import (
+    PLACEMENTS,
+    PanelConfig,
+    aggregate_trials,
+    available_methods,
+    build_case,
+    build_cases,
+    choose_passages,
+    clean_prompt_ids,
+    condition_label,
+    dataset_em_table,
+    is_eligible,
+    paired_difference_table,
+    passage_admissible,
+    plot_quality_latency,
+    quality_latency_table,
+    results_table,
+    select_panel,
+    transition_table,
+)
+from sur_lab.scoring import normalize_answer
+
+SUP = (Passage("Alpha", "Alpha was founded in 1901 by Ada.", True), Passage("Beta", "Beta lies in Gamma.", True))
+
+
+def _example(distractors=(), answers=("Ada",), answer_type="span", supporting=SUP, dataset="hotpotqa", id="q1"):
+    return QAExample(id, "Who founded Alpha?", answers, answer_type, supporting, tuple(distractors), dataset)
+
+
+def _passages(n, prefix="D"):
+    return [Passage(f"{prefix}{i}", f"Filler paragraph number {i} about rivers.", False) for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sources and passages (no model)
+
+
+def test_panel_config_validation():
+    with pytest.raises(ValueError, match="lead"):
+        PanelConfig(lead=-1)
+    with pytest.raises(ValueError, match="tail"):
+        PanelConfig(tail=1.5)
+    with pytest.raises(ValueError, match="min_supporting"):
+        PanelConfig(min_supporting=1)
+
+
+def test_passage_admissible():
+    ex = _example()
+    assert passage_admissible(Passage("Delta", "Rivers run.", False), ex)
+    assert not passage_admissible(SUP[0], ex)  # a supporting passage
+    assert not passage_admissible(Passage("Alpha", "Other text.", False), ex)  # a supporting title
+    assert not passage_admissible(Passage("Delta", "Founded by ADA, in fact.", False), ex)  # leaks the answer
+    assert passage_admissible(Passage("Delta", "Adamant rivers.", False), ex)  # whole words only
+    assert not passage_admissible(Passage("Delta", "   ", False), ex)
+    # yes/no and "none" golds say nothing about leakage
+    assert passage_admissible(Passage("Delta", "yes indeed", False), _example(answers=("yes",), answer_type="binary"))
+    assert not passage_admissible(
+        Passage("Delta", "about 1,000 people", False), _example(answers=("1000",), answer_type="number")
+    )
+
+
+def test_choose_passages_native_first_seeded_and_distinct():
+    natives = _passages(6)
+    ex = _example(natives)
+    cfg = PanelConfig(lead=1, tail=2, seed=3)
+    src = choose_passages(ex, cfg, corpus=[])
+    assert src == choose_passages(ex, cfg, corpus=[])  # deterministic
+    chosen = [src.inserted, *src.lead, *src.tail]
+    assert src.origins == ("native",) * 4 and len({p.title for p in chosen}) == 4
+    assert set(chosen) <= set(natives)
+    assert len(src.lead) == 1 and len(src.tail) == 2
+    # the documented draw: the first admissible natives in the per-source permutation
+    from sur_lab.natural_qa import source_rng
+
+    perm = source_rng(ex, 3).permutation(6)
+    assert chosen == [natives[int(i)] for i in perm[:4]]
+
+
+def test_choose_passages_falls_back_to_corpus_and_rejects_leaks():
+    ex = _example([Passage("Native", "Some native distractor.", False)], dataset="iirc", answer_type="spans")
+    corpus = [
+        Passage("Alpha", "Shares a supporting title.", False),
+        Passage("Leak", "Ada founded it.", False),
+        Passage("Native", "Some native distractor.", False),  # repeats the native pick
+        Passage("C1", "Clean corpus paragraph one.", False),
+        Passage("C2", "Clean corpus paragraph two.", False),
+    ]
+    src = choose_passages(ex, PanelConfig(lead=1, tail=1), corpus=corpus)
+    assert src.inserted.title == "Native" and src.origins == ("native", "corpus", "corpus")
+    assert {p.title for p in (*src.lead, *src.tail)} == {"C1", "C2"}
+    with pytest.raises(ValueError, match="corpus"):
+        choose_passages(ex, PanelConfig(lead=2, tail=1), corpus=corpus)
+    with pytest.raises(ValueError, match="supporting"):
+        choose_passages(_example(supporting=SUP[:1]), PanelConfig(), corpus=corpus)
+
+
+def test_placement_geometry():
+    sup = tuple(Passage(f"S{i}", f"Support {i}.", True) for i in range(3))
+    src = choose_passages(_example(_passages(4), supporting=sup), PanelConfig(lead=1, tail=1), corpus=[])
+    for placement, n_before in zip(PLACEMENTS, (0, 1, 3)):
+        doc = src.passages(placement)
+        i = src.insert_index(placement)
+        assert doc[i] == src.inserted and doc[:i] + doc[i + 1 :] == src.clean_passages
+        assert sum(p.is_supporting for p in doc[:i]) == n_before  # before / between (k // 2) / after the evidence
+    with pytest.raises(ValueError, match="placement"):
+        src.insert_index("middle")
+
+
+def test_is_eligible():
+    assert is_eligible(_example())
+    assert not is_eligible(_example(supporting=SUP[:1]))
+    none = _example(answers=("none",), answer_type="none", dataset="iirc")
+    assert not is_eligible(none) and is_eligible(none, PanelConfig(include_unanswerable=True))
+
+
+def test_select_panel_uses_dev_files_nested_and_filters():
+    small = select_panel(("iirc", "hotpotqa"), 3, PanelConfig(seed=5))
+    large = select_panel(("iirc", "hotpotqa"), 6, PanelConfig(seed=5))
+    assert [s.example.dataset for s in small] == ["iirc"] * 3 + ["hotpotqa"] * 3
+    ids = lambda srcs, d: [s.example.id for s in srcs if s.example.dataset == d]  # noqa: E731
+    assert ids(large, "iirc")[:3] == ids(small, "iirc") and ids(large, "hotpotqa")[:3] == ids(small, "hotpotqa")
+    dev_ids = {ex.id for ex in load_qa("hotpotqa")}
+    assert set(ids(large, "hotpotqa")) <= dev_ids
+    big = select_panel(("iirc",), 60, PanelConfig(seed=1))
+    assert all(s.example.answer_type != "none" and len(s.example.supporting) >= 2 for s in big)
+    # the passages of a source do not depend on the panel they were drawn in
+    assert small[0] == large[0]
+    with pytest.raises(ValueError, match="datasets"):
+        select_panel(("squad",), 1)
+    with pytest.raises(ValueError, match="n_per_dataset"):
+        select_panel(("hotpotqa",), 1000)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Placement cases on the real tokenizer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_every_placement_restores_the_clean_prompt(smol_tokenizer, dataset):
+    sources = select_panel((dataset,), 8, PanelConfig(lead=1, tail=1, seed=11))
+    cases = build_cases(smol_tokenizer, sources)
+    assert [c.placement for c in cases[:3]] == list(PLACEMENTS)
+    for src_index, src in enumerate(sources):
+        clean = clean_prompt_ids(smol_tokenizer, src)
+        trio = cases[3 * src_index : 3 * src_index + 3]
+        for case in trio:
+            e = case.edit
+            # deletion restores the clean prompt token for token, and the query follows the document
+            assert e.edited_ids.tolist() + e.query_ids.tolist() == clean.tolist()
+            assert e.query_ids.tolist() == clean[e.edited_len :].tolist()
+            assert e.suffix_len > 0
+            # the deleted tokens are exactly the inserted passage (with its separator)
+            deleted = smol_tokenizer.decode(e.original_ids[e.prefix_len : e.prefix_len + e.deleted_len])
+            assert src.inserted.text.strip() in deleted and f"Title: {src.inserted.title}" in deleted
+            assert all(p.text.strip() not in deleted for p in src.example.supporting)
+            assert not src.inserted.is_supporting
+            assert src.inserted.title not in {p.title for p in src.example.supporting}
+            assert case.meta["source_id"] == src.example.id and case.case_id.endswith("/" + case.placement)
+        # paired by source: same clean prompt and query, same deleted passage, suffix shrinks before -> after
+        assert len({c.edit.deleted_len for c in trio}) == 1
+        s = [c.edit.suffix_len for c in trio]
+        assert s[0] > s[1] > s[2]
+    with pytest.raises(ValueError, match="placements"):
+        build_cases(smol_tokenizer, sources, ("before", "before"))
+
+
+@pytest.mark.slow
+def test_iirc_main_passage_and_default_framing(smol_tokenizer):
+    src = select_panel(("iirc",), 1, PanelConfig(seed=0))[0]
+    case = build_case(smol_tokenizer, src, "after")
+    # default framing: one tail passage, so the after-support placement keeps a non-empty suffix
+    assert len(src.tail) == 1 and case.edit.suffix_len > 0
+    assert src.example.supporting[0].title == ""  # flattened IIRC main passage (its own title is not released)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tables and statistics on synthetic records
+
+
+def _records(seed=0, n_sources=None, trials=1):
+    """Sweep-like records: 3 datasets, sources x 3 placements x conditions, correlated outcomes and timings."""
+    rng = np.random.default_rng(seed)
+    n_sources = n_sources or {"hotpotqa": 4, "iirc": 3, "musique": 5}
+    conds = [("SUR", 2.0), ("SUR", 5.0), ("BM25 (same units)", 5.0), ("Shift", math.nan), ("Replay", math.nan),
+             ("Re-prefill", math.nan)]
+    rows = []
+    for d, n in n_sources.items():
+        for s in range(n):
+            for p in PLACEMENTS:
+                u = rng.random()
+                for m, b in conds:
+                    threshold = {"Shift": 0.3, "Replay": 0.55, "Re-prefill": 0.6}.get(m, 0.4 + b / 20)
+                    correct = bool(u < threshold)
+                    for t in range(trials):
+                        rows.append({
+                            "dataset": d, "source_id": f"{d}-{s}", "placement": p, "method": m, "budget_pct": b,
+                            "trial": t, "em": correct, "prediction": "gold" if correct else f"wrong{int(u * 3)}",
+                            "select_ms": 0.0 if math.isnan(b) else 1.0 + t, "shift_ms": 0.0 if m != "Shift" and
+                            math.isnan(b) else 2.0, "refresh_ms": {"Replay": 30.0, "Re-prefill": 40.0}.get(m, b * 2
+                            if not math.isnan(b) else 0.0) + t, "answer_ms": 100.0 + 10 * t,
+                        })
+    return pd.DataFrame(rows)
+
+
+def test_condition_label():
+    assert condition_label("SUR", 5.0) == "SUR 5%" and condition_label("SUR", 2) == "SUR 2%"
+    assert condition_label("Shift", math.nan) == "Shift" and condition_label("Replay", None) == "Replay"
+
+
+def test_results_table_columns_and_validation():
+    table = results_table(_records())
+    assert {"condition", "correct", "answer", "latency_ms"} <= set(table.columns)
+    row = table.iloc[0]
+    assert row.latency_ms == row.select_ms + row.shift_ms + row.refresh_ms + row.answer_ms  # Eq. 20
+    with pytest.raises(ValueError, match="records lack"):
+        results_table(_records().drop(columns="placement"))
+    bad = _records().astype({"em": object})
+    bad.loc[0, "em"] = None
+    with pytest.raises(ValueError, match="unscored"):
+        results_table(bad)
+
+
+def test_quality_latency_table_matches_hand_computation():
+    table = results_table(_records())
+    summary = quality_latency_table(table).set_index("condition")
+    assert list(summary.index) == ["SUR 2%", "SUR 5%", "BM25 (same units) 5%", "Shift", "Replay", "Re-prefill"]
+    for cond, g in table.groupby("condition"):
+        assert summary.loc[cond, "em_pct"] == 100 * g.correct.sum() / len(g)
+        assert summary.loc[cond, "latency_ms"] == pytest.approx(g.latency_ms.mean(), rel=1e-12)
+        assert summary.loc[cond, "refresh_ms"] == pytest.approx(g.refresh_ms.mean(), rel=1e-12)
+        ref = table[table.condition == "Re-prefill"].set_index(["dataset", "source_id", "placement"]).answer
+        mine = g.set_index(["dataset", "source_id", "placement"]).answer
+        agree = (mine == ref.reindex(mine.index)).mean() * 100
+        assert summary.loc[cond, "agree_pct"] == pytest.approx(agree, abs=1e-12)
+    assert summary.loc["Re-prefill", "speedup_vs_reference"] == 1.0
+    with pytest.raises(ValueError, match="reference"):
+        quality_latency_table(table, reference="Dirty")
+
+
+def test_dataset_em_table_pools_counts():
+    table = results_table(_records(n_sources={"hotpotqa": 2, "iirc": 5}))
+    em = dataset_em_table(table).set_index("condition")
+    assert list(em.columns[:2]) == ["HotpotQA", "IIRC"]
+    for cond, g in table.groupby("condition"):
+        assert em.loc[cond, "Pooled"] == 100 * g.correct.sum() / len(g)  # Eq. 9: counts, not a macro mean
+        h = g[g.dataset == "hotpotqa"]
+        assert em.loc[cond, "HotpotQA"] == 100 * h.correct.sum() / len(h)
+
+
+def _brute_force_interval(table, a, b, n_boot, seed):
+    """Independent replicate loop over sources (strata and sources sorted), 95% linear-percentile interval."""
+    cell = {}
+    for r in table.itertuples(index=False):
+        if r.condition in (a, b):
+            key = (r.dataset, r.source_id)
+            cell.setdefault(key, [0.0, 0])
+            cell[key][0] += float(r.correct) * (1 if r.condition == a else -1)
+            cell[key][1] += r.condition == a
+    strata = sorted({d for d, _ in cell})
+    members = {d: sorted(k for k in cell if k[0] == d) for d in strata}
+    rng = np.random.default_rng(seed)
+    draws = [rng.integers(0, len(members[d]), size=(n_boot, len(members[d]))) for d in strata]
+    reps = []
+    for i in range(n_boot):
+        num = den = 0.0
+        for d, draw in zip(strata, draws):
+            for j in draw[i]:
+                num += cell[members[d][j]][0]
+                den += cell[members[d][j]][1]
+        reps.append(100 * num / den)
+    return np.percentile(reps, [2.5, 97.5])
+
+
+def test_paired_difference_table_matches_brute_force():
+    table = results_table(_records(seed=2))
+    out = paired_difference_table(table, n_boot=300, seed=7)
+    assert list(zip(out.budget_pct, out.reference)) == [(b, r) for b in (2.0, 5.0) for r in ("Shift", "Replay", "Re-prefill")]
+    for row in out.itertuples():
+        a, b = condition_label("SUR", row.budget_pct), row.reference
+        low, high = _brute_force_interval(table, a, b, 300, 7)
+        assert (row.low_pp, row.high_pp) == pytest.approx((low, high), abs=1e-9)
+        diff = 100 * (table[table.condition == a].correct.mean() - table[table.condition == b].correct.mean())
+        assert row.delta_pp == pytest.approx(diff, abs=1e-9)
+        assert row.n_sources == 12 and row.n_cases == 36
+    with pytest.raises(ValueError, match="method"):
+        paired_difference_table(table, method="ProphetKV-Adapted")
+
+
+def test_paired_difference_keeps_placements_of_a_source_together():
+    # Per source, SUR 5% minus Shift is +1, -1, 0 over the three placements: whole-source resampling gives exactly 0.
+    rows = []
+    for s in range(10):
+        for p, (x, y) in zip(PLACEMENTS, [(1, 0), (0, 1), (1, 1)]):
+            for m, b, c in (("SUR", 5.0, x), ("Shift", math.nan, y), ("Replay", math.nan, y), ("Re-prefill", math.nan, y)):
+                rows.append({"dataset": "musique", "source_id": s, "placement": p, "method": m, "budget_pct": b,
+                             "em": bool(c), "prediction": str(c), "select_ms": 0.0, "shift_ms": 0.0,
+                             "refresh_ms": 0.0, "answer_ms": 1.0})
+    out = paired_difference_table(results_table(rows), n_boot=200)
+    assert np.all(out[["delta_pp", "low_pp", "high_pp"]].to_numpy() == 0.0)
+
+
+def test_transition_table_counts():
+    table = results_table(_records(seed=4))
+    out = transition_table(table).set_index("condition")
+    assert "Shift" not in out.index
+    shift = table[table.condition == "Shift"].set_index(["dataset", "source_id", "placement"]).correct
+    for cond, g in table[table.condition != "Shift"].groupby("condition"):
+        mine = g.set_index(["dataset", "source_id", "placement"]).correct
+        ref = shift.reindex(mine.index)
+        assert out.loc[cond, "repairs"] == int((mine & ~ref).sum())
+        assert out.loc[cond, "regressions"] == int((~mine & ref).sum())
+        assert out.loc[cond, "repairs_pct"] == pytest.approx(100 * (mine & ~ref).mean())
+        assert out.loc[cond, "n"] == len(mine)
+
+
+def test_aggregate_trials_averages_timings_keeps_answers():
+    table = results_table(_records(trials=3))
+    agg = aggregate_trials(table)
+    single = results_table(_records(trials=1))
+    assert len(agg) == len(single)
+    # timings grow by (+1 select, +1 refresh, +10 answer) ms per trial for budgeted rows: the mean is trial 1's
+    merged = agg.merge(table[table.trial == 1], on=["dataset", "source_id", "placement", "condition"], suffixes=("", "_t1"))
+    np.testing.assert_allclose(merged.latency_ms, merged.latency_ms_t1, rtol=1e-12)
+    assert agg.answers_consistent.all() and (agg.trials == 3).all()
+    keys = ["dataset", "source_id", "placement", "condition"]
+    both = agg.merge(single, on=keys, suffixes=("", "_single"))
+    assert len(both) == len(single) and (both.correct == both.correct_single).all()
+    pd.testing.assert_frame_equal(aggregate_trials(single), single)
+
+
+def test_plot_quality_latency_and_methods():
+    summary = quality_latency_table(results_table(_records()))
+    fig = plot_quality_latency(summary, title="synthetic")
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2  # one line per budgeted method
+    assert ax.get_legend() is not None
+    methods, missing = available_methods(("SUR", "No-such-allocator"))
+    assert methods == ["SUR", "Shift", "Replay", "Re-prefill"] and missing == ["No-such-allocator"]

@@ -1,0 +1,185 @@
+"""Erasing-NIAH construction (spans, gold lists, the edited context) and the appendix 7.5 answer parser."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sur_lab.datasets import Passage
+from sur_lab.edits import render_chat
+from sur_lab.niah import (
+    ANSWER_PREFIX_TEMPLATE,
+    NEEDLE_TEMPLATE,
+    NIAH_INSTRUCTION,
+    QUESTION_TEMPLATE,
+    build_niah_case,
+    build_niah_cases,
+    join_blocks,
+    niah_exact_match,
+    niah_scorer,
+    parse_niah_answer,
+)
+from test_allocators import char_tokenizer
+
+CORPUS = [
+    Passage(f"Topic {chr(65 + i % 26)}{i}", f"This paragraph describes subject {i}. It has a second sentence about it.", False)
+    for i in range(60)
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parser
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1234567, 7654321", ("1234567", "7654321")),
+        ("The numbers are:\n1234567\n\n7654321.", ("1234567", "7654321")),  # newlines do not truncate
+        ("1234567, 1234567", ("1234567", "1234567")),  # no de-duplication
+        ("<think>maybe 111</think>Answer: 222", ("222",)),  # thinking block removed
+        ("draft 999</think> 333", ("333",)),  # text after the response boundary only
+        ("<think>still thinking 444", ()),  # never left the thinking block
+        ("analysis 5<|channel|>final<|message|>66, 77", ("66", "77")),
+        ("88<|im_end|>99", ("88",)),  # end of turn cuts
+        ("1. 4821937\n2. 7310462", ("1", "4821937", "2", "7310462")),  # enumerators are digits too
+        ("", ()),
+        ("no numbers here", ()),
+    ],
+)
+def test_parse_niah_answer(text, expected):
+    assert parse_niah_answer(text) == expected
+
+
+def test_exact_match_requires_order_and_multiplicity():
+    assert niah_exact_match(("1", "2"), ("1", "2"))
+    assert not niah_exact_match(("2", "1"), ("1", "2"))
+    assert not niah_exact_match(("1", "1"), ("1",))
+    assert not niah_exact_match(("1",), ("1", "2"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Builder
+
+
+@given(st.lists(st.text(alphabet="ab c\n.", min_size=1, max_size=8).filter(lambda s: "\n\n" not in s), min_size=1,
+                max_size=6), st.data())
+def test_join_blocks_deleting_a_span_leaves_the_others_joined(blocks, data):
+    documents, spans = join_blocks(blocks)
+    i = data.draw(st.integers(0, len(blocks) - 1))
+    a, b = spans[i]
+    assert documents[:a] + documents[b:] == join_blocks(blocks[:i] + blocks[i + 1 :])[0]
+
+
+@pytest.mark.parametrize("depths,delete", [((0.2, 0.7), 0), ((0.2, 0.7), 1), ((0.9, 0.1), 0), ((0.5, 0.5), 1), ((0.0, 1.0), 1)])
+def test_builder_records_spans_and_gold_and_the_edited_context(tok, depths, delete):
+    case = build_niah_case(tok, CORPUS, context_len=700, depths=depths, delete=delete, seed=3)
+    edit = case.edit
+    key = case.key
+    # Gold lists: both values in order of appearance; the edit keeps the other one.
+    assert case.gold_original == case.values and len(set(case.values)) == 2
+    assert all(v.isdigit() and len(v) == 7 for v in case.values)
+    assert case.gold == (case.values[1 - case.deleted],)
+    assert case.depths == tuple(sorted(case.depths))
+    # Needle spans in characters and tokens.
+    for (cs, ce), (ts, te), value in zip(case.needle_char_spans, case.needle_token_spans, case.values):
+        needle = NEEDLE_TEMPLATE.format(key=key, value=value)
+        assert edit.original_text[cs:ce] == needle
+        assert tok.decode(edit.original_ids[ts:te].tolist()) == needle
+    # The deleted span is the deleted needle's block plus one blank-line separator.
+    a, b = case.deleted_char_span
+    assert edit.deleted_char_span == (a, b)
+    deleted = NEEDLE_TEMPLATE.format(key=key, value=case.values[case.deleted])
+    assert edit.original_text[a:b] in (deleted + "\n\n", "\n\n" + deleted)
+    p, q = case.deleted_token_span
+    assert (p, q - p) == (edit.prefix_len, edit.deleted_len)
+    assert tok.decode(edit.original_ids[p:q].tolist()) == edit.original_text[a:b]
+    # Deleting the recorded span yields exactly the edited context: the prompt rendered without that needle.
+    assert edit.original_text[:a] + edit.original_text[b:] == edit.edited_text
+    blocks = case.documents.split("\n\n")
+    blocks.remove(deleted)
+    rendered, query_text, _, _ = render_chat(tok, join_blocks(blocks)[0], QUESTION_TEMPLATE.format(key=key),
+                                             instruction=NIAH_INSTRUCTION)
+    assert rendered == edit.edited_text
+    assert tok.decode(edit.query_ids.tolist()) == query_text + ANSWER_PREFIX_TEMPLATE.format(key=key)
+    assert tok(edit.edited_text, add_special_tokens=False)["input_ids"] == edit.edited_ids.tolist()
+    # The kept needle's spans in the edited context.
+    kept = NEEDLE_TEMPLATE.format(key=key, value=case.gold[0])
+    ks, ke = case.kept_char_span
+    assert edit.edited_text[ks:ke] == kept
+    kt0, kt1 = case.kept_token_span
+    assert tok.decode(edit.edited_ids[kt0:kt1].tolist()) == kept
+    # The requested length is reached with less than one paragraph (+ template) of overshoot.
+    assert 700 <= edit.num_tokens <= 700 + 160
+    assert niah_scorer(case, ", ".join(case.gold)) and not niah_scorer(case, ", ".join(case.values))
+
+
+def test_needle_depths_follow_the_filler(tok):
+    early = build_niah_case(tok, CORPUS, context_len=1500, depths=(0.0, 0.1), delete=0, seed=1)
+    late = build_niah_case(tok, CORPUS, context_len=1500, depths=(0.9, 1.0), delete=0, seed=1)
+    assert early.edit.prefix_len < late.edit.prefix_len
+    assert early.deleted_depth == 0.0 and late.deleted_depth == 0.9
+    assert late.edit.suffix_len < early.edit.suffix_len
+
+
+def test_roster_cycles_lengths_and_depths_and_is_seeded(tok):
+    cases = build_niah_cases(tok, context_lens=(400, 600), depths=(0.2, 0.8), num_cases=4, seed=7, corpus=CORPUS)
+    assert [c.context_len for c in cases] == [400, 600, 400, 600]
+    assert [c.deleted_depth for c in cases] == [0.2, 0.2, 0.8, 0.8]
+    assert [c.case_id for c in cases] == ["niah-400-000", "niah-600-001", "niah-400-002", "niah-600-003"]
+    again = build_niah_cases(tok, context_lens=(400, 600), depths=(0.2, 0.8), num_cases=2, seed=7, corpus=CORPUS)
+    assert [(c.key, c.values, c.edit.original_ids.tolist()) for c in again] == [
+        (c.key, c.values, c.edit.original_ids.tolist()) for c in cases[:2]
+    ]
+    other = build_niah_cases(tok, context_lens=(400, 600), depths=(0.2, 0.8), num_cases=2, seed=8, corpus=CORPUS)
+    assert [c.values for c in other] != [c.values for c in again]
+    for c in cases:
+        kept_depth = c.depths[1 - c.deleted]
+        assert 0.05 <= kept_depth <= 0.95 and abs(kept_depth - c.deleted_depth) >= 0.05
+        assert c.meta()["deleted_depth"] == c.deleted_depth
+        sc = c.sweep_case()
+        assert (sc.case_id, sc.gold, sc.edit) == (c.case_id, c.gold, c.edit)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"context_len": 10}, "context_len"),
+        ({"depths": (0.2, 1.5)}, "depths"),
+        ({"delete": 2}, "delete"),
+    ],
+)
+def test_builder_rejects_bad_arguments(tok, kwargs, match):
+    args = {"context_len": 500, "depths": (0.2, 0.8), "delete": 0, "seed": 0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        build_niah_case(tok, CORPUS, **args)
+
+
+def test_builder_rejects_a_corpus_too_small(tok):
+    with pytest.raises(ValueError, match="corpus"):
+        build_niah_case(tok, CORPUS[:2], context_len=5000, depths=(0.2, 0.8), delete=0, seed=0)
+    with pytest.raises(ValueError, match="num_cases"):
+        build_niah_cases(tok, num_cases=0, corpus=CORPUS)
+
+
+@pytest.mark.slow
+def test_builder_on_the_embedded_tokenizer_and_wikipedia_filler(smol_tokenizer):
+    cases = build_niah_cases(smol_tokenizer, context_lens=(1024,), depths=(0.3, 0.7), num_cases=2, seed=0)
+    for case in cases:
+        edit = case.edit
+        a, b = case.deleted_char_span
+        assert edit.original_text[:a] + edit.original_text[b:] == edit.edited_text
+        full = smol_tokenizer(edit.edited_text + smol_tokenizer.decode(edit.query_ids.tolist()),
+                              add_special_tokens=False)["input_ids"]
+        assert full == edit.edited_ids.tolist() + edit.query_ids.tolist()
+        for (ts, te), value in zip(case.needle_token_spans, case.values):
+            assert smol_tokenizer.decode(edit.original_ids[ts:te].tolist()) == NEEDLE_TEMPLATE.format(
+                key=case.key, value=value
+            )
+        assert 1024 <= edit.num_tokens <= 1024 + 400

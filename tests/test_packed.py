@@ -1,0 +1,303 @@
+"""Packed executor, its attention backends and the execution controls (section 3.3, appendix 13.2-13.3).
+
+Exactness: in float64 on tiny random Llama and Qwen3 models (float64 RoPE angles) every executor equals the
+interval-wise ``"sequential"`` reference to ~1e-15 (only reduction order differs), so 1e-9 is a loose bound that a
+wrong mask, position or write order misses by orders of magnitude. Rows that are not selected must be bitwise those
+of the Shift cache, and the input cache bitwise unchanged.
+
+The Triton backend runs here under Triton's interpreter (TRITON_INTERPRET=1 is set before anything imports triton,
+as in test_kernels.py); the kernel takes float32 and head dim 64, so that test uses a float32 tiny model and the
+float32 tolerance of the SDPA path's own error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must precede the first import of triton (its decorators read it then); see test_kernels.py.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import dataclasses  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from conftest import make_tiny_model  # noqa: E402
+
+from sur_lab.budget import Support  # noqa: E402
+from sur_lab.cache_ops import caches_equal, clone_cache, slice_rows, to_tensors  # noqa: E402
+from sur_lab.edits import token_edit  # noqa: E402
+from sur_lab.executors import EXECUTORS, dirty, get_executor, shift  # noqa: E402
+from sur_lab.models import UnsupportedModelError  # noqa: E402
+
+import sur_lab.packed as packed  # noqa: E402
+
+EXACT_EXECUTORS = ["packed-sdpa", "packed-flex-eager", "direct-sequential", "one-shot"]
+ATOL_FLOAT64 = 1e-9
+
+
+def _setup(lm, n_original=72, prefix_len=9, deleted_len=5, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, lm.spec.vocab_size, (n_original,), generator=gen)
+    edit = token_edit(ids, prefix_len, deleted_len, torch.randint(0, lm.spec.vocab_size, (4,), generator=gen))
+    return edit, shift(lm, dirty(lm, edit), edit)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def case(request):
+    lm = make_tiny_model(request.param)
+    edit, shift_cache = _setup(lm)
+    return lm, edit, shift_cache
+
+
+def _supports(suffix_len: int) -> dict[str, Support]:
+    rng = np.random.default_rng(7)
+    random_gaps = np.sort(rng.choice(suffix_len - 1, size=12, replace=False))
+    return {
+        "gaps_and_tail": Support(np.unique(np.r_[random_gaps, suffix_len - 3, suffix_len - 2, suffix_len - 1]), suffix_len),
+        "intervals": Support(np.r_[0:3, 10:14, 30:31, 40:47], suffix_len),
+        "single_first": Support(np.array([0]), suffix_len),
+        "single_last": Support(np.array([suffix_len - 1]), suffix_len),
+        "all": Support.full(suffix_len),
+    }
+
+
+def _assert_matches_reference(out, ref, shift_cache, support, edit, atol):
+    absolute = torch.as_tensor(support.absolute(edit.prefix_len))
+    keep = torch.ones(shift_cache.layers[0].keys.shape[2], dtype=torch.bool)
+    keep[absolute] = False
+    for (k, v), (kr, vr), (ks, vs) in zip(to_tensors(out), to_tensors(ref), to_tensors(shift_cache)):
+        assert k.shape == ks.shape and v.shape == vs.shape
+        # Prefix and unselected rows: bitwise those of Shift.
+        assert torch.equal(k[:, :, keep], ks[:, :, keep]) and torch.equal(v[:, :, keep], vs[:, :, keep])
+        torch.testing.assert_close(k[:, :, absolute], kr[:, :, absolute], atol=atol, rtol=0)
+        torch.testing.assert_close(v[:, :, absolute], vr[:, :, absolute], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("support_name", ["gaps_and_tail", "intervals", "single_first", "single_last", "all"])
+def test_executors_equal_sequential_in_float64(case, support_name):
+    lm, edit, shift_cache = case
+    support = _supports(edit.suffix_len)[support_name]
+    before = clone_cache(shift_cache)
+    ref = get_executor("sequential")(lm, shift_cache, edit, support)
+    # The reference must actually change the selected rows, or agreement would be vacuous.
+    assert not caches_equal(ref, shift_cache)
+    for name in EXACT_EXECUTORS:
+        out = get_executor(name)(lm, shift_cache, edit, support)
+        _assert_matches_reference(out, ref, shift_cache, support, edit, ATOL_FLOAT64)
+        assert caches_equal(shift_cache, before), f"{name} modified its input cache"
+
+
+def test_packed_accepts_plain_positions_and_empty_support(case):
+    lm, edit, shift_cache = case
+    support = _supports(edit.suffix_len)["intervals"]
+    from_support = packed.refresh_packed(lm, shift_cache, edit, support)
+    from_array = packed.refresh_packed(lm, shift_cache, edit, support.positions.tolist())
+    assert caches_equal(from_support, from_array)
+    empty = packed.refresh_packed(lm, shift_cache, edit, np.zeros(0, dtype=np.int64))
+    assert caches_equal(empty, shift_cache)
+    assert all(a.data_ptr() != b.data_ptr() for (a, _), (b, _) in zip(to_tensors(empty), to_tensors(shift_cache)))
+
+
+def test_packed_differs_from_a_wrong_history(case):
+    """Guard against a vacuous equality: attending only to the packed rows (no reused gaps) gives other K/V."""
+    lm, edit, shift_cache = case
+    support = _supports(edit.suffix_len)["gaps_and_tail"]
+    out = packed.refresh_packed(lm, shift_cache, edit, support)
+    # Zeroing the reused gap rows changes what selected rows attend to, hence their refreshed K/V.
+    holed = clone_cache(shift_cache)
+    keep = torch.ones(holed.layers[0].keys.shape[2], dtype=torch.bool)
+    keep[torch.as_tensor(support.absolute(edit.prefix_len))] = False
+    keep[: edit.prefix_len] = False
+    for k, v in to_tensors(holed):
+        k[:, :, keep] = 0
+        v[:, :, keep] = 0
+    wrong = packed.refresh_packed(lm, holed, edit, support)
+    absolute = torch.as_tensor(support.absolute(edit.prefix_len))
+    diff = max((a[:, :, absolute] - b[:, :, absolute]).abs().max().item() for (a, _), (b, _) in zip(to_tensors(out), to_tensors(wrong)))
+    assert diff > 1e-3
+
+
+def test_exactly_one_output_clone(case, monkeypatch):
+    lm, edit, shift_cache = case
+    calls = []
+    original = packed.clone_cache
+    monkeypatch.setattr(packed, "clone_cache", lambda c: calls.append(1) or original(c))
+    for backend in ("sdpa", "flex"):
+        calls.clear()
+        packed.refresh_packed(lm, shift_cache, edit, _supports(edit.suffix_len)["intervals"], backend=backend, flex_compile=False)
+        assert len(calls) == 1
+
+
+def test_attention_implementation_restored_after_error(case, monkeypatch):
+    lm, edit, shift_cache = case
+    before = lm.model.config._attn_implementation
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(packed._PackedAttention, "attend", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        packed.refresh_packed(lm, shift_cache, edit, [0, 1])
+    assert lm.model.config._attn_implementation == before
+    # The registered function refuses to serve an ordinary forward.
+    with pytest.raises(RuntimeError, match="packed refresh only"):
+        packed._packed_attention_forward(None, None, None, None, attention_mask=None)
+
+
+@pytest.fixture
+def no_work(case, monkeypatch):
+    """Fails the test if an executor clones the cache or embeds a token."""
+    lm, edit, shift_cache = case
+    monkeypatch.setattr(packed, "clone_cache", lambda c: pytest.fail("cloned before validation"))
+    handle = lm.model.model.embed_tokens.register_forward_pre_hook(lambda *a: pytest.fail("forward before validation"))
+    yield lm, edit, shift_cache
+    handle.remove()
+
+
+@pytest.mark.parametrize(
+    ("positions", "match"),
+    [
+        ([3, 1, 5], "sorted"),
+        ([1, 3, 3], "sorted"),
+        ([-1, 2], "suffix"),
+        ("suffix_len", "suffix"),
+        ([0.0, 1.0], "integers"),
+        ([[0, 1]], "1-D"),
+    ],
+)
+@pytest.mark.parametrize("name", ["packed-sdpa", "packed-flex", "direct-sequential", "one-shot"])
+def test_bad_positions_raise_before_any_work(no_work, positions, match, name):
+    lm, edit, shift_cache = no_work
+    if positions == "suffix_len":
+        positions = [0, edit.suffix_len]
+    fn = {"packed-sdpa": packed.refresh_packed, "packed-flex": packed.refresh_packed,
+          "direct-sequential": packed.refresh_direct_sequential, "one-shot": packed.refresh_one_shot}[name]
+    with pytest.raises(ValueError, match=match):
+        fn(lm, shift_cache, edit, positions)
+
+
+def test_mismatched_support_and_cache_raise_before_any_work(no_work):
+    lm, edit, shift_cache = no_work
+    with pytest.raises(ValueError, match="suffix_len"):
+        packed.refresh_packed(lm, shift_cache, edit, Support(np.array([0]), edit.suffix_len + 1))
+    with pytest.raises(ValueError, match="rows"):
+        packed.refresh_packed(lm, slice_rows(shift_cache, 0, 20), edit, [0])
+
+
+def test_bad_backend_options_raise_before_any_work(no_work):
+    lm, edit, shift_cache = no_work
+    with pytest.raises(ValueError, match="backend="):
+        packed.refresh_packed(lm, shift_cache, edit, [0], backend="xformers")
+    with pytest.raises(ValueError, match="fused_scatter"):
+        packed.refresh_packed(lm, shift_cache, edit, [0], fused_scatter=True)
+    # The tiny models are float64 with head dim 16: outside the kernel's FP16/BF16/FP32 and 64/128.
+    with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
+        packed.refresh_packed(lm, shift_cache, edit, [0], backend="triton")
+
+
+def test_unsupported_architectures_are_refused_before_any_work(no_work):
+    lm, edit, shift_cache = no_work
+    other = dataclasses.replace(lm, spec=dataclasses.replace(lm.spec, model_type="gpt_neox"))
+    with pytest.raises(UnsupportedModelError, match="model_type"):
+        packed.refresh_packed(other, shift_cache, edit, [0])
+    layer = lm.model.model.layers[1]
+    original_class = type(layer)
+    layer.__class__ = type("CustomLayer", (original_class,), {"__module__": "somewhere.else"})
+    try:
+        with pytest.raises(UnsupportedModelError, match="native"):
+            packed.refresh_one_shot(lm, shift_cache, edit, [0])
+    finally:
+        layer.__class__ = original_class
+    layer.self_attn.forward = layer.self_attn.forward  # an instance-level patch
+    try:
+        with pytest.raises(UnsupportedModelError, match="patched"):
+            packed.refresh_direct_sequential(lm, shift_cache, edit, [0])
+    finally:
+        del layer.self_attn.forward
+    lm.model.train()
+    try:
+        with pytest.raises(UnsupportedModelError, match="training"):
+            packed.refresh_packed(lm, shift_cache, edit, [0])
+    finally:
+        lm.model.eval()
+    lm.model.config.layer_types = ["full_attention", "sliding_attention", "full_attention"]
+    try:
+        with pytest.raises(UnsupportedModelError, match="layer_types"):
+            packed.refresh_packed(lm, shift_cache, edit, [0])
+    finally:
+        lm.model.config.layer_types = ["full_attention"] * 3
+
+
+def test_registered_executor_names():
+    get_executor("sequential")  # triggers the optional import of sur_lab.packed
+    for name in ("packed", "packed-sdpa", "packed-flex", "packed-flex-eager", "packed-triton", "packed-triton-fused",
+                 "direct-sequential", "one-shot"):
+        assert name in EXECUTORS
+
+
+@pytest.mark.parametrize("rows", [[0], [5, 6, 7, 300], list(range(120, 260)), list(range(0, 700, 3))])
+@pytest.mark.parametrize("kv_len", [701, 1024])
+def test_flex_block_mask_equals_create_block_mask(rows, kv_len):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    positions = torch.tensor(rows)
+    ours = packed.flex_block_mask(positions, kv_len)
+    reference = create_block_mask(lambda b, h, q, kv: kv <= positions[q], None, None, len(rows), kv_len, device="cpu")
+    assert torch.equal(ours.to_dense(), reference.to_dense())
+    # The per-element mask inside partial blocks, materialized, is the causal mask of Eq. 22.
+    dense = ours.mask_mod(0, 0, torch.arange(len(rows))[:, None], torch.arange(kv_len)[None, :])
+    assert torch.equal(dense, packed.packed_causal_mask(positions, kv_len)[0, 0])
+
+
+def test_triton_backend_matches_sdpa_under_the_interpreter():
+    from sur_lab.kernels import uses_triton
+
+    if not uses_triton("cpu") and not torch.cuda.is_available():
+        pytest.fail("triton was imported before TRITON_INTERPRET=1 was set: the kernel path is not exercised")
+    lm = make_tiny_model("qwen3", dtype=torch.float32, head_dim=64, hidden=64, layers=2)
+    edit, shift_cache = _setup(lm, n_original=150, prefix_len=7, deleted_len=4)
+    support = Support(np.r_[0:5, 40:41, 70:90, edit.suffix_len - 2 : edit.suffix_len], edit.suffix_len)
+    before = clone_cache(shift_cache)
+    sdpa = packed.refresh_packed(lm, shift_cache, edit, support)
+    ref = get_executor("sequential")(lm, shift_cache, edit, support)
+    # Tolerance from the SDPA path's own float32 error against the reference, with a floor of a few ulps.
+    sdpa_err = max((a - b).abs().max().item() for (a, _), (b, _) in zip(to_tensors(sdpa), to_tensors(ref)))
+    atol = 4 * sdpa_err + 1e-5
+    for fused in (False, True):
+        out = packed.refresh_packed(lm, shift_cache, edit, support, backend="triton", fused_scatter=fused)
+        _assert_matches_reference(out, ref, shift_cache, support, edit, atol)
+    assert caches_equal(shift_cache, before)
+
+
+@pytest.mark.slow
+def test_compiled_flex_matches_sdpa():
+    """The registered packed-flex compiles flex_attention (12-100 s on 2 CPU cores, cached by inductor afterwards)."""
+    lm = make_tiny_model("llama", dtype=torch.float32)
+    edit, shift_cache = _setup(lm)
+    support = _supports(edit.suffix_len)["gaps_and_tail"]
+    ref = get_executor("sequential")(lm, shift_cache, edit, support)
+    sdpa = get_executor("packed-sdpa")(lm, shift_cache, edit, support)
+    sdpa_err = max((a - b).abs().max().item() for (a, _), (b, _) in zip(to_tensors(sdpa), to_tensors(ref)))
+    out = get_executor("packed-flex")(lm, shift_cache, edit, support)
+    _assert_matches_reference(out, ref, shift_cache, support, edit, 4 * sdpa_err + 1e-5)
+
+
+@pytest.mark.slow
+def test_packed_on_the_embedded_model(smol):
+    from sur_lab.bench import matched_support, synthetic_edit
+
+    edit = synthetic_edit(smol.spec.vocab_size, 300, seed=3)
+    shift_cache = shift(smol, dirty(smol, edit), edit)
+    support = matched_support(300, edit.prefix_len, 16, 4)
+    ref = get_executor("sequential")(smol, shift_cache, edit, support)
+    sdpa = get_executor("packed-sdpa")(smol, shift_cache, edit, support)
+    # float32 through 30 layers: the sequential path itself differs from Re-prefill-style recomputation by ~1e-5.
+    _assert_matches_reference(sdpa, ref, shift_cache, support, edit, 1e-3)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-p", "no:xdist", "-q"]))

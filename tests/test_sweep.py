@@ -1,0 +1,186 @@
+"""The sweep runner: one record per (case, method, budget), shared per-case state, exact resume; NR_TV (Eq. 14)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import sur_lab.sweep as sweep_mod
+from conftest import make_tiny_model
+from sur_lab.budget import allowance
+from sur_lab.endpoints import nr_tv, reference_continuation
+from sur_lab.scoring import extract_answer
+from sur_lab.niah import build_niah_case, niah_scorer, parse_niah_answer
+from sur_lab.sweep import TIMING_FIELDS, SweepCase, budget_table, case_seed, run_sweep
+from test_allocators import char_tokenizer
+from test_niah import CORPUS
+
+METHODS = ("Dirty", "Shift", "Replay", "Re-prefill", "SUR", "Random semantic units", "ProphetKV-Adapted")
+BUDGETS = (5, 37)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return dataclasses.replace(make_tiny_model("llama"), tokenizer=char_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def cases(lm):
+    out = []
+    for i, depths in enumerate([(0.2, 0.6), (0.7, 0.3)]):
+        case = build_niah_case(lm.tokenizer, CORPUS, context_len=300, depths=depths, delete=0, seed=i)
+        out.append(dataclasses.replace(case.sweep_case(), case_id=f"case/{i}"))
+    return out
+
+
+def _comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=list(TIMING_FIELDS)).reset_index(drop=True)
+
+
+def test_nr_tv_is_eq14():
+    assert nr_tv(0.1, 0.4) == pytest.approx(0.75)
+    assert nr_tv(0.0, 0.4) == 1.0 and nr_tv(0.4, 0.4) == 0.0
+    assert nr_tv(0.6, 0.3) == pytest.approx(-1.0)  # not clipped
+    assert math.isnan(nr_tv(0.1, 0.0)) and math.isnan(nr_tv(float("nan"), 0.2))
+    with pytest.raises(ValueError, match="tv_method"):
+        nr_tv(1.5, 0.2)
+    assert reference_continuation((5, 6, 7), 2) == [5, 6]
+
+
+def test_sweep_writes_one_record_per_case_method_budget(lm, cases, tmp_path):
+    df = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path, max_new_tokens=6, parser=parse_niah_answer,
+                   scorer=niah_scorer, seed=3, progress=False)
+    assert len(df) == 2 * (4 + 3 * 2)
+    stored = pd.read_parquet(tmp_path / "records.parquet")
+    keys = ["case_id", "method", "budget_pct", "answer", "em", "tv_reprefill"]
+    assert stored[keys].equals(df[keys])
+    for case in cases:
+        rows = df[df.case_id == case.case_id]
+        S = case.edit.suffix_len
+        ref = rows[rows.method == "Re-prefill"].iloc[0]
+        assert ref.tv_reprefill == 0.0 and ref.nr_tv == 1.0 and ref.agree_reprefill
+        dirty = rows[rows.method == "Dirty"].iloc[0]
+        assert dirty.nr_tv == pytest.approx(0.0, abs=1e-12)
+        assert dirty.tv_reprefill == pytest.approx(dirty.tv_dirty_reprefill)
+        assert rows[rows.method.isin(["Dirty", "Shift", "Replay", "Re-prefill"])].budget_pct.isna().all()
+        for _, r in rows[rows.budget_pct.notna()].iterrows():
+            assert r.allowance == allowance(S, r.budget_pct) == len(r.positions)
+            assert r.num_intervals == len(r.intervals)
+            assert sum(b - a for a, b in r.intervals) == r.allowance
+            assert r.latency_ms == pytest.approx(r.select_ms + r.shift_ms + r.refresh_ms + r.answer_ms)
+            assert r.case_seed == case_seed(3, case.case_id)
+            assert r.em == (tuple(json.loads(r.prediction)) == tuple(r.gold))
+            assert r.agree_reprefill == (r.prediction == ref.prediction)
+        prophet = rows[rows.method == "ProphetKV-Adapted"]
+        assert (prophet.extra_forward_tokens == case.edit.query_ids.numel()).all()
+        assert (rows.context_len == 300).all() and (rows.model == "tiny-llama").all()
+        assert (rows.nll_tokens == ref.nll_tokens).all()
+        assert ref.nll_tokens == 0 or np.isfinite(rows.nll_reprefill).all()
+    table = budget_table(df)
+    assert list(table.columns) == ["Reference", "5%", "37%"]
+    assert table.loc["Re-prefill", "Reference"] == 100.0
+
+
+def test_shift_cache_and_references_are_computed_once_per_case(lm, cases, tmp_path, monkeypatch):
+    calls = {"prepare": 0, "Re-prefill": 0}
+    real_prepare, real_repair = sweep_mod.prepare, sweep_mod.repair
+
+    def counting_prepare(*args, **kwargs):
+        calls["prepare"] += 1
+        return real_prepare(*args, **kwargs)
+
+    def counting_repair(lm_, prepared, method="SUR", *args, **kwargs):
+        calls[method] = calls.get(method, 0) + 1
+        return real_repair(lm_, prepared, method, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_mod, "prepare", counting_prepare)
+    monkeypatch.setattr(sweep_mod, "repair", counting_repair)
+    run_sweep(lm, cases, METHODS, BUDGETS, tmp_path, max_new_tokens=3, progress=False)
+    assert calls["prepare"] == 2 and calls["Re-prefill"] == 2 and calls["Dirty"] == 2 and calls["SUR"] == 4
+
+
+def test_sweep_resumes_after_a_crash_with_identical_records(lm, cases, tmp_path):
+    kwargs = dict(max_new_tokens=5, parser=parse_niah_answer, seed=1, progress=False)
+    full = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "full", scorer=niah_scorer, **kwargs)
+    calls = {"n": 0}
+
+    def crashing_scorer(case, text):
+        calls["n"] += 1
+        if calls["n"] == 13:  # the 13th record (in the second case) never gets written
+            raise KeyboardInterrupt
+        return niah_scorer(case, text)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=crashing_scorer, **kwargs)
+    parts = sorted((tmp_path / "crash" / "parts").glob("*.jsonl"))
+    assert sum(len(p.read_text().splitlines()) for p in parts) == 12
+    before = {p.name: p.read_text() for p in parts}
+    # A torn line (a crash while writing) is ignored and recomputed.
+    with parts[-1].open("a") as fh:
+        fh.write('{"method": "SUR", "budget')
+    resumed_calls = {"n": 0}
+
+    def counting_scorer(case, text):
+        resumed_calls["n"] += 1
+        return niah_scorer(case, text)
+
+    resumed = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=counting_scorer, **kwargs)
+    assert resumed_calls["n"] == len(full) - 12  # finished records are not recomputed
+    pd.testing.assert_frame_equal(_comparable(resumed), _comparable(full))
+    for name, text in before.items():  # finished records are kept byte for byte
+        assert (tmp_path / "crash" / "parts" / name).read_text().startswith(text)
+    again = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=counting_scorer, **kwargs)
+    assert resumed_calls["n"] == len(full) - 12
+    pd.testing.assert_frame_equal(again, resumed)
+
+
+def test_resume_refuses_records_of_another_configuration(lm, cases, tmp_path):
+    run_sweep(lm, cases[:1], ("Shift",), (), tmp_path, max_new_tokens=2, progress=False)
+    with pytest.raises(ValueError, match="out_dir.*max_new_tokens"):
+        run_sweep(lm, cases[:1], ("Shift",), (), tmp_path, max_new_tokens=3, progress=False)
+    changed = dataclasses.replace(cases[1], case_id=cases[0].case_id)
+    with pytest.raises(ValueError, match="case_fingerprint"):
+        run_sweep(lm, [changed], ("Shift",), (), tmp_path, max_new_tokens=2, progress=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"methods": ("Nope",)}, "Nope"),
+        ({"budgets": (120,)}, "budget_pct"),
+        ({"executor": "nope"}, "executor"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_sweep_validates_before_any_work(lm, cases, tmp_path, kwargs, match):
+    args = {"methods": ("SUR",), "budgets": (5,), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        run_sweep(lm, cases, out_dir=tmp_path, progress=False, **args)
+    assert not (tmp_path / "records.parquet").exists()
+
+
+def test_sweep_rejects_duplicate_ids_and_nested_meta(lm, cases, tmp_path):
+    with pytest.raises(ValueError, match="unique"):
+        run_sweep(lm, [cases[0], cases[0]], ("Shift",), (), tmp_path, progress=False)
+    bad = SweepCase("x", cases[0].edit, meta={"nested": [1, 2]})
+    with pytest.raises(ValueError, match="meta"):
+        run_sweep(lm, [bad], ("Shift",), (), tmp_path, progress=False)
+    clash = SweepCase("x", cases[0].edit, meta={"method": "a"})
+    with pytest.raises(ValueError, match="collides"):
+        run_sweep(lm, [clash], ("Shift",), (), tmp_path, progress=False)
+
+
+def test_default_scoring_uses_extracted_answers_and_gold_aliases(lm, cases, tmp_path):
+    case = dataclasses.replace(cases[0], gold=("zzz",))
+    df = run_sweep(lm, [case], ("Re-prefill", "Shift"), (), tmp_path, max_new_tokens=4, progress=False)
+    assert df.em.tolist() == [False, False]
+    assert df.prediction.tolist() == [extract_answer(a) for a in df.answer]
+    no_gold = dataclasses.replace(cases[0], gold=())
+    df2 = run_sweep(lm, [no_gold], ("Shift",), (), tmp_path / "b", max_new_tokens=4, progress=False)
+    assert df2.em.isna().all()
