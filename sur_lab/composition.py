@@ -24,7 +24,8 @@ so a repair unit is a :class:`~sur_lab.budget.Support` over the ``S = sum_i L_i`
 executor (``get_executor("sequential")``, packed ones when present) recomputes it from the composed cache exactly as it
 recomputes a support of a Shift cache after a deletion.
 
-Source: SAFE-KV (Zhang, 2026), Figure 1 and abstract; RoPE re-rotation: Eq. 2, appendix 7.1 of the budgeted repair paper.
+Source: SAFE-KV (Zhang, 2026), Figure 1 and abstract; RoPE re-rotation: Eq. 2 and appendix 7.1 of the budgeted
+repair paper.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -167,20 +168,15 @@ class PlacementCase:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """Flat, Parquet-friendly description of the case (ids, placement and token geometry)."""
-        e = self.edit
+        """Flat scalars copied into every sweep record (the sweep itself records p, d, S and the gold answers)."""
         return {
             "dataset": self.example.dataset,
             "source_id": self.example.id,
             "placement": self.placement,
             "answer_type": self.example.answer_type,
-            "gold": " | ".join(self.example.answers),
             "inserted_title": self.source.inserted.title,
             "inserted_origin": self.source.origins[0],
-            "prefix_len": e.prefix_len,
-            "deleted_len": e.deleted_len,
-            "suffix_len": e.suffix_len,
-            "query_len": int(e.query_ids.numel()),
+            "query_len": int(self.edit.query_ids.numel()),
         }
 
 
@@ -400,6 +396,62 @@ def build_cases(
     if not placements or len(set(placements)) != len(placements) or not set(placements) <= set(PLACEMENTS):
         raise ValueError(f"placements={list(placements)!r} must be distinct values of {PLACEMENTS}")
     return [build_case(tokenizer, s, p, instruction=instruction) for s in sources for p in placements]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sweep glue (the shared runner is sur_lab.sweep.run_sweep)
+
+
+def trial_case_id(case_id: str, trial: int) -> str:
+    """Sweep case id of a repeated timing trial: the case id itself for trial 0, ``"{case_id}#t{trial}"`` after."""
+    return case_id if trial == 0 else f"{case_id}#t{trial}"
+
+
+def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
+    """Placement cases as :class:`sur_lab.sweep.SweepCase` objects, ``trials`` timed trials per case.
+
+    Trial t > 0 of a case is a separate sweep case (:func:`trial_case_id`) with the same edit, so each trial is
+    timed once and resumes independently; trials are ordered trial-major (every case once, then again), so that
+    slow drifts of a shared machine do not load one case's trials. ``meta`` carries :attr:`PlacementCase.meta` plus
+    ``trial``; ``gold`` is the example's answers.
+
+    Args:
+        cases: placement cases.
+        trials: timed trials per case, >= 1 (the paper: 1).
+
+    Returns:
+        ``len(cases) * trials`` sweep cases.
+
+    Raises:
+        ValueError: naming ``trials`` when it is not an integer >= 1.
+    """
+    from .sweep import SweepCase
+
+    if int(trials) != trials or trials < 1:
+        raise ValueError(f"trials={trials!r} must be an integer >= 1")
+    return [
+        SweepCase(trial_case_id(c.case_id, t), c.edit, gold=tuple(c.example.answers), meta={**c.meta, "trial": t})
+        for t in range(int(trials))
+        for c in cases
+    ]
+
+
+def make_scorer(cases: Sequence[PlacementCase]):
+    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.sweep.run_sweep`.
+
+    It extracts the answer once (:func:`sur_lab.scoring.extract_answer`) and applies the example's dataset rule
+    (:func:`sur_lab.scoring.score_example`: HotpotQA string EM, 2Wiki and MuSiQue over aliases, IIRC with DROP
+    normalization and span matching, including "none" and yes/no answers).
+    """
+    from .scoring import extract_answer, score_example
+
+    examples = {c.case_id: c.example for c in cases}
+
+    def scorer(sweep_case, text: str) -> bool:
+        base = re.sub(r"#t\d+$", "", sweep_case.case_id)
+        return score_example(extract_answer(text), examples[base])
+
+    return scorer
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -380,3 +380,90 @@ def build_niah_cases(
             )
         )
     return cases
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Table 12: allocation geometry at a fixed relevance score
+
+#: Table 12's rows (paper label -> allocator name).
+TABLE12_RULES = {
+    "SUR": "SUR",
+    "Same-score tokens": "Dense tokens",
+    "Single relevance window": "Max-relevance contiguous",
+    "Same-unit BM25": "BM25 (same units)",
+    "Random units": "Random semantic units",
+}
+#: Table 12 as published: strict EM (%) on 96 cases per model at 2 % and 5 %, rows in :data:`TABLE12_RULES` order.
+PAPER_TABLE12 = {
+    "Qwen3-8B": ((89.6, 99.0), (7.3, 14.6), (75.0, 86.5), (82.3, 94.8), (2.1, 5.2)),
+    "Qwen3-30B": ((95.8, 96.9), (89.6, 91.7), (84.4, 79.2), (90.6, 94.8), (16.7, 17.7)),
+    "Llama-70B": ((90.6, 99.0), (7.3, 8.3), (65.6, 72.9), (75.0, 94.8), (2.1, 5.2)),
+    "GLM-Air": ((100.0, 100.0), (43.8, 57.3), (89.6, 88.5), (94.8, 100.0), (18.8, 19.8)),
+    "Qwen3-235B": ((97.9, 100.0), (83.3, 91.7), (72.9, 77.1), (99.0, 100.0), (78.1, 83.3)),
+}
+
+
+def paper_table12() -> "pd.DataFrame":
+    """Table 12 as a DataFrame: rows are allocator names, columns ``(model, "2%"|"5%")``, values EM %."""
+    import pandas as pd
+
+    cols = pd.MultiIndex.from_product([list(PAPER_TABLE12), ["2%", "5%"]], names=["model", "budget"])
+    rows = [[PAPER_TABLE12[m][i][j] for m in PAPER_TABLE12 for j in range(2)] for i in range(len(TABLE12_RULES))]
+    return pd.DataFrame(rows, index=list(TABLE12_RULES.values()), columns=cols)
+
+
+def table12(records: "pd.DataFrame", value: str = "agree_reprefill", budgets: Sequence[float] = (2, 5)) -> "pd.DataFrame":
+    """Our Table 12: mean ``value`` (×100) of the five allocation rules at ``budgets``, rows in paper order.
+
+    Raises:
+        ValueError: naming ``records`` when a rule or budget is missing.
+    """
+    rows = list(TABLE12_RULES.values())
+    df = records[records["method"].isin(rows) & records["budget_pct"].isin([float(b) for b in budgets])]
+    table = df.assign(_v=df[value].astype(float) * 100).pivot_table(
+        index="method", columns="budget_pct", values="_v", aggfunc="mean"
+    )
+    missing = [r for r in rows if r not in table.index] + [b for b in budgets if float(b) not in table.columns]
+    if missing:
+        raise ValueError(f"records lack {missing} for Table 12")
+    table = table.loc[rows, [float(b) for b in budgets]]
+    table.columns = [f"{b:g}%" for b in budgets]
+    return table
+
+
+def order_concordance(ours: Sequence[float], paper: Sequence[float]) -> tuple[int, int, int]:
+    """Pairwise ordering agreement between two score lists over the same rules.
+
+    Returns:
+        ``(concordant, discordant, tied)`` rule pairs; a pair tied in either list counts as tied.
+
+    Raises:
+        ValueError: if the lengths differ.
+    """
+    if len(ours) != len(paper):
+        raise ValueError(f"ours has {len(ours)} scores and paper {len(paper)}")
+    con = dis = tie = 0
+    for i in range(len(ours)):
+        for j in range(i + 1, len(ours)):
+            a, b = np.sign(ours[i] - ours[j]), np.sign(paper[i] - paper[j])
+            if a == 0 or b == 0:
+                tie += 1
+            elif a == b:
+                con += 1
+            else:
+                dis += 1
+    return con, dis, tie
+
+
+def table12_concordance(ours: "pd.DataFrame") -> "pd.DataFrame":
+    """For each budget column of ``ours`` (from :func:`table12`) and each paper model: concordant / discordant / tied
+    rule pairs against the published Table 12 (10 pairs of 5 rules)."""
+    import pandas as pd
+
+    paper = paper_table12()
+    rows = []
+    for budget in ours.columns:
+        for model in PAPER_TABLE12:
+            con, dis, tie = order_concordance(ours[budget].tolist(), paper[(model, budget)].tolist())
+            rows.append({"budget": budget, "paper_model": model, "concordant": con, "discordant": dis, "tied": tie})
+    return pd.DataFrame(rows)

@@ -12,8 +12,8 @@ the duration of the traversal, nothing else:
   only): packed row r attends to keys ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift
   rows in the gaps (Eq. 22), with one of three backends chosen by name:
 
-  ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` boolean mask
-                built once per refresh; GQA through ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on
+  ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
+                once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on
                 accelerators, where a masked GQA call would fall back to the math kernel (transformers does the same).
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
@@ -316,7 +316,7 @@ class _PackedAttention:
     """Per-refresh attention metadata, passed to every layer in place of ``attention_mask`` (built once, reused)."""
 
     backend: str
-    mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] bool
+    mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
     plan: Any = None  # triton: IndexedAttentionPlan
@@ -388,10 +388,13 @@ def _packed_attention_selected(lm: LoadedModel) -> Iterator[None]:
 
 
 def _make_attention(
-    backend: str, positions: torch.Tensor, kv_len: int, *, flex_compile: bool, plan: Any = None
+    backend: str, positions: torch.Tensor, kv_len: int, dtype: torch.dtype, *, flex_compile: bool, plan: Any = None
 ) -> _PackedAttention:
     if backend == "sdpa":
-        return _PackedAttention("sdpa", mask=packed_causal_mask(positions, kv_len))
+        # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
+        allowed = packed_causal_mask(positions, kv_len)
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
+        return _PackedAttention("sdpa", mask=additive)
     if backend == "flex":
         return _PackedAttention("flex", block_mask=flex_block_mask(positions, kv_len), flex=_flex_attention(flex_compile))
     return _PackedAttention("triton", plan=plan)
@@ -507,7 +510,7 @@ def refresh_packed(
         plan = build_indexed_attention_plan(absolute)  # once per refresh, reused by every layer
     # Compiled flex gets the full cache length so its graph does not change with the last selected position.
     kv_len = cache_length(out) if backend == "flex" else kv_end
-    attention = _make_attention(backend, absolute, kv_len, flex_compile=flex_compile, plan=plan)
+    attention = _make_attention(backend, absolute, kv_len, lm.dtype, flex_compile=flex_compile, plan=plan)
     write = _fused_writer(plan) if fused_scatter else _index_copy_writer(absolute)
     token_ids = edit.edited_ids.to(device)[absolute]
     _run_layers_(lm, to_tensors(out), token_ids, absolute, kv_len, attention, write)
@@ -541,7 +544,7 @@ def refresh_direct_sequential(
     p = edit.prefix_len
     for a, b in support.intervals:
         rows = torch.arange(p + a, p + b, device=device)
-        attention = _make_attention("sdpa", rows, p + b, flex_compile=False)
+        attention = _make_attention("sdpa", rows, p + b, lm.dtype, flex_compile=False)
         _run_layers_(lm, layers, ids[p + a : p + b], rows, p + b, attention, _index_copy_writer(rows))
     return out
 

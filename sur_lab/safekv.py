@@ -22,12 +22,12 @@ Protocols: ``forward`` recomputes the support with an executor (actual forwardin
 from the full-prefill cache, a diagnostic upper bound that needs the very cache repair avoids and that figures label
 as such.
 
-Endpoints (per request): answer preservation (the extracted answer equals full prefill's after normalization), token
-exactness (identical generated ids), gold EM (:func:`sur_lab.scoring.score_example`), changed-wrong (answer changed
-and gold-wrong), repair ratio ``B / S`` (fraction of the reused document context re-encoded) and time to first logit
-(TTFL: compose + select + refresh + query forward, ms) against full prefill's (forward of the S document tokens + query
-forward after the shared prefix). Operating rule: serve by full prefill when no reuse path reaches the required
-preservation with a smaller TTFL.
+Endpoints (per request): answer preservation (the generated answer equals full prefill's after normalization,
+:func:`answers_agree`), token exactness (identical generated ids), gold EM (:func:`sur_lab.scoring.score_example`),
+changed-wrong (answer changed and gold-wrong), repair ratio ``B / S`` (fraction of the reused document context
+re-encoded) and time to first logit (TTFL: compose + select + refresh + query forward, ms) against full prefill's
+(forward of the S document tokens + query forward after the shared prefix). Operating rule: serve by full prefill when
+no reuse path reaches the required preservation with a smaller TTFL.
 
 Source: SAFE-KV (Zhang, 2026): abstract, Figures 1–5, Tables 20 and 27; SUR: section 3.2 and Algorithm 1 of the
 budgeted KV-cache repair paper.
@@ -48,15 +48,25 @@ from transformers import DynamicCache
 
 from .allocators import AllocationRequest, allocate
 from .allocators.sur import token_relevance, unit_scores
-from .answer import Answer, answer
+from .answer import Answer
 from .budget import Support, allowance, check_budget
 from .cache_ops import cache_length, caches_equal, clone_cache, layer_deviation, slice_rows, to_tensors, write_rows_
-from .composition import ComposedPrompt, CompositionCaches, build_caches, compose_prompt, composition_edit
+from .composition import (
+    ComposedPrompt,
+    CompositionCaches,
+    build_caches,
+    compose_cache,
+    compose_prompt,
+    composition_edit,
+    document_caches,
+    full_prefill_cache,
+    prefix_cache,
+)
 from .edits import EditedContext
 from .executors import get_executor
-from .forward import decode_step, forward_tokens
+from .forward import decode_step
 from .models import LoadedModel
-from .scoring import agreement, extract_answer, first_token_tv
+from .scoring import agreement, extract_answer, first_token_tv, normalize_answer
 from .units import Unit, segment_units
 
 UNITS = ("none", "doc", "window", "suffix", "adaptive", "linked", "sur", "full")
@@ -479,26 +489,48 @@ def run_protocol(lm: LoadedModel, caches: CompositionCaches, edit: EditedContext
 # Answers
 
 
-@torch.inference_mode()
-def answer_with_reference(lm: LoadedModel, cache: DynamicCache, query_ids: torch.Tensor, reference: Answer, *,
-                          max_new_tokens: int) -> Answer:
-    """Greedy answer from ``cache``, verifying the reference answer's tokens in one forward (exact greedy).
+def answers_agree(text: str, reference: str) -> bool:
+    """Answer preservation: the two generated answers are equal after :func:`sur_lab.scoring.normalize_answer`.
 
-    Processes the query (timed: the first logit), then, when the first greedy token equals the reference's, forwards
-    all the reference's tokens at once and accepts them while each is the argmax of the previous position's logits;
-    at the first divergence the draft rows are dropped and greedy decoding continues step by step. The result is the
-    greedy decode of :func:`sur_lab.answer.answer` (the same stopping rule) up to float reassociation between a
-    multi-token and a one-token forward; on a preserved answer it costs one short forward instead of one per token.
+    The whole greedy continuation (up to ``max_new_tokens``) is compared, not only its first line: a small model often
+    opens with a lead-in line ("The answer to this question is:") whose first-line extraction would call any two
+    answers with the same lead-in preserved. (``extracted_agree`` in the records keeps the extracted-answer rule.)
+    """
+    return normalize_answer(" ".join(text.split())) == normalize_answer(" ".join(reference.split()))
+
+
+@torch.inference_mode()
+def _forward_keep(lm: LoadedModel, ids: torch.Tensor, cache: DynamicCache, keep: int) -> torch.Tensor:
+    """:func:`sur_lab.forward.forward_tokens` keeping the last ``keep`` positions' logits (float32 ``[keep, V]``)."""
+    start = cache_length(cache)
+    positions = torch.arange(start, start + ids.numel(), device=lm.device)
+    out = lm.model(input_ids=ids.to(lm.device)[None], cache=cache, position_ids=positions[None], use_cache=True,
+                   logits_to_keep=int(keep))
+    return out.logits[0].float()
+
+
+@torch.inference_mode()
+def greedy_answer(lm: LoadedModel, cache: DynamicCache, query_ids: torch.Tensor, *, max_new_tokens: int,
+                  draft: Sequence[int] = ()) -> Answer:
+    """Greedy answer from ``cache`` (the stopping rule of :func:`sur_lab.answer.answer`), optionally verifying a draft.
+
+    Without a draft: the query is forwarded (its time is ``timings_ms["query"]``, the first logit) and the answer is
+    decoded step by step. With a draft (full prefill's answer tokens), the query and the draft are forwarded together
+    and the draft tokens are accepted while each is the argmax of the previous position's logits; at the first
+    divergence the draft rows are dropped and decoding continues step by step. The result is the plain greedy decode
+    up to float reassociation between a multi-token and a one-token forward; a preserved answer costs one forward
+    instead of one per token (decode steps dominate CPU evaluation time). ``timings_ms["query"]`` then includes the
+    draft tokens, so time to first logit should use a draft-free query forward.
 
     Args:
         lm: the model.
         cache: pre-query cache; not modified (decoding runs on a clone).
         query_ids: ``[Q]`` int64.
-        reference: full prefill's answer (its ``token_ids`` are the draft).
         max_new_tokens: decoding limit, tokens (>= 1).
+        draft: token ids to verify (e.g. the reference answer's ``token_ids``).
 
     Returns:
-        Answer with ``timings_ms`` ``query`` (first logit), ``decode`` and ``answer``.
+        Answer with ``timings_ms`` ``query``, ``decode`` and ``answer`` (ms).
 
     Raises:
         ValueError: if ``max_new_tokens`` < 1.
@@ -507,20 +539,17 @@ def answer_with_reference(lm: LoadedModel, cache: DynamicCache, query_ids: torch
         raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
     work = clone_cache(cache)
     eos = set(lm.eos_token_ids)
+    draft = [int(t) for t in draft][: int(max_new_tokens)]
+    base = cache_length(work) + int(query_ids.numel())
     t0 = time.perf_counter()
-    logits = forward_tokens(lm, query_ids, work)
+    ids = torch.cat((query_ids.reshape(-1), torch.tensor(draft, dtype=torch.long))) if draft else query_ids
+    logits = _forward_keep(lm, ids, work, len(draft) + 1)  # [m + 1, V]: after the query, then after each draft token
     t1 = time.perf_counter()
-    first = logits.detach().float().cpu().clone()
-    base = cache_length(work)
-    draft = list(reference.token_ids)[: int(max_new_tokens)]
-    drafted = 0
-    draft_logits = None
-    if draft and int(torch.argmax(logits)) == draft[0]:
-        draft_logits = forward_tokens(lm, torch.tensor(draft, dtype=torch.long), work, logits="all")
-        drafted = len(draft)
+    first = logits[0].detach().cpu().clone()
+    drafted = len(draft)
     generated: list[int] = []
     finished = False
-    current = logits
+    current = logits[0]
     for step in range(int(max_new_tokens)):
         token = int(torch.argmax(current))
         if token in eos:
@@ -530,7 +559,7 @@ def answer_with_reference(lm: LoadedModel, cache: DynamicCache, query_ids: torch
         if step + 1 >= max_new_tokens:
             break
         if drafted and step < drafted and token == draft[step]:
-            current = draft_logits[step]
+            current = logits[step + 1]
             continue
         if drafted:
             # Diverged from (or ran past) the draft: keep the rows of the accepted inputs draft[:step] only.
@@ -548,7 +577,7 @@ def answer_with_reference(lm: LoadedModel, cache: DynamicCache, query_ids: torch
 
 
 def document_drift(prompt: ComposedPrompt, cache: DynamicCache, full: DynamicCache) -> np.ndarray:
-    """Measured drift of each document's rows: ``||KV_cache - KV_full|| / ||KV_full||`` over all layers (float64 ``[n]``).
+    """Measured drift of each document's rows, ``||KV_cache - KV_full|| / ||KV_full||`` over all layers (``[n]`` f64).
 
     Raises:
         ValueError: naming ``cache`` when its length differs from ``full``'s.
@@ -566,18 +595,30 @@ def document_drift(prompt: ComposedPrompt, cache: DynamicCache, full: DynamicCac
     return np.sqrt(num / den)
 
 
-def default_specs(budgets: Sequence[float] = (25, 50), selectors: Sequence[str] = SELECTORS) -> list[RepairSpec]:
-    """The SAFE-KV comparison: composition; risk Doc K1, w2–w4, Suffix K1/K2, Adaptive K2 at ``budgets``, Linked K2,
-    SUR at ``budgets``; the query and oracle selectors' Doc K1, Suffix K1/K2 and Linked K2."""
-    specs = [RepairSpec("none")]
-    for sel in selectors:
-        specs += [RepairSpec("doc", sel, 1), RepairSpec("suffix", sel, 1), RepairSpec("suffix", sel, 2),
-                  RepairSpec("linked", sel, 2)]
-        if sel == "risk":
-            specs += [RepairSpec("window", sel, 1, width=w) for w in (2, 3, 4)]
-            specs += [RepairSpec("adaptive", sel, 2, budget_pct=b) for b in budgets]
+def default_specs(budgets: Sequence[float] = (50,)) -> list[RepairSpec]:
+    """The SAFE-KV comparison used by the notebook.
+
+    Prefix composition; risk-guided Doc K1, windows w2–w4 and Suffix K1 from the K1 start (Figure 2), Suffix K2 and
+    Adaptive K2 at ``budgets``; query-guided Suffix K2; oracle evidence Doc K2 (the gold documents),
+    Linked K2 and Suffix K1; SUR at ``budgets``.
+
+    Raises:
+        ValueError: naming ``budget_pct`` for a budget outside [0, 100].
+    """
+    specs = [RepairSpec("none"), RepairSpec("doc", "risk", 1)]
+    specs += [RepairSpec("window", "risk", 1, width=w) for w in (2, 3, 4)]
+    specs += [RepairSpec("suffix", "risk", 1), RepairSpec("suffix", "risk", 2)]
+    specs += [RepairSpec("adaptive", "risk", 2, budget_pct=b) for b in budgets]
+    specs += [RepairSpec("suffix", "query", 2)]
+    specs += [RepairSpec("doc", "oracle", 2), RepairSpec("linked", "oracle", 2), RepairSpec("suffix", "oracle", 1)]
     specs += [RepairSpec("sur", budget_pct=b) for b in budgets]
     return specs
+
+
+def sweep_specs() -> list[RepairSpec]:
+    """The evidence position sweep (Figure 3): prefix composition, oracle Doc K2 (the gold documents) and oracle
+    Suffix K1 (from the first gold document)."""
+    return [RepairSpec("none"), RepairSpec("doc", "oracle", 2), RepairSpec("suffix", "oracle", 1)]
 
 
 def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[RepairSpec], *,
@@ -602,7 +643,8 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
         doc_store: optional dict ``tuple(doc ids) -> document cache`` reused across prompts (a document cache store;
             filled here). Its encoding time is offline and not part of any TTFL.
         caches: precomputed caches (skips building them).
-        keep_drift: add the measured per-document drift of the composed cache (``drift``, list) to each record.
+        keep_drift: add the measured per-document drift of the composed cache (``drift``, list, see
+            :func:`document_drift`) and the risk scores (``risk``, list) to each record.
 
     Returns:
         One record per (spec, protocol) with: ``method``, ``selector``, ``label``, ``unit``, ``k``, ``width``,
@@ -622,10 +664,11 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
     edit = composition_edit(prompt)
     if caches is None:
         caches = _caches_with_store(lm, prompt, prefix_kv, doc_store)
-    reference = answer(lm, caches.full, edit, max_new_tokens=max_new_tokens)
+    reference = greedy_answer(lm, caches.full, edit.query_ids, max_new_tokens=max_new_tokens)
     ref_pred = extract_answer(reference.text)
     full_em = bool(scorer(ref_pred)) if scorer is not None else None
-    full_ttfl = caches.timings_ms["full"] + reference.timings_ms["query"]
+    query_ms = reference.timings_ms["query"]
+    full_ttfl = caches.timings_ms["full"] + query_ms
     compose_ms = caches.timings_ms["compose"]
     gold_docs = [i for i, s in enumerate(prompt.supporting) if s]
 
@@ -641,11 +684,12 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
     def record(spec: RepairSpec, plan: RepairPlan, protocol: str, ans: Answer, refresh_ms: float) -> dict[str, Any]:
         pred = extract_answer(ans.text)
         em = bool(scorer(pred)) if scorer is not None else None
-        preserved = bool(agreement(pred, ref_pred))
+        preserved = answers_agree(ans.text, reference.text)
         if spec.unit == "full":
             ttfl = full_ttfl
         else:
-            ttfl = compose_ms + plan.select_ms + refresh_ms + ans.timings_ms["query"]
+            # The query forward costs the same on every p + S row cache: full prefill's draft-free query time.
+            ttfl = compose_ms + plan.select_ms + refresh_ms + query_ms
         rec = {
             "method": spec.method, "selector": spec.selector if spec.uses_selector else "", "label": spec.label,
             "unit": spec.unit, "k": spec.k, "width": spec.width if spec.unit == "window" else np.nan,
@@ -655,8 +699,9 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
             "repair_ratio": plan.ratio, "num_intervals": plan.support.num_intervals,
             "compose_ms": 0.0 if spec.unit == "full" else compose_ms, "select_ms": plan.select_ms,
             "refresh_ms": caches.timings_ms["full"] if spec.unit == "full" else refresh_ms,
-            "query_ms": ans.timings_ms["query"], "ttfl_ms": ttfl, "full_ttfl_ms": full_ttfl,
+            "query_ms": query_ms, "ttfl_ms": ttfl, "full_ttfl_ms": full_ttfl,
             "answer": ans.text, "prediction": pred, "full_prediction": ref_pred, "preserved": preserved,
+            "extracted_agree": bool(agreement(pred, ref_pred)),
             "token_exact": tuple(ans.token_ids) == tuple(reference.token_ids), "em": em, "full_em": full_em,
             "changed_wrong": (not preserved and em is False) if em is not None else None,
             "tv_full": first_token_tv(ans.first_token_logits, reference.first_token_logits),
@@ -664,10 +709,12 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
         }
         if drift is not None:
             rec["drift"] = drift
+            rec["risk"] = risk_scores(prompt).tolist()
         return rec
 
     full_spec = RepairSpec("full")
-    records = [record(full_spec, RepairPlan(full_spec, Support.full(prompt.suffix_len), 0), protocols[0], reference, 0.0)]
+    full_plan = RepairPlan(full_spec, Support.full(prompt.suffix_len), 0)
+    records = [record(full_spec, full_plan, protocols[0], reference, 0.0)]
     done: dict[tuple, tuple[Answer, float]] = {}
     for spec in specs:
         if spec.unit == "full":
@@ -682,7 +729,8 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
                 if caches_equal(cache, caches.full):
                     ans = reference
                 else:
-                    ans = answer_with_reference(lm, cache, edit.query_ids, reference, max_new_tokens=max_new_tokens)
+                    ans = greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens,
+                                        draft=reference.token_ids)
                 done[key] = (ans, ms)
             ans, ms = done[key]
             records.append(record(spec, plan, protocol, ans, ms))
@@ -694,8 +742,6 @@ def _caches_with_store(lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: Dynam
     """:func:`build_caches`, reusing and filling a document cache store keyed by document token ids."""
     if doc_store is None:
         return build_caches(lm, prompt, prefix_kv)
-    from .composition import compose_cache, document_caches, full_prefill_cache, prefix_cache
-
     prefix_kv = prefix_kv if prefix_kv is not None else prefix_cache(lm, prompt)
     keys = [tuple(d.tolist()) for d in prompt.doc_ids]
     missing = [i for i, k in enumerate(keys) if k not in doc_store]
@@ -803,8 +849,6 @@ def run_requests(lm: LoadedModel, requests: Sequence[RagRequest], specs: Sequenc
     """
     from tqdm.auto import tqdm
 
-    from .composition import prefix_cache
-
     prefixes: dict[tuple[int, ...], DynamicCache] = {}
     store: dict = {}
     source = object()
@@ -836,6 +880,45 @@ def place_evidence(passages: Sequence, slot: int) -> list:
     if int(slot) != slot or not 0 <= slot <= len(passages) - len(gold):
         raise ValueError(f"slot={slot!r} must lie in [0, {len(passages) - len(gold)}] for {len(gold)} gold passages")
     return rest[:slot] + gold + rest[slot:]
+
+
+DATASET_NAMES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki", "musique": "MuSiQue", "iirc": "IIRC"}
+
+
+def workload_name(dataset: str, num_docs: int) -> str:
+    """Display name of a workload, e.g. ``"2Wiki·16"``."""
+    return f"{DATASET_NAMES.get(dataset, dataset)}·{int(num_docs)}"
+
+
+def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
+    """Measured drift of the composed cache and its rank agreement with the risk score, per ``by`` group.
+
+    Uses one record per request (the full-prefill row) of :func:`run_requests` with ``keep_drift=True``; documents
+    after the first are pooled (the first document's drift is exactly 0 and its risk 0).
+
+    Returns:
+        DataFrame with ``by``, ``requests``, ``docs``, ``mean_drift`` (relative K/V deviation), ``spearman_rho``
+        (risk vs drift, pooled) and ``within_request_rho`` (mean per-request Spearman over requests with >= 4
+        documents).
+
+    Raises:
+        ValueError: naming ``runs`` when it has no ``drift``/``risk`` columns.
+    """
+    from scipy.stats import spearmanr
+
+    if "drift" not in runs.columns or "risk" not in runs.columns:
+        raise ValueError("runs has no drift/risk columns; run with keep_drift=True")
+    full = runs[runs["unit"] == "full"]
+    rows = []
+    for key, g in full.groupby(by, sort=False):
+        drift = np.concatenate([np.asarray(d)[1:] for d in g["drift"]])
+        risk = np.concatenate([np.asarray(r)[1:] for r in g["risk"]])
+        within = [spearmanr(np.asarray(r)[1:], np.asarray(d)[1:])[0]
+                  for r, d in zip(g["risk"], g["drift"]) if len(d) >= 4]
+        rows.append({by: key, "requests": len(g), "docs": len(drift), "mean_drift": float(drift.mean()),
+                     "spearman_rho": float(spearmanr(risk, drift)[0]) if len(drift) > 2 else np.nan,
+                     "within_request_rho": float(np.nanmean(within)) if within else np.nan})
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -900,7 +983,8 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
         row.update({
             "method": g["method"].iloc[0], "selector": g["selector"].iloc[0], "unit": g["unit"].iloc[0],
             "n": len(g), "preservation": float(g["preserved"].mean()), "ci_low": low, "ci_high": high,
-            "token_exact": float(g["token_exact"].mean()), "gold_em": float(em.astype(float).mean()) if len(em) else np.nan,
+            "token_exact": float(g["token_exact"].mean()),
+            "gold_em": float(em.astype(float).mean()) if len(em) else np.nan,
             "changed_wrong": int(cw.astype(bool).sum()), "repair_ratio": float(g["repair_ratio"].mean()),
             "ttfl_ms": float(g["ttfl_ms"].median()), "full_ttfl_ms": float(g["full_ttfl_ms"].median()),
         })
@@ -987,22 +1071,28 @@ def _fmt(row: pd.Series | None) -> str:
     return f"{row['preservation']:.1%} [{row['ci_low']:.2f}, {row['ci_high']:.2f}] at ratio {row['repair_ratio']:.2f}"
 
 
-def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
-                  budgets: Sequence[float] = (25, 50)) -> pd.DataFrame:
-    """The design ledger (SAFE-KV Table 27) filled from pooled measurements (forward protocol unless stated).
+def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95, budgets: Sequence[float] = (50,),
+                  drift_spearman: float | None = None,
+                  decisions: dict[str, OperatingDecision] | None = None) -> pd.DataFrame:
+    """The design ledger (SAFE-KV Table 27) filled from measurements (actual forwarding unless stated).
+
+    Each row states a route, what was measured, whether it worked by a stated criterion, and the criterion.
 
     Args:
         summary: :func:`summarize` pooled over workloads with ``by=("label", "protocol")``.
-        required_preservation: the preservation a route must reach to count as having worked.
+        required_preservation: the preservation a route must reach to count as having worked, in [0, 1].
         budgets: the adaptive/SUR budgets that were run (the largest is compared).
+        drift_spearman: Spearman correlation of the risk score with measured document drift, if measured.
+        decisions: workload -> :func:`operating_rule` decision, if computed.
 
     Returns:
-        DataFrame with columns ``experiment``, ``key_result``, ``worked`` (bool or None when not run) and ``criterion``.
+        DataFrame with columns ``experiment``, ``key_result``, ``worked`` (bool, or None when not run) and
+        ``criterion``.
     """
     b = max(budgets) if budgets else None
     req = required_preservation
     comp = _pick(summary, "Prefix composition")
-    doc = _pick(summary, "Doc K1 · oracle")
+    doc = _pick(summary, "Doc K2 · oracle")
     w4 = _pick(summary, "w4 K1 · risk")
     suf1 = _pick(summary, "Suffix K1 · risk")
     suf2 = _pick(summary, "Suffix K2 · risk")
@@ -1016,15 +1106,15 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
     def val(r):
         return None if r is None else float(r["preservation"])
 
-    def ge(a, c):
-        return None if a is None or c is None else bool(val(a) >= val(c))
+    def ge(x, y):
+        return None if x is None or y is None else bool(val(x) >= val(y))
 
     rows = [
         ("Prefix composition (no repair)", _fmt(comp), None if comp is None else val(comp) >= req,
          f"preserves >= {req:.0%}"),
-        ("Document-only repair (oracle evidence, K1)", _fmt(doc), None if doc is None else val(doc) >= req,
-         f"preserves >= {req:.0%}"),
-        ("Downstream window w4 vs suffix K1 (risk)", f"w4 {_fmt(w4)}; suffix {_fmt(suf1)}", ge(w4, suf1),
+        ("Document-only repair (oracle: the gold documents)", f"{_fmt(doc)}; oracle suffix {_fmt(osuf)}",
+         None if doc is None else val(doc) >= req, f"preserves >= {req:.0%}"),
+        ("Downstream window w4 vs suffix K1 (risk, same start)", f"w4 {_fmt(w4)}; suffix {_fmt(suf1)}", ge(w4, suf1),
          "window preserves at least as much as the suffix"),
         ("Linked intervals vs suffix (oracle)", f"linked K2 {_fmt(link)}; suffix K1 {_fmt(osuf)}", ge(link, osuf),
          "linked preserves at least as much as the suffix"),
@@ -1038,6 +1128,14 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
          None if dsuf is None or suf1 is None else bool(abs(val(dsuf) - val(suf1)) <= 0.05),
          "donor-copy within 5 points of actual forwarding (the diagnostic is a usable proxy)"),
     ]
+    if drift_spearman is not None:
+        rows.append(("Risk score vs measured document drift", f"Spearman rho = {drift_spearman:.2f}",
+                     bool(drift_spearman >= 0.5), "rho >= 0.5"))
+    if decisions:
+        served = {wl: d.serve if d.serve == "full prefill" else f"repair ({d.label})" for wl, d in decisions.items()}
+        rows.append(("Operating rule", "; ".join(f"{wl}: {v}" for wl, v in served.items()),
+                     any(d.serve == "repair" for d in decisions.values()),
+                     f"some workload is served by a reuse path faster than full prefill at >= {req:.0%}"))
     return pd.DataFrame(rows, columns=["experiment", "key_result", "worked", "criterion"])
 
 
@@ -1106,8 +1204,8 @@ def plot_position_sweep(summary: pd.DataFrame, *, title: str = ""):
         sub = summary[summary["protocol"] == proto]
         for lab, g in sub.groupby("label", sort=False):
             g = g.sort_values("slot")
-            ax.errorbar(g["slot"], g["preservation"], yerr=[g["preservation"] - g["ci_low"], g["ci_high"] - g["preservation"]],
-                        marker="o", capsize=2, label=lab)
+            err = [g["preservation"] - g["ci_low"], g["ci_high"] - g["preservation"]]
+            ax.errorbar(g["slot"], g["preservation"], yerr=err, marker="o", capsize=2, label=lab)
         ax.set_title(PROTOCOL_LABELS[proto])
         ax.set_xlabel("slot of the first gold document")
         ax.set_xticks(sorted(sub["slot"].unique()))
@@ -1136,8 +1234,8 @@ def plot_pareto_ttfl(summary: pd.DataFrame, *, highlight: Sequence[str] = ("Suff
     pooled = summary.groupby(["label", "protocol"], sort=False)[["repair_ratio", "preservation"]].mean().reset_index()
     for proto, marker, fill in (("forward", "o", True), ("donor", "s", False)):
         pts = pooled[pooled["protocol"] == proto]
-        left.scatter(pts["repair_ratio"], pts["preservation"], marker=marker, s=30,
-                     facecolors="C0" if fill else "none", edgecolors="C0" if fill else "C3", label=PROTOCOL_LABELS[proto])
+        left.scatter(pts["repair_ratio"], pts["preservation"], marker=marker, s=30, facecolors="C0" if fill else "none",
+                     edgecolors="C0" if fill else "C3", label=PROTOCOL_LABELS[proto])
         if fill:
             for _, r in pts.iterrows():
                 left.annotate(r["label"].replace(" · ", "·"), (r["repair_ratio"], r["preservation"]), fontsize=6,
@@ -1185,15 +1283,18 @@ __all__ = [
     "RepairPlan",
     "RepairSpec",
     "adaptive_suffix_support",
-    "answer_with_reference",
+    "answers_agree",
     "bootstrap_ci",
     "build_request",
     "default_specs",
+    "sweep_specs",
     "design_ledger",
+    "drift_table",
     "document_drift",
     "document_support",
     "donor_copy",
     "evaluate_prompt",
+    "greedy_answer",
     "linked_support",
     "operating_rule",
     "oracle_scores",
@@ -1215,4 +1316,5 @@ __all__ = [
     "suffix_support",
     "summarize",
     "window_support",
+    "workload_name",
 ]

@@ -236,7 +236,8 @@ def residual_by_budget(
             rows.append({
                 "method": method, "budget_pct": float(b), "B": B, "R": sup.num_intervals, "executor": ex,
                 "keys": tot["keys"], "values": tot["values"],
-                "keys_of_shift": tot["keys"] / shift_total["keys"], "values_of_shift": tot["values"] / shift_total["values"],
+                "keys_of_shift": tot["keys"] / shift_total["keys"],
+                "values_of_shift": tot["values"] / shift_total["values"],
                 "keys_refreshed": on["keys"], "values_refreshed": on["values"],
                 "keys_unrefreshed": off["keys"], "values_unrefreshed": off["values"],
             })

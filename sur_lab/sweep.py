@@ -130,6 +130,17 @@ def _read_part(path: Path) -> dict[tuple[str, str], dict]:
     return out
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Truncate a part file after its last complete line (a record torn by a crash mid-write), so appends stay
+    line-aligned."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+
+
 def _append_record(path: Path, record: dict) -> None:
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, allow_nan=True) + "\n")
@@ -316,6 +327,7 @@ def _run_case(
     edit = case.edit
     part = parts / f"{_slug(case.case_id)}.jsonl"
     ref_path = parts / f"{_slug(case.case_id)}.ref.npz"
+    _drop_torn_tail(part)
     prepared = prepare(lm, edit)
     max_new = config["max_new_tokens"]
     if ref_path.exists():

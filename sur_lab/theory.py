@@ -523,7 +523,8 @@ def bound_study(
         DataFrame of :func:`bound_rows` with columns ``label, B, R`` prepended.
 
     Raises:
-        ValueError: naming ``supports`` when one is empty or full (B = 0 or B = S leave nothing to bound).
+        ValueError: naming ``supports`` when one is empty or full (B = 0 or B = S leave nothing to bound), or
+            ``replay_capture`` when it lacks a sampled layer.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -795,6 +796,9 @@ def time_refresh(
     """Wall-clock refresh times (ms) of ``executor`` on ``support``, after ``warmup`` untimed runs.
 
     CUDA work is synchronized before each clock read. Returns ``repeats`` times in ms.
+
+    Raises:
+        ValueError: naming ``executor`` when it is not registered (see :func:`sur_lab.executors.get_executor`).
     """
     run = get_executor(executor)
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
@@ -916,7 +920,8 @@ def timing_study(
         intervals: R values; those that do not fit a budget's allowance are skipped.
         executors: executor names (default :func:`available_executors`).
         extra_supports: further ``{label: Support}`` to time (e.g. real SUR supports), labelled ``kind="extra"``.
-        repeats, warmup: see :func:`time_refresh`.
+        repeats: timed runs per support and executor.
+        warmup: untimed runs of the first support of each executor (later supports reuse the warmed-up state).
 
     Returns:
         DataFrame, one row per measurement: ``executor, kind, label, budget_pct, B, R, pairs, repeat, ms``.
@@ -938,10 +943,13 @@ def timing_study(
     for label, sup in (extra_supports or {}).items():
         cases.append(("extra", label, float("nan"), sup))
     rows = []
+    warm = set()
     for kind, label, b, sup in tqdm(cases, desc="timing", disable=not progress):
         m = causal_pairs(sup.absolute(P))
         for ex in executors:
-            for i, ms in enumerate(time_refresh(lm, prepared.shift_cache, edit, sup, ex, repeats=repeats, warmup=warmup)):
+            w = 0 if ex in warm else warmup
+            warm.add(ex)
+            for i, ms in enumerate(time_refresh(lm, prepared.shift_cache, edit, sup, ex, repeats=repeats, warmup=w)):
                 rows.append({"executor": ex, "kind": kind, "label": str(label), "budget_pct": b, "B": sup.size,
                              "R": sup.num_intervals, "pairs": m, "repeat": i, "ms": ms})
     return pd.DataFrame(rows)

@@ -180,6 +180,20 @@ def test_capture_matches_module_and_leaves_forwards_unchanged(tiny_lm):
     torch.testing.assert_close(first, ref, rtol=0, atol=1e-12)
 
 
+def test_capture_with_eager_attention():
+    lm = make_tiny_model("llama", seed=2)
+    lm.model.config._attn_implementation = "eager"
+    prepared, sup = _case(lm, 1)
+    edit = prepared.edit
+    cache_a, q_a = refresh_with_queries(lm, prepared.shift_cache, edit, sup, [1, 2], [1, 3])
+    cache_r, q_r = replay_with_queries(lm, prepared.dirty_cache, edit, [1, 2], [1, 3])
+    df = bound_rows(lm, cache_a, q_a, cache_r, q_r, sup.absolute(edit.prefix_len), [1, 3])
+    assert sorted(set(df["layer"])) == [1, 2] and sorted(set(df["kv_head"])) == [0, 1]
+    # transformers' eager attention takes its softmax in float32 even for a float64 model, so the module's own output
+    # carries float32 rounding (ε₃₂ ≈ 1.2e-7 relative on O(1) values); the float64 recomputation must agree to that.
+    assert df["capture_err"].max() < 1e-6 and bool(df["holds"].all())
+
+
 def test_capture_rejects_bad_layers(tiny_lm):
     with pytest.raises(ValueError, match="layers"):
         AttentionCapture(tiny_lm, [3])
@@ -306,7 +320,8 @@ def test_traversal_fit_recovers_known_model(packed):
     for B in (40, 90, 160):
         for R in (1, 2, 4, 8, 16, 32):
             pairs = B * 1500 + 37 * R * B
-            rows.append({"executor": "sequential", "R": R, "B": B, "pairs": pairs, "ms": c0 + R * h + cb * B + cm * pairs})
+            rows.append({"executor": "sequential", "R": R, "B": B, "pairs": pairs,
+                         "ms": c0 + R * h + cb * B + cm * pairs})
             if packed:
                 rows.append({"executor": "packed-sdpa", "R": R, "B": B, "pairs": pairs,
                              "ms": c0 + h + cb_p * B + cm_p * pairs})
@@ -370,3 +385,24 @@ def test_residual_by_budget_endpoints_and_dense_tokens(tiny_lm):
     sup = method_support(tiny_lm, prepared, DENSE_TOKENS, 20)
     req = AllocationRequest(tiny_lm, edit, 20, shift_cache=prepared.shift_cache)
     np.testing.assert_array_equal(sup.positions, top_b(sur_token_scores(req), req.allowance))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The notebook's case builder
+
+
+@pytest.mark.slow
+def test_theory_edit_deletes_whole_passages(smol_tokenizer, data_dir):
+    from sur_lab.theory import theory_edit
+
+    edit, example = theory_edit(smol_tokenizer, "hotpotqa", num_passages=5, delete_at=1, deletion_width=2, seed=3)
+    start, end = edit.deleted_char_span
+    deleted = edit.original_text[start:end]
+    assert deleted.startswith("Title: ") and deleted.count("Title: ") == 2 and deleted.endswith("\n\n")
+    assert edit.suffix_len > 0 and edit.question == example.question
+    hay, _ = theory_edit(smol_tokenizer, "haystack", num_passages=4, haystack_passages=6, delete_at=0)
+    assert hay.prefix_len > 0 and hay.suffix_len > 0
+    with pytest.raises(ValueError, match="delete_at"):
+        theory_edit(smol_tokenizer, "hotpotqa", num_passages=3, delete_at=2)
+    with pytest.raises(ValueError, match="held-out"):
+        theory_edit(smol_tokenizer, "hotpotqa/hotpotqa__v2_test_random_500.jsonl")

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Packed-refresh benchmark (section 4.4, appendix 13.3): the Table 18 analogue, packed vs Replay, and the targets.
+
+Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.bench``). Defaults follow the issue: the embedded
+model, N in {2048, 8192}, B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot, packed-sdpa,
+packed-flex (packed-triton added and timed on CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then
+packed-sdpa against Replay for budgets 1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens
+of seconds on 2 CPU cores).
+
+    .venv/bin/python scripts/bench_packed_refresh.py                      # full default grid (about 20 min, 2 cores)
+    .venv/bin/python scripts/bench_packed_refresh.py --context-lengths 1024 --warmups 1 --repeats 3 --budgets 5
+
+Wall times come from time.perf_counter (CUDA synchronized). Run on a quiet machine: timings are medians, not bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import pandas as pd
+import torch
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="hub id or path; default: the embedded SmolLM2-135M-Instruct")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--context-lengths", type=int, nargs="+", default=[2048, 8192], help="N, tokens")
+    parser.add_argument("--num-selected", type=int, default=64, help="B, positions")
+    parser.add_argument("--intervals", type=int, nargs="+", default=[1, 4, 16], help="R values")
+    parser.add_argument(
+        "--executors",
+        nargs="+",
+        default=["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-flex", "packed-triton"],
+        help="registered executor names (packed-triton* are skipped off CUDA)",
+    )
+    parser.add_argument("--warmups", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--budgets", type=float, nargs="*", default=[1, 2, 5, 10, 20], help="Replay sweep, %% (none: skip)")
+    parser.add_argument("--replay-context-length", type=int, default=8192, help="N of the Replay sweep")
+    parser.add_argument("--sweep-intervals", type=int, default=16, help="R of the sweep's supports")
+    parser.add_argument("--replay-warmups", type=int, default=1)
+    parser.add_argument("--replay-repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", action="store_true", help="also write the tables to outputs/tables")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from tqdm.auto import tqdm
+
+    from sur_lab import bench
+    from sur_lab.models import load_model
+
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 20)
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    lm = load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
+    print(f"model {lm.spec.name} ({lm.spec.num_layers} layers, {lm.spec.num_heads}/{lm.spec.num_kv_heads} heads, "
+          f"d_h {lm.spec.head_dim}), {dtype} on {args.device}, torch threads {torch.get_num_threads()}")
+    timed, skipped = bench.timed_executors(args.executors, lm.device)
+    if skipped:
+        print(f"not timed on {args.device}: {', '.join(skipped)} (Triton is timed on CUDA only)")
+
+    lengths = sorted(set(args.context_lengths) | ({args.replay_context_length} if args.budgets else set()))
+    contexts = {}
+    for n in lengths:
+        t0 = time.perf_counter()
+        contexts[n] = bench.prepare_context(lm, n, seed=args.seed)
+        print(f"prepared N={n}: Dirty prefill + Shift {time.perf_counter() - t0:.1f} s")
+
+    timings, checks = bench.refresh_grid(
+        lm,
+        [contexts[n] for n in args.context_lengths],
+        num_selected=args.num_selected,
+        num_intervals=args.intervals,
+        executors=timed,
+        warmups=args.warmups,
+        repeats=args.repeats,
+        seed=args.seed,
+        progress=lambda it: tqdm(it, desc="grid rounds", leave=False),
+    )
+    medians = bench.grid_medians(timings)
+    print("\nChecks against the sequential executor (first call includes flex compilation):")
+    print(checks.to_string(index=False, float_format="{:.3g}".format))
+    print(f"\nTable 18 analogue: median refresh ms, B = {args.num_selected}, "
+          f"{args.warmups} warm-ups + {args.repeats} interleaved repetitions")
+    print(bench.table18(medians, timed).to_string(index=False, float_format="{:.1f}".format))
+
+    replay = None
+    if args.budgets:
+        sweep = bench.replay_sweep(
+            lm,
+            contexts[args.replay_context_length],
+            budgets=args.budgets,
+            num_intervals=args.sweep_intervals,
+            warmups=args.replay_warmups,
+            repeats=args.replay_repeats,
+            seed=args.seed,
+            progress=lambda it: tqdm(it, desc="replay rounds", leave=False),
+        )
+        replay = bench.replay_medians(sweep)
+        print(f"\nPacked-SDPA vs Replay, N={args.replay_context_length}, R<={args.sweep_intervals}, "
+              f"{args.replay_warmups} warm-up(s) + {args.replay_repeats} repetitions:")
+        print(replay.to_string(index=False, float_format="{:.3f}".format))
+
+    context_len = max(args.context_lengths)
+    ratios = bench.target_ratios(medians, replay, context_len=context_len)
+    print(f"\nTarget ratios (N={context_len}; measured, not asserted):")
+    print(ratios.to_string(index=False, float_format="{:.3f}".format))
+
+    if args.save:
+        from sur_lab.plotting import run_tag, save_table
+
+        tag = run_tag(model=lm.spec.name, device=args.device, B=args.num_selected, N=args.context_lengths)
+        save_table(timings, "bench_packed_timings", tag=tag)
+        save_table(medians, "bench_packed_medians", tag=tag)
+        save_table(ratios, "bench_packed_targets", tag=tag)
+        if replay is not None:
+            save_table(replay, "bench_packed_replay", tag=tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
