@@ -39,12 +39,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--warmups", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--budgets", type=float, nargs="*", default=[1, 2, 5, 10, 20], help="Replay sweep, %% (none: skip)")
+    parser.add_argument("--budgets", type=float, nargs="*", default=[1, 2, 5, 10, 20],
+                        help="Replay sweep budgets, %% (none: skip the sweep)")
     parser.add_argument("--replay-context-length", type=int, default=8192, help="N of the Replay sweep")
     parser.add_argument("--sweep-intervals", type=int, default=16, help="R of the sweep's supports")
     parser.add_argument("--replay-warmups", type=int, default=1)
     parser.add_argument("--replay-repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--save", action="store_true", help="also write the tables to outputs/tables")
     return parser.parse_args(argv)
 
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
 
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     lm = load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
     print(f"model {lm.spec.name} ({lm.spec.num_layers} layers, {lm.spec.num_heads}/{lm.spec.num_kv_heads} heads, "

@@ -47,6 +47,7 @@ TARGETS = {
 
 __all__ = [
     "BenchContext",
+    "attention_only",
     "CPU_EXECUTORS",
     "GPU_ONLY_EXECUTORS",
     "TARGETS",
@@ -443,7 +444,9 @@ def target_ratios(
         Rows ``ratio, value, bound, met`` (``value`` NaN when a needed cell was not measured).
     """
     def cell(executor: str, r: int) -> float:
-        sel = medians[(medians.context_len == context_len) & (medians.num_intervals == r) & (medians.executor == executor)]
+        sel = medians[
+            (medians.context_len == context_len) & (medians.num_intervals == r) & (medians.executor == executor)
+        ]
         return float(sel["median_ms"].iloc[0]) if len(sel) else float("nan")
 
     values = {
@@ -459,5 +462,70 @@ def target_ratios(
     for name, value in values.items():
         op, bound = TARGETS[name]
         met = bool(value <= bound) if op == "<=" else bool(value >= bound)
-        rows.append({"ratio": name, "value": value, "target": f"{op} {bound:g}", "met": met if value == value else None})
+        measured = value == value  # NaN when a needed cell was not measured
+        rows.append({"ratio": name, "value": value, "target": f"{op} {bound:g}", "met": met if measured else None})
     return pd.DataFrame(rows)
+
+
+def attention_only(
+    context_len: int,
+    num_intervals: int,
+    *,
+    num_selected: int = 64,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cuda",
+    backends: Sequence[str] = ("sdpa-repeat", "sdpa-gqa", "flex", "triton"),
+    warmups: int = 10,
+    repeats: int = 30,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Attention-only timing with resident operands (Table 19 analogue; defaults: Qwen3-8B heads, BF16).
+
+    q ``[1, Hq, B, d]``, k and v ``[1, Hkv, N, d]`` stay on ``device``; the support is :func:`matched_support` with a
+    16-token prefix. Masks, block masks and plans are built before timing (excluded, as is compilation); each call
+    includes dispatch and output allocation. Backends: ``"sdpa-repeat"`` (K/V heads repeated, boolean mask: what
+    transformers' SDPA wrapper does with a mask), ``"sdpa-gqa"`` (``enable_gqa=True``), ``"flex"`` (compiled, O(B)
+    block mask), ``"triton"`` (the indexed-attention kernel; skipped where :func:`sur_lab.kernels.uses_triton` is
+    False or on a CPU, where only the interpreter would run). Every output is first compared with the FP64 oracle.
+
+    Returns:
+        One row per backend: ``backend, context_len, num_intervals, median_us, max_abs_vs_fp64``.
+    """
+    import torch.nn.functional as F
+
+    from .kernels import build_indexed_attention_plan, causal_attention_oracle, indexed_attention, uses_triton
+    from .packed import _flex_attention, flex_block_mask, packed_causal_mask
+
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn((1, num_heads, num_selected, head_dim), generator=gen).to(device, dtype)
+    k = torch.randn((1, num_kv_heads, context_len, head_dim), generator=gen).to(device, dtype)
+    v = torch.randn((1, num_kv_heads, context_len, head_dim), generator=gen).to(device, dtype)
+    positions = torch.from_numpy(matched_support(context_len, 16, num_selected, num_intervals).absolute(16)).to(device)
+    mask = packed_causal_mask(positions, context_len)
+    group = num_heads // num_kv_heads
+    calls: dict[tuple, Callable[[], torch.Tensor]] = {}
+    if "sdpa-repeat" in backends:
+        calls[("sdpa-repeat",)] = lambda: F.scaled_dot_product_attention(
+            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), attn_mask=mask
+        )
+    if "sdpa-gqa" in backends:
+        calls[("sdpa-gqa",)] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    if "flex" in backends:
+        block_mask, flex = flex_block_mask(positions, context_len), _flex_attention(True)
+        calls[("flex",)] = lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+    if "triton" in backends and device.type == "cuda" and uses_triton(device):
+        plan = build_indexed_attention_plan(positions)
+        calls[("triton",)] = lambda: indexed_attention(q, k, v, plan)
+    oracle = causal_attention_oracle(q, k, v, positions)
+    errors = {key: (fn().double() - oracle).abs().max().item() for key, fn in calls.items()}  # also compiles flex
+    df = time_interleaved(calls, warmups=warmups, repeats=repeats, seed=seed, device=device)
+    df["backend"] = [key[0] for key in df["key"]]
+    out = df.groupby("backend", sort=False)["ms"].median().mul(1e3).rename("median_us").reset_index()
+    out["max_abs_vs_fp64"] = [errors[(b,)] for b in out["backend"]]
+    return out.assign(context_len=context_len, num_intervals=num_intervals)[
+        ["backend", "context_len", "num_intervals", "median_us", "max_abs_vs_fp64"]
+    ]

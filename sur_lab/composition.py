@@ -274,7 +274,8 @@ def compose_prompt(tokenizer, passages: Sequence, question: str, *, instruction:
         question: the question (also the relevance query).
         instruction: text before the documents in the user message.
         system: optional system message (the template's default otherwise).
-        max_doc_tokens: optional per-document token cap (:func:`truncate_text`); ``None`` keeps passages whole.
+        max_doc_tokens: optional per-block token cap (:func:`truncate_text`; the trailing blank line adds one token);
+            ``None`` keeps passages whole.
 
     Returns:
         ComposedPrompt with text, offsets, containers, titles and supporting flags.

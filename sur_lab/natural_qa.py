@@ -599,19 +599,29 @@ def quality_latency_table(table: pd.DataFrame, reference: str = "Re-prefill") ->
     return pd.DataFrame(rows)
 
 
-def dataset_em_table(table: pd.DataFrame) -> pd.DataFrame:
+def dataset_em_table(table: pd.DataFrame, metric_col: str = "correct") -> pd.DataFrame:
     """Tables 10-11: EM (%) per dataset and pooled over datasets from unrounded counts (Eq. 9).
+
+    Args:
+        table: output of :func:`results_table`.
+        metric_col: bool column to count (``"correct"`` for EM; ``"agree_reprefill"`` for agreement with
+            Re-prefill).
 
     Returns:
         One row per condition in table order with ``condition``, one column per dataset present (labels of
         :data:`DATASET_LABELS`, in their order), ``Pooled`` and ``cases``.
+
+    Raises:
+        ValueError: naming ``metric_col`` when it is not a column.
     """
+    if metric_col not in table.columns:
+        raise ValueError(f"metric_col={metric_col!r} is not a column of table")
     rows = []
     present = [d for d in DATASET_LABELS if d in set(table["dataset"])]
     present += sorted(set(table["dataset"]) - set(present))
     for cond in _ordered_conditions(table):
         sub = table[table["condition"] == cond]
-        counts = {d: (int(g["correct"].sum()), len(g)) for d, g in sub.groupby("dataset")}
+        counts = {d: (int(g[metric_col].astype(bool).sum()), len(g)) for d, g in sub.groupby("dataset")}
         row = {"condition": cond}
         for d in present:
             k, n = counts.get(d, (0, 0))
@@ -628,6 +638,7 @@ def paired_difference_table(
     references: Sequence[str] = REFERENCES,
     *,
     budgets: Sequence[float] | None = None,
+    metric_col: str = "correct",
     n_boot: int = N_BOOT,
     seed: int = BOOTSTRAP_SEED,
     ci: float = 95.0,
@@ -642,6 +653,7 @@ def paired_difference_table(
         method: the budgeted method (SUR).
         references: reference conditions.
         budgets: budgets to report (default: every budget ``method`` has in ``table``).
+        metric_col: bool/0-1 column compared (``"correct"``: EM; ``"agree_reprefill"``: agreement).
         n_boot, seed, ci: bootstrap settings.
 
     Returns:
@@ -658,7 +670,7 @@ def paired_difference_table(
         cond = condition_label(method, float(b))
         for ref in references:
             res = paired_bootstrap(
-                table, metric_col="correct", method_a=cond, method_b=ref, source_col="source_id",
+                table, metric_col=metric_col, method_a=cond, method_b=ref, source_col="source_id",
                 strata_col="dataset", method_col="condition", n_boot=n_boot, seed=seed, ci=ci,
             )
             rows.append({
@@ -705,7 +717,7 @@ def latency_breakdown(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[["condition", *LATENCY_PARTS, "latency_ms"]].rename(columns={"condition": "label"})
 
 
-def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str = "em_pct"):
+def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str = "em_pct", ax=None):
     """Figure 4: EM (or another quality column) against mean post-edit latency.
 
     Budgeted methods are drawn as one line per method through their budgets, with the marker size growing with the
@@ -715,13 +727,17 @@ def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str 
         summary: output of :func:`quality_latency_table`.
         title: axes title.
         em_col: y column (``"em_pct"``, or ``"agree_pct"`` for agreement with Re-prefill).
+        ax: axes to draw into (a new figure when ``None``).
 
     Returns:
         The matplotlib Figure.
     """
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    else:
+        fig = ax.figure
     budgeted = summary[summary["budget_pct"].notna()]
     budgets = sorted(budgeted["budget_pct"].unique())
     size = {b: 30 + 70 * i for i, b in enumerate(budgets)}
@@ -744,5 +760,4 @@ def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str 
         ax.legend(title=f"marker size: {sizes}", fontsize=8, title_fontsize=8, loc="best")
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return fig

@@ -13,8 +13,11 @@ the duration of the traversal, nothing else:
   rows in the gaps (Eq. 22), with one of three backends chosen by name:
 
   ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
-                once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on
-                accelerators, where a masked GQA call would fall back to the math kernel (transformers does the same).
+                once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
+                ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
+                call would fall back to the math kernel (transformers does the same). ``sdpa_row_tile=16``
+                (registered as ``"packed-sdpa-tiled"``) runs one SDPA call per 16-row tile, each over keys up to
+                the tile's last position, so attention work follows M(U) instead of ``B * (u_B + 1)``.
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
@@ -130,7 +133,9 @@ def check_packed_model(lm: LoadedModel) -> None:
                     "custom layer forwards are not supported"
                 )
             if "forward" in vars(module):
-                raise UnsupportedModelError(f"layer {index}: {type(module).__name__}.forward is patched on the instance")
+                raise UnsupportedModelError(
+                    f"layer {index}: {type(module).__name__}.forward is patched on the instance"
+                )
         if getattr(attn, "sliding_window", None) is not None:
             raise UnsupportedModelError(f"layer {index}: sliding_window={attn.sliding_window}; full attention only")
     devices = {p.device for p in lm.model.parameters()}
@@ -317,6 +322,7 @@ class _PackedAttention:
 
     backend: str
     mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
+    row_tiles: tuple[tuple[int, int, int], ...] | None = None  # sdpa: (first row, end row, keys) per row tile
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
     plan: Any = None  # triton: IndexedAttentionPlan
@@ -324,14 +330,16 @@ class _PackedAttention:
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
         """``[1, Hq, B, d]`` x ``[1, Hkv, kv_len, d]`` -> ``[1, Hq, B, d]`` packed causal attention (Eq. 22)."""
         if self.backend == "sdpa":
-            group = query.shape[1] // key.shape[1]
-            if query.device.type == "cpu" or group == 1:
-                return F.scaled_dot_product_attention(
-                    query, key, value, attn_mask=self.mask, scale=scale, enable_gqa=group > 1
-                )
-            # On accelerators a masked enable_gqa call selects the math kernel; repeating K/V heads keeps the fused one.
-            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=self.mask, scale=scale)
+            if self.row_tiles is None:
+                return _sdpa(query, key, value, self.mask, scale)
+            # Each row tile reads keys up to its own last position only: work ~ M(U) instead of B * (u_B + 1).
+            return torch.cat(
+                [
+                    _sdpa(query[:, :, a:b], key[:, :, :e], value[:, :, :e], self.mask[:, :, a:b, :e], scale)
+                    for a, b, e in self.row_tiles
+                ],
+                dim=2,
+            )
         if self.backend == "flex":
             with warnings.catch_warnings():
                 # The eager (uncompiled) path warns that it materializes scores: that is why it is the test path.
@@ -340,6 +348,15 @@ class _PackedAttention:
         from .kernels import indexed_attention
 
         return indexed_attention(query, key, value, self.plan, scale=scale)
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float):
+    group = query.shape[1] // key.shape[1]
+    if query.device.type == "cpu" or group == 1:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=group > 1)
+    # On accelerators a masked enable_gqa call selects the math kernel; repeating K/V heads keeps the fused one.
+    key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
 
 def _packed_attention_forward(
@@ -388,15 +405,29 @@ def _packed_attention_selected(lm: LoadedModel) -> Iterator[None]:
 
 
 def _make_attention(
-    backend: str, positions: torch.Tensor, kv_len: int, dtype: torch.dtype, *, flex_compile: bool, plan: Any = None
+    backend: str,
+    positions: torch.Tensor,
+    kv_len: int,
+    dtype: torch.dtype,
+    *,
+    flex_compile: bool,
+    plan: Any = None,
+    sdpa_row_tile: int | None = None,
 ) -> _PackedAttention:
     if backend == "sdpa":
         # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
         allowed = packed_causal_mask(positions, kv_len)
         additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
-        return _PackedAttention("sdpa", mask=additive)
+        tiles = None
+        if sdpa_row_tile:
+            ends = positions.cpu().tolist()  # one host read per refresh, reused by every layer
+            b = len(ends)
+            tiles = tuple((a, min(a + sdpa_row_tile, b), ends[min(a + sdpa_row_tile, b) - 1] + 1)
+                          for a in range(0, b, sdpa_row_tile))
+        return _PackedAttention("sdpa", mask=additive, row_tiles=tiles)
     if backend == "flex":
-        return _PackedAttention("flex", block_mask=flex_block_mask(positions, kv_len), flex=_flex_attention(flex_compile))
+        block_mask = flex_block_mask(positions, kv_len)
+        return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
     return _PackedAttention("triton", plan=plan)
 
 
@@ -469,6 +500,7 @@ def refresh_packed(
     backend: str = "sdpa",
     fused_scatter: bool = False,
     flex_compile: bool = True,
+    sdpa_row_tile: int | None = None,
 ) -> DynamicCache:
     """Packed refresh: recompute the selected suffix positions in one layer-major traversal (appendix 13.2).
 
@@ -481,6 +513,9 @@ def refresh_packed(
         fused_scatter: write fresh K/V with the kernel module's indexed scatter instead of ``index_copy_``
             (``backend="triton"`` only).
         flex_compile: compile ``flex_attention`` (``backend="flex"``); False runs the eager reference.
+        sdpa_row_tile: ``backend="sdpa"`` only: when set (e.g. 16, the kernel's tile), run SDPA per tile of that many
+            packed rows, each reading keys up to its own last position, so attention work follows M(U) (Eq. 22 and
+            appendix 13.2) rather than ``B * (u_B + 1)``; None runs one SDPA call with the full ``[B, u_B + 1]`` mask.
 
     Returns:
         A new cache of ``p + S`` rows: rows at ``p + positions`` recomputed with each selected position attending to
@@ -497,6 +532,8 @@ def refresh_packed(
     """
     support = _validate(lm, shift, edit, positions)
     check_packed_backend(lm, backend, fused_scatter=fused_scatter)
+    if sdpa_row_tile is not None and (backend != "sdpa" or int(sdpa_row_tile) < 1):
+        raise ValueError(f"sdpa_row_tile={sdpa_row_tile} needs backend='sdpa' and a positive row count")
     out = clone_cache(shift)  # the one output clone; everything below writes into it
     if support.size == 0:
         return out
@@ -510,7 +547,9 @@ def refresh_packed(
         plan = build_indexed_attention_plan(absolute)  # once per refresh, reused by every layer
     # Compiled flex gets the full cache length so its graph does not change with the last selected position.
     kv_len = cache_length(out) if backend == "flex" else kv_end
-    attention = _make_attention(backend, absolute, kv_len, lm.dtype, flex_compile=flex_compile, plan=plan)
+    attention = _make_attention(
+        backend, absolute, kv_len, lm.dtype, flex_compile=flex_compile, plan=plan, sdpa_row_tile=sdpa_row_tile
+    )
     write = _fused_writer(plan) if fused_scatter else _index_copy_writer(absolute)
     token_ids = edit.edited_ids.to(device)[absolute]
     _run_layers_(lm, to_tensors(out), token_ids, absolute, kv_len, attention, write)
@@ -572,7 +611,9 @@ def refresh_one_shot(
     support = _validate(lm, shift, edit, positions)
     implementation = lm.model.config._attn_implementation
     if implementation not in ("sdpa", "eager"):
-        raise UnsupportedModelError(f"one-shot builds masks for 'sdpa' or 'eager' attention; model uses {implementation!r}")
+        raise UnsupportedModelError(
+            f"one-shot builds masks for 'sdpa' or 'eager' attention; the model uses {implementation!r}"
+        )
     out = clone_cache(shift)
     if support.size == 0:
         return out
@@ -614,6 +655,7 @@ def _register(name: str, **options: Any) -> None:
 
 _register("packed", backend="sdpa")
 _register("packed-sdpa", backend="sdpa")
+_register("packed-sdpa-tiled", backend="sdpa", sdpa_row_tile=16)
 _register("packed-flex", backend="flex")
 _register("packed-flex-eager", backend="flex", flex_compile=False)
 _register("packed-triton", backend="triton")

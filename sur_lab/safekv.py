@@ -650,9 +650,11 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
         One record per (spec, protocol) with: ``method``, ``selector``, ``label``, ``unit``, ``k``, ``width``,
         ``budget_pct``, ``protocol``, ``start_doc``, ``candidates``, ``num_docs``, ``allowance`` (B), ``suffix_len``
         (S), ``repair_ratio``, ``num_intervals``, ``compose_ms``, ``select_ms``, ``refresh_ms``, ``query_ms``,
-        ``ttfl_ms``, ``full_ttfl_ms``, ``answer``, ``prediction``, ``full_prediction``, ``preserved``,
+        ``ttfl_ms``, ``full_ttfl_ms``, ``answer``, ``prediction`` (extracted), ``full_prediction``, ``preserved``
+        (:func:`answers_agree` with full prefill's answer), ``extracted_agree`` (extracted answers agree),
         ``token_exact``, ``em``, ``full_em``, ``changed_wrong``, ``tv_full`` (first-token total variation) and
-        ``gold_docs`` (indices of supporting documents).
+        ``gold_docs`` (indices of supporting documents). Times in ms; ``query_ms`` is full prefill's draft-free query
+        forward, shared by every path (the query costs the same on any ``p + S`` row cache).
 
     Raises:
         ValueError: naming ``protocols`` or ``executor`` when unknown, before any model call.
@@ -964,8 +966,10 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
 
     Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``preservation`` (mean) with
     ``ci_low``/``ci_high`` (:func:`bootstrap_ci`), ``token_exact`` (mean), ``gold_em`` (mean, NaN without a
-    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``ttfl_ms`` and ``full_ttfl_ms`` (medians) and
-    ``speedup`` (``full_ttfl_ms / ttfl_ms``).
+    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``ttfl_ms`` and ``full_ttfl_ms`` (medians),
+    ``speedup`` (``full_ttfl_ms / ttfl_ms`` of the medians) and the per-request speed-up's geometric mean
+    ``speedup_gmean`` with its bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (paired: each request's
+    full-prefill TTFL over its reuse TTFL).
 
     Raises:
         ValueError: naming ``by`` when a column is missing.
@@ -989,6 +993,10 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
             "ttfl_ms": float(g["ttfl_ms"].median()), "full_ttfl_ms": float(g["full_ttfl_ms"].median()),
         })
         row["speedup"] = row["full_ttfl_ms"] / row["ttfl_ms"] if row["ttfl_ms"] > 0 else np.nan
+        log_ratio = np.log(g["full_ttfl_ms"].to_numpy(np.float64) / g["ttfl_ms"].to_numpy(np.float64))
+        lo, hi = bootstrap_ci(log_ratio, confidence=confidence, seed=seed)
+        row.update({"speedup_gmean": float(np.exp(log_ratio.mean())), "speedup_ci_low": float(np.exp(lo)),
+                    "speedup_ci_high": float(np.exp(hi))})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -1015,18 +1023,22 @@ class OperatingDecision:
 
 
 def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95, use_lower_bound: bool = False,
-                   protocol: str = "forward") -> OperatingDecision:
+                   significant: bool = True, protocol: str = "forward") -> OperatingDecision:
     """Serve by full prefill unless a reuse path reaches the required preservation *and* is faster (SAFE-KV Fig. 5).
 
     Candidates are the summary rows of ``protocol`` (donor-copy is a diagnostic and never a serving path) other than
-    full prefill, including prefix composition without repair. Among those whose preservation (or its lower
-    confidence bound with ``use_lower_bound``) reaches ``required_preservation``, the one with the smallest median
-    TTFL is chosen; it is served only if that TTFL is below full prefill's median TTFL.
+    full prefill and other than oracle-selected units (gold evidence labels are unknown when serving), including prefix
+    composition without repair. A candidate qualifies when its preservation (or its lower confidence bound with
+    ``use_lower_bound``) reaches ``required_preservation`` and it is faster than full prefill: with ``significant``,
+    the 95 % bootstrap interval of its per-request speed-up (``speedup_ci_low``, geometric mean of
+    ``full_ttfl / ttfl``) lies above 1, so CPU timing noise alone cannot select it; otherwise its median TTFL is below
+    full prefill's. The qualifying candidate with the smallest median TTFL is served; with none, full prefill.
 
     Args:
         summary: one workload's rows of :func:`summarize`.
         required_preservation: in [0, 1].
         use_lower_bound: judge preservation by ``ci_low`` instead of the point estimate.
+        significant: judge "faster" by the speed-up interval instead of the medians.
         protocol: the serving protocol (``"forward"``).
 
     Raises:
@@ -1041,22 +1053,28 @@ def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95
     if full_rows["full_ttfl_ms"].nunique() > 1:
         raise ValueError("summary mixes workloads; pass one workload's rows")
     full_ttfl = float(full_rows["ttfl_ms"].iloc[0])
-    cand = summary[(summary["protocol"] == protocol) & (summary["unit"] != "full")]
+    # Gold-evidence (oracle) selection is unavailable when serving, like donor-copy: diagnostics only.
+    cand = summary[(summary["protocol"] == protocol) & (summary["unit"] != "full") & (summary["selector"] != "oracle")]
     measure = cand["ci_low"] if use_lower_bound else cand["preservation"]
     ok = cand[measure >= required_preservation]
     if ok.empty:
         return OperatingDecision("full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl,
                                  f"no reuse path reaches {required_preservation:.0%} preservation")
-    best = ok.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
-    if best["ttfl_ms"] >= full_ttfl:
+    faster = ok[ok["speedup_ci_low"] > 1.0] if significant else ok[ok["ttfl_ms"] < full_ttfl]
+    if faster.empty:
+        best = ok.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
+        how = (f"speed-up {best['speedup_gmean']:.2f}x [{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}]"
+               if significant else f"{best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms")
         return OperatingDecision(
             "full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl,
-            f"fastest path at {required_preservation:.0%} ({best['label']}, {best['ttfl_ms']:.0f} ms) is not faster "
-            f"than full prefill ({full_ttfl:.0f} ms)",
+            f"no path at {required_preservation:.0%} is faster than full prefill; the fastest, {best['label']}, has "
+            f"{how}",
         )
+    best = faster.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
     return OperatingDecision(
         "repair", str(best["label"]), float(best["preservation"]), float(best["ttfl_ms"]), full_ttfl,
-        f"{best['label']} preserves {best['preservation']:.0%} at {best['ttfl_ms']:.0f} ms < {full_ttfl:.0f} ms",
+        f"{best['label']} preserves {best['preservation']:.0%} at {best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms "
+        f"(speed-up {best['speedup_gmean']:.2f}x [{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}])",
     )
 
 
@@ -1144,45 +1162,51 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
 
 LOCAL_VS_SUFFIX = ("Prefix composition", "Doc K1 · risk", "w2 K1 · risk", "w3 K1 · risk", "w4 K1 · risk",
                    "Suffix K1 · risk")
+#: Marker style per protocol: filled for actual forwarding, open for the donor-copy diagnostic.
+_PROTOCOL_STYLE = {"forward": ("o", True), "donor": ("s", False)}
+
+
+def _short(label: str) -> str:
+    return label.replace("Prefix composition", "Composition").replace(" · risk", "").replace(" · ", "\n")
 
 
 def plot_local_vs_suffix(summary: pd.DataFrame, *, labels: Sequence[str] = LOCAL_VS_SUFFIX, title: str = ""):
-    """Figure 2 analogue: preservation (95 % CI) of document-only, window and suffix repair against repair ratio.
+    """Figure 2 analogue: preservation (95 % CI) of composition, document-only, windows and the suffix from one start.
 
     Args:
-        summary: :func:`summarize` rows with ``workload`` (facet), ``label`` and ``protocol`` columns.
-        labels: the labels to draw, in order (local units first, then the suffix).
+        summary: :func:`summarize` rows with ``workload`` (one panel each), ``label`` and ``protocol`` columns.
+        labels: the labels to draw, left to right (local units first, then the suffix).
+        title: figure title (a default names the selector and the interval).
 
     Returns:
-        The matplotlib figure (one panel per workload; marker fill = protocol, donor-copy labelled diagnostic).
+        The matplotlib figure: methods on the x axis with their mean repair ratio under the name; filled circles for
+        actual forwarding, open squares for donor-copy (diagnostic upper bound), side by side.
     """
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(summary["workload"]))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), sharey=True, squeeze=False)
-    colors = dict(zip(labels, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.0 * len(workloads), 3.8), sharey=True, squeeze=False)
+    xs = np.arange(len(labels))
     for ax, wl in zip(axes[0], workloads):
         sub = summary[summary["workload"] == wl]
-        for proto, marker, fill in (("forward", "o", True), ("donor", "s", False)):
-            pts = sub[(sub["protocol"] == proto) & sub["label"].isin(labels)].set_index("label").reindex(labels).dropna(
-                subset=["preservation"])
-            if pts.empty:
-                continue
-            ax.plot(pts["repair_ratio"], pts["preservation"], color="0.6", lw=0.8, ls="-" if fill else ":", zorder=1)
-            for lab, r in pts.iterrows():
-                ax.errorbar(r["repair_ratio"], r["preservation"],
-                            yerr=[[r["preservation"] - r["ci_low"]], [r["ci_high"] - r["preservation"]]],
-                            fmt=marker, color=colors[lab], mfc=colors[lab] if fill else "white", capsize=2, zorder=2)
+        for j, proto in enumerate(p for p in PROTOCOLS if p in set(sub["protocol"])):
+            marker, fill = _PROTOCOL_STYLE[proto]
+            pts = sub[sub["protocol"] == proto].set_index("label").reindex(list(labels))
+            ax.errorbar(xs + (j - 0.5) * 0.22, pts["preservation"],
+                        yerr=[pts["preservation"] - pts["ci_low"], pts["ci_high"] - pts["preservation"]],
+                        fmt=marker, color=f"C{j}", mfc=f"C{j}" if fill else "white", capsize=2, lw=1,
+                        label=PROTOCOL_LABELS[proto])
+        ratio = sub[sub["protocol"] == "forward"].set_index("label").reindex(list(labels))["repair_ratio"]
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{_short(lab)}\n{r:.0%}" if np.isfinite(r) else _short(lab)
+                            for lab, r in zip(labels, ratio)], fontsize=7)
         ax.set_title(wl)
-        ax.set_xlabel("repair ratio (fraction of documents re-encoded)")
-        ax.set_xlim(-0.03, 1.03)
-        ax.set_ylim(-0.03, 1.05)
+        ax.set_ylim(-0.05, 1.05)
     axes[0][0].set_ylabel("answer preservation vs full prefill")
-    handles = [plt.Line2D([], [], marker="o", ls="", color=colors[lab], label=lab) for lab in labels]
-    handles += [plt.Line2D([], [], marker="o", ls="", color="0.3", label=PROTOCOL_LABELS["forward"]),
-                plt.Line2D([], [], marker="s", ls="", color="0.3", mfc="white", label=PROTOCOL_LABELS["donor"])]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.12))
-    fig.suptitle(title or "Local repair vs causal suffix repair (risk selector); error bars: 95 % bootstrap CI")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=8, bbox_to_anchor=(0.5, -0.06))
+    fig.suptitle(title or "Local repair vs causal suffix repair from the same start (risk K1); under each method: "
+                 "mean repair ratio; error bars: 95 % bootstrap CI", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -1192,6 +1216,7 @@ def plot_position_sweep(summary: pd.DataFrame, *, title: str = ""):
 
     Args:
         summary: :func:`summarize` rows with ``slot``, ``label`` and ``protocol`` columns (and ``ci_low``/``ci_high``).
+        title: figure title.
 
     Returns:
         The matplotlib figure.
@@ -1202,50 +1227,68 @@ def plot_position_sweep(summary: pd.DataFrame, *, title: str = ""):
     fig, axes = plt.subplots(1, len(protocols), figsize=(4.8 * len(protocols), 3.6), sharey=True, squeeze=False)
     for ax, proto in zip(axes[0], protocols):
         sub = summary[summary["protocol"] == proto]
-        for lab, g in sub.groupby("label", sort=False):
+        groups = list(sub.groupby("label", sort=False))
+        for j, (lab, g) in enumerate(groups):
             g = g.sort_values("slot")
             err = [g["preservation"] - g["ci_low"], g["ci_high"] - g["preservation"]]
-            ax.errorbar(g["slot"], g["preservation"], yerr=err, marker="o", capsize=2, label=lab)
+            # Side-by-side offsets keep coinciding points and intervals readable.
+            ax.errorbar(g["slot"] + (j - (len(groups) - 1) / 2) * 0.06, g["preservation"], yerr=err, marker="o",
+                        capsize=2, lw=1.2, elinewidth=0.8, label=lab)
         ax.set_title(PROTOCOL_LABELS[proto])
         ax.set_xlabel("slot of the first gold document")
         ax.set_xticks(sorted(sub["slot"].unique()))
-        ax.set_ylim(-0.03, 1.05)
+        ax.set_ylim(-0.05, 1.05)
     axes[0][0].set_ylabel("answer preservation vs full prefill")
     axes[0][-1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(title or "Evidence position sweep (oracle selector); error bars: 95 % bootstrap CI")
+    fig.suptitle(title or "Evidence position sweep (oracle selector); error bars: 95 % bootstrap CI", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_pareto_ttfl(summary: pd.DataFrame, *, highlight: Sequence[str] = ("Suffix K1 · risk", "Suffix K2 · risk"),
+_UNIT_NAMES = {"none": "prefix composition", "doc": "document-only", "window": "window w2–w4",
+               "suffix": "causal suffix", "adaptive": "adaptive suffix", "linked": "linked intervals", "sur": "SUR", "full": "full prefill"}
+_SELECTOR_MARKERS = {"": "o", "risk": "o", "query": "^", "oracle": "D"}
+
+
+def plot_pareto_ttfl(summary: pd.DataFrame, *,
+                     highlight: Sequence[str] = ("Suffix K1 · risk", "Suffix K2 · risk", "Suffix K2 · query"),
                      title: str = ""):
     """Figure 5 analogue: quality–budget operating points (left) and median TTFL against full prefill (right).
 
     Args:
-        summary: :func:`summarize` rows per workload with ``workload``, ``label``, ``protocol``.
+        summary: :func:`summarize` rows per workload with ``workload``, ``label``, ``unit``, ``selector``, ``protocol``.
         highlight: reuse paths drawn against full prefill in the TTFL panel (actual forwarding).
+        title: figure title.
 
     Returns:
-        The matplotlib figure.
+        The matplotlib figure. Left: mean over workloads of each configuration's repair ratio and preservation; colour =
+        repair unit, marker = selector (circle risk / none, triangle query, diamond oracle), filled = actual
+        forwarding, open = donor-copy (diagnostic upper bound). Right: median TTFL per workload, labels = mean ratio.
     """
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.1, 1]})
-    pooled = summary.groupby(["label", "protocol"], sort=False)[["repair_ratio", "preservation"]].mean().reset_index()
-    for proto, marker, fill in (("forward", "o", True), ("donor", "s", False)):
-        pts = pooled[pooled["protocol"] == proto]
-        left.scatter(pts["repair_ratio"], pts["preservation"], marker=marker, s=30, facecolors="C0" if fill else "none",
-                     edgecolors="C0" if fill else "C3", label=PROTOCOL_LABELS[proto])
-        if fill:
-            for _, r in pts.iterrows():
-                left.annotate(r["label"].replace(" · ", "·"), (r["repair_ratio"], r["preservation"]), fontsize=6,
-                              xytext=(3, 2), textcoords="offset points")
-    left.set_xlabel("mean repair ratio")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4), gridspec_kw={"width_ratios": [1.15, 1]})
+    keys = ["label", "protocol", "unit", "selector"]
+    pooled = summary.groupby(keys, sort=False)[["repair_ratio", "preservation"]].mean().reset_index()
+    units = [u for u in UNITS if u in set(pooled["unit"])]
+    colors = {u: f"C{i}" for i, u in enumerate(units)}
+    for _, r in pooled.iterrows():
+        marker = _SELECTOR_MARKERS.get(r["selector"], "o")
+        fill = r["protocol"] == "forward"
+        left.scatter(r["repair_ratio"], r["preservation"], marker=marker, s=46 if fill else 70, zorder=3 if fill else 2,
+                     facecolors=colors[r["unit"]] if fill else "none", edgecolors=colors[r["unit"]], linewidths=1.2)
+    handles = [plt.Line2D([], [], marker="s", ls="", color=colors[u], label=_UNIT_NAMES[u]) for u in units]
+    handles += [plt.Line2D([], [], marker=m, ls="", color="0.4", label=f"selector: {s}")
+                for s, m in (("risk", "o"), ("query", "^"), ("oracle", "D"))]
+    handles += [plt.Line2D([], [], marker="o", ls="", color="0.4", label=PROTOCOL_LABELS["forward"]),
+                plt.Line2D([], [], marker="o", ls="", color="0.4", mfc="none", label=PROTOCOL_LABELS["donor"])]
+    left.legend(handles=handles, fontsize=6.5, loc="upper left", ncol=2)
+    left.set_xlabel("mean repair ratio (fraction of document tokens re-encoded)")
     left.set_ylabel("answer preservation (mean over workloads)")
     left.set_xlim(-0.03, 1.05)
-    left.set_ylim(-0.03, 1.05)
-    left.legend(fontsize=7, loc="lower right")
-    left.set_title("quality–budget operating points")
+    left.set_ylim(-0.05, 1.35)
+    left.set_yticks(np.linspace(0, 1, 6))
+    left.set_title("quality–budget operating points", fontsize=10)
 
     workloads = list(dict.fromkeys(summary["workload"]))
     names = ["Full prefill", *highlight]
@@ -1261,13 +1304,13 @@ def plot_pareto_ttfl(summary: pd.DataFrame, *, highlight: Sequence[str] = ("Suff
         if name != "Full prefill":
             for x, v, q in zip(xs, vals, ratios):
                 if np.isfinite(v):
-                    right.annotate(f"{q:.0%}", (x, v), ha="center", va="bottom", fontsize=7)
+                    right.annotate(f"{q:.0%}", (x, v), ha="center", va="bottom", fontsize=6.5)
     right.set_xticks(np.arange(len(workloads)))
     right.set_xticklabels(workloads, fontsize=8)
     right.set_ylabel("median time to first logit (ms, CPU)")
-    right.set_title("TTFL vs full prefill (labels: mean repair ratio)")
+    right.set_title("TTFL vs full prefill (labels: mean repair ratio)", fontsize=10)
     right.legend(fontsize=7)
-    fig.suptitle(title or "Quality–budget Pareto and time to first logit")
+    fig.suptitle(title or "Quality–budget Pareto and time to first logit", fontsize=11)
     fig.tight_layout()
     return fig
 

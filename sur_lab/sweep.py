@@ -437,3 +437,87 @@ def budget_table(records: pd.DataFrame, value: str = "agree_reprefill", *, scale
     order = [m for m in REFERENCES + PAPER_ALLOCATORS if m in table.index]
     order += [m for m in table.index if m not in order]
     return table.loc[order]
+
+
+#: Line styles of the reference operators in budget curves.
+REFERENCE_STYLES = {"Dirty": ("tab:red", "--"), "Shift": ("0.45", ":"), "Replay": ("0.1", "-."), "Re-prefill": ("0.1", "--")}
+#: Record fields shown as percentages of cases.
+PERCENT_FIELDS = ("em", "agree_reprefill")
+
+
+def plot_budget_curves(records: pd.DataFrame, metrics: Sequence[str], titles: Sequence[str] | None = None):
+    """Budget–quality curves (Figure 3 style): one panel per metric, one line per allocator (mean over cases; SUR
+    drawn thicker), references as horizontal lines, log-scaled budget axis.
+
+    Boolean endpoints (:data:`PERCENT_FIELDS`) are shown in percent.
+
+    Returns:
+        The matplotlib figure.
+
+    Raises:
+        ValueError: naming ``metrics`` when a metric is not a record field.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import NullFormatter
+
+    missing = [m for m in metrics if m not in records.columns]
+    if missing:
+        raise ValueError(f"metrics {missing} are not record fields")
+    titles = list(titles or metrics)
+    alloc = records[records["budget_pct"].notna()]
+    refs = records[records["budget_pct"].isna()]
+    present = list(dict.fromkeys(alloc["method"]))
+    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
+    palette = dict(zip(order, sns.color_palette("husl", max(1, len(order)))))
+    budgets = sorted(alloc["budget_pct"].unique())
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 2.4, 4.0), squeeze=False)
+    for ax, metric, title in zip(axes[0], metrics, titles):
+        scale = 100.0 if metric in PERCENT_FIELDS else 1.0
+        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].mean()
+        for method in order:
+            c = curve.loc[method]
+            ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
+                    lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
+        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].mean()
+        for method in [m for m in REFERENCES if m in ref_means.index]:
+            color, style = REFERENCE_STYLES[method]
+            ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")
+        if len(budgets) > 1:
+            ax.set_xscale("log")
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if scale == 100.0:
+            ax.set_ylim(-4, 104)
+        ax.set_xlabel("suffix budget b (%)")
+        ax.set_title(title)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_intervals(records: pd.DataFrame):
+    """Distribution of interval counts R per allocator and budget (box plots, log scale); returns the figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    alloc = records[records["budget_pct"].notna()].copy()
+    alloc["budget"] = [f"{b:g}%" for b in alloc["budget_pct"]]
+    present = list(dict.fromkeys(alloc["method"]))
+    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
+    hue_order = [f"{b:g}%" for b in sorted(alloc["budget_pct"].unique())]
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    sns.boxplot(data=alloc, x="method", y="num_intervals", hue="budget", order=order, hue_order=hue_order, ax=ax,
+                fliersize=2, linewidth=0.8, palette="crest")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("intervals R")
+    ax.set_xlabel("")
+    ax.tick_params(axis="x", rotation=60, labelsize=8)
+    ax.legend(title="budget", fontsize=8, ncol=len(hue_order))
+    fig.tight_layout()
+    return fig

@@ -53,6 +53,7 @@ __all__ = [
     "promote_cache",
     "promoted_model",
     "query_logits",
+    "truncated_model",
 ]
 
 
@@ -194,22 +195,26 @@ def _spans(*spans: tuple[int, int]) -> tuple[int, ...]:
 
 
 def kernel_cases(max_len: int = 1023) -> list[KernelCase]:
-    """The oracle cases: causal gaps (R = 4 and 16), tails ending at N - 1, a single position, all positions,
-    MHA/GQA 3/GQA 4/MQA, head dims 64 and 128, awkward lengths (113, 239, 799, ``max_len``), strided inputs and
-    changed plan metadata. ``max_len`` bounds N (the Triton interpreter is slow)."""
-    n = max_len
+    """The oracle cases: causal gaps (R = 4 and random), tails ending at N - 1, a single position, all positions,
+    MHA / GQA 3 / GQA 4 / MQA, head dims 64 and 128, awkward lengths (113, 239, 799, ``max_len``), strided inputs and
+    changed plan metadata. ``max_len`` caps every N (the Triton interpreter is slow: keep it near 1K on a CPU)."""
+    n = max(int(max_len), 128)
+    cap = lambda length: min(length, n)  # noqa: E731
     rng = np.random.default_rng(0)
-    gaps16 = tuple(int(x) for x in np.sort(rng.choice(n, size=64, replace=False)))
-    r4 = _spans((40, 56), (300, 316), (600, 616), (n - 200, n - 184))
+    gaps = tuple(int(x) for x in np.sort(rng.choice(n, size=64, replace=False)))
+    r4 = _spans((n // 8, n // 8 + 16), (3 * n // 8, 3 * n // 8 + 16), (5 * n // 8, 5 * n // 8 + 16), (n - 24, n - 8))
+    tail = cap(799)
     return [
-        KernelCase("gaps R=4, GQA 3, d=64", 9, 3, n, 64, r4),
-        KernelCase("random gaps B=64, GQA 4, d=128", 8, 2, n, 128, gaps16),
-        KernelCase("tail, MHA, d=64", 4, 4, 799, 64, _spans((799 - 37, 799))),
-        KernelCase("tail, MQA, d=128", 4, 1, 239, 128, _spans((200, 239))),
-        KernelCase("single position, GQA 3, d=64", 6, 2, 113, 64, (57,)),
-        KernelCase("all positions, GQA 3, d=64", 3, 1, 113, 64, tuple(range(113))),
-        KernelCase("strided q/k/v, GQA 3, d=64", 9, 3, 799, 64, _spans((10, 30), (500, 540)), strided=True),
-        KernelCase("changed metadata, GQA 4, d=128", 8, 2, 239, 128, _spans((0, 17), (100, 133)), changed_metadata=True),
+        KernelCase(f"gaps R=4, GQA 3, d=64, N={n}", 6, 2, n, 64, r4),
+        KernelCase(f"random gaps B=64, GQA 4, d=128, N={n}", 4, 1, n, 128, gaps),
+        KernelCase(f"tail, MHA, d=64, N={tail}", 2, 2, tail, 64, _spans((tail - 37, tail))),
+        KernelCase("tail, MQA, d=128, N=239", 4, 1, 239, 128, _spans((200, 239))),
+        KernelCase("single position, GQA 3, d=64, N=113", 3, 1, 113, 64, (57,)),
+        KernelCase("all positions, GQA 3, d=64, N=113", 3, 1, 113, 64, tuple(range(113))),
+        KernelCase(f"strided q/k/v, GQA 3, d=64, N={tail}", 6, 2, tail, 64,
+                   _spans((10, 30), (tail // 2, tail // 2 + 40)), strided=True),
+        KernelCase("changed metadata, GQA 4, d=128, N=239", 4, 1, 239, 128, _spans((0, 17), (100, 133)),
+                   changed_metadata=True),
     ]
 
 
@@ -287,6 +292,28 @@ def kernel_oracle_errors(
 # ------------------------------------------------------------------------------------------ FP32-promotion control
 
 
+def truncated_model(lm: LoadedModel, num_layers: int, dtype: torch.dtype | None = None) -> LoadedModel:
+    """A copy of ``lm`` keeping its first ``num_layers`` decoder layers (all when 0), optionally cast to ``dtype``.
+
+    Used to keep the FP32-promotion control affordable where the Triton kernel only runs interpreted (a CPU): the
+    kept layers' weights are the model's own. ``lm`` is not modified.
+
+    Raises:
+        ValueError: naming ``num_layers`` when outside ``[0, lm.spec.num_layers]``.
+    """
+    if not 0 <= num_layers <= lm.spec.num_layers:
+        raise ValueError(f"num_layers={num_layers} must be in [0, {lm.spec.num_layers}]")
+    model = copy.deepcopy(lm.model)
+    if num_layers:
+        model.model.layers = model.model.layers[:num_layers]
+        model.config.num_hidden_layers = num_layers
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = model.config.layer_types[:num_layers]
+    if dtype is not None:
+        model = model.to(dtype)
+    return wrap_model(model, lm.tokenizer, lm.spec.name)
+
+
 def promoted_model(lm: LoadedModel, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """A copy of ``lm`` with every parameter and buffer cast to ``dtype`` (``lm`` is not modified)."""
     model = copy.deepcopy(lm.model).to(dtype)
@@ -335,7 +362,11 @@ def fp32_promotion_control(
     for role, name in (("native", native), ("custom", custom)):
         out = get_executor(name)(lm, shift, edit, support)
         per_layer = layer_errors(out, ref, absolute)
-        stats = {(f"layer {r.layer} {r.tensor}", s): getattr(r, s) for r in per_layer.itertuples() for s in ("max_abs", "rms")}
+        stats = {
+            (f"layer {r.layer} {r.tensor}", s): getattr(r, s)
+            for r in per_layer.itertuples()
+            for s in ("max_abs", "rms")
+        }
         logits = _stats(query_logits(lm, out, edit), ref_logits)
         stats.update({("query logits", s): logits[s] for s in ("max_abs", "rms")})
         errors[role] = stats

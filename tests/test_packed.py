@@ -35,7 +35,7 @@ from sur_lab.models import UnsupportedModelError  # noqa: E402
 
 import sur_lab.packed as packed  # noqa: E402
 
-EXACT_EXECUTORS = ["packed-sdpa", "packed-flex-eager", "direct-sequential", "one-shot"]
+EXACT_EXECUTORS = ["packed-sdpa", "packed-sdpa-tiled", "packed-flex-eager", "direct-sequential", "one-shot"]
 ATOL_FLOAT64 = 1e-9
 
 
@@ -57,7 +57,7 @@ def _supports(suffix_len: int) -> dict[str, Support]:
     rng = np.random.default_rng(7)
     random_gaps = np.sort(rng.choice(suffix_len - 1, size=12, replace=False))
     return {
-        "gaps_and_tail": Support(np.unique(np.r_[random_gaps, suffix_len - 3, suffix_len - 2, suffix_len - 1]), suffix_len),
+        "gaps_and_tail": Support(np.unique(np.r_[random_gaps, suffix_len - 3 : suffix_len]), suffix_len),
         "intervals": Support(np.r_[0:3, 10:14, 30:31, 40:47], suffix_len),
         "single_first": Support(np.array([0]), suffix_len),
         "single_last": Support(np.array([suffix_len - 1]), suffix_len),
@@ -71,6 +71,7 @@ def _assert_matches_reference(out, ref, shift_cache, support, edit, atol):
     keep[absolute] = False
     for (k, v), (kr, vr), (ks, vs) in zip(to_tensors(out), to_tensors(ref), to_tensors(shift_cache)):
         assert k.shape == ks.shape and v.shape == vs.shape
+        keep, absolute = keep.to(k.device), absolute.to(k.device)
         # Prefix and unselected rows: bitwise those of Shift.
         assert torch.equal(k[:, :, keep], ks[:, :, keep]) and torch.equal(v[:, :, keep], vs[:, :, keep])
         torch.testing.assert_close(k[:, :, absolute], kr[:, :, absolute], atol=atol, rtol=0)
@@ -117,7 +118,10 @@ def test_packed_differs_from_a_wrong_history(case):
         v[:, :, keep] = 0
     wrong = packed.refresh_packed(lm, holed, edit, support)
     absolute = torch.as_tensor(support.absolute(edit.prefix_len))
-    diff = max((a[:, :, absolute] - b[:, :, absolute]).abs().max().item() for (a, _), (b, _) in zip(to_tensors(out), to_tensors(wrong)))
+    diff = max(
+        (a[:, :, absolute] - b[:, :, absolute]).abs().max().item()
+        for (a, _), (b, _) in zip(to_tensors(out), to_tensors(wrong))
+    )
     assert diff > 1e-3
 
 
@@ -128,7 +132,8 @@ def test_exactly_one_output_clone(case, monkeypatch):
     monkeypatch.setattr(packed, "clone_cache", lambda c: calls.append(1) or original(c))
     for backend in ("sdpa", "flex"):
         calls.clear()
-        packed.refresh_packed(lm, shift_cache, edit, _supports(edit.suffix_len)["intervals"], backend=backend, flex_compile=False)
+        support = _supports(edit.suffix_len)["intervals"]
+        packed.refresh_packed(lm, shift_cache, edit, support, backend=backend, flex_compile=False)
         assert len(calls) == 1
 
 
@@ -194,6 +199,8 @@ def test_bad_backend_options_raise_before_any_work(no_work):
         packed.refresh_packed(lm, shift_cache, edit, [0], backend="xformers")
     with pytest.raises(ValueError, match="fused_scatter"):
         packed.refresh_packed(lm, shift_cache, edit, [0], fused_scatter=True)
+    with pytest.raises(ValueError, match="sdpa_row_tile"):
+        packed.refresh_packed(lm, shift_cache, edit, [0], backend="flex", sdpa_row_tile=16)
     # The tiny models are float64 with head dim 16: outside the kernel's FP16/BF16/FP32 and 64/128.
     with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
         packed.refresh_packed(lm, shift_cache, edit, [0], backend="triton")
@@ -234,7 +241,7 @@ def test_unsupported_architectures_are_refused_before_any_work(no_work):
 
 def test_registered_executor_names():
     get_executor("sequential")  # triggers the optional import of sur_lab.packed
-    for name in ("packed", "packed-sdpa", "packed-flex", "packed-flex-eager", "packed-triton", "packed-triton-fused",
+    for name in ("packed", "packed-sdpa", "packed-sdpa-tiled", "packed-flex", "packed-flex-eager", "packed-triton", "packed-triton-fused",
                  "direct-sequential", "one-shot"):
         assert name in EXECUTORS
 
@@ -259,6 +266,9 @@ def test_triton_backend_matches_sdpa_under_the_interpreter():
     if not uses_triton("cpu") and not torch.cuda.is_available():
         pytest.fail("triton was imported before TRITON_INTERPRET=1 was set: the kernel path is not exercised")
     lm = make_tiny_model("qwen3", dtype=torch.float32, head_dim=64, hidden=64, layers=2)
+    if torch.cuda.is_available():  # native kernels on a GPU; the interpreter on a CPU
+        lm.model.to("cuda")
+        lm = dataclasses.replace(lm, spec=dataclasses.replace(lm.spec, device="cuda"))
     edit, shift_cache = _setup(lm, n_original=150, prefix_len=7, deleted_len=4)
     support = Support(np.r_[0:5, 40:41, 70:90, edit.suffix_len - 2 : edit.suffix_len], edit.suffix_len)
     before = clone_cache(shift_cache)

@@ -199,6 +199,27 @@ def test_operating_rule():
         operating_rule(operating_summary(0.95, 70.0), required_preservation=95)
 
 
+def test_operating_rule_ignores_oracle_selection_and_timing_noise():
+    full = records("Full prefill", [True] * 4, [True] * 4, 1.0, 100.0, 100.0, unit="full", selector="")
+    for r in full:
+        r["ttfl_ms"] = 100.0
+    oracle = records("Suffix K1 · oracle", [True] * 20, [True] * 20, 0.8, 10.0, 100.0, selector="oracle")
+    summary = summarize(pd.DataFrame(full + oracle), by=("workload", "label", "protocol"))
+    assert operating_rule(summary).serve == "full prefill"  # gold labels are not available when serving
+    # Per-request TTFLs alternate 60 and 130 ms against full prefill's 100 ms: the median, 95 ms, is below 100, but the
+    # resampled mean log speed-up, (K log(100/60) + (20 - K) log(100/130)) / 20 with K ~ Binomial(20, 1/2), is
+    # negative at K's 2.5 % quantile (6) and positive at its 97.5 % quantile (14): the interval includes 1.
+    noisy = records("Suffix K2 · query", [True] * 20, [True] * 20, 0.9, 0.0, 100.0, selector="query")
+    for i, r in enumerate(noisy):
+        r["ttfl_ms"] = 60.0 if i % 2 else 130.0
+    row = summarize(pd.DataFrame(noisy), by=("workload", "label", "protocol")).iloc[0]
+    assert row["ttfl_ms"] == 95.0
+    assert row["speedup_ci_low"] < 1.0 < row["speedup_ci_high"]
+    summary = summarize(pd.DataFrame(full + noisy), by=("workload", "label", "protocol"))
+    assert operating_rule(summary).serve == "full prefill"
+    assert operating_rule(summary, significant=False).serve == "repair"
+
+
 def test_design_ledger_verdicts():
     rows = records("Prefix composition", [False] * 4, [False] * 4, 0.0, 5.0, 50.0, unit="none", selector="")
     rows += records("w4 K1 · risk", [True, False, False, False], [False] * 4, 0.6, 30.0, 50.0, unit="window")

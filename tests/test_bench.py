@@ -1,0 +1,156 @@
+"""Benchmark plumbing (sur_lab.bench) and numerical-validation helpers (sur_lab.validation); no timing is asserted.
+
+Supports are checked for the paper's matched causal pair counts (65,568 at 2K and 262,176 at 8K for B = 64); the
+timing loop for its call pattern; the ratio tables on hand-made medians; the validation helpers on tiny models where
+the expected value is exact (identical caches, identical executors, the kernel's FP64 oracle tolerances).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see test_kernels.py)
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from conftest import make_tiny_model  # noqa: E402
+
+from sur_lab import bench, validation  # noqa: E402
+from sur_lab.budget import Support  # noqa: E402
+from sur_lab.cache_ops import clone_cache  # noqa: E402
+from sur_lab.executors import dirty, shift  # noqa: E402
+from sur_lab.packed import causal_pair_count  # noqa: E402
+
+
+@pytest.mark.parametrize(("n", "pairs"), [(2048, 65_568), (8192, 262_176)])
+def test_matched_supports_have_the_papers_pair_counts(n, pairs):
+    for r in (1, 4, 16):
+        support = bench.matched_support(n, 16, 64, r)
+        absolute = support.absolute(16)
+        assert support.size == 64 and support.num_intervals == r and support.suffix_len == n - 16
+        assert absolute.min() >= 16 and absolute.max() < n
+        assert causal_pair_count(absolute) == pairs
+        # Mirror symmetry about (N - 1) / 2 is what makes M(U) independent of R.
+        assert np.array_equal(np.sort(n - 1 - absolute), absolute)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(num_selected=64, num_intervals=3), "multiple"),
+    (dict(num_selected=64, num_intervals=4, spread=0.0), "spread"),
+    (dict(num_selected=64, num_intervals=64, context_len=100), "symmetric"),
+])
+def test_matched_support_rejects_impossible_requests(kwargs, match):
+    args = dict(context_len=2048, prefix_len=16) | kwargs
+    with pytest.raises(ValueError, match=match):
+        bench.matched_support(**args)
+
+
+def test_spread_support():
+    s = bench.spread_support(1000, 50, 16)
+    assert s.size == 50 and s.num_intervals == 16 and s.suffix_len == 1000
+    assert bench.spread_support(1000, 5, 16).num_intervals == 5
+    assert bench.spread_support(1000, 0, 16).size == 0
+    with pytest.raises(ValueError, match="num_selected"):
+        bench.spread_support(10, 11, 2)
+
+
+def test_time_interleaved_calls_every_task_once_per_round():
+    calls = []
+    tasks = {("a",): lambda: calls.append("a"), ("b",): lambda: calls.append("b"), ("c",): lambda: calls.append("c")}
+    df = bench.time_interleaved(tasks, warmups=2, repeats=4, seed=1)
+    assert len(calls) == 3 * 6 and sorted(set(calls)) == ["a", "b", "c"]
+    assert len(df) == 12 and (df["ms"] >= 0).all()
+    for _, block in df.groupby("rep"):
+        assert sorted(k[0] for k in block["key"]) == ["a", "b", "c"]
+        assert sorted(block["order"]) == [0, 1, 2]
+    orders = [tuple(calls[i : i + 3]) for i in range(0, len(calls), 3)]
+    assert len(set(orders)) > 1  # the order is shuffled between rounds
+    with pytest.raises(ValueError, match="repeats"):
+        bench.time_interleaved(tasks, warmups=0, repeats=0)
+
+
+def test_ratio_tables_from_hand_made_medians():
+    rows = []
+    for r, seq, pk in ((1, 10.0, 8.0), (16, 160.0, 10.0)):
+        rows += [{"context_len": 8192, "num_intervals": r, "executor": "sequential", "ms": seq},
+                 {"context_len": 8192, "num_intervals": r, "executor": "packed-sdpa", "ms": pk}]
+    medians = bench.grid_medians(pd.DataFrame(rows))
+    table = bench.table18(medians, ["sequential", "packed-sdpa"])
+    assert list(table.columns) == ["context_len", "num_intervals", "sequential", "packed-sdpa"]
+    sweep = pd.DataFrame([
+        {"context_len": 8192, "method": "Replay", "budget_pct": 100.0, "num_selected": 8176, "num_intervals": 1,
+         "rep": 0, "ms": 200.0},
+        {"context_len": 8192, "method": "packed-sdpa", "budget_pct": 5.0, "num_selected": 409, "num_intervals": 16,
+         "rep": 0, "ms": 20.0},
+    ])
+    replay = bench.replay_medians(sweep)
+    packed_row = replay[replay.method == "packed-sdpa"].iloc[0]
+    assert packed_row.fraction_of_replay == pytest.approx(0.1)
+    assert packed_row.token_fraction == pytest.approx(409 / 8176)
+    assert packed_row.pair_bound == pytest.approx(2 * 409 / 8176)
+    targets = bench.target_ratios(medians, replay).set_index("ratio")
+    assert targets.loc["packed_R16_over_R1", "value"] == pytest.approx(1.25)
+    assert targets.loc["sequential_over_packed_R16", "value"] == pytest.approx(16.0)
+    assert targets.loc["packed_5pct_over_replay", "value"] == pytest.approx(0.1)
+    assert targets["met"].tolist() == [True, True, True]
+    missing = bench.target_ratios(medians, None).set_index("ratio")
+    assert np.isnan(missing.loc["packed_5pct_over_replay", "value"])
+    assert missing.loc["packed_5pct_over_replay", "met"] is None
+
+
+def test_refresh_grid_and_replay_sweep_on_a_tiny_model():
+    lm = make_tiny_model("qwen3")
+    ctx = bench.prepare_context(lm, 96, prefix_len=8)
+    executors = ["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-flex-eager", "packed-triton"]
+    timings, checks = bench.refresh_grid(lm, [ctx], num_selected=8, num_intervals=[1, 4], executors=executors,
+                                         warmups=0, repeats=2)
+    timed = [e for e in executors if e != "packed-triton"] if not torch.cuda.is_available() else executors
+    assert len(timings) == len(timed) * 2 * 2
+    assert timings["pairs"].nunique() == 1  # matched work across R
+    assert checks["unselected_identical"].all()
+    assert (checks["selected_max_abs"] <= 1e-9).all()
+    sweep = bench.replay_sweep(lm, ctx, budgets=[5, 50], warmups=0, repeats=1, num_intervals=4)
+    assert sorted(sweep["method"]) == ["Replay", "packed-sdpa", "packed-sdpa"]
+    assert sorted(sweep["num_selected"]) == [5, 44, 88]
+
+
+def test_validation_helpers_on_a_tiny_model():
+    lm = make_tiny_model("llama")
+    ctx = bench.prepare_context(lm, 80, prefix_len=8)
+    support = Support(np.r_[0:4, 30:33, 60:72], ctx.edit.suffix_len)
+    summary, layers = validation.packed_vs_sequential(
+        lm, ctx.edit, ctx.shift, support, ["packed-sdpa", "one-shot"]
+    )
+    assert summary["input_unchanged"].all() and summary["unselected_identical"].all()
+    assert (summary["kv_max_abs"] <= 1e-9).all() and (summary["logits_rel_l2"] <= 1e-9).all()
+    assert summary["logits_argmax_last_equal"].all()
+    assert len(layers) == 2 * lm.spec.num_layers * 2
+    same = validation.layer_errors(ctx.shift, clone_cache(ctx.shift), support.absolute(8))
+    assert (same[["max_abs", "rms", "rel_l2"]] == 0).all().all()
+
+
+def test_fp32_promotion_control_plumbing():
+    """With the same executor as custom and native every ratio is exactly 1; the budget check then passes."""
+    lm = validation.truncated_model(make_tiny_model("qwen3", dtype=torch.float32), 2, torch.bfloat16)
+    assert lm.spec.num_layers == 2 and lm.dtype == torch.bfloat16
+    edit = bench.synthetic_edit(lm.spec.vocab_size, 64, prefix_len=4)
+    shift_cache = shift(lm, dirty(lm, edit), edit)
+    support = Support(np.r_[3:9, 40:50], edit.suffix_len)
+    ratios, summary = validation.fp32_promotion_control(lm, edit, shift_cache, support, custom="packed-sdpa")
+    assert len(ratios) == (2 * 2 + 1) * 2
+    assert (ratios["native"] > 0).all()  # BF16 really differs from the FP32 promotion
+    assert (ratios["ratio"] == 1.0).all() and bool(summary["passed"].iloc[0])
+
+
+def test_kernel_oracle_errors_small_cases():
+    from sur_lab.kernels import uses_triton
+
+    cases = [c for c in validation.kernel_cases(max_len=160) if c.cache_len <= 160]
+    df = validation.kernel_oracle_errors(cases[:3], (torch.float16, torch.bfloat16))
+    assert len(df) == 6 and df["passed"].all()
+    assert (df["backend"] == ("triton" if uses_triton("cpu") else "fallback")).all()
+    assert df["fixed_ratio"].between(0, 1).all()
