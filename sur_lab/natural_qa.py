@@ -15,7 +15,7 @@ Choices the paper leaves open, fixed here (all before any model output; :class:`
 - **Between** = after the first ``k // 2`` of the ``k`` supporting passages; sources need ``k >= 2`` (IIRC questions
   whose only evidence is the main passage are not eligible; that filter uses annotations only).
 - **Inserted and framing passages**: drawn from the source's own distractors with a per-source generator seeded by
-  ``(seed, crc32("dataset/id"))``; when the source has too few (about 60 % of IIRC dev questions have no retrieved
+  ``(seed, crc32("dataset/id"))``; when the source has too few (61 % of IIRC dev questions have no retrieved
   non-gold snippet), the rest come from :func:`sur_lab.datasets.load_corpus` (2WikiMultiHopQA Wikipedia paragraphs)
   with the same generator. A candidate is rejected when it shares a title with a supporting passage, repeats a chosen
   passage, or contains a normalized gold answer as a whole-word substring (span and number answers; yes/no and
@@ -25,8 +25,9 @@ Choices the paper leaves open, fixed here (all before any model output; :class:`
   answer, and IIRC's gold snippets of unanswerable questions by definition do not. Set the flag to include them; the
   scorer handles their ``"none"`` answers.
 - **Prompt**: the model's native chat template through :func:`sur_lab.edits.chat_edit` and
-  :func:`sur_lab.edits.format_passages`; the query (question and template tail) follows the documents; no reasoning
-  mode (the foundation's templates render none).
+  :func:`sur_lab.edits.format_passages`; the query (question and template tail) follows the documents. Reasoning
+  mode is whatever the template does by default: none for the embedded SmolLM2; a Qwen3 template would need
+  ``enable_thinking=False``, which :func:`sur_lab.edits.render_chat` does not pass.
 
 Latency (Eq. 20; appendix 8.2): post-edit latency = select + shift + refresh + answer, where Re-prefill's refresh is its
 rebuild of the edited prompt and answer is query processing plus decoding; the Dirty prefill and harness clones are
@@ -318,7 +319,9 @@ def choose_passages(
         while len(chosen) < needed:
             attempts += 1
             if attempts > 50 * needed + len(pool):
-                raise ValueError(f"corpus cannot supply {needed} admissible passages for {example.dataset}/{example.id}")
+                raise ValueError(
+                    f"corpus cannot supply {needed} admissible passages for {example.dataset}/{example.id}"
+                )
             p = pool[int(rng.integers(len(pool)))]
             if p.title in seen_titles or p.text.strip() in seen_texts or not passage_admissible(p, example):
                 continue
@@ -491,8 +494,9 @@ def results_table(records: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
     """Normalize sweep records into the long table the statistics use: one row per (case, condition[, trial]).
 
     Adds ``condition`` (:func:`condition_label`), ``correct`` (bool, from ``em``), ``answer`` (the extracted answer,
-    from ``prediction``) and ``latency_ms`` (Eq. 20, recomputed as the sum of :data:`LATENCY_PARTS` when absent), and
-    keeps every other column. ``dataset``, ``source_id`` and ``placement`` must be present (from the case meta).
+    from ``prediction``; the sweep's raw generated text moves to ``answer_text``) and ``latency_ms`` (Eq. 20,
+    recomputed as the sum of :data:`LATENCY_PARTS` when absent), and keeps every other column. ``dataset``,
+    ``source_id`` and ``placement`` must be present (from the case meta).
 
     Args:
         records: sweep records (DataFrame or list of dicts) with ``method``, ``budget_pct``, ``em``, ``prediction``,
@@ -513,6 +517,8 @@ def results_table(records: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
         raise ValueError("records hold unscored rows (em is None/NaN); run the sweep with the dataset scorer")
     df["condition"] = [condition_label(m, b) for m, b in zip(df["method"], df["budget_pct"])]
     df["correct"] = df["em"].astype(bool)
+    if "answer" in df.columns:
+        df = df.rename(columns={"answer": "answer_text"})
     df["answer"] = df["prediction"].fillna("").astype(str)
     if "latency_ms" not in df.columns:
         df["latency_ms"] = df[list(LATENCY_PARTS)].sum(axis=1)
@@ -537,7 +543,8 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("table: every (case, condition) needs a trial 0")
     means = table.groupby(keys)[timing].mean()
     consistent = table.groupby(keys)["answer"].nunique() == 1
-    out = first.drop(columns=timing).join(means).assign(answers_consistent=consistent, trials=table.groupby(keys).size())
+    trials = table.groupby(keys).size()
+    out = first.drop(columns=timing).join(means).assign(answers_consistent=consistent, trials=trials)
     return out.reset_index()
 
 
@@ -753,11 +760,15 @@ def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str 
                    zorder=3, edgecolor="white")
         ax.annotate(row.condition, (row.latency_s, getattr(row, em_col)), textcoords="offset points", xytext=(5, 4),
                     fontsize=8)
-    ax.set_xlabel("mean post-edit latency (s): selection + shift + refresh + query/answer")
+    values = summary[em_col].to_numpy(dtype=float)
+    pad = max(2.0, 0.08 * float(values.max() - values.min()))
+    # A flat panel (e.g. EM 0 for every method) would otherwise get a meaningless +-0.05 % axis.
+    ax.set_ylim(float(values.min()) - pad, float(values.max()) + pad)
+    ax.set_xlabel("mean post-edit latency (s), Eq. 20")
     ax.set_ylabel({"em_pct": "exact match (%)", "agree_pct": "agreement with Re-prefill (%)"}.get(em_col, em_col))
     if budgets:
-        sizes = ", ".join(f"{b:g}%" for b in budgets)
-        ax.legend(title=f"marker size: {sizes}", fontsize=8, title_fontsize=8, loc="best")
+        sizes = " < ".join(f"{b:g}%" for b in budgets)
+        ax.legend(title=f"budget by marker size: {sizes}", fontsize=8, title_fontsize=8, loc="best")
     if title:
         ax.set_title(title, fontsize=10)
     return fig

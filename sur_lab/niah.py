@@ -117,7 +117,8 @@ class NiahCase:
         context_len: requested pre-query length, tokens.
         depths: the needles' depths in order of appearance (fraction of the filler tokens before them, in [0, 1]).
         documents: the original documents text.
-        needle_char_spans: each needle sentence's ``(start, end)`` in the original pre-query text (``edit.original_text``).
+        needle_char_spans: each needle sentence's ``(start, end)`` in the original pre-query text
+            (``edit.original_text``).
         needle_token_spans: each needle sentence's ``(start, end)`` token span in ``edit.original_ids``.
         deleted_char_span: the deleted block's ``(start, end)`` in the original pre-query text (the needle and its
             blank-line separator; equals ``edit.deleted_char_span``).
@@ -224,7 +225,8 @@ def build_niah_case(
         context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded random
             order until the prompt reaches it (the result overshoots by less than one paragraph).
         depths: the two needles' depths, each in [0, 1], as fractions of the filler tokens before the needle; the
-            needle with the smaller depth appears first (equal depths: the first given appears first).
+            needle with the smaller depth appears first (equal depths: the first given appears first). Each needle
+            goes to the paragraph boundary nearest its depth.
         delete: which needle to delete, as an index into ``depths`` (0 or 1).
         seed: seed for the key, the values and the filler order.
         case_id: identifier (default ``niah-{context_len}-s{seed}``).
@@ -274,9 +276,10 @@ def build_niah_case(
     # Insert each needle at the paragraph boundary whose filler-token depth is closest to the requested one.
     bounds = np.concatenate(([0], np.cumsum(lengths))) / max(1, filler_tokens)
     slots = [int(np.argmin(np.abs(bounds - float(x)))) for x in depths]
-    order = sorted(range(2), key=lambda i: (slots[i], i))  # indices into ``depths`` by appearance
+    # Indices into ``depths`` by appearance; needles sharing a slot keep their depth order.
+    order = sorted(range(2), key=lambda i: (slots[i], float(depths[i]), i))
     blocks = list(filler)
-    for i in sorted(order, key=lambda i: (slots[i], i), reverse=True):
+    for i in reversed(order):
         blocks.insert(slots[i], NEEDLE_TEMPLATE.format(key=key, value=needle_values[i]))
     needle_block = {i: slots[i] + order.index(i) for i in range(2)}  # block index after insertion
     documents, spans = join_blocks(blocks)
@@ -337,10 +340,11 @@ def build_niah_cases(
     """A roster of Erasing-NIAH cases cycling over context lengths and deleted-needle depths.
 
     Case i has context length ``context_lens[i % len(context_lens)]`` and deleted-needle depth
-    ``depths[(i // len(context_lens)) % len(depths)]``; the retained needle's depth is drawn uniformly from
-    [0.05, 0.95] (at least :data:`MIN_DEPTH_GAP` from the deleted one), so the deleted needle is the first or the
-    second by chance. Every random choice of case i comes from ``SeedSequence([seed, i])``, so a case does not depend on
-    ``num_cases`` and the roster is fixed before any model output is seen. The paper's grid is 96 cases over
+    ``depths[(i // len(context_lens)) % len(depths)]``. Deletion order alternates so that any roster is balanced: even
+    cases delete the second needle, odd cases the first. The retained needle's depth is drawn uniformly on the side
+    this requires, within [0.05, 0.95] and at least :data:`MIN_DEPTH_GAP` from the deleted one (the other side when
+    that interval is empty). Every random choice of case i comes from ``SeedSequence([seed, i])``, so a case does not
+    depend on ``num_cases`` and the roster is fixed before any model output is seen. The paper's grid is 96 cases over
     1K–32K tokens.
 
     Args:
@@ -370,9 +374,12 @@ def build_niah_cases(
         deleted_depth = float(depths[(i // len(context_lens)) % len(depths)])
         case_seed = int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0])
         rng = np.random.default_rng([case_seed, 1])
-        kept_depth = deleted_depth
-        while abs(kept_depth - deleted_depth) < MIN_DEPTH_GAP:
-            kept_depth = float(np.round(rng.uniform(0.05, 0.95), 3))
+        after = (deleted_depth + MIN_DEPTH_GAP, 0.95)  # the retained needle follows: the first is deleted
+        before = (0.05, deleted_depth - MIN_DEPTH_GAP)  # the retained needle precedes: the second is deleted
+        lo, hi = after if i % 2 else before
+        if hi < lo:
+            lo, hi = before if i % 2 else after
+        kept_depth = float(np.round(rng.uniform(lo, hi), 3))
         cases.append(
             build_niah_case(
                 tokenizer, corpus, context_len=ctx, depths=(deleted_depth, kept_depth), delete=0, seed=case_seed,
@@ -412,7 +419,9 @@ def paper_table12() -> "pd.DataFrame":
     return pd.DataFrame(rows, index=list(TABLE12_RULES.values()), columns=cols)
 
 
-def table12(records: "pd.DataFrame", value: str = "agree_reprefill", budgets: Sequence[float] = (2, 5)) -> "pd.DataFrame":
+def table12(
+    records: "pd.DataFrame", value: str = "agree_reprefill", budgets: Sequence[float] = (2, 5)
+) -> "pd.DataFrame":
     """Our Table 12: mean ``value`` (×100) of the five allocation rules at ``budgets``, rows in paper order.
 
     Raises:

@@ -112,7 +112,10 @@ def risk_scores(prompt: ComposedPrompt) -> np.ndarray:
       observation for chunk fusion (tokens with high cross-chunk attention deviate most).
 
     Based only on token ids and lengths: O(S) set look-ups, no model forward, no access to the full-prefill cache.
-    Validated against the measured per-document drift (:func:`document_drift`) in the notebook.
+    Validated against the measured per-document drift (:func:`document_drift`, :func:`drift_table`): on the embedded
+    SmolLM2-135M with HotpotQA / 2Wiki development prompts of 4 and 16 documents, Spearman ρ is 0.58–0.85 per
+    workload and 0.76 pooled (notebook 06). It predicts *how much* a document drifts, which grows with its position;
+    it does not say where a causal suffix must start (the first drifted document is always document 1).
 
     Returns:
         float64 ``[n]``, higher = riskier; ranks break ties by earlier document.

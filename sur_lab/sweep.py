@@ -154,7 +154,9 @@ def _plain(value: Any) -> Any:
 
 
 def _as_text(parsed: Any) -> str:
-    return parsed if isinstance(parsed, str) else json.dumps(list(parsed) if isinstance(parsed, (list, tuple)) else parsed)
+    if isinstance(parsed, str):
+        return parsed
+    return json.dumps(list(parsed) if isinstance(parsed, (list, tuple)) else parsed)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -198,7 +200,8 @@ def _check_meta(case: SweepCase) -> None:
 _RECORD_FIELDS = frozenset(
     """case_id model seed case_seed executor max_new_tokens case_fingerprint method budget_pct allowance prefix_len
     deleted_len suffix_len num_intervals positions intervals extra_forward_tokens extra_forward_layers answer
-    prediction gold em agree_reprefill tv_reprefill tv_dirty_reprefill nr_tv nll_reprefill nll_tokens finished""".split()
+    prediction gold em agree_reprefill tv_reprefill tv_dirty_reprefill nr_tv nll_reprefill nll_tokens
+    finished""".split()
     + list(TIMING_FIELDS)
 )
 
@@ -233,7 +236,8 @@ def run_sweep(
             answer equals the gold sequence (``parser`` given and returning a list/tuple) or normalized exact match
             over the gold aliases (:func:`sur_lab.scoring.exact_match`); else ``em`` is None.
         parser: ``fn(answer_text) -> parsed`` for ``prediction`` and Re-prefill agreement (same parsed answer);
-            default :func:`sur_lab.scoring.extract_answer` with normalized agreement (:func:`sur_lab.scoring.agreement`).
+            default :func:`sur_lab.scoring.extract_answer` with normalized agreement
+            (:func:`sur_lab.scoring.agreement`).
         seed: sweep seed; each case's allocators get :func:`case_seed` ``(seed, case_id)``.
         progress: show a tqdm bar over all records.
         options: allocator options passed to every allocator (e.g. ``{"aux_model": lm_aux}`` for SpecCache-Adapted);
@@ -419,7 +423,8 @@ def _run_case(
 
 
 def budget_table(records: pd.DataFrame, value: str = "agree_reprefill", *, scale: float = 100.0) -> pd.DataFrame:
-    """Method × budget table of the mean of ``value`` (×``scale``), references in a ``"Reference"`` column (Tables 2–6).
+    """Method × budget table of the mean of ``value`` (×``scale``), references in a ``"Reference"`` column
+    (Tables 2–6).
 
     Rows follow :data:`REFERENCES` then :data:`PAPER_ALLOCATORS` order (others after), for the methods present.
 
@@ -440,7 +445,9 @@ def budget_table(records: pd.DataFrame, value: str = "agree_reprefill", *, scale
 
 
 #: Line styles of the reference operators in budget curves.
-REFERENCE_STYLES = {"Dirty": ("tab:red", "--"), "Shift": ("0.45", ":"), "Replay": ("0.1", "-."), "Re-prefill": ("0.1", "--")}
+REFERENCE_STYLES = {
+    "Dirty": ("tab:red", "--"), "Shift": ("0.45", ":"), "Replay": ("0.1", "-."), "Re-prefill": ("0.1", "--"),
+}
 #: Record fields shown as percentages of cases.
 PERCENT_FIELDS = ("em", "agree_reprefill")
 
@@ -501,7 +508,7 @@ def plot_intervals(records: pd.DataFrame):
     """Distribution of interval counts R per allocator and budget (box plots, log scale); returns the figure."""
     import matplotlib.pyplot as plt
     import seaborn as sns
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     alloc = records[records["budget_pct"].notna()].copy()
     alloc["budget"] = [f"{b:g}%" for b in alloc["budget_pct"]]
@@ -513,7 +520,7 @@ def plot_intervals(records: pd.DataFrame):
                 fliersize=2, linewidth=0.8, palette="crest")
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylabel("intervals R")
     ax.set_xlabel("")

@@ -109,7 +109,8 @@ def test_every_allocator_returns_exactly_b_unique_suffix_positions(llama, prefix
     for name in PAPER_ALLOCATORS:
         for b in (0, 2, 5, 37, 100):
             request = AllocationRequest(
-                llama, edit, b, shift_cache=prepared.shift_cache, seed=seed, options={"dirty_cache": prepared.dirty_cache}
+                llama, edit, b, shift_cache=prepared.shift_cache, seed=seed,
+                options={"dirty_cache": prepared.dirty_cache},
             )
             selection = allocate(name, request)
             pos = selection.support.positions
@@ -438,3 +439,15 @@ def test_speccache_maps_an_auxiliary_tokenization_through_text(text_lm):
     assert target[first:].tolist() == list(range(edit.suffix_len))
     sel = allocate("SpecCache-Adapted", AllocationRequest(text_lm, edit, 20, options={"aux_model": aux}))
     assert sel.diagnostics["aux_model"] == "tiny-qwen3" and sel.extra_forward_tokens == edit.edited_len
+
+
+@pytest.mark.parametrize(
+    "name", ["ProphetKV-Adapted", "CacheTune-Adapted", "Clean-state oracle", "Cache-Craft-Adapted"]
+)
+def test_shift_cache_readers_refuse_a_missing_or_foreign_cache(llama, name):
+    edit = random_edit(14, 5, 3, 40)
+    with pytest.raises(ValueError, match="shift_cache"):
+        allocate(name, AllocationRequest(llama, edit, 10))
+    other = prepare(llama, random_edit(14, 5, 3, 41)).shift_cache
+    with pytest.raises(ValueError, match="shift_cache"):
+        allocate(name, AllocationRequest(llama, edit, 10, shift_cache=other))

@@ -287,7 +287,8 @@ def _brute_force_interval(table, a, b, n_boot, seed):
 def test_paired_difference_table_matches_brute_force():
     table = results_table(_records(seed=2))
     out = paired_difference_table(table, n_boot=300, seed=7)
-    assert list(zip(out.budget_pct, out.reference)) == [(b, r) for b in (2.0, 5.0) for r in ("Shift", "Replay", "Re-prefill")]
+    expected = [(b, r) for b in (2.0, 5.0) for r in ("Shift", "Replay", "Re-prefill")]
+    assert list(zip(out.budget_pct, out.reference)) == expected
     for row in out.itertuples():
         a, b = condition_label("SUR", row.budget_pct), row.reference
         low, high = _brute_force_interval(table, a, b, 300, 7)
@@ -304,7 +305,8 @@ def test_paired_difference_keeps_placements_of_a_source_together():
     rows = []
     for s in range(10):
         for p, (x, y) in zip(PLACEMENTS, [(1, 0), (0, 1), (1, 1)]):
-            for m, b, c in (("SUR", 5.0, x), ("Shift", math.nan, y), ("Replay", math.nan, y), ("Re-prefill", math.nan, y)):
+            conds = (("SUR", 5.0, x), ("Shift", math.nan, y), ("Replay", math.nan, y), ("Re-prefill", math.nan, y))
+            for m, b, c in conds:
                 rows.append({"dataset": "musique", "source_id": s, "placement": p, "method": m, "budget_pct": b,
                              "em": bool(c), "prediction": str(c), "select_ms": 0.0, "shift_ms": 0.0,
                              "refresh_ms": 0.0, "answer_ms": 1.0})
@@ -331,11 +333,11 @@ def test_aggregate_trials_averages_timings_keeps_answers():
     agg = aggregate_trials(table)
     single = results_table(_records(trials=1))
     assert len(agg) == len(single)
-    # timings grow by (+1 select, +1 refresh, +10 answer) ms per trial for budgeted rows: the mean is trial 1's
-    merged = agg.merge(table[table.trial == 1], on=["dataset", "source_id", "placement", "condition"], suffixes=("", "_t1"))
+    # timings grow linearly with the trial index (+1 select, +1 refresh, +10 answer ms): the mean is trial 1's
+    keys = ["dataset", "source_id", "placement", "condition"]
+    merged = agg.merge(table[table.trial == 1], on=keys, suffixes=("", "_t1"))
     np.testing.assert_allclose(merged.latency_ms, merged.latency_ms_t1, rtol=1e-12)
     assert agg.answers_consistent.all() and (agg.trials == 3).all()
-    keys = ["dataset", "source_id", "placement", "condition"]
     both = agg.merge(single, on=keys, suffixes=("", "_single"))
     assert len(both) == len(single) and (both.correct == both.correct_single).all()
     pd.testing.assert_frame_equal(aggregate_trials(single), single)
@@ -349,3 +351,54 @@ def test_plot_quality_latency_and_methods():
     assert ax.get_legend() is not None
     methods, missing = available_methods(("SUR", "No-such-allocator"))
     assert methods == ["SUR", "Shift", "Replay", "Re-prefill"] and missing == ["No-such-allocator"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sweep glue
+
+
+def _fake_cases():
+    from sur_lab.edits import token_edit
+    from sur_lab.natural_qa import PlacementCase
+
+    iirc = _example(_passages(2), answers=("1000",), answer_type="number", dataset="iirc", id="q#t9")
+    src = choose_passages(iirc, PanelConfig(), corpus=[])
+    edit = token_edit([1, 2, 3, 4, 5], 1, 2, [6, 7])
+    return [PlacementCase(f"iirc/q#t9/{p}", src, p, edit) for p in ("before", "after")]
+
+
+def test_sweep_cases_trials_and_scorer():
+    from sur_lab.natural_qa import make_scorer, sweep_cases, trial_case_id
+
+    cases = _fake_cases()
+    sc = sweep_cases(cases, trials=2)
+    assert [c.case_id for c in sc] == [c.case_id for c in cases] + [trial_case_id(c.case_id, 1) for c in cases]
+    assert [c.meta["trial"] for c in sc] == [0, 0, 1, 1]
+    assert sc[0].gold == ("1000",) and sc[0].meta["placement"] == "before" and sc[0].meta["source_id"] == "q#t9"
+    scorer = make_scorer(cases)
+    # DROP normalization (IIRC number): "1,000." after extraction matches "1000", for every trial's case id
+    assert scorer(sc[3], "Answer: 1,000.") and not scorer(sc[1], "1001")
+    with pytest.raises(ValueError, match="trials"):
+        sweep_cases(cases, trials=0)
+
+
+@pytest.mark.slow
+def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
+    from sur_lab.natural_qa import make_scorer, sweep_cases
+    from sur_lab.scoring import extract_answer, score_example
+    from sur_lab.sweep import run_sweep
+
+    src = select_panel(("hotpotqa",), 1, PanelConfig(seed=3))[0]
+    cases = [build_case(smol.tokenizer, src, "after")]
+    records = run_sweep(smol, sweep_cases(cases, trials=2), ["SUR", "Shift", "Re-prefill"], [5], tmp_path,
+                        max_new_tokens=2, scorer=make_scorer(cases), progress=False)
+    table = results_table(records)
+    for row in table.itertuples():
+        assert row.correct == score_example(extract_answer(row.answer_text), src.example)
+        assert row.answer == extract_answer(row.answer_text)
+        assert row.latency_ms == pytest.approx(row.select_ms + row.shift_ms + row.refresh_ms + row.answer_ms)
+    agg = aggregate_trials(table)
+    assert len(agg) == 3 and (agg.trials == 2).all() and agg.answers_consistent.all()
+    summary = quality_latency_table(agg).set_index("condition")
+    assert summary.loc["Re-prefill", "agree_pct"] == 100.0 and summary.loc["Shift", "shift_ms"] > 0
+    assert summary.loc["Shift", "refresh_ms"] == 0 and summary.loc["Re-prefill", "refresh_ms"] > 0

@@ -23,7 +23,7 @@ from sur_lab.niah import (
 from test_allocators import char_tokenizer
 
 CORPUS = [
-    Passage(f"Topic {chr(65 + i % 26)}{i}", f"This paragraph describes subject {i}. It has a second sentence about it.", False)
+    Passage(f"Topic {chr(65 + i % 26)}{i}", f"This paragraph describes subject {i}. It has a second sentence.", False)
     for i in range(60)
 ]
 
@@ -77,7 +77,9 @@ def test_join_blocks_deleting_a_span_leaves_the_others_joined(blocks, data):
     assert documents[:a] + documents[b:] == join_blocks(blocks[:i] + blocks[i + 1 :])[0]
 
 
-@pytest.mark.parametrize("depths,delete", [((0.2, 0.7), 0), ((0.2, 0.7), 1), ((0.9, 0.1), 0), ((0.5, 0.5), 1), ((0.0, 1.0), 1)])
+@pytest.mark.parametrize(
+    "depths,delete", [((0.2, 0.7), 0), ((0.2, 0.7), 1), ((0.9, 0.1), 0), ((0.5, 0.5), 1), ((0.0, 1.0), 1)]
+)
 def test_builder_records_spans_and_gold_and_the_edited_context(tok, depths, delete):
     case = build_niah_case(tok, CORPUS, context_len=700, depths=depths, delete=delete, seed=3)
     edit = case.edit
@@ -139,6 +141,7 @@ def test_roster_cycles_lengths_and_depths_and_is_seeded(tok):
     ]
     other = build_niah_cases(tok, context_lens=(400, 600), depths=(0.2, 0.8), num_cases=2, seed=8, corpus=CORPUS)
     assert [c.values for c in other] != [c.values for c in again]
+    assert [c.deleted for c in cases] == [1, 0, 1, 0]  # balanced: second, first, second, first needle deleted
     for c in cases:
         kept_depth = c.depths[1 - c.deleted]
         assert 0.05 <= kept_depth <= 0.95 and abs(kept_depth - c.deleted_depth) >= 0.05

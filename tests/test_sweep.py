@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import sur_lab.sweep as sweep_mod
 from conftest import make_tiny_model
@@ -33,8 +32,9 @@ def lm():
 @pytest.fixture(scope="module")
 def cases(lm):
     out = []
-    for i, depths in enumerate([(0.2, 0.6), (0.7, 0.3)]):
-        case = build_niah_case(lm.tokenizer, CORPUS, context_len=300, depths=depths, delete=0, seed=i)
+    # Both cases delete the earlier needle, so the suffix is long enough for budgets below 100 %.
+    for i, (depths, delete) in enumerate([((0.2, 0.6), 0), ((0.7, 0.3), 1)]):
+        case = build_niah_case(lm.tokenizer, CORPUS, context_len=300, depths=depths, delete=delete, seed=i)
         out.append(dataclasses.replace(case.sweep_case(), case_id=f"case/{i}"))
     return out
 
@@ -78,6 +78,7 @@ def test_sweep_writes_one_record_per_case_method_budget(lm, cases, tmp_path):
             assert r.em == (tuple(json.loads(r.prediction)) == tuple(r.gold))
             assert r.agree_reprefill == (r.prediction == ref.prediction)
         prophet = rows[rows.method == "ProphetKV-Adapted"]
+        assert (prophet.allowance < S).all()
         assert (prophet.extra_forward_tokens == case.edit.query_ids.numel()).all()
         assert (rows.context_len == 300).all() and (rows.model == "tiny-llama").all()
         assert (rows.nll_tokens == ref.nll_tokens).all()

@@ -87,7 +87,9 @@ def bm25_terms(text: str) -> list[str]:
     return _TERM.findall(text.lower())
 
 
-def bm25_scores(query_terms: list[str], documents: list[list[str]], *, k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
+def bm25_scores(
+    query_terms: list[str], documents: list[list[str]], *, k1: float = BM25_K1, b: float = BM25_B
+) -> np.ndarray:
     """BM25 score of each document for a query whose repeated terms each contribute (appendix 7.4).
 
     ``score(D) = sum over query terms t, with multiplicity, of idf(t) * tf(t, D) / (tf(t, D) + k1 (1 - b + b |D| /

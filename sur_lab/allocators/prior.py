@@ -29,7 +29,9 @@ import torch
 from transformers import DynamicCache
 
 from ..budget import Support
-from ..cache_ops import clone_cache, from_tensors, layer_deviation, num_layers, rotate_half, slice_rows, to_tensors
+from ..cache_ops import (
+    cache_length, clone_cache, from_tensors, layer_deviation, num_layers, rotate_half, slice_rows, to_tensors,
+)
 from ..executors import replay
 from ..models import EMBEDDED_MODEL, LoadedModel
 from .base import AllocationRequest, Selection, register_allocator, top_b
@@ -53,10 +55,28 @@ def _empty(S: int) -> Selection:
     return Selection(Support(np.zeros(0, dtype=np.int64), S))
 
 
+def _shift_cache(request: AllocationRequest) -> DynamicCache:
+    """The request's Shift cache, checked against the edit.
+
+    Raises:
+        ValueError: naming ``shift_cache`` when it is missing or does not hold the edit's ``p + S`` rows.
+    """
+    cache = request.shift_cache
+    if cache is None:
+        raise ValueError("this allocator reads the Shift cache: pass AllocationRequest(shift_cache=...)")
+    if cache_length(cache) != request.edit.edited_len:
+        raise ValueError(
+            f"shift_cache has {cache_length(cache)} rows; this edit's Shift cache has {request.edit.edited_len}"
+        )
+    return cache
+
+
 def _top_b_selection(scores: np.ndarray, request: AllocationRequest, **diagnostics) -> Selection:
     S, B = request.suffix_len, request.allowance
     tokens = int(diagnostics.pop("extra_forward_tokens", 0))
-    return Selection(Support(top_b(scores, B), S), extra_forward_tokens=tokens, diagnostics={"scores": scores, **diagnostics})
+    return Selection(
+        Support(top_b(scores, B), S), extra_forward_tokens=tokens, diagnostics={"scores": scores, **diagnostics}
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -96,7 +116,7 @@ def prophetkv_adapted(request: AllocationRequest) -> Selection:
     S = request.suffix_len
     if request.allowance == 0:
         return _empty(S)
-    mean, _, q = query_attention_stats(request.lm, request.shift_cache, request.edit)
+    mean, _, q = query_attention_stats(request.lm, _shift_cache(request), request.edit)
     return _top_b_selection(mean, request, extra_forward_tokens=q, extra_forward_layers=request.lm.spec.num_layers)
 
 
@@ -107,7 +127,7 @@ def infoflow_motivated(request: AllocationRequest) -> Selection:
     S = request.suffix_len
     if request.allowance == 0:
         return _empty(S)
-    _, l2, q = query_attention_stats(request.lm, request.shift_cache, request.edit)
+    _, l2, q = query_attention_stats(request.lm, _shift_cache(request), request.edit)
     return _top_b_selection(l2, request, extra_forward_tokens=q, extra_forward_layers=request.lm.spec.num_layers)
 
 
@@ -116,7 +136,12 @@ def infoflow_motivated(request: AllocationRequest) -> Selection:
 
 
 def deleted_attention_mass(
-    lm: LoadedModel, edit, shift_cache: DynamicCache, dirty_cache: DynamicCache | None = None, *, chunk: int = CACHE_CRAFT_CHUNK
+    lm: LoadedModel,
+    edit,
+    shift_cache: DynamicCache,
+    dirty_cache: DynamicCache | None = None,
+    *,
+    chunk: int = CACHE_CRAFT_CHUNK,
 ) -> tuple[np.ndarray, int]:
     """Each retained token's attention mass on the deleted keys, averaged over heads and layers (Table 1).
 
@@ -135,12 +160,16 @@ def deleted_attention_mass(
         ``(scores float64 [S], extra_forward_tokens)``: S, plus d when the span had to be rebuilt.
 
     Raises:
-        ValueError: if ``chunk`` < 1.
+        ValueError: if ``chunk`` < 1, or ``dirty_cache`` does not hold the edit's N rows.
     """
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     p, d, S = edit.prefix_len, edit.deleted_len, edit.suffix_len
     cost = S
+    if dirty_cache is not None and cache_length(dirty_cache) != edit.num_tokens:
+        raise ValueError(
+            f"dirty_cache has {cache_length(dirty_cache)} rows; this edit's Dirty cache has {edit.num_tokens}"
+        )
     if dirty_cache is not None:
         work = slice_rows(dirty_cache, 0, p + d)
     else:
@@ -171,7 +200,7 @@ def cache_craft_adapted(request: AllocationRequest) -> Selection:
     if request.allowance == 0:
         return _empty(S)
     scores, cost = deleted_attention_mass(
-        request.lm, request.edit, request.shift_cache, request.options.get("dirty_cache")
+        request.lm, request.edit, _shift_cache(request), request.options.get("dirty_cache")
     )
     return _top_b_selection(scores, request, extra_forward_tokens=cost, extra_forward_layers=request.lm.spec.num_layers)
 
@@ -188,8 +217,8 @@ def shallow_prefill(lm: LoadedModel, ids: torch.Tensor, layers: int = SHALLOW_LA
 
 
 def kv_deviation_layer1(lm: LoadedModel, edit, shift_cache: DynamicCache) -> np.ndarray:
-    """``||ΔK_{1,i}||² + ||ΔV_{1,i}||²`` between a fresh two-layer edited prefill and the Shift cache at layer 1, per
-    suffix position (summed over KV heads and head dims), float64 ``[S]`` (Table 1, CacheBlend-Adapted).
+    """``||ΔK_{1,i}||² + ||ΔV_{1,i}||²`` between a fresh two-layer edited prefill and the Shift cache at layer 1,
+    per suffix position (summed over KV heads and head dims), float64 ``[S]`` (Table 1, CacheBlend-Adapted).
 
     Raises:
         ValueError: if the model has fewer than two layers.
@@ -213,7 +242,7 @@ def cacheblend_adapted(request: AllocationRequest) -> Selection:
     S = request.suffix_len
     if request.allowance == 0:
         return _empty(S)
-    scores = kv_deviation_layer1(request.lm, request.edit, request.shift_cache)
+    scores = kv_deviation_layer1(request.lm, request.edit, _shift_cache(request))
     return _top_b_selection(
         scores, request, extra_forward_tokens=request.edit.edited_len, extra_forward_layers=SHALLOW_LAYERS
     )
@@ -345,11 +374,13 @@ def lowpass_kv_scores(lm: LoadedModel, edit, shift_cache: DynamicCache) -> np.nd
 
 @register_allocator("CacheTune-Adapted")
 def cachetune_adapted(request: AllocationRequest) -> Selection:
-    """Top-B by low-frequency reconstructed K/V magnitude of the Shift cache (Table 1; Li et al., 2026a). No forwards."""
+    """Top-B by low-frequency reconstructed K/V magnitude of the Shift cache (Table 1; Li et al., 2026a).
+
+    No forwards."""
     S = request.suffix_len
     if request.allowance == 0:
         return _empty(S)
-    return _top_b_selection(lowpass_kv_scores(request.lm, request.edit, request.shift_cache), request)
+    return _top_b_selection(lowpass_kv_scores(request.lm, request.edit, _shift_cache(request)), request)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -552,8 +583,8 @@ def speccache_adapted(request: AllocationRequest) -> Selection:
 def clean_deviation(lm: LoadedModel, edit, shift_cache: DynamicCache) -> np.ndarray:
     """All-layer K/V L2 deviation between Shift and the fully recomputed edited cache, per suffix position.
 
-    ``score_i = sqrt(sum_l ||ΔK_{l,i}||² + ||ΔV_{l,i}||²)`` over every layer, KV head and head dim (float64 ``[S]``),
-    where the clean cache is Replay from Shift's valid prefix (equal to Re-prefill's rows up to rounding).
+    ``score_i = sqrt(sum_l ||ΔK_{l,i}||² + ||ΔV_{l,i}||²)`` over every layer, KV head and head dim (float64
+    ``[S]``), where the clean cache is Replay from Shift's valid prefix (equal to Re-prefill's rows up to rounding).
     """
     clean = replay(lm, shift_cache, edit)
     rows = slice(edit.prefix_len, edit.edited_len)
@@ -567,5 +598,5 @@ def clean_state_oracle(request: AllocationRequest) -> Selection:
     S = request.suffix_len
     if request.allowance == 0:
         return _empty(S)
-    scores = clean_deviation(request.lm, request.edit, request.shift_cache)
+    scores = clean_deviation(request.lm, request.edit, _shift_cache(request))
     return _top_b_selection(scores, request, extra_forward_tokens=S, extra_forward_layers=request.lm.spec.num_layers)
