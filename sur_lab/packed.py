@@ -322,7 +322,7 @@ class _PackedAttention:
 
     backend: str
     mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
-    row_tiles: tuple[tuple[int, int, int], ...] | None = None  # sdpa: (first row, end row, keys) per row tile
+    row_tiles: tuple[tuple[int, int, int, torch.Tensor], ...] | None = None  # sdpa: (row a, row b, keys, mask)
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
     plan: Any = None  # triton: IndexedAttentionPlan
@@ -334,10 +334,7 @@ class _PackedAttention:
                 return _sdpa(query, key, value, self.mask, scale)
             # Each row tile reads keys up to its own last position only: work ~ M(U) instead of B * (u_B + 1).
             return torch.cat(
-                [
-                    _sdpa(query[:, :, a:b], key[:, :, :e], value[:, :, :e], self.mask[:, :, a:b, :e], scale)
-                    for a, b, e in self.row_tiles
-                ],
+                [_sdpa(query[:, :, a:b], key[:, :, :e], value[:, :, :e], m, scale) for a, b, e, m in self.row_tiles],
                 dim=2,
             )
         if self.backend == "flex":
@@ -418,13 +415,15 @@ def _make_attention(
         # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
         allowed = packed_causal_mask(positions, kv_len)
         additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
-        tiles = None
-        if sdpa_row_tile:
-            ends = positions.cpu().tolist()  # one host read per refresh, reused by every layer
-            b = len(ends)
-            tiles = tuple((a, min(a + sdpa_row_tile, b), ends[min(a + sdpa_row_tile, b) - 1] + 1)
-                          for a in range(0, b, sdpa_row_tile))
-        return _PackedAttention("sdpa", mask=additive, row_tiles=tiles)
+        if not sdpa_row_tile:
+            return _PackedAttention("sdpa", mask=additive)
+        ends = positions.cpu().tolist()  # one host read per refresh; tiles and their masks are reused by every layer
+        tiles = []
+        for a in range(0, len(ends), sdpa_row_tile):
+            b = min(a + sdpa_row_tile, len(ends))
+            e = ends[b - 1] + 1
+            tiles.append((a, b, e, additive[:, :, a:b, :e].contiguous()))
+        return _PackedAttention("sdpa", row_tiles=tuple(tiles))
     if backend == "flex":
         block_mask = flex_block_mask(positions, kv_len)
         return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
