@@ -253,7 +253,10 @@ def render_chat(tokenizer, documents: str, question: str, *, instruction: str = 
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": f"{user}\n\nQuestion: {question}"}
     ]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # enable_thinking=False keeps reasoning templates (Qwen3) out of thinking mode; other templates ignore it.
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     user_start = rendered.rfind(user)
     if user_start < 0:
         raise ValueError("the chat template altered the documents; cannot locate them in the rendered prompt")

@@ -161,7 +161,7 @@ class PlacementCase:
     case_id: str
     source: Source
     placement: str
-    edit: EditedContext = field(repr=False)
+    edit: EditedContext = field(repr=False, compare=False)
 
     @property
     def example(self) -> QAExample:
@@ -688,8 +688,14 @@ def paired_difference_table(
     return pd.DataFrame(rows)
 
 
-def transition_table(table: pd.DataFrame, reference: str = "Shift") -> pd.DataFrame:
+def transition_table(table: pd.DataFrame, reference: str = "Shift", *, metric_col: str = "correct") -> pd.DataFrame:
     """Error transitions of every condition against ``reference`` (appendix 8.3), case-paired.
+
+    Args:
+        table: output of :func:`results_table`.
+        reference: reference condition (Shift).
+        metric_col: bool column (``"correct"``: EM transitions; ``"agree_reprefill"``: transitions of agreement with
+            Re-prefill, e.g. Shift disagrees and the repair agrees).
 
     Returns:
         One row per other condition: ``condition``, ``repairs`` (reference wrong, condition right), ``regressions``
@@ -706,7 +712,9 @@ def transition_table(table: pd.DataFrame, reference: str = "Shift") -> pd.DataFr
     for cond in conditions:
         if cond == reference:
             continue
-        t = error_transitions(table, cond, reference, method_col="condition", case_cols=CASE_KEYS)
+        t = error_transitions(
+            table, cond, reference, metric_col=metric_col, method_col="condition", case_cols=CASE_KEYS
+        )
         rows.append({
             "condition": cond, **t, "repairs_pct": 100 * t["repairs"] / t["n"],
             "regressions_pct": 100 * t["regressions"] / t["n"],

@@ -156,9 +156,9 @@ def repair(
             clone_cache(prepared.shift_cache), method, budget_pct, sel,
             {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
         )
+    # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
     request = AllocationRequest(
-        lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=prepared.get_units() if method == "SUR" else prepared.units,
-        seed=seed, options=dict(options or {}),
+        lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=None, seed=seed, options=dict(options or {})
     )
     selection = allocate(method, request)
     if prepared.units is None and request.units is not None:

@@ -446,17 +446,25 @@ def budget_table(records: pd.DataFrame, value: str = "agree_reprefill", *, scale
 
 #: Line styles of the reference operators in budget curves.
 REFERENCE_STYLES = {
-    "Dirty": ("tab:red", "--"), "Shift": ("0.45", ":"), "Replay": ("0.1", "-."), "Re-prefill": ("0.1", "--"),
+    "Dirty": ("tab:red", "--"), "Shift": ("0.45", ":"), "Replay": ("tab:blue", "-."), "Re-prefill": ("tab:green", "--"),
 }
 #: Record fields shown as percentages of cases.
 PERCENT_FIELDS = ("em", "agree_reprefill")
 
 
-def plot_budget_curves(records: pd.DataFrame, metrics: Sequence[str], titles: Sequence[str] | None = None):
-    """Budget–quality curves (Figure 3 style): one panel per metric, one line per allocator (mean over cases; SUR
-    drawn thicker), references as horizontal lines, log-scaled budget axis.
+def plot_budget_curves(
+    records: pd.DataFrame,
+    metrics: Sequence[str],
+    titles: Sequence[str] | None = None,
+    *,
+    agg: str | Mapping[str, str] = "mean",
+):
+    """Budget–quality curves (Figure 3 style): one panel per metric, one line per allocator aggregated over cases
+    (SUR drawn thick and black), references as horizontal lines, log-scaled budget axis.
 
-    Boolean endpoints (:data:`PERCENT_FIELDS`) are shown in percent.
+    Boolean endpoints (:data:`PERCENT_FIELDS`) are shown in percent. ``agg`` is a pandas aggregation name for every
+    metric or per metric (e.g. ``{"nr_tv": "median"}``: Eq. 14 ratios are unbounded below, and the paper reports
+    medians of the defined ones); missing metrics default to the mean.
 
     Returns:
         The matplotlib figure.
@@ -476,17 +484,19 @@ def plot_budget_curves(records: pd.DataFrame, metrics: Sequence[str], titles: Se
     refs = records[records["budget_pct"].isna()]
     present = list(dict.fromkeys(alloc["method"]))
     order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
-    palette = dict(zip(order, sns.color_palette("husl", max(1, len(order)))))
+    others = [m for m in order if m != "SUR"]
+    palette = dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
     budgets = sorted(alloc["budget_pct"].unique())
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 2.4, 4.0), squeeze=False)
     for ax, metric, title in zip(axes[0], metrics, titles):
         scale = 100.0 if metric in PERCENT_FIELDS else 1.0
-        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].mean()
+        how = agg if isinstance(agg, str) else agg.get(metric, "mean")
+        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].agg(how)
         for method in order:
             c = curve.loc[method]
             ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
                     lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
-        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].mean()
+        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].agg(how)
         for method in [m for m in REFERENCES if m in ref_means.index]:
             color, style = REFERENCE_STYLES[method]
             ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")

@@ -388,7 +388,7 @@ def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
     from sur_lab.scoring import extract_answer, score_example
     from sur_lab.sweep import run_sweep
 
-    src = select_panel(("hotpotqa",), 1, PanelConfig(seed=3))[0]
+    src = select_panel(("2wikimultihopqa",), 1, PanelConfig(seed=3))[0]  # a short prompt (322 tokens)
     cases = [build_case(smol.tokenizer, src, "after")]
     records = run_sweep(smol, sweep_cases(cases, trials=2), ["SUR", "Shift", "Re-prefill"], [5], tmp_path,
                         max_new_tokens=2, scorer=make_scorer(cases), progress=False)
@@ -402,3 +402,14 @@ def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
     summary = quality_latency_table(agg).set_index("condition")
     assert summary.loc["Re-prefill", "agree_pct"] == 100.0 and summary.loc["Shift", "shift_ms"] > 0
     assert summary.loc["Shift", "refresh_ms"] == 0 and summary.loc["Re-prefill", "refresh_ms"] > 0
+
+
+def test_transition_table_on_agreement():
+    table = results_table(_records(seed=5).assign(agree_reprefill=lambda d: ~d.em.astype(bool)))
+    by_em = transition_table(table).set_index("condition")
+    by_agree = transition_table(table, metric_col="agree_reprefill").set_index("condition")
+    # agreement is the negation of correctness here, so repairs and regressions swap
+    assert (by_agree.repairs == by_em.regressions).all() and (by_agree.regressions == by_em.repairs).all()
+    assert (by_em.repairs + by_em.regressions > 0).any()
+    with pytest.raises(ValueError, match="metric_col"):
+        transition_table(table, metric_col="nope")

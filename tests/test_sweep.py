@@ -185,3 +185,57 @@ def test_default_scoring_uses_extracted_answers_and_gold_aliases(lm, cases, tmp_
     no_gold = dataclasses.replace(cases[0], gold=())
     df2 = run_sweep(lm, [no_gold], ("Shift",), (), tmp_path / "b", max_new_tokens=4, progress=False)
     assert df2.em.isna().all()
+
+
+def _synthetic_records(values: dict[str, tuple[float, float]]) -> pd.DataFrame:
+    rows = []
+    for method, (v2, v5) in values.items():
+        for budget, v in ((2.0, v2), (5.0, v5)):
+            rows += [{"method": method, "budget_pct": budget, "agree_reprefill": x < v, "num_intervals": 1}
+                     for x in (0.25, 0.75)]
+    rows.append({"method": "Shift", "budget_pct": float("nan"), "agree_reprefill": True, "num_intervals": 0})
+    return pd.DataFrame(rows)
+
+
+def test_table12_orders_rules_and_counts_concordant_pairs():
+    from sur_lab.niah import PAPER_TABLE12, order_concordance, table12, table12_concordance
+
+    values = {  # fraction of the two synthetic cases that agree (0, 0.5 or 1)
+        "Random semantic units": (0.0, 0.0), "SUR": (1.0, 1.0), "Dense tokens": (0.0, 0.5),
+        "Max-relevance contiguous": (0.5, 0.5), "BM25 (same units)": (0.5, 1.0),
+    }
+    ours = table12(_synthetic_records(values))
+    assert list(ours.index) == ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
+                                "Random semantic units"]
+    assert ours["2%"].tolist() == [100.0, 0.0, 50.0, 50.0, 0.0]
+    assert ours["5%"].tolist() == [100.0, 50.0, 50.0, 100.0, 0.0]
+    assert order_concordance([3, 2, 1], [3, 1, 2]) == (2, 1, 0)
+    assert order_concordance([1, 1, 2], [1, 2, 3]) == (2, 0, 1)
+    conc = table12_concordance(ours).set_index(["budget", "paper_model"])
+    paper_2 = [row[0] for row in PAPER_TABLE12["Qwen3-8B"]]  # 89.6, 7.3, 75.0, 82.3, 2.1
+    assert tuple(conc.loc[("2%", "Qwen3-8B")]) == order_concordance(ours["2%"].tolist(), paper_2) == (8, 0, 2)
+    with pytest.raises(ValueError, match="lack"):
+        table12(_synthetic_records({"SUR": (1.0, 1.0)}))
+
+
+def test_budget_table_and_figures_cover_every_method(lm, cases, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from sur_lab.sweep import plot_budget_curves, plot_intervals
+
+    df = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR", "Dense tokens"), (5, 37), tmp_path, max_new_tokens=2,
+                   progress=False)
+    table = budget_table(df, "tv_reprefill", scale=1.0)
+    assert list(table.index) == ["Shift", "Re-prefill", "SUR", "Dense tokens"]
+    assert table.loc["SUR", "5%"] == pytest.approx(df[(df.method == "SUR") & (df.budget_pct == 5)].tv_reprefill.mean())
+    with pytest.raises(ValueError, match="value"):
+        budget_table(df, "nope")
+    fig = plot_budget_curves(df, ["agree_reprefill", "nr_tv"], agg={"nr_tv": "median"})
+    assert len(fig.axes) == 2 and all(len(ax.lines) == 2 + 2 for ax in fig.axes)  # 2 allocators + 2 references
+    sur = fig.axes[1].lines[0]
+    expected = df[df.method == "SUR"].groupby("budget_pct").nr_tv.median()
+    np.testing.assert_allclose(sur.get_ydata(), expected.values)
+    with pytest.raises(ValueError, match="metrics"):
+        plot_budget_curves(df, ["nope"])
+    assert len(plot_intervals(df).axes[0].patches) >= 4  # one box per (allocator, budget)
