@@ -187,7 +187,19 @@ class BenchContext:
 
 
 def prepare_context(lm: LoadedModel, context_len: int, *, deleted_len: int = 8, prefix_len: int = 16, seed: int = 0):
-    """Build the synthetic edit for ``context_len`` and its Shift cache (one Dirty prefill of N + d tokens)."""
+    """Build the synthetic edit for ``context_len`` and its Shift cache (one Dirty prefill of N + d tokens).
+
+    Args:
+        lm: the model (the edit's tokens are drawn from its vocabulary).
+        context_len: N, tokens of the edited context.
+        deleted_len, prefix_len, seed: as :func:`synthetic_edit`.
+
+    Returns:
+        :class:`BenchContext` with ``prepare_ms`` the wall time of the prefill and Shift (ms).
+
+    Raises:
+        ValueError: see :func:`synthetic_edit`.
+    """
     edit = synthetic_edit(lm.spec.vocab_size, context_len, deleted_len=deleted_len, prefix_len=prefix_len, seed=seed)
     t0 = time.perf_counter()
     dirty_cache = dirty(lm, edit)

@@ -59,7 +59,7 @@ def coalesce(positions: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, ends)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Support:
     """A set of suffix positions to refresh.
 
@@ -117,3 +117,12 @@ class Support:
 
     def __len__(self) -> int:
         return self.size
+
+    def __eq__(self, other: object) -> bool:
+        # Generated dataclass equality would compare numpy arrays element-wise and raise on truth testing.
+        if not isinstance(other, Support):
+            return NotImplemented
+        return self.suffix_len == other.suffix_len and np.array_equal(self.positions, other.positions)
+
+    def __hash__(self) -> int:
+        return hash((self.suffix_len, self.positions.tobytes()))

@@ -178,3 +178,10 @@ def _corpus(data_dir):
 
         _CORPUS["c"] = load_corpus(limit=300)
     return _CORPUS["c"]
+
+
+def test_support_equality_compares_positions():
+    assert Support(np.array([1, 2]), 5) == Support(np.array([1, 2]), 5)
+    assert Support(np.array([1, 2]), 5) != Support(np.array([1, 3]), 5)
+    assert Support(np.array([1, 2]), 5) != Support(np.array([1, 2]), 6)
+    assert len({Support(np.array([1, 2]), 5), Support(np.array([1, 2]), 5)}) == 1
