@@ -17,7 +17,8 @@ the duration of the traversal, nothing else:
                 ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
                 call would fall back to the math kernel (transformers does the same). ``sdpa_row_tile=16``
                 (registered as ``"packed-sdpa-tiled"``) runs one SDPA call per 16-row tile, each over keys up to
-                the tile's last position, so attention work follows M(U) instead of ``B * (u_B + 1)``.
+                the tile's last position, so attention work follows M(U) instead of ``B * (u_B + 1)``, whenever
+                that skips at least :data:`ROW_TILE_MIN_SAVING` of the work (spread supports), else one call.
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
@@ -74,12 +75,16 @@ PACKED_BACKENDS = ("sdpa", "flex", "triton")
 ATTENTION_IMPLEMENTATION = "sur_lab_packed"
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
 FLEX_BLOCK_SIZE = 128
+#: Row-tiled SDPA is used only when the tiles skip at least this fraction of the single call's B * (u_B + 1) score
+#: entries: for a compact support the extra calls cost more than they save (measured on 2 CPU cores at N = 8K).
+ROW_TILE_MIN_SAVING = 0.2
 
 __all__ = [
     "ATTENTION_IMPLEMENTATION",
     "FLEX_BLOCK_SIZE",
     "PACKED_BACKENDS",
     "PACKED_MODEL_TYPES",
+    "ROW_TILE_MIN_SAVING",
     "IndexedWriteCache",
     "as_support",
     "check_packed_model",
@@ -418,12 +423,12 @@ def _make_attention(
         if not sdpa_row_tile:
             return _PackedAttention("sdpa", mask=additive)
         ends = positions.cpu().tolist()  # one host read per refresh; tiles and their masks are reused by every layer
-        tiles = []
-        for a in range(0, len(ends), sdpa_row_tile):
-            b = min(a + sdpa_row_tile, len(ends))
-            e = ends[b - 1] + 1
-            tiles.append((a, b, e, additive[:, :, a:b, :e].contiguous()))
-        return _PackedAttention("sdpa", row_tiles=tuple(tiles))
+        bounds = [(a, min(a + sdpa_row_tile, len(ends))) for a in range(0, len(ends), sdpa_row_tile)]
+        tiled_work = sum((b - a) * (ends[b - 1] + 1) for a, b in bounds)
+        if tiled_work > (1.0 - ROW_TILE_MIN_SAVING) * len(ends) * kv_len:
+            return _PackedAttention("sdpa", mask=additive)
+        tiles = tuple((a, b, ends[b - 1] + 1, additive[:, :, a:b, : ends[b - 1] + 1].contiguous()) for a, b in bounds)
+        return _PackedAttention("sdpa", row_tiles=tiles)
     if backend == "flex":
         block_mask = flex_block_mask(positions, kv_len)
         return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
@@ -514,7 +519,9 @@ def refresh_packed(
         flex_compile: compile ``flex_attention`` (``backend="flex"``); False runs the eager reference.
         sdpa_row_tile: ``backend="sdpa"`` only: when set (e.g. 16, the kernel's tile), run SDPA per tile of that many
             packed rows, each reading keys up to its own last position, so attention work follows M(U) (Eq. 22 and
-            appendix 13.2) rather than ``B * (u_B + 1)``; None runs one SDPA call with the full ``[B, u_B + 1]`` mask.
+            appendix 13.2) rather than ``B * (u_B + 1)``, provided the tiles skip at least
+            :data:`ROW_TILE_MIN_SAVING` of the score entries (else one call); None always runs one SDPA call with
+            the full ``[B, u_B + 1]`` mask.
 
     Returns:
         A new cache of ``p + S`` rows: rows at ``p + positions`` recomputed with each selected position attending to

@@ -239,6 +239,20 @@ def test_unsupported_architectures_are_refused_before_any_work(no_work):
         lm.model.config.layer_types = ["full_attention"] * 3
 
 
+def test_row_tiled_sdpa_is_used_for_spread_supports_only():
+    spread = torch.tensor(list(range(0, 16)) + list(range(400, 416)) + list(range(800, 816)) + list(range(1200, 1216)))
+    compact = torch.arange(600, 664)
+    tiled = packed._make_attention("sdpa", spread, 1216, torch.float64, flex_compile=False, sdpa_row_tile=16)
+    assert [(a, b, e) for a, b, e, _ in tiled.row_tiles] == [(0, 16, 16), (16, 32, 416), (32, 48, 816), (48, 64, 1216)]
+    assert tiled.row_tiles[1][3].shape == (1, 1, 16, 416)
+    single = packed._make_attention("sdpa", compact, 664, torch.float64, flex_compile=False, sdpa_row_tile=16)
+    assert single.row_tiles is None and single.mask.shape == (1, 1, 64, 664)
+    # Tiled attention equals the single masked call.
+    q, k, v = torch.randn(1, 4, 64, 16, dtype=torch.float64), *torch.randn(2, 1, 2, 1216, 16, dtype=torch.float64)
+    full = packed._make_attention("sdpa", spread, 1216, torch.float64, flex_compile=False)
+    torch.testing.assert_close(tiled.attend(q, k, v, 0.25), full.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
+
+
 def test_registered_executor_names():
     get_executor("sequential")  # triggers the optional import of sur_lab.packed
     for name in ("packed", "packed-sdpa", "packed-sdpa-tiled", "packed-flex", "packed-flex-eager", "packed-triton", "packed-triton-fused",
