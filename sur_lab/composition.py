@@ -464,7 +464,9 @@ class CompositionCaches:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
-def build_caches(lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: DynamicCache | None = None) -> CompositionCaches:
+def build_caches(
+    lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: DynamicCache | None = None, doc_store: dict | None = None
+) -> CompositionCaches:
     """Build the prefix, document, composed and full-prefill caches of ``prompt``, timing each online step.
 
     Args:
@@ -472,13 +474,24 @@ def build_caches(lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: DynamicCach
         prompt: the composed prompt.
         prefix_kv: a cache of P to share across prompts with the same prefix (prefilled here when ``None``);
             not modified.
+        doc_store: optional ``{document token ids tuple: DynamicCache}`` reused across prompts and filled with the
+            documents encoded here (offline caches are computed once per document, as in RAG serving).
 
     Raises:
         ValueError: naming ``prefix_kv`` when its length is not p.
     """
     prefix_kv = prefix_kv if prefix_kv is not None else prefix_cache(lm, prompt)
     t0 = time.perf_counter()
-    docs = document_caches(lm, prompt, prefix_kv)
+    if doc_store is None:
+        docs = document_caches(lm, prompt, prefix_kv)
+    else:
+        keys = [tuple(d.tolist()) for d in prompt.doc_ids]
+        missing = [i for i, k in enumerate(keys) if k not in doc_store]
+        if missing:
+            sub = ComposedPrompt(prompt.prefix_ids, tuple(prompt.doc_ids[i] for i in missing), prompt.query_ids)
+            for i, c in zip(missing, document_caches(lm, sub, prefix_kv)):
+                doc_store[keys[i]] = c
+        docs = [doc_store[k] for k in keys]
     t1 = time.perf_counter()
     composed = compose_cache(lm, prompt, prefix_kv, docs)
     t2 = time.perf_counter()

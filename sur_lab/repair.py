@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from .allocators import AllocationRequest, Selection, allocate, get_allocator
 from .budget import Support, allowance, check_budget
+from .cache_ops import clone_cache
 from .edits import EditedContext
 from .executors import dirty, get_executor, replay, reprefill, shift
 from .models import LoadedModel
@@ -121,12 +122,8 @@ def repair(
         nan = float("nan")
         t0 = time.perf_counter()
         if method == "Dirty":
-            from .cache_ops import clone_cache
-
             return RepairResult(clone_cache(prepared.dirty_cache), method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": 0.0}, 0)
         if method == "Shift":
-            from .cache_ops import clone_cache
-
             return RepairResult(
                 clone_cache(prepared.shift_cache), method, nan, None,
                 {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
@@ -149,8 +146,6 @@ def repair(
         sel = Selection(Support.full(S))
         return RepairResult(cache, method, budget_pct, sel, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, S)
     if B == 0:
-        from .cache_ops import clone_cache
-
         sel = Selection(Support(np.zeros(0, dtype=np.int64), S))
         return RepairResult(
             clone_cache(prepared.shift_cache), method, budget_pct, sel,

@@ -55,11 +55,8 @@ from .composition import (
     ComposedPrompt,
     CompositionCaches,
     build_caches,
-    compose_cache,
     compose_prompt,
     composition_edit,
-    document_caches,
-    full_prefill_cache,
     prefix_cache,
 )
 from .edits import EditedContext
@@ -744,25 +741,8 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
 
 def _caches_with_store(lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: DynamicCache | None,
                        doc_store: dict | None) -> CompositionCaches:
-    """:func:`build_caches`, reusing and filling a document cache store keyed by document token ids."""
-    if doc_store is None:
-        return build_caches(lm, prompt, prefix_kv)
-    prefix_kv = prefix_kv if prefix_kv is not None else prefix_cache(lm, prompt)
-    keys = [tuple(d.tolist()) for d in prompt.doc_ids]
-    missing = [i for i, k in enumerate(keys) if k not in doc_store]
-    t0 = time.perf_counter()
-    if missing:
-        sub = ComposedPrompt(prompt.prefix_ids, tuple(prompt.doc_ids[i] for i in missing), prompt.query_ids)
-        for i, c in zip(missing, document_caches(lm, sub, prefix_kv)):
-            doc_store[keys[i]] = c
-    t1 = time.perf_counter()
-    docs = [doc_store[k] for k in keys]
-    composed = compose_cache(lm, prompt, prefix_kv, docs)
-    t2 = time.perf_counter()
-    full = full_prefill_cache(lm, prompt, prefix_kv)
-    t3 = time.perf_counter()
-    timings = {"documents": (t1 - t0) * 1e3, "compose": (t2 - t1) * 1e3, "full": (t3 - t2) * 1e3}
-    return CompositionCaches(prefix_kv, tuple(docs), composed, full, timings)
+    """:func:`build_caches` with a shared document cache store."""
+    return build_caches(lm, prompt, prefix_kv, doc_store)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -222,3 +222,16 @@ def test_compose_prompt_on_the_embedded_model(smol):
     cut = truncate_text(smol.tokenizer, "Gamma", passages[2][1], cap - 1)
     assert sentence.startswith(cut) and len(cut) < len(sentence)
     assert len(smol.tokenizer(f"Title: Gamma\n{cut}", add_special_tokens=False)["input_ids"]) <= cap - 1
+
+
+def test_document_store_reuses_caches_and_changes_nothing(tiny_lm):
+    prompt = random_prompt()
+    store: dict = {}
+    first = build_caches(tiny_lm, prompt, doc_store=store)
+    assert len(store) == len(prompt.doc_ids)
+    cached = dict(store)
+    again = build_caches(tiny_lm, prompt, doc_store=store)
+    assert all(store[k] is cached[k] for k in cached)  # nothing re-encoded
+    plain = build_caches(tiny_lm, prompt)
+    for c in (first, again):
+        assert caches_equal(c.composed, plain.composed) and caches_equal(c.full, plain.full)
