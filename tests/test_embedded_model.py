@@ -33,9 +33,12 @@ def test_shift_leaves_stale_states_on_real_text(real_case):
     k_s, v_s = layer_kv(prep.shift_cache, last)
     k_r, v_r = layer_kv(replayed, last)
     rows = edit.suffix_slice
-    rel = (k_s[:, :, rows] - k_r[:, :, rows]).norm() / k_r[:, :, rows].norm()
-    assert rel.item() > 1e-3  # fp32 Replay vs itself differs by ~1e-7; staleness is orders larger
-    assert (v_s[:, :, rows] - v_r[:, :, rows]).abs().max().item() > 1e-3
+    # The floor is the dense references' own disagreement: Replay and Re-prefill reach the same history by different
+    # fp32 execution paths (appendix 11). Staleness must stand far above it.
+    k_p, v_p = layer_kv(repair(lm, prep, "Re-prefill").cache, last)
+    rel = lambda a, b: ((a[:, :, rows] - b[:, :, rows]).norm() / b[:, :, rows].norm()).item()  # noqa: E731
+    assert rel(k_s, k_r) > 100 * max(rel(k_p, k_r), 1e-7)
+    assert rel(v_s, v_r) > 100 * max(rel(v_p, v_r), 1e-7)
 
 
 def test_sur_at_full_budget_reproduces_replay_answer(real_case):
