@@ -4,7 +4,7 @@
 Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.bench``). Defaults follow the issue: the embedded
 model, N in {2048, 8192}, B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot, packed-sdpa,
 packed-flex (packed-triton added and timed on CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then
-packed-sdpa against Replay for budgets 1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens
+packed-sdpa and packed-sdpa-split against Replay for budgets 1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens
 of seconds on 2 CPU cores).
 
     .venv/bin/python scripts/bench_packed_refresh.py                      # full default grid (about 20 min, 2 cores)
@@ -34,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--executors",
         nargs="+",
-        default=["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-sdpa-tiled", "packed-flex",
+        default=["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-sdpa-split", "packed-flex",
                  "packed-triton"],
         help="registered executor names (packed-triton* are skipped off CUDA)",
     )
@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="Replay sweep budgets, %% (none: skip the sweep)")
     parser.add_argument("--replay-context-length", type=int, default=8192, help="N of the Replay sweep")
     parser.add_argument("--sweep-intervals", type=int, default=16, help="R of the sweep's supports")
+    parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa", "packed-sdpa-split"],
+                        help="packed executors timed beside Replay")
     parser.add_argument("--replay-warmups", type=int, default=1)
     parser.add_argument("--replay-repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -103,13 +105,14 @@ def main(argv=None) -> int:
             contexts[args.replay_context_length],
             budgets=args.budgets,
             num_intervals=args.sweep_intervals,
+            executors=args.sweep_executors,
             warmups=args.replay_warmups,
             repeats=args.replay_repeats,
             seed=args.seed,
             progress=lambda it: tqdm(it, desc="replay rounds", leave=False),
         )
         replay = bench.replay_medians(sweep)
-        print(f"\nPacked-SDPA vs Replay, N={args.replay_context_length}, R<={args.sweep_intervals}, "
+        print(f"\nPacked vs Replay, N={args.replay_context_length}, R<={args.sweep_intervals}, "
               f"{args.replay_warmups} warm-up(s) + {args.replay_repeats} repetitions:")
         print(replay.to_string(index=False, float_format="{:.3f}".format))
 
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
          for p in timed if p.startswith("packed")],
         ignore_index=True,
     )
-    print(f"\nTarget ratios (N={context_len}; measured, not asserted; the 5 % ratio is measured for packed-sdpa):")
+    print(f"\nTarget ratios (N={context_len}; measured, not asserted; the 5 % ratio for the --sweep-executors):")
     print(ratios.to_string(index=False, float_format="{:.3f}".format))
 
     if args.save:

@@ -127,10 +127,11 @@ def main(argv=None) -> int:
     print(bench.table18(medians, EXECUTORS).to_string(index=False, float_format="{:.2f}".format))
     replay = None
     if args.budgets:
-        sweep = bench.replay_sweep(lm, contexts[max(contexts)], budgets=args.budgets, warmups=3, repeats=10)
+        sweep = bench.replay_sweep(lm, contexts[max(contexts)], budgets=args.budgets, warmups=3, repeats=10,
+                                   executors=("packed-sdpa", "packed-triton"))
         replay = bench.replay_medians(sweep)
         replay.to_csv(out / "replay.csv", index=False)
-        print("\n== packed-sdpa vs Replay ==")
+        print("\n== packed-sdpa and packed-triton vs Replay ==")
         print(replay.to_string(index=False))
     for packed in ("packed-sdpa", "packed-triton"):
         print(f"\n== target ratios with {packed} ==")

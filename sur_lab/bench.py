@@ -388,7 +388,7 @@ def replay_sweep(
     *,
     budgets: Sequence[float] = (1, 2, 5, 10, 20),
     num_intervals: int = 16,
-    executor: str = "packed-sdpa",
+    executors: Sequence[str] = ("packed-sdpa", "packed-sdpa-split"),
     warmups: int = 1,
     repeats: int = 5,
     seed: int = 0,
@@ -401,21 +401,22 @@ def replay_sweep(
         ctx: the prepared context (S = N - p suffix tokens).
         budgets: b values in percent; B = B(S, b) (Eq. 3), placed by :func:`spread_support` in ``num_intervals``.
         num_intervals: R of each support (fewer when B < R).
-        executor: packed executor name.
+        executors: packed executor names, each timed at every budget.
         warmups, repeats, seed, progress: as :func:`time_interleaved`.
 
     Returns:
-        One row per timed call: ``method`` ("Replay" or the executor), ``budget_pct`` (100 for Replay),
+        One row per timed call: ``method`` ("Replay" or an executor name), ``budget_pct`` (100 for Replay),
         ``num_selected``, ``num_intervals``, ``rep``, ``ms``.
     """
-    fn = get_executor(executor)
+    fns = {name: get_executor(name) for name in executors}  # unknown names fail here, before any timing
     s = ctx.edit.suffix_len
     tasks: dict[tuple, Callable[[], object]] = {("Replay", 100.0, s, 1): lambda: replay(lm, ctx.shift, ctx.edit)}
     for b in budgets:
         support = spread_support(s, allowance(s, b), num_intervals)
-        tasks[(executor, float(b), support.size, support.num_intervals)] = (
-            lambda sup=support: fn(lm, ctx.shift, ctx.edit, sup)
-        )
+        for name, fn in fns.items():
+            tasks[(name, float(b), support.size, support.num_intervals)] = (
+                lambda fn=fn, sup=support: fn(lm, ctx.shift, ctx.edit, sup)
+            )
     df = time_interleaved(tasks, warmups=warmups, repeats=repeats, seed=seed, device=lm.device, progress=progress)
     for i, col in enumerate(("method", "budget_pct", "num_selected", "num_intervals")):
         df[col] = [k[i] for k in df["key"]]

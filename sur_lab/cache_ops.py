@@ -24,7 +24,13 @@ def from_tensors(layers: Sequence[KV]) -> DynamicCache:
     Args:
         layers: one ``(K, V)`` pair per layer, each ``[1, H_kv, N, d_h]``.
     """
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    layers = list(layers)
+    # DynamicCache(ddp_cache_data=...) initialises each layer by concatenating onto an empty tensor, i.e. a full copy;
+    # initialise with zero-row views instead, then hand the layers the given tensors themselves.
+    cache = DynamicCache(ddp_cache_data=[(k[:, :, :0], v[:, :, :0]) for k, v in layers])
+    for layer, (k, v) in zip(cache.layers, layers):
+        layer.keys, layer.values = k, v
+    return cache
 
 
 def layer_kv(cache: DynamicCache, layer: int) -> KV:

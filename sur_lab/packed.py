@@ -15,10 +15,14 @@ the duration of the traversal, nothing else:
   ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
                 once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
                 ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
-                call would fall back to the math kernel (transformers does the same). ``sdpa_row_tile=16``
-                (registered as ``"packed-sdpa-tiled"``) runs one SDPA call per 16-row tile, each over keys up to
-                the tile's last position, so attention work follows M(U) instead of ``B * (u_B + 1)``, whenever
-                that skips at least :data:`ROW_TILE_MIN_SAVING` of the work (spread supports), else one call.
+                call would fall back to the math kernel (transformers does the same). ``sdpa_split=True``
+                (registered as ``"packed-sdpa-split"``, CPU only) splits the keys instead: key segment
+                ``[u_{a-1} + 1, u_{b-1} + 1)`` is attended by packed rows ``a..B-1`` only (the rows that can see
+                any of it; a segment is a complete-prefix tile for every later row, Eq. 23-24), with the GQA group
+                folded into the query rows so each K/V segment is read once per KV head, and the per-segment
+                outputs are merged exactly by their log-sum-exp. Attention work follows M(U) instead of
+                ``B * (u_B + 1)``; the segment boundaries minimise work plus a per-call cost
+                (:func:`split_segments`), so a compact support runs as one call.
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
@@ -75,16 +79,19 @@ PACKED_BACKENDS = ("sdpa", "flex", "triton")
 ATTENTION_IMPLEMENTATION = "sur_lab_packed"
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
 FLEX_BLOCK_SIZE = 128
-#: Row-tiled SDPA is used only when the tiles skip at least this fraction of the single call's B * (u_B + 1) score
-#: entries: for a compact support the extra calls cost more than they save (measured on 2 CPU cores at N = 8K).
-ROW_TILE_MIN_SAVING = 0.2
+#: Cost of one extra SDPA call in the key-split path, in causal (row, key) pairs: measured on 2 CPU cores with
+#: SmolLM2's heads (9/3, d_h 64, FP32), one extra call costs ~0.12 ms and one pair ~17 ns (all heads), so ~7K pairs.
+SPLIT_CALL_COST = 8192
+#: Segment boundaries of the key split are considered at multiples of this many packed rows and at interval starts.
+SPLIT_GRANULE = 8
 
 __all__ = [
     "ATTENTION_IMPLEMENTATION",
     "FLEX_BLOCK_SIZE",
     "PACKED_BACKENDS",
     "PACKED_MODEL_TYPES",
-    "ROW_TILE_MIN_SAVING",
+    "SPLIT_CALL_COST",
+    "SPLIT_GRANULE",
     "IndexedWriteCache",
     "as_support",
     "check_packed_model",
@@ -95,6 +102,7 @@ __all__ = [
     "refresh_direct_sequential",
     "refresh_one_shot",
     "refresh_packed",
+    "split_segments",
 ]
 
 
@@ -327,7 +335,7 @@ class _PackedAttention:
 
     backend: str
     mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
-    row_tiles: tuple[tuple[int, int, int, torch.Tensor], ...] | None = None  # sdpa: (row a, row b, keys, mask)
+    segments: tuple[tuple[int, int, int, torch.Tensor | None], ...] | None = None  # split sdpa: (row, k0, k1, mask)
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
     plan: Any = None  # triton: IndexedAttentionPlan
@@ -335,13 +343,9 @@ class _PackedAttention:
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
         """``[1, Hq, B, d]`` x ``[1, Hkv, kv_len, d]`` -> ``[1, Hq, B, d]`` packed causal attention (Eq. 22)."""
         if self.backend == "sdpa":
-            if self.row_tiles is None:
+            if self.segments is None:
                 return _sdpa(query, key, value, self.mask, scale)
-            # Each row tile reads keys up to its own last position only: work ~ M(U) instead of B * (u_B + 1).
-            return torch.cat(
-                [_sdpa(query[:, :, a:b], key[:, :, :e], value[:, :, :e], m, scale) for a, b, e, m in self.row_tiles],
-                dim=2,
-            )
+            return _split_sdpa(query, key, value, self.segments, scale)
         if self.backend == "flex":
             with warnings.catch_warnings():
                 # The eager (uncompiled) path warns that it materializes scores: that is why it is the test path.
@@ -359,6 +363,102 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
     # On accelerators a masked enable_gqa call selects the math kernel; repeating K/V heads keeps the fused one.
     key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
+def _has_cpu_flash() -> bool:
+    """Whether this torch has the CPU flash-attention op that returns the log-sum-exp (torch >= 2.2)."""
+    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _split_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: Sequence[tuple[int, int, int, torch.Tensor | None]],
+    scale: float,
+) -> torch.Tensor:
+    """Key-split packed attention on a CPU: one flash call per key segment, merged by log-sum-exp.
+
+    The GQA group is folded into the query rows in (row, group) order, ``[1, H_kv, B * g, d]``, so rows ``a..B-1``
+    of every query head sharing a KV head form one contiguous block and each K/V segment is read once per KV head.
+    Partial outputs are merged in FP32 (FP64 for FP64 inputs): ``o = sum_s exp(lse_s - lse) o_s``.
+    """
+    _, num_heads, rows, dim = query.shape
+    num_kv = key.shape[1]
+    group = num_heads // num_kv
+    folded = query.reshape(1, num_kv, group, rows, dim).transpose(2, 3).reshape(1, num_kv, rows * group, dim)
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out = lse = None
+    for row, k0, k1, mask in segments:
+        o, l = flash(folded[:, :, row * group :], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scale)
+        o, l = o.to(acc), l.to(acc)
+        if out is None:  # the first segment starts at row 0 and initialises every row
+            out, lse = o, l
+            continue
+        tail = slice(row * group, None)
+        merged = torch.logaddexp(lse[:, :, tail], l)
+        keep, add = (lse[:, :, tail] - merged).exp_(), (l - merged).exp_()
+        out[:, :, tail] = out[:, :, tail] * keep[..., None] + o * add[..., None]
+        lse[:, :, tail] = merged
+    return out.to(query.dtype).reshape(1, num_kv, rows, group, dim).transpose(2, 3).reshape(1, num_heads, rows, dim)
+
+
+def split_segments(
+    positions: Sequence[int] | np.ndarray,
+    *,
+    call_cost: int = SPLIT_CALL_COST,
+    granule: int = SPLIT_GRANULE,
+) -> list[tuple[int, int, int]]:
+    """Key segments of the key-split SDPA path: ``(row, key_start, key_end)`` triples covering keys ``[0, u_B]``.
+
+    Segment ``(a, k0, k1)`` is attended by packed rows ``a..B-1``; ``k0 = u_{a-1} + 1`` (0 for ``a = 0``) and
+    ``k1 = u_{b-1} + 1`` where ``b`` is the next segment's row, so every key ``j`` is attended by exactly the rows
+    with ``u_r >= j`` plus, inside its own segment, the rows ``a..b-1`` that the mask then hides from it. The rows
+    ``a`` are chosen among 0, multiples of ``granule`` and interval starts (``u_r > u_{r-1} + 1``) by dynamic
+    programming to minimise ``sum over segments of (call_cost + (B - a) * (k1 - k0))`` (row-key pairs); a compact
+    support gives one segment. O(C^2) in the C candidate rows (at most 256, evenly thinned beyond that).
+
+    Args:
+        positions: ``[B]`` sorted unique absolute positions U (tokens), B >= 1.
+        call_cost: cost of one SDPA call in row-key pairs (:data:`SPLIT_CALL_COST`).
+        granule: candidate row spacing (rows), >= 1.
+
+    Returns:
+        Segments in key order; the first has ``row = 0`` and ``key_start = 0``, the last ends at ``u_B + 1``.
+
+    Raises:
+        ValueError: naming ``positions`` when empty, not 1-D, or not strictly increasing non-negative integers,
+            ``call_cost`` when negative, ``granule`` when < 1.
+    """
+    u = np.asarray(positions, dtype=np.int64)
+    if u.ndim != 1 or u.size == 0 or u[0] < 0 or np.any(np.diff(u) <= 0):
+        raise ValueError("positions must be a non-empty 1-D strictly increasing array of non-negative positions")
+    if call_cost < 0:
+        raise ValueError(f"call_cost={call_cost} must be >= 0")
+    if granule < 1:
+        raise ValueError(f"granule={granule} must be >= 1")
+    b = u.size
+    starts = np.flatnonzero(np.diff(u) > 1) + 1  # interval starts after the first
+    cand = np.union1d(np.union1d([0], np.arange(0, b, granule)), starts)
+    if cand.size > 256:  # keep the DP cheap for huge supports: 256 evenly spread candidates, row 0 included
+        cand = np.unique(cand[np.linspace(0, cand.size - 1, 256).round().astype(np.int64)])
+    cand = np.append(cand, b)  # the end sentinel
+    key_at = np.concatenate(([0], u + 1))[cand]  # key where a segment starting at candidate row c begins
+    best = np.full(cand.size, np.inf)
+    prev = np.zeros(cand.size, dtype=np.int64)
+    best[0] = 0.0
+    for j in range(1, cand.size):
+        costs = best[:j] + call_cost + (b - cand[:j]) * (key_at[j] - key_at[:j])
+        i = int(np.argmin(costs))
+        best[j], prev[j] = costs[i], i
+    chain, j = [], cand.size - 1
+    while j:
+        chain.append(j)
+        j = int(prev[j])
+    chain.append(0)
+    chain.reverse()
+    return [(int(cand[i]), int(key_at[i]), int(key_at[j])) for i, j in zip(chain[:-1], chain[1:])]
 
 
 def _packed_attention_forward(
@@ -414,25 +514,38 @@ def _make_attention(
     *,
     flex_compile: bool,
     plan: Any = None,
-    sdpa_row_tile: int | None = None,
+    sdpa_split: bool = False,
+    num_kv_groups: int = 1,
 ) -> _PackedAttention:
     if backend == "sdpa":
+        if sdpa_split and positions.device.type == "cpu" and positions.numel() and _has_cpu_flash():
+            segments = split_segments(positions.numpy(), call_cost=SPLIT_CALL_COST)  # read here: tests lower it
+            if len(segments) > 1:  # one segment is exactly the single masked call below
+                return _PackedAttention("sdpa", segments=_segment_masks(positions, segments, dtype, num_kv_groups))
         # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
         allowed = packed_causal_mask(positions, kv_len)
         additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
-        if not sdpa_row_tile:
-            return _PackedAttention("sdpa", mask=additive)
-        ends = positions.cpu().tolist()  # one host read per refresh; tiles and their masks are reused by every layer
-        bounds = [(a, min(a + sdpa_row_tile, len(ends))) for a in range(0, len(ends), sdpa_row_tile)]
-        tiled_work = sum((b - a) * (ends[b - 1] + 1) for a, b in bounds)
-        if tiled_work > (1.0 - ROW_TILE_MIN_SAVING) * len(ends) * kv_len:
-            return _PackedAttention("sdpa", mask=additive)
-        tiles = tuple((a, b, ends[b - 1] + 1, additive[:, :, a:b, : ends[b - 1] + 1].contiguous()) for a, b in bounds)
-        return _PackedAttention("sdpa", row_tiles=tiles)
+        return _PackedAttention("sdpa", mask=additive)
     if backend == "flex":
         block_mask = flex_block_mask(positions, kv_len)
         return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
     return _PackedAttention("triton", plan=plan)
+
+
+def _segment_masks(
+    positions: torch.Tensor, segments: Sequence[tuple[int, int, int]], dtype: torch.dtype, group: int
+) -> tuple[tuple[int, int, int, torch.Tensor | None], ...]:
+    """Additive ``[1, 1, (B - a) * group, k1 - k0]`` masks in (row, group) order, built once per refresh."""
+    out = []
+    for row, k0, k1 in segments:
+        rows = positions[row:]
+        if int(rows[0]) >= k1 - 1:  # every row sees the whole segment
+            out.append((row, k0, k1, None))
+            continue
+        allowed = torch.arange(k0, k1, device=positions.device)[None, :] <= rows[:, None]
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
+        out.append((row, k0, k1, additive.repeat_interleave(group, dim=0)[None, None]))
+    return tuple(out)
 
 
 def _run_layers_(
@@ -504,7 +617,7 @@ def refresh_packed(
     backend: str = "sdpa",
     fused_scatter: bool = False,
     flex_compile: bool = True,
-    sdpa_row_tile: int | None = None,
+    sdpa_split: bool = False,
 ) -> DynamicCache:
     """Packed refresh: recompute the selected suffix positions in one layer-major traversal (appendix 13.2).
 
@@ -517,11 +630,10 @@ def refresh_packed(
         fused_scatter: write fresh K/V with the kernel module's indexed scatter instead of ``index_copy_``
             (``backend="triton"`` only).
         flex_compile: compile ``flex_attention`` (``backend="flex"``); False runs the eager reference.
-        sdpa_row_tile: ``backend="sdpa"`` only: when set (e.g. 16, the kernel's tile), run SDPA per tile of that many
-            packed rows, each reading keys up to its own last position, so attention work follows M(U) (Eq. 22 and
-            appendix 13.2) rather than ``B * (u_B + 1)``, provided the tiles skip at least
-            :data:`ROW_TILE_MIN_SAVING` of the score entries (else one call); None always runs one SDPA call with
-            the full ``[B, u_B + 1]`` mask.
+        sdpa_split: ``backend="sdpa"`` on a CPU only (elsewhere one masked call runs): split the keys into
+            segments attended only by the rows that can see them, so attention work follows M(U) (appendix 13.2)
+            rather than ``B * (u_B + 1)``; see :func:`split_segments` and the module docstring. Equal to the single
+            masked call up to the reduction order of the log-sum-exp merge.
 
     Returns:
         A new cache of ``p + S`` rows: rows at ``p + positions`` recomputed with each selected position attending to
@@ -538,8 +650,8 @@ def refresh_packed(
     """
     support = _validate(lm, shift, edit, positions)
     check_packed_backend(lm, backend, fused_scatter=fused_scatter)
-    if sdpa_row_tile is not None and (backend != "sdpa" or int(sdpa_row_tile) < 1):
-        raise ValueError(f"sdpa_row_tile={sdpa_row_tile} needs backend='sdpa' and a positive row count")
+    if sdpa_split and backend != "sdpa":
+        raise ValueError(f"sdpa_split=True needs backend='sdpa', got backend={backend!r}")
     out = clone_cache(shift)  # the one output clone; everything below writes into it
     if support.size == 0:
         return out
@@ -554,7 +666,14 @@ def refresh_packed(
     # Compiled flex gets the full cache length so its graph does not change with the last selected position.
     kv_len = cache_length(out) if backend == "flex" else kv_end
     attention = _make_attention(
-        backend, absolute, kv_len, lm.dtype, flex_compile=flex_compile, plan=plan, sdpa_row_tile=sdpa_row_tile
+        backend,
+        absolute,
+        kv_len,
+        lm.dtype,
+        flex_compile=flex_compile,
+        plan=plan,
+        sdpa_split=sdpa_split,
+        num_kv_groups=lm.spec.gqa_group,
     )
     write = _fused_writer(plan) if fused_scatter else _index_copy_writer(absolute)
     token_ids = edit.edited_ids.to(device)[absolute]
@@ -659,9 +778,9 @@ def _register(name: str, **options: Any) -> None:
     register_executor(name)(executor)
 
 
-_register("packed", backend="sdpa")
+_register("packed", backend="sdpa", sdpa_split=True)  # the default: key split on a CPU, one masked call elsewhere
 _register("packed-sdpa", backend="sdpa")
-_register("packed-sdpa-tiled", backend="sdpa", sdpa_row_tile=16)
+_register("packed-sdpa-split", backend="sdpa", sdpa_split=True)
 _register("packed-flex", backend="flex")
 _register("packed-flex-eager", backend="flex", flex_compile=False)
 _register("packed-triton", backend="triton")

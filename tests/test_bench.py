@@ -114,8 +114,8 @@ def test_refresh_grid_and_replay_sweep_on_a_tiny_model():
     assert checks["unselected_identical"].all()
     assert (checks["selected_max_abs"] <= 1e-9).all()
     sweep = bench.replay_sweep(lm, ctx, budgets=[5, 50], warmups=0, repeats=1, num_intervals=4)
-    assert sorted(sweep["method"]) == ["Replay", "packed-sdpa", "packed-sdpa"]
-    assert sorted(sweep["num_selected"]) == [5, 44, 88]
+    assert sorted(sweep["method"]) == ["Replay"] + ["packed-sdpa"] * 2 + ["packed-sdpa-split"] * 2
+    assert sorted(sweep["num_selected"]) == [5, 5, 44, 44, 88]
 
 
 def test_validation_helpers_on_a_tiny_model():

@@ -22,7 +22,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import dataclasses  # noqa: E402
+import itertools  # noqa: E402
 
+import hypothesis  # noqa: E402
+import hypothesis.strategies as st  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from conftest import make_tiny_model  # noqa: E402
@@ -35,7 +38,7 @@ from sur_lab.models import UnsupportedModelError  # noqa: E402
 
 import sur_lab.packed as packed  # noqa: E402
 
-EXACT_EXECUTORS = ["packed-sdpa", "packed-sdpa-tiled", "packed-flex-eager", "direct-sequential", "one-shot"]
+EXACT_EXECUTORS = ["packed-sdpa", "packed-sdpa-split", "packed-flex-eager", "direct-sequential", "one-shot"]
 ATOL_FLOAT64 = 1e-9
 
 
@@ -199,8 +202,8 @@ def test_bad_backend_options_raise_before_any_work(no_work):
         packed.refresh_packed(lm, shift_cache, edit, [0], backend="xformers")
     with pytest.raises(ValueError, match="fused_scatter"):
         packed.refresh_packed(lm, shift_cache, edit, [0], fused_scatter=True)
-    with pytest.raises(ValueError, match="sdpa_row_tile"):
-        packed.refresh_packed(lm, shift_cache, edit, [0], backend="flex", sdpa_row_tile=16)
+    with pytest.raises(ValueError, match="sdpa_split"):
+        packed.refresh_packed(lm, shift_cache, edit, [0], backend="flex", sdpa_split=True)
     # The tiny models are float64 with head dim 16: outside the kernel's FP16/BF16/FP32 and 64/128.
     with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
         packed.refresh_packed(lm, shift_cache, edit, [0], backend="triton")
@@ -239,24 +242,110 @@ def test_unsupported_architectures_are_refused_before_any_work(no_work):
         lm.model.config.layer_types = ["full_attention"] * 3
 
 
-def test_row_tiled_sdpa_is_used_for_spread_supports_only():
-    spread = torch.tensor(list(range(0, 16)) + list(range(400, 416)) + list(range(800, 816)) + list(range(1200, 1216)))
-    compact = torch.arange(600, 664)
-    tiled = packed._make_attention("sdpa", spread, 1216, torch.float64, flex_compile=False, sdpa_row_tile=16)
-    assert [(a, b, e) for a, b, e, _ in tiled.row_tiles] == [(0, 16, 16), (16, 32, 416), (32, 48, 816), (48, 64, 1216)]
-    assert tiled.row_tiles[1][3].shape == (1, 1, 16, 416)
-    single = packed._make_attention("sdpa", compact, 664, torch.float64, flex_compile=False, sdpa_row_tile=16)
-    assert single.row_tiles is None and single.mask.shape == (1, 1, 64, 664)
-    # Tiled attention equals the single masked call.
-    q, k, v = torch.randn(1, 4, 64, 16, dtype=torch.float64), *torch.randn(2, 1, 2, 1216, 16, dtype=torch.float64)
-    full = packed._make_attention("sdpa", spread, 1216, torch.float64, flex_compile=False)
-    torch.testing.assert_close(tiled.attend(q, k, v, 0.25), full.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
+SPREAD = list(range(0, 16)) + list(range(400, 416)) + list(range(800, 816)) + list(range(1200, 1216))
+
+
+def test_split_segments_hand_cases():
+    # Free calls: a boundary at every candidate row (multiples of 8 and interval starts); keys [u_{a-1}+1, u_{b-1}+1).
+    assert packed.split_segments(SPREAD, call_cost=0) == [
+        (0, 0, 8), (8, 8, 16), (16, 16, 408), (24, 408, 416), (32, 416, 808), (40, 808, 816), (48, 816, 1208),
+        (56, 1208, 1216),
+    ]
+    # Expensive calls or a compact support: the single masked call.
+    assert packed.split_segments(SPREAD, call_cost=10**9) == [(0, 0, 1216)]
+    assert packed.split_segments(np.arange(600, 664)) == [(0, 0, 664)]
+    # Default cost: 4 spread intervals of 16 rows split where the work saved pays for the call (hand DP).
+    assert packed.split_segments(SPREAD) == [(0, 0, 416), (32, 416, 1216)]
+    for bad in ([], [3, 3], [5, 2], [-1, 4]):
+        with pytest.raises(ValueError, match="positions"):
+            packed.split_segments(bad)
+    with pytest.raises(ValueError, match="call_cost"):
+        packed.split_segments([1], call_cost=-1)
+    with pytest.raises(ValueError, match="granule"):
+        packed.split_segments([1], granule=0)
+
+
+def _segment_cost(positions, segments, call_cost):
+    b = len(positions)
+    return sum(call_cost + (b - a) * (k1 - k0) for a, k0, k1 in segments)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    positions=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=5).map(
+        lambda runs: [s + i for s, n in zip(np.cumsum([g + 12 for g, _ in runs]) - 13, [n for _, n in runs])
+                      for i in range(n)]
+    ),
+    call_cost=st.integers(0, 2000),
+)
+def test_split_segments_cover_keys_exactly_and_minimise_cost(positions, call_cost):
+    segments = packed.split_segments(positions, call_cost=call_cost, granule=8)
+    u = np.asarray(positions)
+    assert segments[0][:2] == (0, 0) and segments[-1][2] == u[-1] + 1
+    for (a, k0, k1), (a2, k2, _) in zip(segments, segments[1:]):
+        assert a < a2 and k1 == k2 and k0 < k1
+    for a, k0, k1 in segments:
+        # Rows before a cannot see any key of the segment; row a sees its first key.
+        assert (a == 0 or u[a - 1] < k0) and u[a] >= k0
+    # Optimal over every subset of the candidate rows (brute force).
+    cand = sorted(set(range(0, len(u), 8)) | {r for r in range(1, len(u)) if u[r] > u[r - 1] + 1})
+    inner = cand[1:]
+    key_at = lambda r: 0 if r == 0 else int(u[r - 1]) + 1  # noqa: E731
+    best = min(
+        _segment_cost(u, [(a, key_at(a), key_at(b) if b < len(u) else int(u[-1]) + 1)
+                          for a, b in zip([0, *chosen], [*chosen, len(u)])], call_cost)
+        for n in range(len(inner) + 1) for chosen in itertools.combinations(inner, n)
+    )
+    assert _segment_cost(u, segments, call_cost) == best
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_split_attention_equals_single_masked_call(group, monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.tensor(SPREAD)
+    q = torch.randn(1, 2 * group, 64, 16, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, 1216, 16, generator=gen, dtype=torch.float64)
+    single = packed._make_attention("sdpa", positions, 1216, torch.float64, flex_compile=False)
+    assert single.segments is None
+    monkeypatch.setattr(packed, "SPLIT_CALL_COST", 0)
+    split = packed._make_attention(
+        "sdpa", positions, 1216, torch.float64, flex_compile=False, sdpa_split=True, num_kv_groups=group
+    )
+    assert len(split.segments) == 8 and split.segments[1][3].shape == (1, 1, 56 * group, 8)
+    torch.testing.assert_close(split.attend(q, k, v, 0.25), single.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
+    # FP32: the merge may not cost more than the single call's own error against FP64 (twice it, plus 1 ulp).
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    split32 = packed._make_attention(
+        "sdpa", positions, 1216, torch.float32, flex_compile=False, sdpa_split=True, num_kv_groups=group
+    )
+    single32 = packed._make_attention("sdpa", positions, 1216, torch.float32, flex_compile=False)
+    oracle = single.attend(q32.double(), k32.double(), v32.double(), 0.25)
+    err_split = (split32.attend(q32, k32, v32, 0.25).double() - oracle).abs().max().item()
+    err_single = (single32.attend(q32, k32, v32, 0.25).double() - oracle).abs().max().item()
+    assert err_split <= 2 * err_single + torch.finfo(torch.float32).eps
+
+
+def test_split_executor_takes_the_split_path_and_equals_sequential(case, monkeypatch):
+    lm, edit, shift_cache = case
+    calls = []
+    real = packed._split_sdpa
+    monkeypatch.setattr(packed, "_split_sdpa", lambda *a: calls.append(len(a[3])) or real(*a))
+    monkeypatch.setattr(packed, "SPLIT_CALL_COST", 0)
+    for name in ("gaps_and_tail", "intervals", "all"):
+        support = _supports(edit.suffix_len)[name]
+        before = clone_cache(shift_cache)
+        calls.clear()
+        out = get_executor("packed-sdpa-split")(lm, shift_cache, edit, support)
+        assert len(calls) == lm.spec.num_layers and min(calls) > 1  # every layer ran more than one segment
+        ref = get_executor("sequential")(lm, shift_cache, edit, support)
+        _assert_matches_reference(out, ref, shift_cache, support, edit, ATOL_FLOAT64)
+        assert caches_equal(shift_cache, before)
 
 
 def test_registered_executor_names():
     get_executor("sequential")  # triggers the optional import of sur_lab.packed
-    for name in ("packed", "packed-sdpa", "packed-sdpa-tiled", "packed-flex", "packed-flex-eager", "packed-triton", "packed-triton-fused",
-                 "direct-sequential", "one-shot"):
+    for name in ("packed", "packed-sdpa", "packed-sdpa-split", "packed-flex", "packed-flex-eager", "packed-triton",
+                 "packed-triton-fused", "direct-sequential", "one-shot"):
         assert name in EXECUTORS
 
 

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 from conftest import make_tiny_model
 from sur_lab.answer import answer
 from sur_lab.budget import Support
-from sur_lab.cache_ops import caches_equal, clone_cache, layer_kv, max_abs_diff, rerotate_keys
+from sur_lab.cache_ops import (
+    caches_equal, clone_cache, from_tensors, layer_kv, max_abs_diff, rerotate_keys, to_tensors,
+)
 from sur_lab.edits import token_edit
 from sur_lab.executors import refresh_sequential, replay, reprefill
+from sur_lab.forward import forward_tokens
 from sur_lab.repair import prepare, repair
 
 EXACT = 1e-10  # float64 with float64 RoPE angles: differences are pure rounding (~1e-15)
@@ -129,6 +132,23 @@ def test_no_operator_mutates_its_input(case):
     cache_before = clone_cache(prep.shift_cache)
     answer(lm, prep.shift_cache, edit, max_new_tokens=3)
     assert caches_equal(prep.shift_cache, cache_before)
+
+
+def test_from_tensors_holds_the_given_tensors_and_clone_copies_once(case):
+    lm, edit, prep = case
+    layers = to_tensors(prep.shift_cache)
+    held = from_tensors(layers)
+    # The cache holds the very tensors (no copy: the output clone of an executor is its only copy of the cache).
+    assert all(k is hk and v is hv for (k, v), (hk, hv) in zip(layers, to_tensors(held)))
+    assert held.get_seq_length() == edit.edited_len
+    copy = clone_cache(prep.shift_cache)
+    assert caches_equal(copy, prep.shift_cache)
+    assert all(k.data_ptr() != ck.data_ptr() for (k, _), (ck, _) in zip(layers, to_tensors(copy)))
+    # Appending to a held cache (a forward) extends it and leaves the given tensors untouched.
+    before = clone_cache(prep.shift_cache)
+    forward_tokens(lm, edit.query_ids[:2], held, logits="none")
+    assert held.get_seq_length() == edit.edited_len + 2
+    assert caches_equal(prep.shift_cache, before)
 
 
 def test_rerotation_composes_and_matches_model_rope():
