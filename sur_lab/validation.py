@@ -247,11 +247,11 @@ def kernel_oracle_errors(
         One row per (case, dtype): ``backend`` ("triton" or "fallback"), ``max_abs`` (kernel vs oracle),
         ``sdpa_max_abs`` (same-dtype SDPA reference vs oracle), ``fixed_ratio`` = max over elements of
         ``|err| / (atol + rtol |oracle|)`` (NaN for FP32, which has no fixed tolerance), ``sdpa_ratio`` =
-        ``max_abs / (2 sdpa_max_abs + ulp)`` with ulp the output dtype's spacing at the largest |oracle| value, and
-        ``passed`` (both ratios <= 1).
+        ``max_abs / (2 sdpa_max_abs + floor)`` with floor :func:`sur_lab.kernels.kernel_error_floor` (one output ulp
+        plus the FP32 exp2-softmax budget), and ``passed`` (both ratios <= 1).
     """
     from .kernels import build_indexed_attention_plan, causal_attention_oracle, indexed_attention, packed_sdpa_reference
-    from .kernels import uses_triton
+    from .kernels import kernel_error_floor, uses_triton
 
     device = torch.device(device)
     rows = []
@@ -268,10 +268,10 @@ def kernel_oracle_errors(
             sdpa = packed_sdpa_reference(q, k, v, positions)
             err = (out.double() - oracle).abs()
             sdpa_err = (sdpa.double() - oracle).abs().max().item()
-            ulp = torch.finfo(dtype).eps * oracle.abs().max().item()
+            floor = kernel_error_floor(q, k, v, positions)
             fixed = FIXED_TOLERANCES.get(dtype)
             fixed_ratio = (err / (fixed[0] + fixed[1] * oracle.abs())).max().item() if fixed else float("nan")
-            sdpa_ratio = err.max().item() / (2 * sdpa_err + ulp)
+            sdpa_ratio = err.max().item() / (2 * sdpa_err + floor)
             rows.append(
                 {
                     "case": case.name,

@@ -30,6 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 from sur_lab.kernels.reference import (  # noqa: E402
     causal_attention_oracle,
     indexed_scatter_kv_reference,
+    kernel_error_floor,
     packed_sdpa_reference,
 )
 
@@ -69,29 +70,10 @@ def _intervals(*spans):
     return _positions([p for lo, hi in spans for p in range(lo, hi)])
 
 
-def _softmax_exponent_floor(q, k, v, positions, scale=None):
-    """FP32 error budget of an exp2-based online softmax (FlashAttention's formulation, used by the kernel).
-
-    The kernel forms ``exp2((s_j - m) * log2(e))`` in FP32: rounding the exponent's argument costs a relative error
-    of up to ``|s_j - m| * log2(e) * eps`` in ``p_j`` (plus ``eps`` for exp2 and one for the normalisation), so the
-    output can be off by ``eps * max|v| * (2 + log2(e) * max_r (max_j s_rj - min_j s_rj))`` even with exact dots.
-    SDPA's CPU kernel uses exp directly and can be much more accurate on a given input, so twice its error alone is
-    not a bound.
-    """
-    hq, hkv, d = q.shape[1], k.shape[1], q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    heads = torch.arange(hq, device=q.device) // (hq // hkv)
-    scores = torch.matmul(q.double(), k.double()[:, heads].transpose(-1, -2)) * scale  # [1, Hq, B, N]
-    visible = torch.arange(k.shape[2], device=q.device)[None, :] <= positions[:, None]
-    spread = (scores.masked_fill(~visible, -math.inf).amax(-1) - scores.masked_fill(~visible, math.inf).amin(-1))
-    eps32 = torch.finfo(torch.float32).eps
-    return eps32 * v.double().abs().max().item() * (2 + math.log2(math.e) * spread.max().item())
-
-
 def assert_matches_oracle(out, q, k, v, positions, scale=None):
     """Kernel vs FP64 oracle: fixed tolerances for 16-bit inputs, and for every dtype an error within twice the
-    same-dtype SDPA reference's own error plus one output ulp and the FP32 exp2 budget of the online softmax
-    (flash-attention style: 2x the same-dtype reference's error plus a floor)."""
+    same-dtype SDPA reference's own error plus ``kernel_error_floor`` (one output ulp and the FP32 exp2 budget of the
+    online softmax; flash-attention style: 2x the same-dtype reference's error plus a floor)."""
     assert out.shape == q.shape and out.dtype == q.dtype
     oracle = causal_attention_oracle(q, k, v, positions, scale=scale)
     if q.dtype in FIXED_TOLERANCES:
@@ -102,8 +84,7 @@ def assert_matches_oracle(out, q, k, v, positions, scale=None):
     sdpa = packed_sdpa_reference(q, k, v, positions, scale=scale)
     kernel_err = (out.double() - oracle).abs().max().item()
     sdpa_err = (sdpa.double() - oracle).abs().max().item()
-    # One ulp at the output's magnitude: rounding the exact result to the output dtype can cost half of that alone.
-    floor = torch.finfo(q.dtype).eps * oracle.abs().max().item() + _softmax_exponent_floor(q, k, v, positions, scale)
+    floor = kernel_error_floor(q, k, v, positions, scale=scale)
     assert kernel_err <= 2 * sdpa_err + floor, (kernel_err, sdpa_err, floor)
 
 
@@ -116,6 +97,24 @@ def test_kernels_are_exercised_not_the_fallback():
         "triton was imported before TRITON_INTERPRET=1 was set"
         + (" (by an earlier test module)" if _TRITON_IMPORTED_EARLIER else "")
         + "; set it in the environment or at the top of tests/conftest.py when CUDA is absent"
+    )
+
+
+def test_kernel_error_floor_by_hand():
+    # One visible key: the output is v_0 exactly, spread 0 -> floor = eps(dtype) * max|v| + eps32 * max|v| * 2.
+    q = torch.ones(1, 1, 1, 64)
+    k = torch.zeros(1, 1, 4, 64)
+    v = torch.zeros(1, 1, 4, 64)
+    v[0, 0, 0, :2] = torch.tensor([1.0, -3.0])
+    eps = torch.finfo(torch.float32).eps
+    assert kernel_error_floor(q, k, v, [0]) == pytest.approx(3 * eps + 3 * eps * 2, rel=1e-12)
+    # Two visible keys with scores 0 and 8 * 0.125 = 1 (spread 1): |oracle| max = 3 / (1 + e) (weight of v_0).
+    k[0, 0, 1, 0] = 8.0
+    exp2_budget = eps * 3 * (2 + math.log2(math.e))
+    assert kernel_error_floor(q, k, v, [1]) == pytest.approx(eps * 3 / (1 + math.e) + exp2_budget, rel=1e-6)
+    half = torch.finfo(torch.float16).eps
+    assert kernel_error_floor(q.half(), k.half(), v.half(), [1]) == pytest.approx(
+        half * 3 / (1 + math.e) + exp2_budget, rel=1e-6
     )
 
 

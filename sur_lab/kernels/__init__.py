@@ -17,6 +17,7 @@ from sur_lab.kernels.indexed_attention import (
 from sur_lab.kernels.reference import (
     causal_attention_oracle,
     indexed_scatter_kv_reference,
+    kernel_error_floor,
     packed_sdpa_reference,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "causal_attention_oracle",
     "indexed_attention",
     "indexed_scatter_kv",
+    "kernel_error_floor",
     "indexed_scatter_kv_reference",
     "packed_sdpa_reference",
     "uses_triton",

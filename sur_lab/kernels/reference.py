@@ -30,6 +30,7 @@ import torch.nn.functional as F
 __all__ = [
     "as_positions",
     "causal_attention_oracle",
+    "kernel_error_floor",
     "packed_sdpa_reference",
     "indexed_scatter_kv_reference",
 ]
@@ -184,6 +185,47 @@ def causal_attention_oracle(
     mask = _causal_mask(pos.to(q.device), n)
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v64)  # (1, Hq, B, D)
+
+
+def kernel_error_floor(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor | Sequence[int],
+    scale: float | None = None,
+) -> float:
+    """Error floor of the kernel check ``max|out - oracle| <= 2 * max|sdpa - oracle| + floor`` (absolute units).
+
+    Two terms: one ulp of the output dtype at the largest ``|oracle|`` (rounding the exact result costs half of that
+    alone), and the FP32 budget of an exp2-based online softmax (FlashAttention's formulation, which the kernel
+    uses for every input dtype): forming ``exp2((s_j - m) * log2 e)`` rounds the argument, a relative error of up to
+    ``|s_j - m| * log2(e) * eps`` in ``p_j`` (plus ``eps`` for exp2 and one for the normalisation), so the output can
+    be off by ``eps32 * max|v| * (2 + log2(e) * max_r (max_j s_rj - min_j s_rj))`` over visible scores even with
+    exact dot products. SDPA's CPU kernel exponentiates directly and can be far more accurate on a given input, so
+    twice its error alone is not a bound (measured: 3.1e-7 vs 1.1e-7 on a 2-row FP32 case).
+
+    Args:
+        q, k, v, positions, scale: as :func:`causal_attention_oracle`.
+
+    Returns:
+        The floor, a Python float (0.0 when there are no rows).
+
+    Raises:
+        ValueError: as :func:`causal_attention_oracle`.
+    """
+    pos = as_positions(positions)
+    hq, hkv, _, n, d = check_attention_shapes(q, k, v, pos.numel(), int(pos.max()) if pos.numel() else -1)
+    if pos.numel() == 0:
+        return 0.0
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    kv_head = torch.arange(hq, device=q.device) // (hq // hkv)
+    scores = torch.matmul(q.double(), k.double()[:, kv_head].transpose(-1, -2)) * scale  # (1, Hq, B, N)
+    visible = _causal_mask(pos.to(q.device), n)
+    spread = scores.masked_fill(~visible, -math.inf).amax(-1) - scores.masked_fill(~visible, math.inf).amin(-1)
+    oracle_max = causal_attention_oracle(q, k, v, pos, scale=scale).abs().max().item()
+    ulp = torch.finfo(q.dtype).eps * oracle_max
+    eps32 = torch.finfo(torch.float32).eps
+    return ulp + eps32 * v.double().abs().max().item() * (2 + math.log2(math.e) * spread.max().item())
 
 
 def packed_sdpa_reference(
