@@ -19,8 +19,11 @@ def check_budget(budget_pct: float) -> float:
     """Validate a budget in percent.
 
     Raises:
-        ValueError: if ``budget_pct`` is not a finite number in [0, 100].
+        ValueError: if ``budget_pct`` is not a finite real number in [0, 100] (strings and booleans are refused,
+            not converted).
     """
+    if isinstance(budget_pct, (str, bytes, bool, np.bool_)):
+        raise ValueError(f"budget_pct must be a number in [0, 100]; got {budget_pct!r}")
     try:
         value = float(budget_pct)
     except (TypeError, ValueError):

@@ -29,6 +29,7 @@ def default_data_dir() -> Path:
     tried.append(REPO_ROOT.parent / "shared" / "data" / "qa")
     cwd = Path.cwd().resolve()
     tried.extend(p / "shared" / "data" / "qa" for p in [cwd, *cwd.parents])
+    tried = list(dict.fromkeys(tried))  # keep the order, drop repeats (the repository may sit in the cwd chain)
     for candidate in tried:
         if candidate.is_dir():
             return candidate

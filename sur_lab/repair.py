@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from transformers import DynamicCache
 
-from .allocators import AllocationRequest, Selection, allocate, get_allocator
+from .allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from .budget import Support, allowance, check_budget
 from .cache_ops import clone_cache
 from .edits import EditedContext
@@ -135,7 +135,11 @@ def repair(
         return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, edit.suffix_len)
 
     budget_pct = check_budget(budget_pct)
-    get_allocator(method)
+    if method not in ALLOCATORS:
+        raise ValueError(
+            f"unknown method={method!r}; allowed: {', '.join(REFERENCE_METHODS)} or an allocator "
+            f"({', '.join(sorted(ALLOCATORS))})"
+        )
     run = get_executor(executor)
     S = edit.suffix_len
     B = allowance(S, budget_pct)

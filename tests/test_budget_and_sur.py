@@ -33,7 +33,7 @@ def test_allowance_matches_exact_ceiling(S, b_hundredths):
     assert allowance(S, b) == min(S, math.ceil(Fraction(S) * Fraction(str(b)) / 100))
 
 
-@pytest.mark.parametrize("b", [-0.1, 100.01, float("nan"), float("inf"), "five"])
+@pytest.mark.parametrize("b", [-0.1, 100.01, float("nan"), float("inf"), "five", "5", True, np.bool_(False), None])
 def test_allowance_rejects_budget_outside_range(b):
     with pytest.raises(ValueError, match="budget_pct"):
         allowance(10, b)
