@@ -174,17 +174,21 @@ def causal_attention_oracle(
 
     Source: Eq. 22, appendix 13.2; the FP64 oracle of appendix 13.5.
     """
+    scores, visible, v64 = _scores64(q, k, v, positions, scale)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v64)  # (1, Hq, B, D)
+
+
+def _scores64(q, k, v, positions, scale):
+    """Validated float64 ``(scores [1, Hq, B, N], visible [B, N], values [1, Hq, N, D])`` with the repeat_kv head
+    mapping (query head h reads KV head h // (Hq // Hkv)); scores are scaled, not masked."""
     pos = as_positions(positions)
     hq, hkv, _, n, d = check_attention_shapes(q, k, v, pos.numel(), int(pos.max()) if pos.numel() else -1)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
-    # repeat_kv mapping: query head h reads KV head h // (Hq // Hkv).
     kv_head = torch.arange(hq, device=q.device) // (hq // hkv)
-    k64, v64 = k64[:, kv_head], v64[:, kv_head]  # (1, Hq, N, D)
-    scores = torch.matmul(q64, k64.transpose(-1, -2)) * scale  # (1, Hq, B, N)
-    mask = _causal_mask(pos.to(q.device), n)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v64)  # (1, Hq, B, D)
+    k64, v64 = k.to(torch.float64)[:, kv_head], v.to(torch.float64)[:, kv_head]  # (1, Hq, N, D)
+    scores = torch.matmul(q.to(torch.float64), k64.transpose(-1, -2)) * scale  # (1, Hq, B, N)
+    return scores, _causal_mask(pos.to(q.device), n), v64
 
 
 def kernel_error_floor(
@@ -213,19 +217,14 @@ def kernel_error_floor(
     Raises:
         ValueError: as :func:`causal_attention_oracle`.
     """
-    pos = as_positions(positions)
-    hq, hkv, _, n, d = check_attention_shapes(q, k, v, pos.numel(), int(pos.max()) if pos.numel() else -1)
-    if pos.numel() == 0:
+    scores, visible, v64 = _scores64(q, k, v, positions, scale)
+    if visible.shape[0] == 0:
         return 0.0
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    kv_head = torch.arange(hq, device=q.device) // (hq // hkv)
-    scores = torch.matmul(q.double(), k.double()[:, kv_head].transpose(-1, -2)) * scale  # (1, Hq, B, N)
-    visible = _causal_mask(pos.to(q.device), n)
     spread = scores.masked_fill(~visible, -math.inf).amax(-1) - scores.masked_fill(~visible, math.inf).amin(-1)
-    oracle_max = causal_attention_oracle(q, k, v, pos, scale=scale).abs().max().item()
+    oracle_max = torch.matmul(torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1), v64).abs().max().item()
     ulp = torch.finfo(q.dtype).eps * oracle_max
     eps32 = torch.finfo(torch.float32).eps
-    return ulp + eps32 * v.double().abs().max().item() * (2 + math.log2(math.e) * spread.max().item())
+    return ulp + eps32 * v64.abs().max().item() * (2 + math.log2(math.e) * spread.max().item())
 
 
 def packed_sdpa_reference(
