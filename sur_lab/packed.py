@@ -80,7 +80,8 @@ ATTENTION_IMPLEMENTATION = "sur_lab_packed"
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
 FLEX_BLOCK_SIZE = 128
 #: Cost of one extra SDPA call in the key-split path, in causal (row, key) pairs: measured on 2 CPU cores with
-#: SmolLM2's heads (9/3, d_h 64, FP32), one extra call costs ~0.12 ms and one pair ~17 ns (all heads), so ~7K pairs.
+#: SmolLM2's heads (9/3, d_h 64, FP32), one extra call costs ~0.12 ms and one pair ~17 ns (all heads), i.e. ~7,100
+#: pairs; rounded up to 8,192 so that near-ties keep fewer calls.
 SPLIT_CALL_COST = 8192
 #: Segment boundaries of the key split are considered at multiples of this many packed rows and at interval starts.
 SPLIT_GRANULE = 8
@@ -440,7 +441,7 @@ def split_segments(
         raise ValueError(f"granule={granule} must be >= 1")
     b = u.size
     starts = np.flatnonzero(np.diff(u) > 1) + 1  # interval starts after the first
-    cand = np.union1d(np.union1d([0], np.arange(0, b, granule)), starts)
+    cand = np.union1d(np.arange(0, b, granule), starts)  # row 0 included
     if cand.size > 256:  # keep the DP cheap for huge supports: 256 evenly spread candidates, row 0 included
         cand = np.unique(cand[np.linspace(0, cand.size - 1, 256).round().astype(np.int64)])
     cand = np.append(cand, b)  # the end sentinel

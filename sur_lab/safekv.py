@@ -665,7 +665,7 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
     get_executor(executor)
     edit = composition_edit(prompt)
     if caches is None:
-        caches = _caches_with_store(lm, prompt, prefix_kv, doc_store)
+        caches = build_caches(lm, prompt, prefix_kv, doc_store)
     reference = greedy_answer(lm, caches.full, edit.query_ids, max_new_tokens=max_new_tokens)
     ref_pred = extract_answer(reference.text)
     full_em = bool(scorer(ref_pred)) if scorer is not None else None
@@ -737,12 +737,6 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
             ans, ms = done[key]
             records.append(record(spec, plan, protocol, ans, ms))
     return records
-
-
-def _caches_with_store(lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: DynamicCache | None,
-                       doc_store: dict | None) -> CompositionCaches:
-    """:func:`build_caches` with a shared document cache store."""
-    return build_caches(lm, prompt, prefix_kv, doc_store)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

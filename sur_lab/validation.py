@@ -268,7 +268,7 @@ def kernel_oracle_errors(
             sdpa = packed_sdpa_reference(q, k, v, positions)
             err = (out.double() - oracle).abs()
             sdpa_err = (sdpa.double() - oracle).abs().max().item()
-            floor = kernel_error_floor(q, k, v, positions)
+            floor = kernel_error_floor(q, k, v, positions, oracle=oracle)
             fixed = FIXED_TOLERANCES.get(dtype)
             fixed_ratio = (err / (fixed[0] + fixed[1] * oracle.abs())).max().item() if fixed else float("nan")
             sdpa_ratio = err.max().item() / (2 * sdpa_err + floor)

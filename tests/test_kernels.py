@@ -84,7 +84,7 @@ def assert_matches_oracle(out, q, k, v, positions, scale=None):
     sdpa = packed_sdpa_reference(q, k, v, positions, scale=scale)
     kernel_err = (out.double() - oracle).abs().max().item()
     sdpa_err = (sdpa.double() - oracle).abs().max().item()
-    floor = kernel_error_floor(q, k, v, positions, scale=scale)
+    floor = kernel_error_floor(q, k, v, positions, scale=scale, oracle=oracle)
     assert kernel_err <= 2 * sdpa_err + floor, (kernel_err, sdpa_err, floor)
 
 

@@ -197,6 +197,8 @@ def kernel_error_floor(
     v: torch.Tensor,
     positions: torch.Tensor | Sequence[int],
     scale: float | None = None,
+    *,
+    oracle: torch.Tensor | None = None,
 ) -> float:
     """Error floor of the kernel check ``max|out - oracle| <= 2 * max|sdpa - oracle| + floor`` (absolute units).
 
@@ -210,6 +212,7 @@ def kernel_error_floor(
 
     Args:
         q, k, v, positions, scale: as :func:`causal_attention_oracle`.
+        oracle: that function's output for these inputs when the caller already has it (it is not recomputed).
 
     Returns:
         The floor, a Python float (0.0 when there are no rows).
@@ -221,7 +224,9 @@ def kernel_error_floor(
     if visible.shape[0] == 0:
         return 0.0
     spread = scores.masked_fill(~visible, -math.inf).amax(-1) - scores.masked_fill(~visible, math.inf).amin(-1)
-    oracle_max = torch.matmul(torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1), v64).abs().max().item()
+    if oracle is None:
+        oracle = torch.matmul(torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1), v64)
+    oracle_max = oracle.abs().max().item()
     ulp = torch.finfo(q.dtype).eps * oracle_max
     eps32 = torch.finfo(torch.float32).eps
     return ulp + eps32 * v64.abs().max().item() * (2 + math.log2(math.e) * spread.max().item())
