@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 install: $(VENV)/.installed
 
 notebooks: $(VENV)/.installed
-	$(PY) -m sur_lab.run_notebooks $(NB_ARGS)
+	$(PY) -m sur_lab.runtime.run_notebooks $(NB_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Packed-refresh benchmark (section 4.4, appendix 13.3): the Table 18 analogue, packed vs Replay, and the targets.
 
-Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.bench``). Defaults follow the issue: the embedded
+Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.studies.bench``). Defaults follow the issue: the embedded
 model, N in {2048, 8192}, B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot, packed-sdpa,
 packed-flex (packed-triton added and timed on CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then
 packed-sdpa and packed-sdpa-split against Replay for budgets 1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm.auto import tqdm
 
-    from sur_lab import bench
+    from sur_lab.studies import bench
     from sur_lab.models import load_model
 
     pd.set_option("display.width", 200)
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     print(ratios.to_string(index=False, float_format="{:.3f}".format))
 
     if args.save:
-        from sur_lab.plotting import run_tag, save_table
+        from sur_lab.analysis.plotting import run_tag, save_table
 
         tag = run_tag(model=lm.spec.name, device=args.device, B=args.num_selected, N=args.context_lengths)
         save_table(timings, "bench_packed_timings", tag=tag)

@@ -72,9 +72,9 @@ def main(argv=None) -> int:
         return 2
     device = args.device
 
-    from sur_lab import bench
-    from sur_lab.kernels import uses_triton
-    from sur_lab.validation import fp32_promotion_control, packed_vs_sequential
+    from sur_lab.studies import bench
+    from sur_lab.executors.kernels import uses_triton
+    from sur_lab.studies.validation import fp32_promotion_control, packed_vs_sequential
 
     pd.set_option("display.width", 220)
     pd.set_option("display.max_columns", 30)

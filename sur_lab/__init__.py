@@ -12,14 +12,49 @@ Quick use::
 Source: "Budgeted KV-Cache Repair for Evolving Contexts" (section 3, appendix 7 and 13).
 """
 
-from .allocators import ALLOCATORS, AllocationRequest, Selection, allocate, get_allocator, register_allocator
-from .answer import Answer, answer, continuation_nll
-from .budget import Support, allowance, coalesce
-from .edits import EditedContext, build_edit, chat_edit, format_passages, render_chat, token_edit
-from .executors import EXECUTORS, dirty, get_executor, register_executor, replay, reprefill, shift
-from .models import EMBEDDED_MODEL, LoadedModel, ModelSpec, UnsupportedModelError, load_model, wrap_model
-from .repair import REFERENCE_METHODS, PreparedEdit, RepairResult, prepare, repair
-from .units import Unit, segment_units
+from sur_lab.allocators import (
+    ALLOCATORS,
+    AllocationRequest,
+    Selection,
+    allocate,
+    get_allocator,
+    register_allocator,
+)
+from sur_lab.answer import Answer, answer, continuation_nll
+from sur_lab.budget import Support, allowance, coalesce
+from sur_lab.edits import (
+    EditedContext,
+    build_edit,
+    chat_edit,
+    format_passages,
+    render_chat,
+    token_edit,
+)
+from sur_lab.executors import (
+    EXECUTORS,
+    dirty,
+    get_executor,
+    register_executor,
+    replay,
+    reprefill,
+    shift,
+)
+from sur_lab.models import (
+    EMBEDDED_MODEL,
+    LoadedModel,
+    ModelSpec,
+    UnsupportedModelError,
+    load_model,
+    wrap_model,
+)
+from sur_lab.repair import (
+    REFERENCE_METHODS,
+    PreparedEdit,
+    RepairResult,
+    prepare,
+    repair,
+)
+from sur_lab.units import Unit, segment_units
 
 __version__ = "0.1.0"
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from .cache_ops import clone_cache
-from .edits import EditedContext
-from .forward import decode_step, forward_tokens
-from .models import LoadedModel
+from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
+from sur_lab.edits import EditedContext
+from sur_lab.forward import decode_step, forward_tokens
+from sur_lab.models import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,84 @@ def _check_max_new_tokens(max_new_tokens: int) -> None:
 
 
 @torch.inference_mode()
+def greedy_answer(
+    lm: LoadedModel,
+    cache: DynamicCache,
+    query_ids: torch.Tensor,
+    *,
+    max_new_tokens: int = 64,
+    draft: Sequence[int] = (),
+    copy: bool = True,
+) -> Answer:
+    """Process ``query_ids`` after ``cache`` and decode greedily until EOS or ``max_new_tokens``: the one greedy decoder.
+
+    Without a draft: the query is forwarded (its time is ``timings_ms["query"]``, the first logit) and the answer is
+    decoded step by step. With a draft (e.g. full prefill's answer tokens), the query and the draft are forwarded
+    together and the draft tokens are accepted while each is the argmax of the previous position's logits; at the first
+    divergence the draft rows are dropped and decoding continues step by step. The result is the plain greedy decode
+    up to float reassociation between a multi-token and a one-token forward; a preserved answer costs one forward
+    instead of one per token. ``timings_ms["query"]`` then includes the draft tokens, so time to first logit should use
+    a draft-free query forward.
+
+    Args:
+        lm: the model.
+        cache: pre-query cache (any method).
+        query_ids: ``[Q]`` int64, Q >= 1.
+        max_new_tokens: decoding limit, tokens (>= 1).
+        draft: token ids to verify (tokens).
+        copy: decode on a clone so ``cache`` is left unchanged (the clone is not timed, as a harness clone);
+            ``False`` extends ``cache`` in place (not allowed with a draft, whose rejected rows are cut off).
+
+    Returns:
+        Answer with text, ids, first-token logits (float32 ``[V]``, CPU) and ``timings_ms`` ``query``, ``decode`` and
+        ``answer`` (ms).
+
+    Raises:
+        ValueError: if ``max_new_tokens`` < 1, or ``copy=False`` with a ``draft``.
+    """
+    _check_max_new_tokens(max_new_tokens)
+    draft = [int(t) for t in draft][: int(max_new_tokens)]
+    if draft and not copy:
+        raise ValueError("copy=False cannot be combined with a draft (rejected draft rows are cut from a new cache)")
+    work = clone_cache(cache) if copy else cache
+    eos = set(lm.eos_token_ids)
+    base = cache_length(work) + int(query_ids.numel())
+    t0 = time.perf_counter()
+    ids = torch.cat((query_ids.reshape(-1), torch.tensor(draft, dtype=torch.long))) if draft else query_ids.reshape(-1)
+    # [m + 1, V]: logits after the query, then after each draft token.
+    logits = forward_tokens(lm, ids, work, logits=len(draft) + 1)
+    t1 = time.perf_counter()
+    first = logits[0].detach().float().cpu().clone()
+    drafted = len(draft)
+    generated: list[int] = []
+    finished = False
+    current = logits[0]
+    for step in range(int(max_new_tokens)):
+        token = int(torch.argmax(current))
+        if token in eos:
+            finished = True
+            break
+        generated.append(token)
+        if step + 1 >= max_new_tokens:
+            break
+        if drafted and step < drafted and token == draft[step]:
+            current = logits[step + 1]
+            continue
+        if drafted:
+            # Diverged from (or ran past) the draft: keep the rows of the accepted inputs draft[:step] only.
+            work = slice_rows(work, 0, base + step)
+            drafted = 0
+        current = decode_step(lm, token, work)
+    t2 = time.perf_counter()
+    text = lm.tokenizer.decode(generated, skip_special_tokens=True).strip() if lm.tokenizer is not None else ""
+    timings = {"query": (t1 - t0) * 1e3, "decode": (t2 - t1) * 1e3, "answer": (t2 - t0) * 1e3}
+    return Answer(text, tuple(generated), first, finished, timings)
+
+
 def answer(
     lm: LoadedModel, cache: DynamicCache, edit: EditedContext, *, max_new_tokens: int = 64, copy: bool = True
 ) -> Answer:
-    """Process ``edit.query_ids`` after ``cache`` and decode greedily until EOS or ``max_new_tokens``.
+    """Process ``edit.query_ids`` after ``cache`` and decode greedily (:func:`greedy_answer` with the edit's query).
 
     Args:
         lm: the model.
@@ -58,27 +133,7 @@ def answer(
     Raises:
         ValueError: if ``max_new_tokens`` < 1.
     """
-    _check_max_new_tokens(max_new_tokens)
-    work = clone_cache(cache) if copy else cache
-    eos = set(lm.eos_token_ids)
-    t0 = time.perf_counter()
-    logits = forward_tokens(lm, edit.query_ids, work)
-    t1 = time.perf_counter()
-    first = logits.detach().float().cpu().clone()
-    generated: list[int] = []
-    finished = False
-    for step in range(max_new_tokens):
-        token = int(torch.argmax(logits))
-        if token in eos:
-            finished = True
-            break
-        generated.append(token)
-        if step + 1 < max_new_tokens:
-            logits = decode_step(lm, token, work)
-    t2 = time.perf_counter()
-    text = lm.tokenizer.decode(generated, skip_special_tokens=True).strip() if lm.tokenizer is not None else ""
-    timings = {"query": (t1 - t0) * 1e3, "decode": (t2 - t1) * 1e3, "answer": (t2 - t0) * 1e3}
-    return Answer(text, tuple(generated), first, finished, timings)
+    return greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens, copy=copy)
 
 
 @torch.inference_mode()

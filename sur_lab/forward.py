@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .cache_ops import cache_length
-from .models import LoadedModel
+from sur_lab.cache_ops import cache_length
+from sur_lab.models import LoadedModel
 
 
 @torch.inference_mode()
 def forward_tokens(
-    lm: LoadedModel, ids: torch.Tensor, cache: DynamicCache, *, logits: str = "last"
+    lm: LoadedModel, ids: torch.Tensor, cache: DynamicCache, *, logits: str | int = "last"
 ) -> torch.Tensor | None:
     """Append ``ids`` to ``cache`` (in place), at positions ``N .. N + L - 1`` where N is the cache length.
 
@@ -23,7 +23,8 @@ def forward_tokens(
         lm: the model.
         ids: ``[L]`` int64 tokens, L >= 1.
         cache: the cache to extend (mutated: the caller owns it).
-        logits: ``"last"`` (float32 ``[V]`` of the last position), ``"all"`` (float32 ``[L, V]``) or ``"none"``.
+        logits: ``"last"`` (float32 ``[V]`` of the last position), ``"all"`` (float32 ``[L, V]``), ``"none"``, or an
+            int k in [1, L] (float32 ``[k, V]`` of the last k positions).
 
     Returns:
         Logits as requested, on the model's device, float32.
@@ -33,8 +34,10 @@ def forward_tokens(
     """
     if ids.dim() != 1 or ids.numel() == 0:
         raise ValueError(f"ids must be a non-empty 1-D tensor (batch size 1); got shape {tuple(ids.shape)}")
-    if logits not in ("last", "all", "none"):
-        raise ValueError(f"logits={logits!r}; allowed: 'last', 'all', 'none'")
+    if isinstance(logits, bool) or not (
+        logits in ("last", "all", "none") or (isinstance(logits, int) and 1 <= logits <= ids.numel())
+    ):
+        raise ValueError(f"logits={logits!r}; allowed: 'last', 'all', 'none' or an int in [1, {ids.numel()}]")
     start = cache_length(cache)
     device = lm.device
     positions = torch.arange(start, start + ids.numel(), device=device)
@@ -43,12 +46,12 @@ def forward_tokens(
         cache=cache,
         position_ids=positions[None],
         use_cache=True,
-        logits_to_keep=0 if logits == "all" else 1,
+        logits_to_keep=logits if isinstance(logits, int) else (0 if logits == "all" else 1),
     )
     if logits == "none":
         return None
     result = out.logits[0].float()
-    return result if logits == "all" else result[-1]
+    return result[-1] if logits == "last" else result
 
 
 def prefill(lm: LoadedModel, ids: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from transformers import DynamicCache
 
-from .allocators import ALLOCATORS, AllocationRequest, Selection, allocate
-from .budget import Support, allowance, check_budget
-from .cache_ops import clone_cache
-from .edits import EditedContext
-from .executors import dirty, get_executor, replay, reprefill, shift
-from .models import LoadedModel
-from .units import Unit, segment_units
+from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
+from sur_lab.budget import Support, allowance, check_budget
+from sur_lab.cache_ops import clone_cache
+from sur_lab.edits import EditedContext
+from sur_lab.executors import dirty, get_executor, replay, reprefill, shift
+from sur_lab.models import LoadedModel
+from sur_lab.units import Unit, segment_units
 
 #: Methods that are not allocators (appendix 7.1).
 REFERENCE_METHODS = ("Dirty", "Shift", "Replay", "Re-prefill")

@@ -15,7 +15,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from .edits import EditedContext
+from sur_lab.edits import EditedContext
 
 MAX_UNIT_TOKENS = 128
 MIN_UNIT_TOKENS = 8

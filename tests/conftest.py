@@ -10,7 +10,7 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Triton decorates its own helpers when it is first imported, so the interpreter must be chosen before any test module
-# imports triton (directly or through sur_lab.kernels); without a GPU the kernels run under the interpreter.
+# imports triton (directly or through sur_lab.executors.kernels); without a GPU the kernels run under the interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -72,7 +72,7 @@ def smol_tokenizer(smol):
 
 @pytest.fixture(scope="session")
 def data_dir():
-    from sur_lab.paths import default_data_dir
+    from sur_lab.runtime.paths import default_data_dir
 
     try:
         return default_data_dir()

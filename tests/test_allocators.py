@@ -27,7 +27,7 @@ from sur_lab.cache_ops import clone_cache, layer_kv, num_layers
 from sur_lab.edits import chat_edit, token_edit
 from sur_lab.executors import reprefill
 from sur_lab.repair import prepare
-from sur_lab.sweep import PAPER_ALLOCATORS
+from sur_lab.studies.niah import PAPER_ALLOCATORS
 
 #: Reference error of eager attention's float32 softmax (see the module docstring).
 EAGER_RTOL = 1e-6

@@ -1,4 +1,4 @@
-"""Benchmark plumbing (sur_lab.bench) and numerical-validation helpers (sur_lab.validation); no timing is asserted.
+"""Benchmark plumbing (sur_lab.studies.bench) and numerical-validation helpers (sur_lab.studies.validation); no timing is asserted.
 
 Supports are checked for the paper's matched causal pair counts (65,568 at 2K and 262,176 at 8K for B = 64); the
 timing loop for its call pattern; the ratio tables on hand-made medians; the validation helpers on tiny models where
@@ -19,11 +19,12 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from conftest import make_tiny_model  # noqa: E402
 
-from sur_lab import bench, validation  # noqa: E402
+from sur_lab import load_model  # noqa: E402,F401
+from sur_lab.studies import bench, validation  # noqa: E402
 from sur_lab.budget import Support  # noqa: E402
 from sur_lab.cache_ops import clone_cache  # noqa: E402
 from sur_lab.executors import dirty, shift  # noqa: E402
-from sur_lab.packed import causal_pair_count  # noqa: E402
+from sur_lab.executors.packed import causal_pair_count  # noqa: E402
 
 
 @pytest.mark.parametrize(("n", "pairs"), [(2048, 65_568), (8192, 262_176)])
@@ -147,7 +148,7 @@ def test_fp32_promotion_control_plumbing():
 
 
 def test_kernel_oracle_errors_small_cases():
-    from sur_lab.kernels import uses_triton
+    from sur_lab.executors.kernels import uses_triton
 
     cases = [c for c in validation.kernel_cases(max_len=160) if c.cache_len <= 160]
     df = validation.kernel_oracle_errors(cases[:3], (torch.float16, torch.bfloat16))

@@ -15,7 +15,7 @@ import torch
 from conftest import make_tiny_model
 from sur_lab.budget import Support
 from sur_lab.cache_ops import caches_equal, max_abs_diff, rerotate_keys, to_tensors
-from sur_lab.composition import (
+from sur_lab.studies.noprefix import (
     PLACEHOLDER_TOKEN,
     build_caches,
     compose_cache,
@@ -27,7 +27,8 @@ from sur_lab.composition import (
     truncate_text,
 )
 from sur_lab.executors import EXECUTORS, check_support, get_executor
-from sur_lab.safekv import donor_copy, greedy_answer, run_protocol, suffix_support
+from sur_lab.answer import greedy_answer
+from sur_lab.studies.noprefix import donor_copy, run_protocol, suffix_support
 
 CHUNKING_TOL = 1e-10
 
@@ -154,7 +155,7 @@ def test_composition_edit_is_accepted_by_executors():
 
 @pytest.mark.parametrize("name", ["packed", "direct-sequential"])
 def test_packed_executors_repair_the_composed_cache(name):
-    get_executor("sequential")  # imports sur_lab.packed when present
+    get_executor("sequential")  # imports sur_lab.executors.packed when present
     if name not in EXECUTORS:
         pytest.skip(f"executor {name!r} is not registered")
     lm = make_tiny_model("llama")

@@ -1,4 +1,4 @@
-"""Indexed attention and indexed K/V writes (sur_lab.kernels) against an explicit FP64 oracle (appendix 13.2, 13.5).
+"""Indexed attention and indexed K/V writes (sur_lab.executors.kernels) against an explicit FP64 oracle (appendix 13.2, 13.5).
 
 Without CUDA the Triton kernels run under Triton's interpreter: TRITON_INTERPRET=1 must be in the environment before
 triton is first imported (its decorators read it), so it is set at the very top of this file; if an earlier module
@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sur_lab.kernels.reference import (  # noqa: E402
+from sur_lab.executors.kernels.reference import (  # noqa: E402
     causal_attention_oracle,
     indexed_scatter_kv_reference,
     kernel_error_floor,
@@ -36,7 +36,7 @@ from sur_lab.kernels.reference import (  # noqa: E402
 
 # import_module, not `import ... as`: the package re-exports the function indexed_attention, which shadows the
 # submodule of the same name as a package attribute.
-ia = importlib.import_module("sur_lab.kernels.indexed_attention")
+ia = importlib.import_module("sur_lab.executors.kernels.indexed_attention")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 requires_kernel = pytest.mark.skipif(

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sur_lab.datasets import DATASETS, Passage, QAExample, load_qa
-from sur_lab.natural_qa import (
+from sur_lab.studies.datasets import DATASETS, Passage, QAExample, load_qa
+from sur_lab.studies.natural_qa import (
     PLACEMENTS,
     PanelConfig,
     aggregate_trials,
@@ -30,7 +30,7 @@ from sur_lab.natural_qa import (
     select_panel,
     transition_table,
 )
-from sur_lab.scoring import normalize_answer
+from sur_lab.analysis.scoring import normalize_answer
 
 SUP = (Passage("Alpha", "Alpha was founded in 1901 by Ada.", True), Passage("Beta", "Beta lies in Gamma.", True))
 
@@ -82,7 +82,7 @@ def test_choose_passages_native_first_seeded_and_distinct():
     assert set(chosen) <= set(natives)
     assert len(src.lead) == 1 and len(src.tail) == 2
     # the documented draw: the first admissible natives in the per-source permutation
-    from sur_lab.natural_qa import source_rng
+    from sur_lab.studies.natural_qa import source_rng
 
     perm = source_rng(ex, 3).permutation(6)
     assert chosen == [natives[int(i)] for i in perm[:4]]
@@ -359,7 +359,7 @@ def test_plot_quality_latency_and_methods():
 
 def _fake_cases():
     from sur_lab.edits import token_edit
-    from sur_lab.natural_qa import PlacementCase
+    from sur_lab.studies.natural_qa import PlacementCase
 
     iirc = _example(_passages(2), answers=("1000",), answer_type="number", dataset="iirc", id="q#t9")
     src = choose_passages(iirc, PanelConfig(), corpus=[])
@@ -368,7 +368,7 @@ def _fake_cases():
 
 
 def test_sweep_cases_trials_and_scorer():
-    from sur_lab.natural_qa import make_scorer, sweep_cases, trial_case_id
+    from sur_lab.studies.natural_qa import make_scorer, sweep_cases, trial_case_id
 
     cases = _fake_cases()
     sc = sweep_cases(cases, trials=2)
@@ -384,9 +384,9 @@ def test_sweep_cases_trials_and_scorer():
 
 @pytest.mark.slow
 def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
-    from sur_lab.natural_qa import make_scorer, sweep_cases
-    from sur_lab.scoring import extract_answer, score_example
-    from sur_lab.sweep import run_sweep
+    from sur_lab.studies.natural_qa import make_scorer, sweep_cases
+    from sur_lab.analysis.scoring import extract_answer, score_example
+    from sur_lab.runtime.sweep import run_sweep
 
     src = select_panel(("2wikimultihopqa",), 1, PanelConfig(seed=3))[0]  # a short prompt (322 tokens)
     cases = [build_case(smol.tokenizer, src, "after")]

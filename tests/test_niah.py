@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sur_lab.datasets import Passage
+from sur_lab.studies.datasets import Passage
 from sur_lab.edits import render_chat
-from sur_lab.niah import (
+from sur_lab.studies.niah import (
     ANSWER_PREFIX_TEMPLATE,
     NEEDLE_TEMPLATE,
     NIAH_INSTRUCTION,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from sur_lab.run_notebooks import NOTEBOOK_DIR, declared_parameters, run_notebook, smoke_parameters
+from sur_lab.runtime.run_notebooks import NOTEBOOK_DIR, declared_parameters, run_notebook, smoke_parameters
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 

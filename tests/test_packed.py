@@ -36,7 +36,7 @@ from sur_lab.edits import token_edit  # noqa: E402
 from sur_lab.executors import EXECUTORS, dirty, get_executor, shift  # noqa: E402
 from sur_lab.models import UnsupportedModelError  # noqa: E402
 
-import sur_lab.packed as packed  # noqa: E402
+import sur_lab.executors.packed as packed  # noqa: E402
 
 EXACT_EXECUTORS = ["packed-sdpa", "packed-sdpa-split", "packed-flex-eager", "direct-sequential", "one-shot"]
 ATOL_FLOAT64 = 1e-9
@@ -343,7 +343,7 @@ def test_split_executor_takes_the_split_path_and_equals_sequential(case, monkeyp
 
 
 def test_registered_executor_names():
-    get_executor("sequential")  # triggers the optional import of sur_lab.packed
+    get_executor("sequential")  # triggers the optional import of sur_lab.executors.packed
     for name in ("packed", "packed-sdpa", "packed-sdpa-split", "packed-flex", "packed-flex-eager", "packed-triton",
                  "packed-triton-fused", "direct-sequential", "one-shot"):
         assert name in EXECUTORS
@@ -364,7 +364,7 @@ def test_flex_block_mask_equals_create_block_mask(rows, kv_len):
 
 
 def test_triton_backend_matches_sdpa_under_the_interpreter():
-    from sur_lab.kernels import uses_triton
+    from sur_lab.executors.kernels import uses_triton
 
     if not uses_triton("cpu") and not torch.cuda.is_available():
         pytest.fail("triton was imported before TRITON_INTERPRET=1 was set: the kernel path is not exercised")
@@ -401,7 +401,7 @@ def test_compiled_flex_matches_sdpa():
 
 @pytest.mark.slow
 def test_packed_on_the_embedded_model(smol):
-    from sur_lab.bench import matched_support, synthetic_edit
+    from sur_lab.studies.bench import matched_support, synthetic_edit
 
     edit = synthetic_edit(smol.spec.vocab_size, 300, seed=3)
     shift_cache = shift(smol, dirty(smol, edit), edit)

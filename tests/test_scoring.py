@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sur_lab.datasets import Passage, QAExample
-from sur_lab.scoring import (
+from sur_lab.studies.datasets import Passage, QAExample
+from sur_lab.analysis.scoring import (
     NONE_PREDICTIONS,
     agreement,
     drop_exact_match,

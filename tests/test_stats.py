@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sur_lab.stats import _draw_indices, agreement_rate, error_transitions, paired_bootstrap, pooled_em
+from sur_lab.analysis.stats import _draw_indices, agreement_rate, error_transitions, paired_bootstrap, pooled_em
 
 PLACEMENTS = ("before", "between", "after")
 

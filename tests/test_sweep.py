@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sur_lab.sweep as sweep_mod
+import sur_lab.runtime.sweep as sweep_mod
 from conftest import make_tiny_model
 from sur_lab.budget import allowance
-from sur_lab.endpoints import nr_tv, reference_continuation
-from sur_lab.scoring import extract_answer
-from sur_lab.niah import build_niah_case, niah_scorer, parse_niah_answer
-from sur_lab.sweep import TIMING_FIELDS, SweepCase, budget_table, case_seed, run_sweep
+from sur_lab.analysis.endpoints import nr_tv, reference_continuation
+from sur_lab.analysis.scoring import extract_answer
+from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
+from sur_lab.runtime.sweep import TIMING_FIELDS, SweepCase, case_seed, run_sweep
+from sur_lab.studies.niah import budget_table
 from test_allocators import char_tokenizer
 from test_niah import CORPUS
 
@@ -198,7 +199,7 @@ def _synthetic_records(values: dict[str, tuple[float, float]]) -> pd.DataFrame:
 
 
 def test_table12_orders_rules_and_counts_concordant_pairs():
-    from sur_lab.niah import PAPER_TABLE12, order_concordance, table12, table12_concordance
+    from sur_lab.studies.niah import PAPER_TABLE12, order_concordance, table12, table12_concordance
 
     values = {  # fraction of the two synthetic cases that agree (0, 0.5 or 1)
         "Random semantic units": (0.0, 0.0), "SUR": (1.0, 1.0), "Dense tokens": (0.0, 0.5),
@@ -222,7 +223,7 @@ def test_budget_table_and_figures_cover_every_method(lm, cases, tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from sur_lab.sweep import plot_budget_curves, plot_intervals
+    from sur_lab.studies.niah import plot_budget_curves, plot_intervals
 
     df = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR", "Dense tokens"), (5, 37), tmp_path, max_new_tokens=2,
                    progress=False)

@@ -22,14 +22,14 @@ from sur_lab.cache_ops import caches_equal
 from sur_lab.edits import token_edit
 from sur_lab.executors import refresh_sequential, replay
 from sur_lab.repair import prepare
-from sur_lab.staleness import (
+from sur_lab.studies.staleness import (
     DENSE_TOKENS,
     distance_profile,
     kv_deviation,
     method_support,
     residual_by_budget,
 )
-from sur_lab.theory import (
+from sur_lab.studies.theory import (
     AttentionCapture,
     bound_rows,
     bound_summary,
@@ -393,7 +393,7 @@ def test_residual_by_budget_endpoints_and_dense_tokens(tiny_lm):
 
 @pytest.mark.slow
 def test_theory_edit_deletes_whole_passages(smol_tokenizer, data_dir):
-    from sur_lab.theory import theory_edit
+    from sur_lab.studies.theory import theory_edit
 
     edit, example = theory_edit(smol_tokenizer, "hotpotqa", num_passages=5, delete_at=1, deletion_width=2, seed=3)
     start, end = edit.deleted_char_span

@@ -4,9 +4,27 @@ Importing this package registers every allocator; look them up by the paper's na
 them through :func:`allocate`.
 """
 
-from .base import ALLOCATORS, AllocationRequest, Allocator, Selection, allocate, get_allocator, register_allocator, top_b
-from .sur import allocate_units, best_window, forward_envelope, sur, token_relevance, unit_scores
-from . import controls, prior  # noqa: E402,F401 - importing registers the matched controls and Table 1 allocators
+from sur_lab.allocators.base import (
+    ALLOCATORS,
+    AllocationRequest,
+    Allocator,
+    Selection,
+    allocate,
+    get_allocator,
+    register_allocator,
+    top_b,
+)
+from sur_lab.allocators.sur import (
+    allocate_units,
+    best_window,
+    forward_envelope,
+    sur,
+    token_relevance,
+    unit_scores,
+)
+
+# Importing these registers the matched controls and the Table 1 allocators.
+from sur_lab.allocators import controls, prior  # noqa: E402,F401,I001  # isort: skip
 
 __all__ = [
     "ALLOCATORS",

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ..budget import Support, allowance, check_budget
-from ..edits import EditedContext
-from ..models import LoadedModel
-from ..units import Unit, segment_units
+from sur_lab.budget import Support, allowance, check_budget
+from sur_lab.edits import EditedContext
+from sur_lab.models import LoadedModel
+from sur_lab.units import Unit, segment_units
 
 
 @dataclass

@@ -19,11 +19,16 @@ import re
 
 import numpy as np
 
-from ..budget import Support
-from ..edits import EditedContext
-from ..units import Unit
-from .base import AllocationRequest, Selection, register_allocator, top_b
-from .sur import allocate_units, sur_token_scores
+from sur_lab.allocators.base import (
+    AllocationRequest,
+    Selection,
+    register_allocator,
+    top_b,
+)
+from sur_lab.allocators.sur import allocate_units, sur_token_scores
+from sur_lab.budget import Support
+from sur_lab.edits import EditedContext
+from sur_lab.units import Unit
 
 #: BM25 term-frequency saturation (appendix 7.4).
 BM25_K1 = 1.2

@@ -28,14 +28,31 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from ..budget import Support
-from ..cache_ops import (
-    cache_length, clone_cache, from_tensors, layer_deviation, num_layers, rotate_half, slice_rows, to_tensors,
+from sur_lab.allocators.base import (
+    AllocationRequest,
+    Selection,
+    register_allocator,
+    top_b,
 )
-from ..executors import replay
-from ..models import EMBEDDED_MODEL, LoadedModel
-from .base import AllocationRequest, Selection, register_allocator, top_b
-from .signals import attention_probe, capture_residual_norms, decoder_layers, forward_layers
+from sur_lab.allocators.signals import (
+    attention_probe,
+    capture_residual_norms,
+    decoder_layers,
+    forward_layers,
+)
+from sur_lab.budget import Support
+from sur_lab.cache_ops import (
+    cache_length,
+    clone_cache,
+    from_tensors,
+    layer_deviation,
+    num_layers,
+    rotate_half,
+    slice_rows,
+    to_tensors,
+)
+from sur_lab.executors import replay
+from sur_lab.models import EMBEDDED_MODEL, LoadedModel
 
 #: Cache-Craft-Adapted replays the dirty suffix in chunks of this many tokens (Table 1).
 CACHE_CRAFT_CHUNK = 64
@@ -389,7 +406,7 @@ def cachetune_adapted(request: AllocationRequest) -> Selection:
 
 @functools.lru_cache(maxsize=1)
 def _embedded_model() -> LoadedModel:
-    from ..models import load_model
+    from sur_lab.models import load_model
 
     return load_model()
 

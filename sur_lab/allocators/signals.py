@@ -23,9 +23,9 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from ..cache_ops import layer_kv, rotate_half
-from ..forward import forward_tokens
-from ..models import LoadedModel
+from sur_lab.cache_ops import layer_kv, rotate_half
+from sur_lab.forward import forward_tokens
+from sur_lab.models import LoadedModel
 
 #: ``fn(layer_index, probs)`` with ``probs`` ``[H_Q, T, N_k]`` float32 (float64 for float64 models).
 RowCallback = Callable[[int, torch.Tensor], None]

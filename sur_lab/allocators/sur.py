@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..budget import Support
-from ..units import Unit
-from .base import AllocationRequest, Selection, register_allocator
+from sur_lab.allocators.base import AllocationRequest, Selection, register_allocator
+from sur_lab.budget import Support
+from sur_lab.units import Unit
 
 #: Identical-token bonus of Eq. 1 / Eq. 7.
 IDENTICAL_TOKEN_BONUS = 0.25

@@ -1,0 +1,328 @@
+"""Statistics for the natural-QA comparison: pooled EM, the source-paired bootstrap, error transitions (appendix 8).
+
+Results are long tables (pandas DataFrames), one row per (method, case), where a case is one placement of one source
+question: columns such as ``dataset``, ``source_id``, ``placement``, ``method``, ``correct`` and the extracted
+``answer``. Placements of a source are not independent questions (appendix 7.5), so every interval here resamples
+whole sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sur_lab.analysis.scoring import agreement
+
+BOOTSTRAP_SEED = 20260928  # appendix 8.3
+N_BOOT = 10_000  # appendix 8.3
+CASE_COLS = ("dataset", "source_id", "placement")
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """A paired difference ``method_a - method_b`` with its percentile bootstrap interval.
+
+    Attributes:
+        diff: observed difference of means over all paired rows, in the metric's units (for a 0/1 ``correct``
+            column multiply by 100 for percentage points, as Table 9 reports).
+        low, high: the interval's percentile endpoints (linear interpolation), same units.
+        n_sources: number of distinct (stratum, source) pairs resampled.
+        replicates: the ``n_boot`` replicate differences, shape (n_boot,), float64.
+    """
+
+    diff: float
+    low: float
+    high: float
+    n_sources: int
+    replicates: np.ndarray = field(repr=False, compare=False)
+
+
+def pooled_em(correct: Any) -> float:
+    """Pooled exact match from unrounded correct counts (Eq. 9, appendix 8.2): ``100 * sum_d k_d / sum_d n_d``.
+
+    Not a mean of per-dataset rounded percentages: rounding is for presentation only.
+
+    Args:
+        correct: either per-case outcomes (a sequence, numpy array or pandas Series of bools or 0/1), or a mapping
+            ``{dataset: (k_d, n_d)}`` of correct counts and case counts.
+
+    Returns:
+        EM in percent (float, unrounded).
+
+    Raises:
+        ValueError: naming ``correct`` when it is empty, holds values other than 0/1, or a count pair has
+            ``k_d < 0``, ``n_d < 0`` or ``k_d > n_d``.
+    """
+    if isinstance(correct, Mapping):
+        k_total = n_total = 0
+        for name, pair in correct.items():
+            k, n = (int(v) for v in pair)
+            if not 0 <= k <= n:
+                raise ValueError(f"correct[{name!r}]=({k}, {n}) needs 0 <= k_d <= n_d")
+            k_total += k
+            n_total += n
+    else:
+        arr = np.asarray(correct, dtype=np.float64).reshape(-1)
+        if not np.all((arr == 0) | (arr == 1)):
+            raise ValueError("correct must hold only bools or 0/1 values")
+        k_total, n_total = int(arr.sum()), arr.size
+    if n_total == 0:
+        raise ValueError("correct holds no cases")
+    return 100.0 * k_total / n_total
+
+
+def bootstrap_ci(values, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of one sample (``scipy.stats.bootstrap``, ``method="percentile"``).
+
+    A constant sample returns ``(value, value)`` (every resample has the same mean; scipy reports it as degenerate).
+
+    Args:
+        values: 1-D numbers or bools (e.g. per-request preservation).
+        confidence: coverage in (0, 1).
+        n_resamples: resamples, >= 1.
+        seed: generator seed.
+
+    Returns:
+        ``(low, high)`` in the values' units.
+
+    Raises:
+        ValueError: naming ``values`` when empty or non-finite, ``confidence`` outside (0, 1).
+    """
+    from scipy.stats import bootstrap
+
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    if x.size == 0:
+        raise ValueError("values is empty")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("values must be finite")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    res = bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=int(n_resamples), method="percentile",
+                    vectorized=True, rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _draw_indices(sizes: Sequence[int], n_boot: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Resampled source indices, one (n_boot, n_d) int64 array per stratum, drawn in the order of ``sizes``.
+
+    Each stratum's block is one ``rng.integers(0, n_d, size=(n_boot, n_d))`` call, so replicate ``b`` draws ``n_d``
+    sources with replacement from stratum ``d``. Tests replay these draws in a plain loop.
+    """
+    return [rng.integers(0, n, size=(n_boot, n)) for n in sizes]
+
+
+def _require_columns(df: pd.DataFrame, **cols: str) -> None:
+    for arg, col in cols.items():
+        if col not in df.columns:
+            raise ValueError(f"{arg}={col!r} is not a column of df (columns: {list(df.columns)})")
+
+
+def _require_methods(df: pd.DataFrame, method_col: str, **methods: str) -> None:
+    present = set(df[method_col].unique())
+    for arg, m in methods.items():
+        if m not in present:
+            raise ValueError(f"{arg}={m!r} is not a method in df[{method_col!r}] (found {sorted(map(str, present))})")
+
+
+def paired_bootstrap(
+    df: pd.DataFrame,
+    *,
+    metric_col: str,
+    method_a: str,
+    method_b: str,
+    source_col: str = "source_id",
+    strata_col: str = "dataset",
+    method_col: str = "method",
+    n_boot: int = N_BOOT,
+    seed: int = BOOTSTRAP_SEED,
+    ci: float = 95.0,
+) -> BootstrapResult:
+    """Dataset-stratified, source-paired percentile bootstrap of ``mean(metric | a) - mean(metric | b)`` (app. 8.3).
+
+    Each replicate draws, within every stratum (dataset), as many sources as the stratum has, with replacement, and
+    keeps all rows of a drawn source (its placements) for both methods together; the replicate statistic is
+    ``sum(metric_a - metric_b) / (rows of a)`` over the drawn sources. Strata are visited in sorted order and sources
+    in sorted order within a stratum; the draws come from :func:`_draw_indices` with ``np.random.default_rng(seed)``.
+    Memory is one (n_boot, n_d) index array per stratum (8 MB for 10,000 x 100).
+
+    Args:
+        df: long table, one row per (method, case).
+        metric_col: numeric or bool column to compare (e.g. ``"correct"``).
+        method_a, method_b: values of ``method_col``; the result is a minus b.
+        source_col: source-question id column; sources are identified by (stratum, source).
+        strata_col: stratum column (dataset).
+        method_col: method column.
+        n_boot: number of replicates, >= 1 (appendix 8.3: 10,000).
+        seed: generator seed (appendix 8.3: 20260928).
+        ci: interval coverage in percent, in (0, 100).
+
+    Returns:
+        :class:`BootstrapResult` with the observed difference, the interval and the replicates.
+
+    Raises:
+        ValueError: naming the argument: ``metric_col``/``source_col``/``strata_col``/``method_col`` not a column;
+            ``method_a``/``method_b`` not a method in the table (or equal); ``n_boot`` < 1; ``ci`` outside (0, 100);
+            ``metric_col`` when it is not numeric/bool; ``df`` when a source lacks rows for one method, has different
+            row counts for the two, or the metric holds NaN.
+    """
+    _require_columns(df, metric_col=metric_col, source_col=source_col, strata_col=strata_col, method_col=method_col)
+    if method_a == method_b:
+        raise ValueError(f"method_b={method_b!r} must differ from method_a")
+    _require_methods(df, method_col, method_a=method_a, method_b=method_b)
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise ValueError(f"n_boot={n_boot!r} must be an integer >= 1")
+    if not 0 < ci < 100:
+        raise ValueError(f"ci={ci!r} must lie in (0, 100)")
+
+    sub = df[df[method_col].isin([method_a, method_b])]
+    try:
+        metric = sub[metric_col].astype(np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"metric_col={metric_col!r} is not numeric or bool: {err}") from err
+    if metric.isna().any():
+        raise ValueError(f"df[{metric_col!r}] holds NaN for methods {method_a!r}/{method_b!r}")
+    keys = [sub[strata_col], sub[source_col]]
+    grouped = metric.groupby([*keys, sub[method_col]]).agg(["sum", "count"]).unstack(method_col)
+    # grouped: index (stratum, source), columns (sum|count, method); NaN where a source lacks a method.
+    if grouped.isna().to_numpy().any():
+        bad = grouped.index[grouped.isna().any(axis=1)][0]
+        raise ValueError(f"df: source {bad!r} lacks rows for {method_a!r} or {method_b!r}")
+    n_a = grouped[("count", method_a)].to_numpy(np.int64)
+    n_b = grouped[("count", method_b)].to_numpy(np.int64)
+    if np.any(n_a != n_b):
+        bad = grouped.index[np.flatnonzero(n_a != n_b)[0]]
+        raise ValueError(f"df: source {bad!r} has unpaired rows ({method_a!r} vs {method_b!r} counts differ)")
+    delta = (grouped[("sum", method_a)] - grouped[("sum", method_b)]).to_numpy(np.float64)  # (n_sources,)
+    strata = grouped.index.get_level_values(0).to_numpy()
+    # groupby sorts keys, so each stratum is one contiguous block.
+    bounds = np.flatnonzero(np.r_[True, strata[1:] != strata[:-1], True])
+    blocks = [slice(int(s), int(e)) for s, e in zip(bounds[:-1], bounds[1:])]
+
+    rng = np.random.default_rng(seed)
+    draws = _draw_indices([b.stop - b.start for b in blocks], int(n_boot), rng)
+    num = np.zeros(int(n_boot))
+    den = np.zeros(int(n_boot))
+    for block, idx in zip(blocks, draws):
+        num += delta[block][idx].sum(axis=1)
+        den += n_a[block][idx].sum(axis=1)
+    replicates = num / den
+    alpha = (100.0 - ci) / 2.0
+    low, high = np.percentile(replicates, [alpha, 100.0 - alpha])
+    return BootstrapResult(
+        diff=float(delta.sum() / n_a.sum()),
+        low=float(low),
+        high=float(high),
+        n_sources=len(delta),
+        replicates=replicates,
+    )
+
+
+def _paired_cases(
+    df: pd.DataFrame,
+    methods: Mapping[str, str],
+    value_col: str,
+    method_col: str,
+    case_cols: Sequence[str],
+) -> tuple[pd.Series, pd.Series]:
+    """Values of ``value_col`` for two methods, aligned by case; ``methods`` maps argument names to methods."""
+    method_a, method_b = methods.values()
+    case_cols = list(case_cols)
+    missing = [c for c in case_cols if c not in df.columns]
+    if missing:
+        raise ValueError(f"case_cols={tuple(case_cols)!r}: {missing} not columns of df")
+    _require_columns(df, value_col=value_col, method_col=method_col)
+    _require_methods(df, method_col, **methods)
+    sides = []
+    for m in (method_a, method_b):
+        rows = df[df[method_col] == m].set_index(case_cols)[value_col]
+        if not rows.index.is_unique:
+            raise ValueError(f"df: method {m!r} has several rows for one case of case_cols={tuple(case_cols)!r}")
+        sides.append(rows)
+    a, b = sides
+    if len(a) != len(b) or not a.index.isin(b.index).all():
+        raise ValueError(f"df: methods {method_a!r} and {method_b!r} do not cover the same cases")
+    return a, b.reindex(a.index)
+
+
+def error_transitions(
+    df: pd.DataFrame,
+    method: str,
+    reference: str = "Shift",
+    *,
+    metric_col: str = "correct",
+    method_col: str = "method",
+    case_cols: Sequence[str] = CASE_COLS,
+) -> dict[str, int]:
+    """Case-paired error transitions of ``method`` against ``reference`` (appendix 8.3).
+
+    Args:
+        df: long table, one row per (method, case).
+        method: method whose transitions are counted.
+        reference: reference method (default Shift).
+        metric_col: bool or 0/1 correctness column.
+        method_col: method column.
+        case_cols: columns that identify a case (default dataset, source_id, placement).
+
+    Returns:
+        Counts ``{"repairs", "regressions", "both_correct", "both_wrong", "n"}``: repairs are cases the reference gets
+        wrong and ``method`` right, regressions the reverse; ``n`` is the number of paired cases. Divide by ``n``
+        for the rates the paper reports (e.g. 2.50% repairs, 0.75% regressions).
+
+    Raises:
+        ValueError: naming ``method``/``reference`` when absent (or equal), ``case_cols`` or ``metric_col`` when not
+            columns,
+            ``df`` when a case is duplicated or the two methods cover different cases.
+    """
+    _require_columns(df, metric_col=metric_col)
+    if method == reference:
+        raise ValueError(f"reference={reference!r} must differ from method")
+    a, b = _paired_cases(df, {"method": method, "reference": reference}, metric_col, method_col, case_cols)
+    a = a.astype(bool).to_numpy()
+    b = b.astype(bool).to_numpy()
+    return {
+        "repairs": int(np.sum(a & ~b)),
+        "regressions": int(np.sum(~a & b)),
+        "both_correct": int(np.sum(a & b)),
+        "both_wrong": int(np.sum(~a & ~b)),
+        "n": int(a.size),
+    }
+
+
+def agreement_rate(
+    df: pd.DataFrame,
+    method_a: str,
+    method_b: str,
+    *,
+    answer_col: str = "answer",
+    method_col: str = "method",
+    case_cols: Sequence[str] = CASE_COLS,
+) -> float:
+    """Percent of paired cases on which two methods' extracted answers agree (:func:`sur_lab.analysis.scoring.agreement`).
+
+    Args:
+        df: long table, one row per (method, case).
+        method_a, method_b: the two methods (e.g. a repair and the clean reference).
+        answer_col: column of extracted answers (str).
+        method_col: method column.
+        case_cols: columns that identify a case.
+
+    Returns:
+        Agreement in percent over the paired cases.
+
+    Raises:
+        ValueError: naming ``method_a``/``method_b`` when absent, ``case_cols`` or ``answer_col`` when not columns,
+            ``df`` when a case is duplicated, the two methods cover different cases, or no case is paired.
+    """
+    _require_columns(df, answer_col=answer_col)
+    a, b = _paired_cases(df, {"method_a": method_a, "method_b": method_b}, answer_col, method_col, case_cols)
+    if len(a) == 0:
+        raise ValueError("df has no paired cases")
+    # A missing answer (None/NaN) is the empty answer, not the string "nan".
+    agree = [agreement(x if isinstance(x, str) else "", y if isinstance(y, str) else "") for x, y in zip(a, b)]
+    return 100.0 * float(np.mean(agree))

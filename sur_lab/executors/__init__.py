@@ -1,0 +1,36 @@
+"""Executors recompute a support of the Shift cache; every executor leaves its input cache unchanged.
+
+* :mod:`~sur_lab.executors.registry`: ``fn(lm, shift_cache, edit, support) -> DynamicCache`` registered by name.
+* :mod:`~sur_lab.executors.sequential`: the interval-wise reference (appendix 7.1) and Dirty / Shift / Replay /
+  Re-prefill.
+* :mod:`~sur_lab.executors.packed`: layer-major packed refresh (appendix 13.2), registered on first lookup.
+* :mod:`~sur_lab.executors.kernels`: the Triton indexed-attention kernel, each beside its PyTorch reference.
+"""
+
+from sur_lab.executors.registry import (
+    EXECUTORS,
+    Executor,
+    check_support,
+    get_executor,
+    register_executor,
+)
+from sur_lab.executors.sequential import (
+    dirty,
+    refresh_sequential,
+    replay,
+    reprefill,
+    shift,
+)
+
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "check_support",
+    "dirty",
+    "get_executor",
+    "refresh_sequential",
+    "register_executor",
+    "replay",
+    "reprefill",
+    "shift",
+]

@@ -1,0 +1,807 @@
+"""Packed refresh: all selected positions advance through the model together, layer by layer (section 3.3,
+appendix 13.2), plus the execution controls of appendix 13.3 (direct sequential, one-shot sparse).
+
+The packed executor gathers the B selected token embeddings into one ``[1, B, hidden]`` buffer and runs the model's
+own decoder layers on it (input norm, Q/K/V projections, Qwen3's Q/K norms, RoPE at the absolute positions U through
+the model's rotary embedding, output projection, residuals, post-attention norm, MLP). Two things are swapped in for
+the duration of the traversal, nothing else:
+
+* the cache passed to each layer is :class:`IndexedWriteCache`, whose ``update`` writes the fresh K/V rows at U into
+  the output cache *before* attention (Eq. 21) and returns that layer's complete K/V rows ``[0, u_B]``;
+* the attention function is ours (registered in transformers' ``AttentionInterface`` and selected for the traversal
+  only): packed row r attends to keys ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift
+  rows in the gaps (Eq. 22), with one of three backends chosen by name:
+
+  ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
+                once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
+                ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
+                call would fall back to the math kernel (transformers does the same). ``sdpa_split=True``
+                (registered as ``"packed-sdpa-split"``, CPU only) splits the keys instead: key segment
+                ``[u_{a-1} + 1, u_{b-1} + 1)`` is attended by packed rows ``a..B-1`` only (the rows that can see
+                any of it; a segment is a complete-prefix tile for every later row, Eq. 23-24), with the GQA group
+                folded into the query rows so each K/V segment is read once per KV head, and the per-segment
+                outputs are merged exactly by their log-sum-exp. Attention work follows M(U) instead of
+                ``B * (u_B + 1)``; the segment boundaries minimise work plus a per-call cost
+                (:func:`split_segments`), so a compact support runs as one call.
+  ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
+                in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
+                default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
+                afterwards) and is excluded from benchmark timings. ``flex_compile=False`` runs the eager reference
+                (materializes the scores; about 1 s per layer at N = 2K on a CPU: for tests only).
+  ``"triton"``  the indexed-attention kernel of :mod:`sur_lab.executors.kernels` with one plan per refresh reused across layers
+                (FP16/BF16/FP32, head dim 64 or 128). On a CPU it runs only under ``TRITON_INTERPRET=1`` set before
+                the kernels were imported; otherwise the kernel module falls back to its PyTorch SDPA reference.
+                ``fused_scatter=True`` also writes K/V with the kernel module's indexed scatter.
+
+The input Shift cache is never modified; exactly one complete output clone is made. In real arithmetic the
+layer-major schedule equals the interval-wise reference (``"sequential"`` in :mod:`sur_lab.executors`); in float64 the
+two agree to ~1e-15, in low precision they differ by reduction order (appendix 13.5).
+
+Controls (appendix 13.3), both registered executors:
+
+* ``"direct-sequential"``: one output clone updated in place interval by interval (R traversals), each interval's
+  layers attending to views of rows ``[0, b)`` of that one cache, so nothing is re-assembled between intervals.
+* ``"one-shot"``: one ordinary model forward (``model(input_ids=..., cache=..., attention_mask=4-D)``) of all
+  selected tokens, appended to a gathered cache of the unselected rows ``[0, u_B] \\ U`` with a custom 4-D mask; the
+  new rows are scattered back into the output clone. It pays a gather and an append copy (its cache-assembly cost).
+
+Scope (as in the paper): dense Llama/Mistral/Qwen2/Qwen3 layers of transformers in evaluation mode, full attention,
+fixed RoPE, batch size one, one device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before
+any work.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
+
+from sur_lab.budget import Support
+from sur_lab.cache_ops import (
+    KV,
+    cache_length,
+    clone_cache,
+    from_tensors,
+    layer_kv,
+    num_layers,
+    scatter_rows_,
+    to_tensors,
+)
+from sur_lab.edits import EditedContext
+from sur_lab.executors import check_support, register_executor
+from sur_lab.models import (
+    LoadedModel,
+    UnsupportedModelError,
+    check_supported,
+    rotary_embedding,
+)
+
+#: Decoder families whose native layers the packed executor drives (appendix 13.2 names Llama and Qwen3; Mistral
+#: and Qwen2 share the Llama layer, Qwen2 with its sliding window disabled).
+PACKED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Attention backends of the packed executor, by name.
+PACKED_BACKENDS = ("sdpa", "flex", "triton")
+#: Name under which the packed attention function is registered in transformers' ``AttentionInterface``.
+ATTENTION_IMPLEMENTATION = "sur_lab_packed"
+#: FlexAttention tile size (query rows and K/V positions), flex's own default.
+FLEX_BLOCK_SIZE = 128
+#: Cost of one extra SDPA call in the key-split path, in causal (row, key) pairs: measured on 2 CPU cores with
+#: SmolLM2's heads (9/3, d_h 64, FP32), one extra call costs ~0.12 ms and one pair ~17 ns (all heads), i.e. ~7,100
+#: pairs; rounded up to 8,192 so that near-ties keep fewer calls.
+SPLIT_CALL_COST = 8192
+#: Segment boundaries of the key split are considered at multiples of this many packed rows and at interval starts.
+SPLIT_GRANULE = 8
+
+__all__ = [
+    "ATTENTION_IMPLEMENTATION",
+    "FLEX_BLOCK_SIZE",
+    "PACKED_BACKENDS",
+    "PACKED_MODEL_TYPES",
+    "SPLIT_CALL_COST",
+    "SPLIT_GRANULE",
+    "IndexedWriteCache",
+    "as_support",
+    "check_packed_model",
+    "check_packed_backend",
+    "causal_pair_count",
+    "flex_block_mask",
+    "packed_causal_mask",
+    "refresh_direct_sequential",
+    "refresh_one_shot",
+    "refresh_packed",
+    "split_segments",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------- checks
+
+
+def check_packed_model(lm: LoadedModel) -> None:
+    """Refuse a model whose layers the packed executor does not drive, before any work.
+
+    Covered: ``lm.spec.model_type`` in :data:`PACKED_MODEL_TYPES`, the configuration accepted by
+    :func:`sur_lab.models.check_supported` (full attention in every layer, exact RoPE over the whole head, no MoE),
+    transformers' own decoder-layer and attention classes for that family with their class ``forward`` (no subclass,
+    no instance-level patch), evaluation mode, parameters on a single device.
+
+    Raises:
+        UnsupportedModelError: naming the offending field (``model_type``, ``layer_types``, ``sliding_window``,
+            the layer class, ``training``, devices).
+    """
+    model_type = lm.spec.model_type
+    if model_type not in PACKED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"lm.spec.model_type={model_type!r}: the packed executor drives {', '.join(PACKED_MODEL_TYPES)} layers only"
+        )
+    config = lm.model.config
+    if getattr(config, "model_type", model_type) != model_type:
+        raise UnsupportedModelError(f"config.model_type={config.model_type!r} differs from spec {model_type!r}")
+    check_supported(config)  # full attention everywhere, exact RoPE, no MoE (re-checked: configs are mutable)
+    if lm.model.training:
+        raise UnsupportedModelError("model.training=True: the packed executor runs models in evaluation mode only")
+    inner = getattr(lm.model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or getattr(inner, "embed_tokens", None) is None:
+        raise UnsupportedModelError(f"{type(lm.model).__name__} has no .model.layers / .model.embed_tokens")
+    native = f"transformers.models.{model_type}.modeling_{model_type}"
+    for index, layer in enumerate(layers[: config.num_hidden_layers]):
+        attn = getattr(layer, "self_attn", None)
+        for module in (layer, attn):
+            if module is None or type(module).__module__ != native:
+                raise UnsupportedModelError(
+                    f"layer {index}: {type(module).__name__} is not transformers' native {model_type} module; "
+                    "custom layer forwards are not supported"
+                )
+            if "forward" in vars(module):
+                raise UnsupportedModelError(
+                    f"layer {index}: {type(module).__name__}.forward is patched on the instance"
+                )
+        if getattr(attn, "sliding_window", None) is not None:
+            raise UnsupportedModelError(f"layer {index}: sliding_window={attn.sliding_window}; full attention only")
+    devices = {p.device for p in lm.model.parameters()}
+    if len(devices) != 1:
+        raise UnsupportedModelError(f"parameters span devices {sorted(map(str, devices))}; one device only")
+
+
+def check_packed_backend(lm: LoadedModel, backend: str, *, fused_scatter: bool = False) -> None:
+    """Validate a backend name (and the Triton kernel's dtype and head-dim limits) before any work.
+
+    Raises:
+        ValueError: naming ``backend`` when it is not in :data:`PACKED_BACKENDS`, ``fused_scatter`` when it is asked
+            for a backend other than ``"triton"``, or the model's dtype / head dim when the Triton kernel does not
+            take them (FP16, BF16, FP32; head dim 64 or 128).
+    """
+    if backend not in PACKED_BACKENDS:
+        raise ValueError(f"backend={backend!r}; allowed: {', '.join(PACKED_BACKENDS)}")
+    if fused_scatter and backend != "triton":
+        raise ValueError(f"fused_scatter=True needs backend='triton', got backend={backend!r}")
+    if backend == "triton":
+        from sur_lab.executors.kernels.indexed_attention import (
+            SUPPORTED_DTYPES,
+            SUPPORTED_HEAD_DIMS,
+        )
+
+        if lm.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"backend='triton' takes float16, bfloat16 or float32 models; the model is {lm.dtype}")
+        if lm.spec.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"backend='triton' takes head_dim 64 or 128; the model has head_dim {lm.spec.head_dim}")
+
+
+def as_support(positions: Support | np.ndarray | torch.Tensor | Sequence[int], edit: EditedContext) -> Support:
+    """Validate suffix-local positions against an edit and return them as a :class:`~sur_lab.budget.Support`.
+
+    Args:
+        positions: a ``Support`` or ``[B]`` integer suffix-local positions (tokens), strictly increasing, each in
+            ``[0, S)``.
+        edit: the edit whose suffix length S they index.
+
+    Raises:
+        ValueError: naming ``positions`` when not 1-D integers, outside the suffix ``[0, S)``, unsorted or duplicated,
+            or a ``Support`` whose ``suffix_len`` differs from the edit's.
+    """
+    suffix_len = edit.suffix_len
+    if isinstance(positions, Support):
+        if positions.suffix_len != suffix_len:
+            raise ValueError(f"positions.suffix_len={positions.suffix_len}; the edit's suffix has {suffix_len} tokens")
+        return positions
+    if isinstance(positions, torch.Tensor):
+        positions = positions.detach().cpu().numpy()
+    arr = np.asarray(positions)
+    if arr.ndim != 1:
+        raise ValueError(f"positions must be 1-D [B]; got shape {arr.shape}")
+    if arr.size == 0:
+        return Support(np.zeros(0, dtype=np.int64), suffix_len)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"positions must be integers (suffix-local token indices); got dtype {arr.dtype}")
+    if arr.min() < 0 or arr.max() >= suffix_len:
+        raise ValueError(f"positions must lie in the suffix [0, {suffix_len}); got {arr.min()}..{arr.max()}")
+    if np.any(np.diff(arr) <= 0):
+        raise ValueError("positions must be sorted and strictly increasing (no duplicates)")
+    return Support(arr.astype(np.int64), suffix_len)
+
+
+def causal_pair_count(absolute_positions: np.ndarray | Sequence[int]) -> int:
+    """M(U) = sum over u in U of (u + 1): causal query-key pairs per head of packed attention (appendix 13.2)."""
+    return int(np.sum(np.asarray(absolute_positions, dtype=np.int64) + 1))
+
+
+def _check_cache(lm: LoadedModel, cache: DynamicCache) -> None:
+    if num_layers(cache) != lm.spec.num_layers:
+        raise ValueError(f"cache has {num_layers(cache)} layers; the model has {lm.spec.num_layers}")
+    k, _ = layer_kv(cache, 0)
+    if k.shape[0] != 1:
+        raise ValueError(f"cache batch size must be 1; got keys of shape {tuple(k.shape)}")
+    if k.device != lm.device:
+        raise ValueError(f"cache is on {k.device}; the model is on {lm.device}")
+
+
+# ------------------------------------------------------------------------------------------ cache and attention
+
+
+class IndexedWriteCache:
+    """The cache handed to each decoder layer during a packed traversal (Eq. 21).
+
+    ``update`` writes the layer's fresh K/V ``[1, H_kv, B, d_h]`` at the absolute rows ``positions`` of the output
+    cache, in place, and returns views of that layer's rows ``[0, kv_end)``: fresh rows at selected positions, reused
+    rows elsewhere, nothing past the last selected position (no packed row can see it). It implements only the one
+    method transformers' attention modules call on a cache; no other code path sees it.
+
+    Args:
+        layers: per-layer ``(K, V)`` tensors ``[1, H_kv, N, d_h]`` of the output cache (written in place).
+        positions: ``[B]`` int64 absolute rows U on the cache's device.
+        kv_end: rows returned to attention, ``u_B + 1`` (tokens).
+        write: ``(k_cache, v_cache, k_new, v_new) -> None`` in-place writer (``index_copy_`` or the fused scatter).
+    """
+
+    def __init__(self, layers: Sequence[KV], positions: torch.Tensor, kv_end: int, write: Callable[..., None]):
+        self.layers = list(layers)
+        self.positions = positions
+        self.kv_end = int(kv_end)
+        self._write = write
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        """Write fresh K/V at U for layer ``layer_idx``; return the layer's ``(K, V)`` rows ``[0, kv_end)`` (views)."""
+        k, v = self.layers[layer_idx]
+        self._write(k, v, key_states, value_states)
+        return k[:, :, : self.kv_end], v[:, :, : self.kv_end]
+
+
+def packed_causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Boolean ``[1, 1, B, kv_len]`` mask, True where key j is visible to packed row r: ``j <= u_r`` (Eq. 22)."""
+    return (torch.arange(kv_len, device=positions.device)[None, :] <= positions[:, None])[None, None]
+
+
+def flex_block_mask(positions: torch.Tensor, kv_len: int, *, block_size: int = FLEX_BLOCK_SIZE):
+    """FlexAttention ``BlockMask`` for packed rows at absolute ``positions``, built in O(B) (Eq. 23-24).
+
+    Query tile t (rows ``t*block_size ..``) gets K/V blocks ``[0, n_full)`` as full blocks (visible to every row, no
+    ``mask_mod``) and ``[n_full, n_total)`` as partial blocks, where ``n_full = floor((u_min + 1) / block_size)`` and
+    ``n_total = ceil((u_max + 1) / block_size)`` come from the kernel plan builder; the ``mask_mod`` applies
+    ``kv <= U[q]`` inside partial blocks. Equals ``create_block_mask(mask_mod, None, None, B, kv_len)`` (tested)
+    without evaluating the mask on a B x kv_len grid.
+
+    Args:
+        positions: ``[B]`` int64 sorted unique absolute positions, all ``< kv_len``.
+        kv_len: keys the attention sees (tokens).
+        block_size: query and K/V tile size (power of two >= 16).
+
+    Returns:
+        ``torch.nn.attention.flex_attention.BlockMask`` with ``seq_lengths = (B, kv_len)``.
+
+    Raises:
+        ValueError: naming ``positions`` (see :func:`sur_lab.executors.kernels.build_indexed_attention_plan`) or ``kv_len``.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from sur_lab.executors.kernels import build_indexed_attention_plan
+
+    plan = build_indexed_attention_plan(positions, block_m=block_size, block_n=block_size)
+    if plan.max_position >= kv_len:
+        raise ValueError(f"kv_len={kv_len} must exceed the largest position {plan.max_position}")
+    device = plan.device
+    num_kv_blocks = -(-kv_len // block_size)
+    n_full, n_total = plan.n_full.long(), plan.n_total.long()  # [T]
+    blocks = torch.arange(num_kv_blocks, device=device)
+    # Unused trailing index entries must still name valid blocks.
+    partial_idx = (n_full[:, None] + blocks[None, :]).clamp_max(num_kv_blocks - 1)
+    full_idx = blocks[None, :].expand(plan.num_tiles, -1)
+    # mask_mod may be evaluated on the padding rows of the last query tile: pad the lookup with u_B, never read past.
+    table = torch.full((plan.num_tiles * block_size,), plan.max_position, dtype=torch.int64, device=device)
+    table[: plan.num_rows] = plan.positions
+
+    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex's signature
+        return kv_idx <= table[q_idx]
+
+    as_int = lambda t: t.to(torch.int32)[None, None].contiguous()  # noqa: E731 - [1, 1, T, ...] as flex expects
+    return BlockMask.from_kv_blocks(
+        as_int(n_total - n_full),
+        as_int(partial_idx),
+        as_int(n_full),
+        as_int(full_idx),
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(plan.num_rows, kv_len),
+    )
+
+
+_COMPILED_FLEX: Callable | None = None
+
+
+def _flex_attention(compiled: bool) -> Callable:
+    """The flex_attention callable: compiled once per process (``dynamic=False``: one graph per shape) or eager."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+@dataclass(frozen=True, eq=False)
+class _PackedAttention:
+    """Per-refresh attention metadata, passed to every layer in place of ``attention_mask`` (built once, reused)."""
+
+    backend: str
+    mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
+    segments: tuple[tuple[int, int, int, torch.Tensor | None], ...] | None = None  # split sdpa: (row, k0, k1, mask)
+    block_mask: Any = None  # flex: BlockMask
+    flex: Callable | None = None
+    plan: Any = None  # triton: IndexedAttentionPlan
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+        """``[1, Hq, B, d]`` x ``[1, Hkv, kv_len, d]`` -> ``[1, Hq, B, d]`` packed causal attention (Eq. 22)."""
+        if self.backend == "sdpa":
+            if self.segments is None:
+                return _sdpa(query, key, value, self.mask, scale)
+            return _split_sdpa(query, key, value, self.segments, scale)
+        if self.backend == "flex":
+            with warnings.catch_warnings():
+                # The eager (uncompiled) path warns that it materializes scores: that is why it is the test path.
+                warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+                return self.flex(query, key, value, block_mask=self.block_mask, scale=scale, enable_gqa=True)
+        from sur_lab.executors.kernels import indexed_attention
+
+        return indexed_attention(query, key, value, self.plan, scale=scale)
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float):
+    group = query.shape[1] // key.shape[1]
+    if query.device.type == "cpu" or group == 1:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=group > 1)
+    # On accelerators a masked enable_gqa call selects the math kernel; repeating K/V heads keeps the fused one.
+    key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
+def _has_cpu_flash() -> bool:
+    """Whether this torch has the CPU flash-attention op that returns the log-sum-exp (torch >= 2.2)."""
+    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _split_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: Sequence[tuple[int, int, int, torch.Tensor | None]],
+    scale: float,
+) -> torch.Tensor:
+    """Key-split packed attention on a CPU: one flash call per key segment, merged by log-sum-exp.
+
+    The GQA group is folded into the query rows in (row, group) order, ``[1, H_kv, B * g, d]``, so rows ``a..B-1``
+    of every query head sharing a KV head form one contiguous block and each K/V segment is read once per KV head.
+    Partial outputs are merged in FP32 (FP64 for FP64 inputs): ``o = sum_s exp(lse_s - lse) o_s``.
+    """
+    _, num_heads, rows, dim = query.shape
+    num_kv = key.shape[1]
+    group = num_heads // num_kv
+    folded = query.reshape(1, num_kv, group, rows, dim).transpose(2, 3).reshape(1, num_kv, rows * group, dim)
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out = lse = None
+    for row, k0, k1, mask in segments:
+        o, l = flash(folded[:, :, row * group :], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scale)
+        o, l = o.to(acc), l.to(acc)
+        if out is None:  # the first segment starts at row 0 and initialises every row
+            out, lse = o, l
+            continue
+        tail = slice(row * group, None)
+        merged = torch.logaddexp(lse[:, :, tail], l)
+        keep, add = (lse[:, :, tail] - merged).exp_(), (l - merged).exp_()
+        out[:, :, tail] = out[:, :, tail] * keep[..., None] + o * add[..., None]
+        lse[:, :, tail] = merged
+    return out.to(query.dtype).reshape(1, num_kv, rows, group, dim).transpose(2, 3).reshape(1, num_heads, rows, dim)
+
+
+def split_segments(
+    positions: Sequence[int] | np.ndarray,
+    *,
+    call_cost: int = SPLIT_CALL_COST,
+    granule: int = SPLIT_GRANULE,
+) -> list[tuple[int, int, int]]:
+    """Key segments of the key-split SDPA path: ``(row, key_start, key_end)`` triples covering keys ``[0, u_B]``.
+
+    Segment ``(a, k0, k1)`` is attended by packed rows ``a..B-1``; ``k0 = u_{a-1} + 1`` (0 for ``a = 0``) and
+    ``k1 = u_{b-1} + 1`` where ``b`` is the next segment's row, so every key ``j`` is attended by exactly the rows
+    with ``u_r >= j`` plus, inside its own segment, the rows ``a..b-1`` that the mask then hides from it. The rows
+    ``a`` are chosen among 0, multiples of ``granule`` and interval starts (``u_r > u_{r-1} + 1``) by dynamic
+    programming to minimise ``sum over segments of (call_cost + (B - a) * (k1 - k0))`` (row-key pairs); a compact
+    support gives one segment. O(C^2) in the C candidate rows (at most 256, evenly thinned beyond that).
+
+    Args:
+        positions: ``[B]`` sorted unique absolute positions U (tokens), B >= 1.
+        call_cost: cost of one SDPA call in row-key pairs (:data:`SPLIT_CALL_COST`).
+        granule: candidate row spacing (rows), >= 1.
+
+    Returns:
+        Segments in key order; the first has ``row = 0`` and ``key_start = 0``, the last ends at ``u_B + 1``.
+
+    Raises:
+        ValueError: naming ``positions`` when empty, not 1-D, or not strictly increasing non-negative integers,
+            ``call_cost`` when negative, ``granule`` when < 1.
+    """
+    u = np.asarray(positions, dtype=np.int64)
+    if u.ndim != 1 or u.size == 0 or u[0] < 0 or np.any(np.diff(u) <= 0):
+        raise ValueError("positions must be a non-empty 1-D strictly increasing array of non-negative positions")
+    if call_cost < 0:
+        raise ValueError(f"call_cost={call_cost} must be >= 0")
+    if granule < 1:
+        raise ValueError(f"granule={granule} must be >= 1")
+    b = u.size
+    starts = np.flatnonzero(np.diff(u) > 1) + 1  # interval starts after the first
+    cand = np.union1d(np.arange(0, b, granule), starts)  # row 0 included
+    if cand.size > 256:  # keep the DP cheap for huge supports: 256 evenly spread candidates, row 0 included
+        cand = np.unique(cand[np.linspace(0, cand.size - 1, 256).round().astype(np.int64)])
+    cand = np.append(cand, b)  # the end sentinel
+    key_at = np.concatenate(([0], u + 1))[cand]  # key where a segment starting at candidate row c begins
+    best = np.full(cand.size, np.inf)
+    prev = np.zeros(cand.size, dtype=np.int64)
+    best[0] = 0.0
+    for j in range(1, cand.size):
+        costs = best[:j] + call_cost + (b - cand[:j]) * (key_at[j] - key_at[:j])
+        i = int(np.argmin(costs))
+        best[j], prev[j] = costs[i], i
+    chain, j = [], cand.size - 1
+    while j:
+        chain.append(j)
+        j = int(prev[j])
+    chain.append(0)
+    chain.reverse()
+    return [(int(cand[i]), int(key_at[i]), int(key_at[j])) for i, j in zip(chain[:-1], chain[1:])]
+
+
+def _packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-interface entry: returns ``([1, B, Hq, d], None)`` like ``sdpa_attention_forward``."""
+    if not isinstance(attention_mask, _PackedAttention):
+        raise RuntimeError(
+            f"attn_implementation={ATTENTION_IMPLEMENTATION!r} is selected by sur_lab.executors.packed during a packed refresh "
+            "only; it cannot serve an ordinary forward"
+        )
+    if sliding_window is not None:
+        raise UnsupportedModelError(f"sliding_window={sliding_window}: packed attention covers full attention only")
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    out = attention_mask.attend(query, key, value, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION_IMPLEMENTATION, _packed_attention_forward)
+
+
+@contextmanager
+def _packed_attention_selected(lm: LoadedModel) -> Iterator[None]:
+    """Select the packed attention function in every attention module's config, restoring it afterwards.
+
+    The attention modules look their function up by ``config._attn_implementation`` at each call, so this is the one
+    switch that keeps the native layer forwards; it is restored even when a layer raises.
+    """
+    configs = {id(layer.self_attn.config): layer.self_attn.config for layer in lm.model.model.layers}
+    previous = {key: config._attn_implementation for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation = ATTENTION_IMPLEMENTATION
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = previous[key]
+
+
+def _make_attention(
+    backend: str,
+    positions: torch.Tensor,
+    kv_len: int,
+    dtype: torch.dtype,
+    *,
+    flex_compile: bool,
+    plan: Any = None,
+    sdpa_split: bool = False,
+    num_kv_groups: int = 1,
+) -> _PackedAttention:
+    if backend == "sdpa":
+        if sdpa_split and positions.device.type == "cpu" and positions.numel() and _has_cpu_flash():
+            segments = split_segments(positions.numpy(), call_cost=SPLIT_CALL_COST)  # read here: tests lower it
+            if len(segments) > 1:  # one segment is exactly the single masked call below
+                return _PackedAttention("sdpa", segments=_segment_masks(positions, segments, dtype, num_kv_groups))
+        # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
+        allowed = packed_causal_mask(positions, kv_len)
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
+        return _PackedAttention("sdpa", mask=additive)
+    if backend == "flex":
+        block_mask = flex_block_mask(positions, kv_len)
+        return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
+    return _PackedAttention("triton", plan=plan)
+
+
+def _segment_masks(
+    positions: torch.Tensor, segments: Sequence[tuple[int, int, int]], dtype: torch.dtype, group: int
+) -> tuple[tuple[int, int, int, torch.Tensor | None], ...]:
+    """Additive ``[1, 1, (B - a) * group, k1 - k0]`` masks in (row, group) order, built once per refresh."""
+    out = []
+    for row, k0, k1 in segments:
+        rows = positions[row:]
+        if int(rows[0]) >= k1 - 1:  # every row sees the whole segment
+            out.append((row, k0, k1, None))
+            continue
+        allowed = torch.arange(k0, k1, device=positions.device)[None, :] <= rows[:, None]
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
+        out.append((row, k0, k1, additive.repeat_interleave(group, dim=0)[None, None]))
+    return tuple(out)
+
+
+def _run_layers_(
+    lm: LoadedModel,
+    layers: Sequence[KV],
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    kv_end: int,
+    attention: _PackedAttention,
+    write: Callable[..., None],
+) -> None:
+    """One layer-major traversal of ``token_ids`` ``[B]`` at absolute ``positions`` ``[B]``; writes K/V in place.
+
+    The model's own embedding, rotary embedding (positions U) and decoder layers are called; the final norm and LM
+    head are not (the output is the cache).
+    """
+    inner = lm.model.model
+    hidden = inner.embed_tokens(token_ids[None])  # [1, B, hidden]: the packed hidden-state buffer
+    position_ids = positions[None]
+    position_embeddings = rotary_embedding(lm.model)(hidden, position_ids=position_ids)
+    cache = IndexedWriteCache(layers, positions, kv_end, write)
+    with _packed_attention_selected(lm):
+        for layer in inner.layers[: lm.model.config.num_hidden_layers]:
+            hidden = layer(
+                hidden,
+                attention_mask=attention,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+                position_embeddings=position_embeddings,
+            )
+
+
+def _index_copy_writer(positions: torch.Tensor) -> Callable[..., None]:
+    def write(k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        k.index_copy_(2, positions, k_new.to(k.dtype))
+        v.index_copy_(2, positions, v_new.to(v.dtype))
+
+    return write
+
+
+def _fused_writer(plan: Any) -> Callable[..., None]:
+    from sur_lab.executors.kernels import indexed_scatter_kv
+
+    def write(k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        indexed_scatter_kv(k, v, k_new, v_new, plan)
+
+    return write
+
+
+def _validate(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, positions) -> Support:
+    check_packed_model(lm)
+    support = as_support(positions, edit)
+    check_support(edit, support, shift)
+    _check_cache(lm, shift)
+    return support
+
+
+# ------------------------------------------------------------------------------------------------------ executors
+
+
+@torch.no_grad()
+def refresh_packed(
+    lm: LoadedModel,
+    shift: DynamicCache,
+    edit: EditedContext,
+    positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+    *,
+    backend: str = "sdpa",
+    fused_scatter: bool = False,
+    flex_compile: bool = True,
+    sdpa_split: bool = False,
+) -> DynamicCache:
+    """Packed refresh: recompute the selected suffix positions in one layer-major traversal (appendix 13.2).
+
+    Args:
+        lm: a model accepted by :func:`check_packed_model`.
+        shift: Shift cache of ``p ⊕ s`` (``p + S`` rows, ``[1, H_kv, p + S, d_h]`` per layer); not modified.
+        edit: the edit (its edited token ids are gathered at U).
+        positions: a ``Support`` or ``[B]`` suffix-local positions, strictly increasing in ``[0, S)``.
+        backend: ``"sdpa"``, ``"flex"`` or ``"triton"`` (module docstring).
+        fused_scatter: write fresh K/V with the kernel module's indexed scatter instead of ``index_copy_``
+            (``backend="triton"`` only).
+        flex_compile: compile ``flex_attention`` (``backend="flex"``); False runs the eager reference.
+        sdpa_split: ``backend="sdpa"`` on a CPU only (elsewhere one masked call runs): split the keys into
+            segments attended only by the rows that can see them, so attention work follows M(U) (appendix 13.2)
+            rather than ``B * (u_B + 1)``; see :func:`split_segments` and the module docstring. Equal to the single
+            masked call up to the reduction order of the log-sum-exp merge.
+
+    Returns:
+        A new cache of ``p + S`` rows: rows at ``p + positions`` recomputed with each selected position attending to
+        its full causal history (fresh K/V at selected positions, Shift K/V in the gaps); every other row bitwise
+        that of ``shift``. B = 0 returns a plain copy.
+
+    Raises:
+        UnsupportedModelError: see :func:`check_packed_model`.
+        ValueError: see :func:`as_support` (``positions``), :func:`check_packed_backend` (``backend``),
+            :func:`sur_lab.executors.check_support` (``cache``), batch/device/layer mismatches of ``shift``; all
+            raised before the clone and before any forward.
+
+    Source: section 3.3, appendix 13.2, Eq. 21-22 (Eq. 23-24 for the flex and Triton tile plans).
+    """
+    support = _validate(lm, shift, edit, positions)
+    check_packed_backend(lm, backend, fused_scatter=fused_scatter)
+    if sdpa_split and backend != "sdpa":
+        raise ValueError(f"sdpa_split=True needs backend='sdpa', got backend={backend!r}")
+    out = clone_cache(shift)  # the one output clone; everything below writes into it
+    if support.size == 0:
+        return out
+    device = lm.device
+    absolute = torch.from_numpy(support.absolute(edit.prefix_len)).to(device)
+    kv_end = int(absolute[-1]) + 1
+    plan = None
+    if backend == "triton":
+        from sur_lab.executors.kernels import build_indexed_attention_plan
+
+        plan = build_indexed_attention_plan(absolute)  # once per refresh, reused by every layer
+    # Compiled flex gets the full cache length so its graph does not change with the last selected position.
+    kv_len = cache_length(out) if backend == "flex" else kv_end
+    attention = _make_attention(
+        backend,
+        absolute,
+        kv_len,
+        lm.dtype,
+        flex_compile=flex_compile,
+        plan=plan,
+        sdpa_split=sdpa_split,
+        num_kv_groups=lm.spec.gqa_group,
+    )
+    write = _fused_writer(plan) if fused_scatter else _index_copy_writer(absolute)
+    token_ids = edit.edited_ids.to(device)[absolute]
+    _run_layers_(lm, to_tensors(out), token_ids, absolute, kv_len, attention, write)
+    return out
+
+
+@torch.no_grad()
+def refresh_direct_sequential(
+    lm: LoadedModel,
+    shift: DynamicCache,
+    edit: EditedContext,
+    positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+) -> DynamicCache:
+    """Direct sequential control: one output clone refreshed in place, one traversal per interval (appendix 13.3).
+
+    For each maximal interval ``[a, b)`` in order, the interval's tokens run through the model's layers (SDPA,
+    causal mask) writing their K/V into the output cache in place and attending to views of its rows ``[0, p + b)``;
+    earlier intervals' fresh rows are visible to later ones, as in the reference ``"sequential"`` executor, but no
+    prefix copy is made and nothing is written back.
+
+    Args and Raises: as :func:`refresh_packed` (no backend).
+
+    Returns:
+        A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
+    """
+    support = _validate(lm, shift, edit, positions)
+    out = clone_cache(shift)
+    layers = to_tensors(out)
+    device = lm.device
+    ids = edit.edited_ids.to(device)
+    p = edit.prefix_len
+    for a, b in support.intervals:
+        rows = torch.arange(p + a, p + b, device=device)
+        attention = _make_attention("sdpa", rows, p + b, lm.dtype, flex_compile=False)
+        _run_layers_(lm, layers, ids[p + a : p + b], rows, p + b, attention, _index_copy_writer(rows))
+    return out
+
+
+@torch.no_grad()
+def refresh_one_shot(
+    lm: LoadedModel,
+    shift: DynamicCache,
+    edit: EditedContext,
+    positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+) -> DynamicCache:
+    """One-shot sparse control: all selected tokens in one ordinary model forward with a custom 4-D mask.
+
+    The unselected rows ``[0, u_B] \\ U`` of the Shift cache are gathered into a fresh ``DynamicCache`` (keys keep
+    their RoPE: nothing moves), the B selected tokens are forwarded at ``position_ids = U`` through the model's normal
+    ``forward`` with a 4-D mask in which row r sees gathered row g iff ``g < u_r`` and new row r' iff ``r' <= r``, and
+    the B appended K/V rows are scattered at U into one clone of the Shift cache (appendix 13.3, "one-shot sparse").
+
+    Args and Raises: as :func:`refresh_packed` (no backend); additionally ``UnsupportedModelError`` when the model's
+    attention implementation is neither ``"sdpa"`` nor ``"eager"`` (the mask format is chosen for these two).
+
+    Returns:
+        A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
+    """
+    support = _validate(lm, shift, edit, positions)
+    implementation = lm.model.config._attn_implementation
+    if implementation not in ("sdpa", "eager"):
+        raise UnsupportedModelError(
+            f"one-shot builds masks for 'sdpa' or 'eager' attention; the model uses {implementation!r}"
+        )
+    out = clone_cache(shift)
+    if support.size == 0:
+        return out
+    device = lm.device
+    absolute = torch.from_numpy(support.absolute(edit.prefix_len)).to(device)
+    kv_end = int(absolute[-1]) + 1
+    keep = torch.ones(kv_end, dtype=torch.bool, device=device)
+    keep[absolute] = False
+    gathered_rows = keep.nonzero().squeeze(1)  # [kv_end - B], sorted
+    work = from_tensors([(k[:, :, gathered_rows], v[:, :, gathered_rows]) for k, v in to_tensors(shift)])
+    b = absolute.numel()
+    visible_old = gathered_rows[None, :] < absolute[:, None]  # [B, kv_end - B]
+    visible_new = torch.ones(b, b, dtype=torch.bool, device=device).tril()  # new row r' visible iff r' <= r
+    mask = torch.cat((visible_old, visible_new), dim=1)[None, None]
+    if implementation == "eager":
+        # eager attention adds the mask to the scores, so it must be additive (0 / dtype minimum).
+        mask = torch.zeros(mask.shape, dtype=lm.dtype, device=device).masked_fill(~mask, torch.finfo(lm.dtype).min)
+    lm.model(
+        input_ids=edit.edited_ids.to(device)[absolute][None],
+        position_ids=absolute[None],
+        attention_mask=mask,
+        cache=work,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    for layer, (k, v) in enumerate(to_tensors(work)):
+        scatter_rows_(out, layer, absolute, k[:, :, -b:], v[:, :, -b:])
+    return out
+
+
+def _register(name: str, **options: Any) -> None:
+    def executor(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support) -> DynamicCache:
+        return refresh_packed(lm, shift, edit, support, **options)
+
+    executor.__name__ = f"refresh_{name.replace('-', '_')}"
+    executor.__doc__ = f"Registered executor {name!r}: :func:`refresh_packed` with {options}."
+    register_executor(name)(executor)
+
+
+_register("packed", backend="sdpa", sdpa_split=True)  # the default: key split on a CPU, one masked call elsewhere
+_register("packed-sdpa", backend="sdpa")
+_register("packed-sdpa-split", backend="sdpa", sdpa_split=True)
+_register("packed-flex", backend="flex")
+_register("packed-flex-eager", backend="flex", flex_compile=False)
+_register("packed-triton", backend="triton")
+_register("packed-triton-fused", backend="triton", fused_scatter=True)
+register_executor("direct-sequential")(refresh_direct_sequential)
+register_executor("one-shot")(refresh_one_shot)

@@ -1,0 +1,802 @@
+"""Natural multi-hop QA: placement cases, the quality–latency tables and the paired statistics (section 4.3).
+
+Construction (section 4.3; appendix 7.5). Each *source* question supplies one non-supporting passage ``X`` that is
+inserted before, between or after the supporting evidence of an otherwise fixed *clean document*; deleting ``X``
+restores that clean document token for token, so the three placement cases of a source share the clean prompt, the
+query and the gold answer and differ only in where the stale suffix starts. Placements are paired by source and are
+not independent questions (appendix 8.3).
+
+Choices the paper leaves open, fixed here (all before any model output; :class:`PanelConfig` holds them):
+
+- **Clean document** = ``lead`` framing passages, the supporting passages in the dataset's order, ``tail`` framing
+  passages. Framing passages are non-supporting passages of the same source (its own distractors), so the
+  document stays natural text. With ``tail = 0`` the after-support placement would delete the document's last
+  passage and leave an empty suffix (S = 0: every method equals Re-prefill trivially), hence the default ``tail = 1``.
+- **Between** = after the first ``k // 2`` of the ``k`` supporting passages; sources need ``k >= 2`` (IIRC questions
+  whose only evidence is the main passage are not eligible; that filter uses annotations only).
+- **Inserted and framing passages**: drawn from the source's own distractors with a per-source generator seeded by
+  ``(seed, crc32("dataset/id"))``; when the source has too few (61 % of IIRC dev questions have no retrieved
+  non-gold snippet), the rest come from :func:`sur_lab.studies.datasets.load_corpus` (2WikiMultiHopQA Wikipedia paragraphs)
+  with the same generator. A candidate is rejected when it shares a title with a supporting passage, repeats a chosen
+  passage, or contains a normalized gold answer as a whole-word substring (span and number answers; yes/no and
+  "none" answers are not checked), as appendix 10.1 rejects documents with an answer alias or support title.
+- **IIRC unanswerable questions** (``answer_type == "none"``) are excluded by default
+  (``include_unanswerable=False``): the construction places an insertion relative to evidence that supports the
+  answer, and IIRC's gold snippets of unanswerable questions by definition do not. Set the flag to include them; the
+  scorer handles their ``"none"`` answers.
+- **Prompt**: the model's native chat template through :func:`sur_lab.edits.chat_edit` and
+  :func:`sur_lab.edits.format_passages`; the query (question and template tail) follows the documents. Reasoning
+  mode is whatever the template does by default: none for the embedded SmolLM2; a Qwen3 template would need
+  ``enable_thinking=False``, which :func:`sur_lab.edits.render_chat` does not pass.
+
+Latency (Eq. 20; appendix 8.2): post-edit latency = select + shift + refresh + answer, where Re-prefill's refresh is its
+rebuild of the edited prompt and answer is query processing plus decoding; the Dirty prefill and harness clones are
+excluded. The sweep runner times one trial per case; :func:`sweep_cases` with ``trials > 1`` adds repeated trials
+that :func:`aggregate_trials` averages.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sur_lab.analysis.scoring import normalize_answer
+from sur_lab.analysis.stats import (
+    BOOTSTRAP_SEED,
+    N_BOOT,
+    agreement_rate,
+    error_transitions,
+    paired_bootstrap,
+    pooled_em,
+)
+from sur_lab.edits import (
+    DEFAULT_INSTRUCTION,
+    EditedContext,
+    chat_edit,
+    format_passages,
+    render_chat,
+)
+from sur_lab.studies.datasets import (
+    DATASETS,
+    Passage,
+    QAExample,
+    load_corpus,
+    load_qa,
+    select_sources,
+)
+
+#: Placement of the inserted passage relative to the supporting evidence (section 4.3).
+PLACEMENTS = ("before", "between", "after")
+#: Allocators of the natural-QA comparison (section 4.3, Tables 7-11), by their registered names.
+PAPER_ALLOCATORS = ("SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted")
+#: Reference operators of the comparison, in table order.
+REFERENCES = ("Shift", "Replay", "Re-prefill")
+#: Budgets of the comparison, % of the retained suffix.
+PAPER_BUDGETS = (2.0, 5.0)
+#: Column headings of Tables 10-11.
+DATASET_LABELS = {"2wikimultihopqa": "2Wiki", "hotpotqa": "HotpotQA", "iirc": "IIRC", "musique": "MuSiQue"}
+#: Eq. 20 components, in ms, as the sweep records them.
+LATENCY_PARTS = ("select_ms", "shift_ms", "refresh_ms", "answer_ms")
+#: Columns that identify one case (one placement of one source) in a results table.
+CASE_KEYS = ("dataset", "source_id", "placement")
+
+# Answer types whose gold strings are checked against candidate passages: a yes/no or "none" gold says nothing
+# about whether a passage leaks the answer.
+_LEAK_CHECKED_TYPES = frozenset({"span", "spans", "number"})
+
+
+@dataclass(frozen=True)
+class PanelConfig:
+    """How sources are chosen and how their documents are built (module docstring; section 4.3, appendix 7.5).
+
+    Attributes:
+        lead: framing non-supporting passages before the evidence in the clean document (>= 0).
+        tail: framing non-supporting passages after the evidence (>= 0; 0 gives an empty suffix after support).
+        min_supporting: sources need at least this many supporting passages (>= 2, so "between" exists).
+        include_unanswerable: keep IIRC questions whose answer type is "none".
+        seed: seeds the source selection (:func:`sur_lab.studies.datasets.select_sources`) and each source's passage draw.
+        instruction: text before the documents in the user message.
+
+    Raises:
+        ValueError: naming ``lead``/``tail`` when negative or ``min_supporting`` when below 2.
+    """
+
+    lead: int = 0
+    tail: int = 1
+    min_supporting: int = 2
+    include_unanswerable: bool = False
+    seed: int = 0
+    instruction: str = DEFAULT_INSTRUCTION
+
+    def __post_init__(self) -> None:
+        for name in ("lead", "tail"):
+            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 0")
+        if int(self.min_supporting) != self.min_supporting or self.min_supporting < 2:
+            raise ValueError(f"min_supporting={self.min_supporting!r} must be an integer >= 2 (placement 'between')")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source question with the passages its three placement cases use.
+
+    Attributes:
+        example: the QA example.
+        inserted: the non-supporting passage inserted and then deleted (same for all three placements).
+        lead / tail: framing non-supporting passages before / after the evidence in the clean document.
+        origins: where ``inserted``, the lead and the tail passages came from, in that order: ``"native"`` (the
+            source's own distractors) or ``"corpus"`` (:func:`sur_lab.studies.datasets.load_corpus`).
+    """
+
+    example: QAExample
+    inserted: Passage
+    lead: tuple[Passage, ...]
+    tail: tuple[Passage, ...]
+    origins: tuple[str, ...]
+
+    @property
+    def clean_passages(self) -> tuple[Passage, ...]:
+        """The clean document: lead, supporting passages, tail."""
+        return (*self.lead, *self.example.supporting, *self.tail)
+
+    def insert_index(self, placement: str) -> int:
+        """Index of the inserted passage in the placement's passage list (before / between / after the evidence).
+
+        Raises:
+            ValueError: naming ``placement`` when it is not one of :data:`PLACEMENTS`.
+        """
+        k = len(self.example.supporting)
+        offsets = {"before": 0, "between": k // 2, "after": k}
+        if placement not in offsets:
+            raise ValueError(f"placement={placement!r} is not one of {PLACEMENTS}")
+        return len(self.lead) + offsets[placement]
+
+    def passages(self, placement: str) -> tuple[Passage, ...]:
+        """The document of one placement case: the clean document with ``inserted`` at :meth:`insert_index`."""
+        i = self.insert_index(placement)
+        clean = self.clean_passages
+        return (*clean[:i], self.inserted, *clean[i:])
+
+
+@dataclass(frozen=True)
+class PlacementCase:
+    """One placement case: an edit that deletes the inserted passage, plus what scoring and tables need.
+
+    Attributes:
+        case_id: ``"{dataset}/{source_id}/{placement}"``.
+        source: the source (example and passages).
+        placement: one of :data:`PLACEMENTS`.
+        edit: the edit (``original_ids`` = prompt with the inserted passage, ``edited_ids`` = clean prompt).
+    """
+
+    case_id: str
+    source: Source
+    placement: str
+    edit: EditedContext = field(repr=False, compare=False)
+
+    @property
+    def example(self) -> QAExample:
+        return self.source.example
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Flat scalars copied into every sweep record (the sweep itself records p, d, S and the gold answers)."""
+        return {
+            "dataset": self.example.dataset,
+            "source_id": self.example.id,
+            "placement": self.placement,
+            "answer_type": self.example.answer_type,
+            "inserted_title": self.source.inserted.title,
+            "inserted_origin": self.source.origins[0],
+            "query_len": int(self.edit.query_ids.numel()),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def is_eligible(example: QAExample, config: PanelConfig = PanelConfig()) -> bool:
+    """Whether ``example`` can supply three placement cases under ``config`` (annotations only, no model output)."""
+    if len(example.supporting) < config.min_supporting:
+        return False
+    return config.include_unanswerable or example.answer_type != "none"
+
+
+def select_panel(
+    datasets: Sequence[str] = DATASETS,
+    n_per_dataset: int = 100,
+    config: PanelConfig = PanelConfig(),
+    *,
+    split: str = "dev",
+    corpus: Sequence[Passage] | None = None,
+) -> list[Source]:
+    """Choose ``n_per_dataset`` eligible sources per dataset by ``config.seed`` and draw their passages (app. 7.5).
+
+    Selection uses only the dataset files: eligible examples (:func:`is_eligible`) of each dataset's shipped file for
+    ``split`` are drawn with :func:`sur_lab.studies.datasets.select_sources` (nested: the first n of a larger panel are the
+    smaller panel), then :func:`choose_passages` fixes each source's inserted and framing passages.
+
+    Args:
+        datasets: dataset keys (subset of :data:`sur_lab.studies.datasets.DATASETS`), in output order.
+        n_per_dataset: sources per dataset (paper: 100), >= 1 and at most the eligible pool.
+        config: panel configuration.
+        split: ``"dev"`` (development files, the default). ``"test"`` reads the held-out files: never tune on them.
+        corpus: fallback passages (default :func:`sur_lab.studies.datasets.load_corpus`, loaded only when needed).
+
+    Returns:
+        Sources grouped by dataset in ``datasets`` order, draw order within a dataset.
+
+    Raises:
+        ValueError: naming ``datasets`` for an unknown or repeated key, ``n_per_dataset`` when out of range for a
+            dataset's eligible pool.
+    """
+    unknown = [d for d in datasets if d not in DATASETS]
+    if unknown or len(set(datasets)) != len(datasets):
+        raise ValueError(f"datasets={list(datasets)!r} must be distinct keys of {DATASETS}")
+    if int(n_per_dataset) != n_per_dataset or n_per_dataset < 1:
+        raise ValueError(f"n_per_dataset={n_per_dataset!r} must be an integer >= 1")
+    sources = []
+    for name in datasets:
+        pool = [ex for ex in load_qa(name, split=split) if is_eligible(ex, config)]
+        if n_per_dataset > len(pool):
+            raise ValueError(f"n_per_dataset={n_per_dataset} exceeds the {len(pool)} eligible {name} sources")
+        for ex in select_sources(pool, n_per_dataset, config.seed):
+            sources.append(choose_passages(ex, config, corpus=corpus))
+    return sources
+
+
+@functools.lru_cache(maxsize=1)
+def _default_corpus() -> tuple[Passage, ...]:
+    return tuple(load_corpus())
+
+
+def _answer_needles(example: QAExample) -> list[str]:
+    if example.answer_type not in _LEAK_CHECKED_TYPES:
+        return []
+    needles = {normalize_answer(a) for a in example.answers}
+    return [n for n in needles if n]
+
+
+def passage_admissible(passage: Passage, example: QAExample) -> bool:
+    """Whether ``passage`` may be inserted into or frame ``example``'s document (module docstring).
+
+    Rejects supporting passages, passages titled like a supporting passage, empty passages, and passages whose
+    :func:`sur_lab.analysis.scoring.normalize_answer` text contains a normalized gold answer as whole words (span and number
+    answers only).
+    """
+    if passage.is_supporting or not passage.text.strip():
+        return False
+    if passage.title in {p.title for p in example.supporting}:
+        return False
+    text = f" {normalize_answer(passage.text)} "
+    return not any(f" {needle} " in text for needle in _answer_needles(example))
+
+
+def source_rng(example: QAExample, seed: int) -> np.random.Generator:
+    """The per-source generator: PCG64 seeded by ``(seed, crc32("dataset/id"))``, independent of panel size."""
+    return np.random.default_rng([int(seed), zlib.crc32(f"{example.dataset}/{example.id}".encode())])
+
+
+def choose_passages(
+    example: QAExample, config: PanelConfig = PanelConfig(), *, corpus: Sequence[Passage] | None = None
+) -> Source:
+    """Draw the inserted passage and the framing passages of one source (module docstring).
+
+    The source's admissible distractors (:func:`passage_admissible`) are permuted by :func:`source_rng`; the first is
+    the inserted passage, the next ``lead`` and then ``tail`` frame the evidence. Missing ones are drawn uniformly
+    from ``corpus`` by the same generator, skipping inadmissible passages and repeats (same title or text).
+
+    Args:
+        example: an eligible example (:func:`is_eligible`).
+        config: panel configuration (``lead``, ``tail``, ``seed``).
+        corpus: fallback passages (default :func:`sur_lab.studies.datasets.load_corpus`).
+
+    Returns:
+        The :class:`Source`.
+
+    Raises:
+        ValueError: naming ``example`` when it is not eligible, or ``corpus`` when it cannot supply enough admissible
+            passages.
+    """
+    if len(example.supporting) < config.min_supporting:
+        raise ValueError(
+            f"example {example.dataset}/{example.id} has {len(example.supporting)} supporting passages; "
+            f"placements need >= {config.min_supporting}"
+        )
+    rng = source_rng(example, config.seed)
+    needed = 1 + config.lead + config.tail
+    native = [p for p in example.distractors if passage_admissible(p, example)]
+    chosen: list[Passage] = []
+    origins: list[str] = []
+    seen_titles: set[str] = set()
+    seen_texts: set[str] = set()
+
+    def take(p: Passage, origin: str) -> None:
+        chosen.append(p)
+        origins.append(origin)
+        seen_titles.add(p.title)
+        seen_texts.add(p.text.strip())
+
+    for i in rng.permutation(len(native)):
+        p = native[int(i)]
+        if len(chosen) == needed:
+            break
+        if p.text.strip() not in seen_texts:
+            take(p, "native")
+    if len(chosen) < needed:
+        pool = corpus if corpus is not None else _default_corpus()
+        attempts = 0
+        while len(chosen) < needed:
+            attempts += 1
+            if attempts > 50 * needed + len(pool):
+                raise ValueError(
+                    f"corpus cannot supply {needed} admissible passages for {example.dataset}/{example.id}"
+                )
+            p = pool[int(rng.integers(len(pool)))]
+            if p.title in seen_titles or p.text.strip() in seen_texts or not passage_admissible(p, example):
+                continue
+            take(p, "corpus")
+    inserted, rest = chosen[0], chosen[1:]
+    return Source(
+        example=example,
+        inserted=inserted,
+        lead=tuple(rest[: config.lead]),
+        tail=tuple(rest[config.lead :]),
+        origins=tuple(origins),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Placement cases
+
+
+def clean_prompt_ids(tokenizer, source: Source, *, instruction: str = DEFAULT_INSTRUCTION) -> torch.Tensor:
+    """``[p + S + Q]`` int64: the clean prompt (clean document, question, template tail) tokenized directly."""
+    documents, _ = format_passages(source.clean_passages)
+    text, query_text, _, _ = render_chat(tokenizer, documents, source.example.question, instruction=instruction)
+    return torch.tensor(tokenizer(text + query_text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+
+def build_case(
+    tokenizer, source: Source, placement: str, *, instruction: str = DEFAULT_INSTRUCTION
+) -> PlacementCase:
+    """Build the placement case that inserts ``source.inserted`` at ``placement`` and deletes it (section 4.3).
+
+    The edit deletes the inserted passage's character span (with its blank-line separator) from the rendered chat
+    prompt; the result is checked at token level: the edited tokens followed by the query tokens must equal the clean
+    prompt tokenized on its own (:func:`clean_prompt_ids`).
+
+    Args:
+        tokenizer: the model's fast tokenizer with a chat template.
+        source: the source.
+        placement: one of :data:`PLACEMENTS`.
+        instruction: text before the documents.
+
+    Returns:
+        The :class:`PlacementCase`.
+
+    Raises:
+        ValueError: naming ``placement`` when unknown; as :func:`sur_lab.edits.chat_edit` for spans that cannot be cut
+            at token boundaries.
+        RuntimeError: if deleting the passage does not restore the clean prompt token for token.
+    """
+    index = source.insert_index(placement)
+    documents, spans = format_passages(source.passages(placement))
+    edit = chat_edit(tokenizer, documents, source.example.question, spans[index], instruction=instruction)
+    clean = clean_prompt_ids(tokenizer, source, instruction=instruction)
+    restored = torch.cat((edit.edited_ids, edit.query_ids))
+    if not torch.equal(restored, clean):
+        raise RuntimeError(
+            f"deleting the inserted passage of {source.example.dataset}/{source.example.id} ({placement}) does not "
+            "restore the clean prompt's tokens"
+        )
+    case_id = f"{source.example.dataset}/{source.example.id}/{placement}"
+    return PlacementCase(case_id, source, placement, edit)
+
+
+def build_cases(
+    tokenizer,
+    sources: Iterable[Source],
+    placements: Sequence[str] = PLACEMENTS,
+    *,
+    instruction: str = DEFAULT_INSTRUCTION,
+) -> list[PlacementCase]:
+    """All placement cases of ``sources``, source-major (the placements of a source are adjacent).
+
+    Raises:
+        ValueError: naming ``placements`` when empty, repeated or not in :data:`PLACEMENTS`.
+    """
+    if not placements or len(set(placements)) != len(placements) or not set(placements) <= set(PLACEMENTS):
+        raise ValueError(f"placements={list(placements)!r} must be distinct values of {PLACEMENTS}")
+    return [build_case(tokenizer, s, p, instruction=instruction) for s in sources for p in placements]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sweep glue (the shared runner is sur_lab.runtime.sweep.run_sweep)
+
+
+def trial_case_id(case_id: str, trial: int) -> str:
+    """Sweep case id of a repeated timing trial: the case id itself for trial 0, ``"{case_id}#t{trial}"`` after."""
+    return case_id if trial == 0 else f"{case_id}#t{trial}"
+
+
+def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
+    """Placement cases as :class:`sur_lab.runtime.sweep.SweepCase` objects, ``trials`` timed trials per case.
+
+    Trial t > 0 of a case is a separate sweep case (:func:`trial_case_id`) with the same edit, so each trial is
+    timed once and resumes independently; trials are ordered trial-major (every case once, then again), so that
+    slow drifts of a shared machine do not load one case's trials. ``meta`` carries :attr:`PlacementCase.meta` plus
+    ``trial``; ``gold`` is the example's answers.
+
+    Args:
+        cases: placement cases.
+        trials: timed trials per case, >= 1 (the paper: 1).
+
+    Returns:
+        ``len(cases) * trials`` sweep cases.
+
+    Raises:
+        ValueError: naming ``trials`` when it is not an integer >= 1.
+    """
+    from sur_lab.runtime.sweep import SweepCase
+
+    if int(trials) != trials or trials < 1:
+        raise ValueError(f"trials={trials!r} must be an integer >= 1")
+    return [
+        SweepCase(trial_case_id(c.case_id, t), c.edit, gold=tuple(c.example.answers), meta={**c.meta, "trial": t})
+        for t in range(int(trials))
+        for c in cases
+    ]
+
+
+def make_scorer(cases: Sequence[PlacementCase]):
+    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.runtime.sweep.run_sweep`.
+
+    It extracts the answer once (:func:`sur_lab.analysis.scoring.extract_answer`) and applies the example's dataset rule
+    (:func:`sur_lab.analysis.scoring.score_example`: HotpotQA string EM, 2Wiki and MuSiQue over aliases, IIRC with DROP
+    normalization and span matching, including "none" and yes/no answers).
+    """
+    from sur_lab.analysis.scoring import extract_answer, score_example
+
+    examples = {c.case_id: c.example for c in cases}
+
+    def scorer(sweep_case, text: str) -> bool:
+        base = re.sub(r"#t\d+$", "", sweep_case.case_id)
+        return score_example(extract_answer(text), examples[base])
+
+    return scorer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Methods
+
+
+def available_methods(
+    allocators: Sequence[str] = PAPER_ALLOCATORS, references: Sequence[str] = REFERENCES
+) -> tuple[list[str], list[str]]:
+    """Split the requested methods into those that can run now and the allocators not registered yet.
+
+    Reference operators always run; an allocator runs when :data:`sur_lab.allocators.ALLOCATORS` holds its name.
+
+    Returns:
+        ``(methods, missing)``: runnable methods (allocators first, in the given order, then references) and the
+        unregistered allocator names.
+    """
+    from sur_lab.allocators import ALLOCATORS
+
+    runnable = [m for m in allocators if m in ALLOCATORS]
+    missing = [m for m in allocators if m not in ALLOCATORS]
+    return runnable + [r for r in references if r not in runnable], missing
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Results tables
+
+
+def condition_label(method: str, budget_pct: Any) -> str:
+    """``"SUR 5%"`` for a budgeted method, the plain name for a reference operator (NaN/None budget)."""
+    if budget_pct is None or (isinstance(budget_pct, float) and math.isnan(budget_pct)):
+        return method
+    return f"{method} {float(budget_pct):g}%"
+
+
+def results_table(records: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
+    """Normalize sweep records into the long table the statistics use: one row per (case, condition[, trial]).
+
+    Adds ``condition`` (:func:`condition_label`), ``correct`` (bool, from ``em``), ``answer`` (the extracted answer,
+    from ``prediction``; the sweep's raw generated text moves to ``answer_text``) and ``latency_ms`` (Eq. 20,
+    recomputed as the sum of :data:`LATENCY_PARTS` when absent), and keeps every other column. ``dataset``,
+    ``source_id`` and ``placement`` must be present (from the case meta).
+
+    Args:
+        records: sweep records (DataFrame or list of dicts) with ``method``, ``budget_pct``, ``em``, ``prediction``,
+            the Eq. 20 parts in ms and the case columns.
+
+    Returns:
+        A new DataFrame.
+
+    Raises:
+        ValueError: naming ``records`` when a required column is missing or a score is missing (None/NaN).
+    """
+    df = pd.DataFrame(records).copy()
+    required = ["method", "budget_pct", "em", "prediction", *CASE_KEYS, *LATENCY_PARTS]
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ValueError(f"records lack columns {missing}")
+    if df["em"].isna().any():
+        raise ValueError("records hold unscored rows (em is None/NaN); run the sweep with the dataset scorer")
+    df["condition"] = [condition_label(m, b) for m, b in zip(df["method"], df["budget_pct"])]
+    df["correct"] = df["em"].astype(bool)
+    if "answer" in df.columns:
+        df = df.rename(columns={"answer": "answer_text"})
+    df["answer"] = df["prediction"].fillna("").astype(str)
+    if "latency_ms" not in df.columns:
+        df["latency_ms"] = df[list(LATENCY_PARTS)].sum(axis=1)
+    return df
+
+
+def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
+    """Average the Eq. 20 timings over repeated trials of a case; answers come from trial 0.
+
+    Tables without a ``trial`` column (or with one trial) are returned unchanged (copied). Greedy decoding is
+    deterministic, so every trial gives the same answer; ``answers_consistent`` records whether it did.
+
+    Raises:
+        ValueError: naming ``table`` when a case/condition lacks trial 0.
+    """
+    if "trial" not in table.columns or table["trial"].nunique() <= 1:
+        return table.copy()
+    keys = [*CASE_KEYS, "condition"]
+    timing = [*LATENCY_PARTS, "latency_ms"]
+    first = table[table["trial"] == 0].set_index(keys)
+    if len(first) != table.groupby(keys).ngroups:
+        raise ValueError("table: every (case, condition) needs a trial 0")
+    means = table.groupby(keys)[timing].mean()
+    consistent = table.groupby(keys)["answer"].nunique() == 1
+    trials = table.groupby(keys).size()
+    out = first.drop(columns=timing).join(means).assign(answers_consistent=consistent, trials=trials)
+    return out.reset_index()
+
+
+def _ordered_conditions(table: pd.DataFrame) -> list[str]:
+    """Conditions in table order: allocators (given order, budgets ascending), then references."""
+    conds = table.drop_duplicates("condition")[["condition", "method", "budget_pct"]]
+    refs = [r for r in REFERENCES if r in set(conds["method"])] + sorted(
+        set(conds.loc[conds["budget_pct"].isna(), "method"]) - set(REFERENCES)
+    )
+    alloc = conds[conds["budget_pct"].notna()]
+    order = [m for m in PAPER_ALLOCATORS if m in set(alloc["method"])]
+    order += sorted(set(alloc["method"]) - set(order))
+    rank = {m: i for i, m in enumerate(order)}
+    alloc = alloc.assign(rank=alloc["method"].map(rank)).sort_values(["rank", "budget_pct"])
+    return list(alloc["condition"]) + refs
+
+
+def quality_latency_table(table: pd.DataFrame, reference: str = "Re-prefill") -> pd.DataFrame:
+    """Tables 7-8: pooled EM (Eq. 9), agreement with ``reference`` and mean post-edit latency with its breakdown.
+
+    Args:
+        table: output of :func:`results_table` (after :func:`aggregate_trials` when trials were repeated).
+        reference: condition whose extracted answers define agreement (Re-prefill).
+
+    Returns:
+        One row per condition in table order: ``condition``, ``method``, ``budget_pct``, ``cases``, ``correct``,
+        ``em_pct`` (unrounded), ``agree_pct`` (% of cases whose answer equals the reference's after normalization),
+        the mean Eq. 20 parts ``select_ms``, ``shift_ms``, ``refresh_ms``, ``answer_ms``, mean ``latency_ms`` and
+        ``latency_s``, ``speedup_vs_reference`` (reference latency / latency), mean ``allowance`` and
+        ``num_intervals`` where recorded.
+
+    Raises:
+        ValueError: naming ``reference`` when it is not a condition of ``table``.
+    """
+    conditions = _ordered_conditions(table)
+    if reference not in conditions:
+        raise ValueError(f"reference={reference!r} is not a condition of the table ({conditions})")
+    ref_latency = table.loc[table["condition"] == reference, "latency_ms"].mean()
+    rows = []
+    for cond in conditions:
+        sub = table[table["condition"] == cond]
+        row = {
+            "condition": cond,
+            "method": sub["method"].iloc[0],
+            "budget_pct": sub["budget_pct"].iloc[0],
+            "cases": len(sub),
+            "correct": int(sub["correct"].sum()),
+            "em_pct": pooled_em(sub["correct"].to_numpy()),
+            "agree_pct": agreement_rate(table, cond, reference, method_col="condition") if cond != reference else 100.0,
+        }
+        for part in (*LATENCY_PARTS, "latency_ms"):
+            row[part] = float(sub[part].mean())
+        row["latency_s"] = row["latency_ms"] / 1e3
+        row["speedup_vs_reference"] = float(ref_latency / row["latency_ms"])
+        for extra in ("allowance", "num_intervals"):
+            if extra in sub.columns:
+                row[extra] = float(sub[extra].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def dataset_em_table(table: pd.DataFrame, metric_col: str = "correct") -> pd.DataFrame:
+    """Tables 10-11: EM (%) per dataset and pooled over datasets from unrounded counts (Eq. 9).
+
+    Args:
+        table: output of :func:`results_table`.
+        metric_col: bool column to count (``"correct"`` for EM; ``"agree_reprefill"`` for agreement with
+            Re-prefill).
+
+    Returns:
+        One row per condition in table order with ``condition``, one column per dataset present (labels of
+        :data:`DATASET_LABELS`, in their order), ``Pooled`` and ``cases``.
+
+    Raises:
+        ValueError: naming ``metric_col`` when it is not a column.
+    """
+    if metric_col not in table.columns:
+        raise ValueError(f"metric_col={metric_col!r} is not a column of table")
+    rows = []
+    present = [d for d in DATASET_LABELS if d in set(table["dataset"])]
+    present += sorted(set(table["dataset"]) - set(present))
+    for cond in _ordered_conditions(table):
+        sub = table[table["condition"] == cond]
+        counts = {d: (int(g[metric_col].astype(bool).sum()), len(g)) for d, g in sub.groupby("dataset")}
+        row = {"condition": cond}
+        for d in present:
+            k, n = counts.get(d, (0, 0))
+            row[DATASET_LABELS.get(d, d)] = 100.0 * k / n if n else float("nan")
+        row["Pooled"] = pooled_em(counts)
+        row["cases"] = len(sub)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_difference_table(
+    table: pd.DataFrame,
+    method: str = "SUR",
+    references: Sequence[str] = REFERENCES,
+    *,
+    budgets: Sequence[float] | None = None,
+    metric_col: str = "correct",
+    n_boot: int = N_BOOT,
+    seed: int = BOOTSTRAP_SEED,
+    ci: float = 95.0,
+) -> pd.DataFrame:
+    """Table 9: ``method`` at each budget minus each reference, in EM percentage points, with paired intervals.
+
+    Uses :func:`sur_lab.analysis.stats.paired_bootstrap` (dataset-stratified, source-paired, the three placements of a source
+    resampled together; 10,000 replicates, seed 20260928, linear-interpolated percentiles; appendix 8.3).
+
+    Args:
+        table: output of :func:`results_table`.
+        method: the budgeted method (SUR).
+        references: reference conditions.
+        budgets: budgets to report (default: every budget ``method`` has in ``table``).
+        metric_col: bool/0-1 column compared (``"correct"``: EM; ``"agree_reprefill"``: agreement).
+        n_boot, seed, ci: bootstrap settings.
+
+    Returns:
+        Rows ``budget_pct``, ``reference``, ``delta_pp``, ``low_pp``, ``high_pp``, ``n_sources``, ``n_cases``.
+
+    Raises:
+        ValueError: naming ``method`` when it has no budgeted rows, or as :func:`sur_lab.analysis.stats.paired_bootstrap`.
+    """
+    have = sorted(table.loc[(table["method"] == method) & table["budget_pct"].notna(), "budget_pct"].unique())
+    if not have:
+        raise ValueError(f"method={method!r} has no budgeted rows in the table")
+    rows = []
+    for b in budgets if budgets is not None else have:
+        cond = condition_label(method, float(b))
+        for ref in references:
+            res = paired_bootstrap(
+                table, metric_col=metric_col, method_a=cond, method_b=ref, source_col="source_id",
+                strata_col="dataset", method_col="condition", n_boot=n_boot, seed=seed, ci=ci,
+            )
+            rows.append({
+                "budget_pct": float(b), "reference": ref, "delta_pp": 100 * res.diff, "low_pp": 100 * res.low,
+                "high_pp": 100 * res.high, "n_sources": res.n_sources,
+                "n_cases": int((table["condition"] == cond).sum()),
+            })
+    return pd.DataFrame(rows)
+
+
+def transition_table(table: pd.DataFrame, reference: str = "Shift", *, metric_col: str = "correct") -> pd.DataFrame:
+    """Error transitions of every condition against ``reference`` (appendix 8.3), case-paired.
+
+    Args:
+        table: output of :func:`results_table`.
+        reference: reference condition (Shift).
+        metric_col: bool column (``"correct"``: EM transitions; ``"agree_reprefill"``: transitions of agreement with
+            Re-prefill, e.g. Shift disagrees and the repair agrees).
+
+    Returns:
+        One row per other condition: ``condition``, ``repairs`` (reference wrong, condition right), ``regressions``
+        (the reverse), ``both_correct``, ``both_wrong``, ``n`` and the rates ``repairs_pct``/``regressions_pct``
+        (% of ``n``).
+
+    Raises:
+        ValueError: naming ``reference`` when it is not a condition of ``table``.
+    """
+    conditions = _ordered_conditions(table)
+    if reference not in conditions:
+        raise ValueError(f"reference={reference!r} is not a condition of the table ({conditions})")
+    rows = []
+    for cond in conditions:
+        if cond == reference:
+            continue
+        t = error_transitions(
+            table, cond, reference, metric_col=metric_col, method_col="condition", case_cols=CASE_KEYS
+        )
+        rows.append({
+            "condition": cond, **t, "repairs_pct": 100 * t["repairs"] / t["n"],
+            "regressions_pct": 100 * t["regressions"] / t["n"],
+        })
+    return pd.DataFrame(rows)
+
+
+def latency_breakdown(summary: pd.DataFrame) -> pd.DataFrame:
+    """The Eq. 20 breakdown of :func:`quality_latency_table` as a tidy frame for plotting.
+
+    Returns:
+        ``label`` plus the mean ``select_ms``, ``shift_ms``, ``refresh_ms``, ``answer_ms`` and ``latency_ms``
+        per condition (the columns :func:`sur_lab.analysis.plotting.plot_latency_breakdown` reads).
+    """
+    return summary[["condition", *LATENCY_PARTS, "latency_ms"]].rename(columns={"condition": "label"})
+
+
+def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str = "em_pct", ax=None):
+    """Figure 4: EM (or another quality column) against mean post-edit latency.
+
+    Budgeted methods are drawn as one line per method through their budgets, with the marker size growing with the
+    budget (small = 2 %, large = 5 %); reference operators are single labelled markers.
+
+    Args:
+        summary: output of :func:`quality_latency_table`.
+        title: axes title.
+        em_col: y column (``"em_pct"``, or ``"agree_pct"`` for agreement with Re-prefill).
+        ax: axes to draw into (a new figure when ``None``).
+
+    Returns:
+        The matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    else:
+        fig = ax.figure
+    budgeted = summary[summary["budget_pct"].notna()]
+    budgets = sorted(budgeted["budget_pct"].unique())
+    size = {b: 30 + 70 * i for i, b in enumerate(budgets)}
+    markers = "os^Dvp<>"
+    for i, (method, g) in enumerate(budgeted.groupby("method", sort=False)):
+        g = g.sort_values("budget_pct")
+        ax.plot(g["latency_s"], g[em_col], color=f"C{i}", lw=1.2, zorder=2)
+        ax.scatter(g["latency_s"], g[em_col], s=[size[b] for b in g["budget_pct"]], color=f"C{i}",
+                   marker=markers[i % len(markers)], label=method, zorder=3, edgecolor="white")
+    refs = summary[summary["budget_pct"].isna()]
+    for j, row in enumerate(refs.itertuples()):
+        ax.scatter(row.latency_s, getattr(row, em_col), s=70, marker="X", color="0.25" if j % 2 else "0.55",
+                   zorder=3, edgecolor="white")
+        ax.annotate(row.condition, (row.latency_s, getattr(row, em_col)), textcoords="offset points", xytext=(5, 4),
+                    fontsize=8)
+    values = summary[em_col].to_numpy(dtype=float)
+    pad = max(2.0, 0.08 * float(values.max() - values.min()))
+    # A flat panel (e.g. EM 0 for every method) would otherwise get a meaningless +-0.05 % axis.
+    ax.set_ylim(float(values.min()) - pad, float(values.max()) + pad)
+    ax.set_xlabel("mean post-edit latency (s), Eq. 20")
+    ax.set_ylabel({"em_pct": "exact match (%)", "agree_pct": "agreement with Re-prefill (%)"}.get(em_col, em_col))
+    if budgets:
+        sizes = " < ".join(f"{b:g}%" for b in budgets)
+        ax.legend(title=f"budget by marker size: {sizes}", fontsize=8, title_fontsize=8, loc="best")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig

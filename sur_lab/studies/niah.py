@@ -1,0 +1,621 @@
+"""Erasing-NIAH: two same-key needles in a haystack of real Wikipedia paragraphs; deleting one changes the answer
+(section 4.2, appendix 7.5).
+
+The original 96 cases are not public; this module builds the construction. A case is a chat prompt whose documents are
+shuffled 2WikiMultiHopQA corpus paragraphs (``Title: ...`` blocks separated by blank lines) holding two needles
+``"One of the special magic numbers for KEY is: VALUE."`` with the same KEY and different 7-digit VALUEs, each its own
+block. The question asks for all of KEY's numbers in order of appearance; the original answer lists both values, and
+deleting one needle's block (with its blank-line separator) leaves exactly the documents without it, whose answer is
+the other value alone. The prompt follows RULER's multi-value NIAH wording (instruction, needle and question); a short
+assistant answer prefix (the key's name) is part of the query, as in RULER.
+
+Scoring (appendix 7.5): :func:`parse_niah_answer` extracts every digit run after explicit response/channel boundaries
+with marked thinking blocks removed; ordinary newlines do not truncate; nothing is de-duplicated or matched against the
+gold list. Strict exact match (:func:`niah_exact_match`) requires the parsed list to equal the gold list in order and
+multiplicity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
+from sur_lab.edits import EditedContext, build_edit, render_chat
+from sur_lab.runtime.sweep import REFERENCES
+
+#: RULER's multi-value NIAH instruction, placed before the documents.
+NIAH_INSTRUCTION = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the numbers afterwards."
+)
+#: One needle (RULER's wording).
+NEEDLE_TEMPLATE = "One of the special magic numbers for {key} is: {value}."
+#: The question (the relevance query of SUR and BM25).
+QUESTION_TEMPLATE = (
+    "What are all the special magic numbers for {key} mentioned in the provided text? "
+    "Answer with the numbers only, separated by commas."
+)
+#: Assistant answer prefix appended to the query after the chat template's generation prompt (RULER's answer prefix).
+ANSWER_PREFIX_TEMPLATE = "The special magic numbers for {key} mentioned in the provided text are:"
+#: Needle depths are drawn at least this far apart (fraction of the filler tokens).
+MIN_DEPTH_GAP = 0.05
+#: The fourteen allocators in the order of Tables 2–6.
+PAPER_ALLOCATORS = (
+    "SUR",
+    "Dense tokens",
+    "Max-relevance contiguous",
+    "BM25 (same units)",
+    "Random semantic units",
+    "ProphetKV-Adapted",
+    "InfoFlow-Motivated",
+    "Cache-Craft-Adapted",
+    "CacheBlend-Adapted",
+    "A3-Adapted",
+    "LegoLink-Adapted",
+    "CacheTune-Adapted",
+    "SpecCache-Adapted",
+    "Clean-state oracle",
+)
+#: The paper's NIAH budget grid, %.
+PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
+
+_ADJECTIVES = (
+    "amber", "bold", "brave", "calm", "clever", "crisp", "dusty", "eager", "faint", "fancy", "gentle", "gleaming",
+    "golden", "hollow", "humble", "icy", "jolly", "lively", "lucky", "mellow", "misty", "noble", "odd", "quiet",
+    "rapid", "rustic", "silent", "silver", "smooth", "swift", "tender", "vivid", "wandering", "wild", "witty", "young",
+)
+_NOUNS = (
+    "anchor", "badger", "beacon", "canyon", "cedar", "comet", "crane", "delta", "ember", "falcon", "fern", "harbor",
+    "heron", "island", "lantern", "maple", "meadow", "otter", "pebble", "pine", "prairie", "quartz", "raven", "reef",
+    "river", "saddle", "sparrow", "summit", "thistle", "tide", "tulip", "valley", "walnut", "willow", "wren", "zephyr",
+)
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+#: Explicit response/channel boundaries: the answer is the text after the last one present.
+RESPONSE_BOUNDARIES = (
+    "</think>",
+    "<|channel|>final<|message|>",
+    "<|start_header_id|>assistant<|end_header_id|>",
+    "<|im_start|>assistant",
+)
+
+
+def parse_niah_answer(text: str) -> tuple[str, ...]:
+    """The ordered list of numbers in a generated answer (appendix 7.5).
+
+    Steps: remove ``<think>...</think>`` blocks; keep the text after the last explicit response/channel boundary
+    (:data:`RESPONSE_BOUNDARIES`); an unclosed ``<think>`` means the answer never left its thinking block (empty
+    result); cut at the first end-of-turn token; return every maximal run of ASCII digits in order. Ordinary newlines
+    do not truncate; repeats are kept; the gold list is never consulted.
+
+    Args:
+        text: decoded generation (``None`` is treated as empty).
+
+    Returns:
+        Tuple of digit strings (possibly empty).
+    """
+    if not text:
+        return ()
+    t = _THINK_BLOCK.sub(" ", text)
+    cut = max((t.rfind(b) + len(b) if t.rfind(b) >= 0 else -1) for b in RESPONSE_BOUNDARIES)
+    if cut >= 0:
+        t = t[cut:]
+    if "<think>" in t.lower():
+        return ()
+    for tok in END_OF_TURN_TOKENS:
+        end = t.find(tok)
+        if end >= 0:
+            t = t[:end]
+    return tuple(re.findall(r"[0-9]+", t))
+
+
+def niah_exact_match(parsed: Sequence[str], gold: Sequence[str]) -> bool:
+    """Strict EM: the parsed list equals the gold list in order and multiplicity (appendix 7.5)."""
+    return tuple(parsed) == tuple(gold)
+
+
+def niah_scorer(case: Any, text: str) -> bool:
+    """Sweep scorer: strict EM of :func:`parse_niah_answer` ``(text)`` against ``case.gold``."""
+    return niah_exact_match(parse_niah_answer(text), case.gold)
+
+
+@dataclass(frozen=True)
+class NiahCase:
+    """One Erasing-NIAH case.
+
+    Attributes:
+        case_id: stable identifier (``niah-{context_len}-{index:03d}``).
+        key: the needles' shared key (``adjective-noun``).
+        values: the two values in order of appearance (7-digit strings).
+        deleted: index in ``values`` of the deleted needle (0 = first, 1 = second).
+        gold_original: the original context's answer (both values, in order).
+        gold: the edited context's answer (the retained value).
+        context_len: requested pre-query length, tokens.
+        depths: the needles' depths in order of appearance (fraction of the filler tokens before them, in [0, 1]).
+        documents: the original documents text.
+        needle_char_spans: each needle sentence's ``(start, end)`` in the original pre-query text
+            (``edit.original_text``).
+        needle_token_spans: each needle sentence's ``(start, end)`` token span in ``edit.original_ids``.
+        deleted_char_span: the deleted block's ``(start, end)`` in the original pre-query text (the needle and its
+            blank-line separator; equals ``edit.deleted_char_span``).
+        deleted_token_span: ``(p, p + d)`` in ``edit.original_ids``.
+        kept_char_span: the retained needle sentence in ``edit.edited_text``.
+        kept_token_span: the retained needle sentence's token span in ``edit.edited_ids``.
+        seed: the case's own seed.
+        edit: the edit (deleting ``deleted_char_span``), with the question as relevance query.
+    """
+
+    case_id: str
+    key: str
+    values: tuple[str, str]
+    deleted: int
+    gold_original: tuple[str, ...]
+    gold: tuple[str, ...]
+    context_len: int
+    depths: tuple[float, float]
+    documents: str = field(repr=False)
+    needle_char_spans: tuple[tuple[int, int], tuple[int, int]]
+    needle_token_spans: tuple[tuple[int, int], tuple[int, int]]
+    deleted_char_span: tuple[int, int]
+    deleted_token_span: tuple[int, int]
+    kept_char_span: tuple[int, int]
+    kept_token_span: tuple[int, int]
+    seed: int
+    edit: EditedContext = field(repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        """N, tokens of the original pre-query sequence (chat template included)."""
+        return self.edit.num_tokens
+
+    @property
+    def deleted_depth(self) -> float:
+        """Depth of the deleted needle."""
+        return self.depths[self.deleted]
+
+    def meta(self) -> dict[str, Any]:
+        """Flat scalars for sweep records: task, context length, depths, which needle was deleted, spans."""
+        return {
+            "dataset": "erasing-niah",
+            "context_len": self.context_len,
+            "num_tokens": self.num_tokens,
+            "depth_first": self.depths[0],
+            "depth_second": self.depths[1],
+            "deleted_needle": "first" if self.deleted == 0 else "second",
+            "deleted_depth": self.deleted_depth,
+            "key": self.key,
+            "gold_original": ",".join(self.gold_original),
+            "deleted_token_start": self.deleted_token_span[0],
+            "deleted_token_end": self.deleted_token_span[1],
+            "kept_token_start": self.kept_token_span[0],
+            "kept_token_end": self.kept_token_span[1],
+        }
+
+    def sweep_case(self):
+        """This case as a :class:`sur_lab.runtime.sweep.SweepCase` (gold = the edited answer, meta = :meth:`meta`)."""
+        from sur_lab.runtime.sweep import SweepCase
+
+        return SweepCase(self.case_id, self.edit, self.gold, self.meta())
+
+
+def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Join text blocks with blank lines; block i's deletable span includes one separator.
+
+    Returns:
+        ``(documents, spans)``: ``spans[i]`` covers block i and the blank line after it (the last block: the blank line
+        before it), so deleting ``spans[i]`` leaves exactly ``join_blocks`` of the other blocks.
+    """
+    spans, pos = [], 0
+    for i, block in enumerate(blocks):
+        sep = 2 if i < len(blocks) - 1 else 0
+        spans.append((pos, pos + len(block) + sep))
+        pos += len(block) + sep
+    if len(blocks) > 1:
+        spans[-1] = (spans[-1][0] - 2, pos)
+    return "\n\n".join(blocks), spans
+
+
+def _char_to_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """Tokens whose character span lies inside ``[start, end)`` (the sentence's own tokens)."""
+    first = next(i for i, (a, b) in enumerate(offsets) if a >= start and b > a)
+    last = max(i for i, (a, b) in enumerate(offsets) if b <= end and a >= start and b > a)
+    return first, last + 1
+
+
+def build_niah_case(
+    tokenizer,
+    corpus: Sequence[Any],
+    *,
+    context_len: int,
+    depths: tuple[float, float],
+    delete: int,
+    seed: int,
+    case_id: str | None = None,
+    answer_prefix: bool = True,
+) -> NiahCase:
+    """Build one Erasing-NIAH case.
+
+    Args:
+        tokenizer: the target model's fast tokenizer (with a chat template).
+        corpus: filler paragraphs with ``title`` and ``text`` (e.g. :func:`sur_lab.studies.datasets.load_corpus`).
+        context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded random
+            order until the prompt reaches it (the result overshoots by less than one paragraph).
+        depths: the two needles' depths, each in [0, 1], as fractions of the filler tokens before the needle; the
+            needle with the smaller depth appears first (equal depths: the first given appears first). Each needle
+            goes to the paragraph boundary nearest its depth.
+        delete: which needle to delete, as an index into ``depths`` (0 or 1).
+        seed: seed for the key, the values and the filler order.
+        case_id: identifier (default ``niah-{context_len}-s{seed}``).
+        answer_prefix: append RULER's answer prefix after the chat template's generation prompt.
+
+    Returns:
+        NiahCase whose ``edit`` deletes the chosen needle's block.
+
+    Raises:
+        ValueError: naming ``context_len`` (< 128), ``depths`` (outside [0, 1]), ``delete`` (not 0 or 1) or
+            ``corpus`` (too small for ``context_len``), before any tokenization.
+    """
+    if int(context_len) != context_len or context_len < 128:
+        raise ValueError(f"context_len must be an integer >= 128 tokens; got {context_len!r}")
+    if len(depths) != 2 or not all(0.0 <= float(x) <= 1.0 for x in depths):
+        raise ValueError(f"depths must be two fractions in [0, 1]; got {depths!r}")
+    if delete not in (0, 1):
+        raise ValueError(f"delete must be 0 or 1 (an index into depths); got {delete!r}")
+    if len(corpus) == 0:
+        raise ValueError("corpus is empty")
+    rng = np.random.default_rng(seed)
+    key = f"{_ADJECTIVES[rng.integers(len(_ADJECTIVES))]}-{_NOUNS[rng.integers(len(_NOUNS))]}"
+    first_value = int(rng.integers(1_000_000, 10_000_000))
+    second_value = first_value
+    while second_value == first_value:
+        second_value = int(rng.integers(1_000_000, 10_000_000))
+    needle_values = (str(first_value), str(second_value))  # by index into ``depths``
+    question = QUESTION_TEMPLATE.format(key=key)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    overhead = count(NIAH_INSTRUCTION) + 2 * count(NEEDLE_TEMPLATE.format(key=key, value=first_value)) + 40
+    filler, filler_tokens, lengths = [], 0, []
+    for idx in rng.permutation(len(corpus)):
+        if filler_tokens + overhead >= context_len:
+            break
+        p = corpus[int(idx)]
+        block = f"Title: {p.title}\n{p.text.strip()}"
+        n = count(block) + 1
+        filler.append(block)
+        lengths.append(n)
+        filler_tokens += n
+    else:
+        if filler_tokens + overhead < context_len:
+            raise ValueError(f"corpus has too few paragraphs ({len(corpus)}) for context_len={context_len}")
+    # Insert each needle at the paragraph boundary whose filler-token depth is closest to the requested one.
+    bounds = np.concatenate(([0], np.cumsum(lengths))) / max(1, filler_tokens)
+    slots = [int(np.argmin(np.abs(bounds - float(x)))) for x in depths]
+    # Indices into ``depths`` by appearance; needles sharing a slot keep their depth order.
+    order = sorted(range(2), key=lambda i: (slots[i], float(depths[i]), i))
+    blocks = list(filler)
+    for i in reversed(order):
+        blocks.insert(slots[i], NEEDLE_TEMPLATE.format(key=key, value=needle_values[i]))
+    needle_block = {i: slots[i] + order.index(i) for i in range(2)}  # block index after insertion
+    documents, spans = join_blocks(blocks)
+
+    text, query_text, doc_start, containers = render_chat(tokenizer, documents, question, instruction=NIAH_INSTRUCTION)
+    if answer_prefix:
+        query_text = query_text + ANSWER_PREFIX_TEMPLATE.format(key=key)
+    del_block = needle_block[delete]
+    span = (doc_start + spans[del_block][0], doc_start + spans[del_block][1])
+    edit = build_edit(tokenizer, text, query_text, span, question=question, containers=containers)
+
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    needle_chars, needle_tokens = [], []
+    block_starts = np.concatenate(([0], np.cumsum([len(b) + 2 for b in blocks])))
+    for i in order:
+        b = needle_block[i]
+        start = doc_start + int(block_starts[b])
+        end = start + len(blocks[b])
+        needle_chars.append((start, end))
+        needle_tokens.append(_char_to_token_span(offsets, start, end))
+    kept = 1 - order.index(delete)
+    ks, ke = needle_chars[kept]
+    width = span[1] - span[0]
+    kept_chars = (ks, ke) if ke <= span[0] else (ks - width, ke - width)
+    kt = needle_tokens[kept]
+    kept_tokens = kt if kt[1] <= edit.prefix_len else (kt[0] - edit.deleted_len, kt[1] - edit.deleted_len)
+    values = tuple(needle_values[i] for i in order)
+    return NiahCase(
+        case_id=case_id or f"niah-{context_len}-s{seed}",
+        key=key,
+        values=values,
+        deleted=order.index(delete),
+        gold_original=values,
+        gold=(values[kept],),
+        context_len=int(context_len),
+        depths=tuple(float(depths[i]) for i in order),
+        documents=documents,
+        needle_char_spans=tuple(needle_chars),
+        needle_token_spans=tuple(needle_tokens),
+        deleted_char_span=span,
+        deleted_token_span=(edit.prefix_len, edit.prefix_len + edit.deleted_len),
+        kept_char_span=kept_chars,
+        kept_token_span=kept_tokens,
+        seed=int(seed),
+        edit=edit,
+    )
+
+
+def build_niah_cases(
+    tokenizer,
+    *,
+    context_lens: Sequence[int] = (1024,),
+    depths: Sequence[float] = (0.25, 0.5, 0.75),
+    num_cases: int = 4,
+    seed: int = 0,
+    corpus: Sequence[Any] | None = None,
+) -> list[NiahCase]:
+    """A roster of Erasing-NIAH cases cycling over context lengths and deleted-needle depths.
+
+    Case i has context length ``context_lens[i % len(context_lens)]`` and deleted-needle depth
+    ``depths[(i // len(context_lens)) % len(depths)]``. Deletion order alternates so that any roster is balanced: even
+    cases delete the second needle, odd cases the first. The retained needle's depth is drawn uniformly on the side
+    this requires, within [0.05, 0.95] and at least :data:`MIN_DEPTH_GAP` from the deleted one (the other side when
+    that interval is empty). Every random choice of case i comes from ``SeedSequence([seed, i])``, so a case does not
+    depend on ``num_cases`` and the roster is fixed before any model output is seen. The paper's grid is 96 cases over
+    1K–32K tokens.
+
+    Args:
+        tokenizer: the target model's tokenizer.
+        context_lens: pre-query lengths, tokens (each >= 128).
+        depths: deleted-needle depths in [0, 1].
+        num_cases: number of cases (>= 1).
+        seed: roster seed.
+        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+
+    Raises:
+        ValueError: naming ``num_cases``, ``context_lens`` or ``depths`` when empty or out of range (before any work).
+    """
+    if int(num_cases) != num_cases or num_cases < 1:
+        raise ValueError(f"num_cases must be an integer >= 1; got {num_cases!r}")
+    if not context_lens or any(int(c) != c or c < 128 for c in context_lens):
+        raise ValueError(f"context_lens must be non-empty integers >= 128; got {context_lens!r}")
+    if not depths or any(not 0.0 <= float(x) <= 1.0 for x in depths):
+        raise ValueError(f"depths must be non-empty fractions in [0, 1]; got {depths!r}")
+    if corpus is None:
+        from sur_lab.studies.datasets import load_corpus
+
+        corpus = load_corpus()
+    cases = []
+    for i in range(int(num_cases)):
+        ctx = int(context_lens[i % len(context_lens)])
+        deleted_depth = float(depths[(i // len(context_lens)) % len(depths)])
+        case_seed = int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0])
+        rng = np.random.default_rng([case_seed, 1])
+        after = (deleted_depth + MIN_DEPTH_GAP, 0.95)  # the retained needle follows: the first is deleted
+        before = (0.05, deleted_depth - MIN_DEPTH_GAP)  # the retained needle precedes: the second is deleted
+        lo, hi = after if i % 2 else before
+        if hi < lo:
+            lo, hi = before if i % 2 else after
+        kept_depth = float(np.round(rng.uniform(lo, hi), 3))
+        cases.append(
+            build_niah_case(
+                tokenizer, corpus, context_len=ctx, depths=(deleted_depth, kept_depth), delete=0, seed=case_seed,
+                case_id=f"niah-{ctx}-{i:03d}",
+            )
+        )
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Table 12: allocation geometry at a fixed relevance score
+
+#: Table 12's rows (paper label -> allocator name).
+TABLE12_RULES = {
+    "SUR": "SUR",
+    "Same-score tokens": "Dense tokens",
+    "Single relevance window": "Max-relevance contiguous",
+    "Same-unit BM25": "BM25 (same units)",
+    "Random units": "Random semantic units",
+}
+#: Table 12 as published: strict EM (%) on 96 cases per model at 2 % and 5 %, rows in :data:`TABLE12_RULES` order.
+PAPER_TABLE12 = {
+    "Qwen3-8B": ((89.6, 99.0), (7.3, 14.6), (75.0, 86.5), (82.3, 94.8), (2.1, 5.2)),
+    "Qwen3-30B": ((95.8, 96.9), (89.6, 91.7), (84.4, 79.2), (90.6, 94.8), (16.7, 17.7)),
+    "Llama-70B": ((90.6, 99.0), (7.3, 8.3), (65.6, 72.9), (75.0, 94.8), (2.1, 5.2)),
+    "GLM-Air": ((100.0, 100.0), (43.8, 57.3), (89.6, 88.5), (94.8, 100.0), (18.8, 19.8)),
+    "Qwen3-235B": ((97.9, 100.0), (83.3, 91.7), (72.9, 77.1), (99.0, 100.0), (78.1, 83.3)),
+}
+
+
+def paper_table12() -> "pd.DataFrame":
+    """Table 12 as a DataFrame: rows are allocator names, columns ``(model, "2%"|"5%")``, values EM %."""
+    import pandas as pd
+
+    cols = pd.MultiIndex.from_product([list(PAPER_TABLE12), ["2%", "5%"]], names=["model", "budget"])
+    rows = [[PAPER_TABLE12[m][i][j] for m in PAPER_TABLE12 for j in range(2)] for i in range(len(TABLE12_RULES))]
+    return pd.DataFrame(rows, index=list(TABLE12_RULES.values()), columns=cols)
+
+
+def table12(
+    records: "pd.DataFrame", value: str = "agree_reprefill", budgets: Sequence[float] = (2, 5)
+) -> "pd.DataFrame":
+    """Our Table 12: mean ``value`` (×100) of the five allocation rules at ``budgets``, rows in paper order.
+
+    Raises:
+        ValueError: naming ``records`` when a rule or budget is missing.
+    """
+    rows = list(TABLE12_RULES.values())
+    df = records[records["method"].isin(rows) & records["budget_pct"].isin([float(b) for b in budgets])]
+    table = df.assign(_v=df[value].astype(float) * 100).pivot_table(
+        index="method", columns="budget_pct", values="_v", aggfunc="mean"
+    )
+    missing = [r for r in rows if r not in table.index] + [b for b in budgets if float(b) not in table.columns]
+    if missing:
+        raise ValueError(f"records lack {missing} for Table 12")
+    table = table.loc[rows, [float(b) for b in budgets]]
+    table.columns = [f"{b:g}%" for b in budgets]
+    return table
+
+
+def order_concordance(ours: Sequence[float], paper: Sequence[float]) -> tuple[int, int, int]:
+    """Pairwise ordering agreement between two score lists over the same rules.
+
+    Returns:
+        ``(concordant, discordant, tied)`` rule pairs; a pair tied in either list counts as tied.
+
+    Raises:
+        ValueError: if the lengths differ.
+    """
+    if len(ours) != len(paper):
+        raise ValueError(f"ours has {len(ours)} scores and paper {len(paper)}")
+    con = dis = tie = 0
+    for i in range(len(ours)):
+        for j in range(i + 1, len(ours)):
+            a, b = np.sign(ours[i] - ours[j]), np.sign(paper[i] - paper[j])
+            if a == 0 or b == 0:
+                tie += 1
+            elif a == b:
+                con += 1
+            else:
+                dis += 1
+    return con, dis, tie
+
+
+def table12_concordance(ours: "pd.DataFrame") -> "pd.DataFrame":
+    """For each budget column of ``ours`` (from :func:`table12`) and each paper model: concordant / discordant / tied
+    rule pairs against the published Table 12 (10 pairs of 5 rules)."""
+    import pandas as pd
+
+    paper = paper_table12()
+    rows = []
+    for budget in ours.columns:
+        for model in PAPER_TABLE12:
+            con, dis, tie = order_concordance(ours[budget].tolist(), paper[(model, budget)].tolist())
+            rows.append({"budget": budget, "paper_model": model, "concordant": con, "discordant": dis, "tied": tie})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables and figures (Tables 2-6, Figure 3)
+
+
+def budget_table(records: pd.DataFrame, value: str = "agree_reprefill", *, scale: float = 100.0) -> pd.DataFrame:
+    """Method × budget table of the mean of ``value`` (×``scale``), references in a ``"Reference"`` column
+    (Tables 2–6).
+
+    Rows follow :data:`REFERENCES` then :data:`PAPER_ALLOCATORS` order (others after), for the methods present.
+
+    Raises:
+        ValueError: if ``value`` is not a column of ``records``.
+    """
+    if value not in records.columns:
+        raise ValueError(f"value={value!r} is not a record field; fields: {', '.join(records.columns)}")
+    df = records.assign(_v=records[value].astype(float) * scale)
+    is_ref = df["budget_pct"].isna()
+    table = df[~is_ref].pivot_table(index="method", columns="budget_pct", values="_v", aggfunc="mean")
+    table.columns = [f"{b:g}%" for b in table.columns]
+    refs = df[is_ref].groupby("method")["_v"].mean().rename("Reference")
+    table = pd.concat([refs, table], axis=1)
+    order = [m for m in REFERENCES + PAPER_ALLOCATORS if m in table.index]
+    order += [m for m in table.index if m not in order]
+    return table.loc[order]
+
+
+#: Line styles of the reference operators in budget curves.
+REFERENCE_STYLES = {
+    "Dirty": ("tab:red", "--"), "Shift": ("0.45", ":"), "Replay": ("tab:blue", "-."), "Re-prefill": ("tab:green", "--"),
+}
+#: Record fields shown as percentages of cases.
+PERCENT_FIELDS = ("em", "agree_reprefill")
+
+
+def plot_budget_curves(
+    records: pd.DataFrame,
+    metrics: Sequence[str],
+    titles: Sequence[str] | None = None,
+    *,
+    agg: str | Mapping[str, str] = "mean",
+):
+    """Budget–quality curves (Figure 3 style): one panel per metric, one line per allocator aggregated over cases
+    (SUR drawn thick and black), references as horizontal lines, log-scaled budget axis.
+
+    Boolean endpoints (:data:`PERCENT_FIELDS`) are shown in percent. ``agg`` is a pandas aggregation name for every
+    metric or per metric (e.g. ``{"nr_tv": "median"}``: Eq. 14 ratios are unbounded below, and the paper reports
+    medians of the defined ones); missing metrics default to the mean.
+
+    Returns:
+        The matplotlib figure.
+
+    Raises:
+        ValueError: naming ``metrics`` when a metric is not a record field.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import NullFormatter
+
+    missing = [m for m in metrics if m not in records.columns]
+    if missing:
+        raise ValueError(f"metrics {missing} are not record fields")
+    titles = list(titles or metrics)
+    alloc = records[records["budget_pct"].notna()]
+    refs = records[records["budget_pct"].isna()]
+    present = list(dict.fromkeys(alloc["method"]))
+    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
+    others = [m for m in order if m != "SUR"]
+    palette = dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
+    budgets = sorted(alloc["budget_pct"].unique())
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 2.4, 4.0), squeeze=False)
+    for ax, metric, title in zip(axes[0], metrics, titles):
+        scale = 100.0 if metric in PERCENT_FIELDS else 1.0
+        how = agg if isinstance(agg, str) else agg.get(metric, "mean")
+        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].agg(how)
+        for method in order:
+            c = curve.loc[method]
+            ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
+                    lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
+        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].agg(how)
+        for method in [m for m in REFERENCES if m in ref_means.index]:
+            color, style = REFERENCE_STYLES[method]
+            ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")
+        if len(budgets) > 1:
+            ax.set_xscale("log")
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if scale == 100.0:
+            ax.set_ylim(-4, 104)
+        ax.set_xlabel("suffix budget b (%)")
+        ax.set_title(title)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_intervals(records: pd.DataFrame):
+    """Distribution of interval counts R per allocator and budget (box plots, log scale); returns the figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    alloc = records[records["budget_pct"].notna()].copy()
+    alloc["budget"] = [f"{b:g}%" for b in alloc["budget_pct"]]
+    present = list(dict.fromkeys(alloc["method"]))
+    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
+    hue_order = [f"{b:g}%" for b in sorted(alloc["budget_pct"].unique())]
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    sns.boxplot(data=alloc, x="method", y="num_intervals", hue="budget", order=order, hue_order=hue_order, ax=ax,
+                fliersize=2, linewidth=0.8, palette="crest")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("intervals R")
+    ax.set_xlabel("")
+    ax.tick_params(axis="x", rotation=60, labelsize=8)
+    ax.legend(title="budget", fontsize=8, ncol=len(hue_order))
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,177 @@
+"""The non-prefix reuse study: SAFE-KV's repair units, selectors, protocols and endpoints for composed KV caches.
+
+"SAFE-KV" is the paper's method; this package is the study of non-prefix reuse that applies it. Modules:
+
+* :mod:`~sur_lab.studies.noprefix.composition`: composing independently cached documents into one KV cache (Figure 1)
+  and the bridge to the deletion executors (:func:`composition_edit`).
+* :mod:`~sur_lab.studies.noprefix.selection`: selectors and repair units as supports (:class:`RepairSpec`,
+  :func:`plan_repair`).
+* :mod:`~sur_lab.studies.noprefix.protocol`: the forward and donor protocols, the evaluation of one request
+  (:func:`evaluate_prompt`), RAG requests built from QA examples (:func:`run_requests`).
+* :mod:`~sur_lab.studies.noprefix.reporting`: drift tables, summaries with bootstrap intervals, the operating rule, the
+  design ledger and the figures.
+
+
+A composed cache (:mod:`sur_lab.studies.noprefix.composition`) is repaired by re-encoding a *repair unit*, a set of document positions
+expressed as a :class:`~sur_lab.budget.Support` over the ``S`` positions after the shared prefix, through the same
+executor interface as deletion repair (``get_executor(name)(lm, composed, edit, support)``). Units (SAFE-KV section 1,
+Figure 1, Table 27):
+
+- ``doc``: the selected document(s) only (Fig. 1c);
+- ``window``: the selected document and the next ``width - 1`` (w2–w4);
+- ``suffix``: the causal suffix from the selected start document to the query (Fig. 1d, SAFE-KV's repair);
+- ``adaptive``: that suffix trimmed at its start to the allowance ``B(S, b)`` of a budget b (Eq. 3), so it stays
+  causally closed up to the query;
+- ``linked``: the selected documents and the last document (the one the query reads last) as separate intervals,
+  a "reasoning chain" of evidence linked to the query with stale gaps in between;
+- ``sur``: SUR's budgeted allocator (Algorithm 1) over the composed documents, a further comparison;
+- ``none`` (prefix composition, no repair) and ``full`` (full prefill, the reference).
+
+Start candidates. A selector scores the n documents; ``K`` candidates are its top-K documents (earlier document first
+among ties) and the start of windows, suffixes and adaptive suffixes is the earliest candidate ("K1", "K2").
+
+Protocols: ``forward`` recomputes the support with an executor (actual forwarding); ``donor`` copies the support's rows
+from the full-prefill cache, a diagnostic upper bound that needs the very cache repair avoids and that figures label
+as such.
+
+Endpoints (per request): answer preservation (the generated answer equals full prefill's after normalization,
+:func:`answers_agree`), token exactness (identical generated ids), gold EM (:func:`sur_lab.scoring.score_example`),
+changed-wrong (answer changed and gold-wrong), repair ratio ``B / S`` (fraction of the reused document context
+re-encoded) and time to first logit (TTFL: compose + select + refresh + query forward, ms) against full prefill's
+(forward of the S document tokens + query forward after the shared prefix). Operating rule: serve by full prefill when
+no reuse path reaches the required preservation with a smaller TTFL.
+
+Source: SAFE-KV (Zhang, 2026): abstract, Figures 1–5, Tables 20 and 27; SUR: section 3.2 and Algorithm 1 of the
+budgeted KV-cache repair paper.
+"""
+
+
+from sur_lab.studies.noprefix.composition import (  # noqa: F401
+    DOC_SEPARATOR,
+    PLACEHOLDER_TOKEN,
+    ComposedPrompt,
+    CompositionCaches,
+    build_caches,
+    compose_cache,
+    compose_prompt,
+    compose_tokens,
+    composition_edit,
+    document_caches,
+    full_prefill_cache,
+    prefix_cache,
+    truncate_text,
+)
+from sur_lab.studies.noprefix.protocol import (  # noqa: F401
+    DATASET_NAMES,
+    RagRequest,
+    answers_agree,
+    build_request,
+    default_specs,
+    document_drift,
+    donor_copy,
+    evaluate_prompt,
+    place_evidence,
+    rag_passages,
+    run_protocol,
+    run_requests,
+    sweep_specs,
+    workload_name,
+)
+from sur_lab.studies.noprefix.reporting import (  # noqa: F401
+    LOCAL_VS_SUFFIX,
+    OperatingDecision,
+    design_ledger,
+    drift_table,
+    operating_rule,
+    plot_local_vs_suffix,
+    plot_pareto_ttfl,
+    plot_position_sweep,
+    summarize,
+)
+from sur_lab.studies.noprefix.selection import (  # noqa: F401
+    PROTOCOL_LABELS,
+    PROTOCOLS,
+    QUERY_TOP_K,
+    SELECTOR_UNITS,
+    SELECTORS,
+    UNITS,
+    RepairPlan,
+    RepairSpec,
+    adaptive_suffix_support,
+    document_support,
+    linked_support,
+    oracle_scores,
+    plan_repair,
+    query_scores,
+    rank_documents,
+    repair_ratio,
+    risk_components,
+    risk_scores,
+    selector_scores,
+    start_candidates,
+    suffix_support,
+    support_for,
+    window_support,
+)
+
+__all__ = [
+    "ComposedPrompt",
+    "CompositionCaches",
+    "DATASET_NAMES",
+    "DOC_SEPARATOR",
+    "LOCAL_VS_SUFFIX",
+    "OperatingDecision",
+    "PLACEHOLDER_TOKEN",
+    "PROTOCOLS",
+    "PROTOCOL_LABELS",
+    "QUERY_TOP_K",
+    "RagRequest",
+    "RepairPlan",
+    "RepairSpec",
+    "SELECTORS",
+    "SELECTOR_UNITS",
+    "UNITS",
+    "adaptive_suffix_support",
+    "answers_agree",
+    "build_caches",
+    "build_request",
+    "compose_cache",
+    "compose_prompt",
+    "compose_tokens",
+    "composition_edit",
+    "default_specs",
+    "design_ledger",
+    "document_caches",
+    "document_drift",
+    "document_support",
+    "donor_copy",
+    "drift_table",
+    "evaluate_prompt",
+    "full_prefill_cache",
+    "linked_support",
+    "operating_rule",
+    "oracle_scores",
+    "place_evidence",
+    "plan_repair",
+    "plot_local_vs_suffix",
+    "plot_pareto_ttfl",
+    "plot_position_sweep",
+    "prefix_cache",
+    "query_scores",
+    "rag_passages",
+    "rank_documents",
+    "repair_ratio",
+    "risk_components",
+    "risk_scores",
+    "run_protocol",
+    "run_requests",
+    "selector_scores",
+    "start_candidates",
+    "suffix_support",
+    "summarize",
+    "support_for",
+    "sweep_specs",
+    "truncate_text",
+    "window_support",
+    "workload_name",
+]

@@ -1,0 +1,373 @@
+"""SAFE-KV repair units, selectors, endpoints and the operating rule (hand cases and tiny float64 models)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import binom
+
+from conftest import make_tiny_model
+from sur_lab.answer import answer
+from sur_lab.analysis.stats import bootstrap_ci
+from sur_lab.answer import greedy_answer
+from sur_lab.budget import Support
+from sur_lab.studies.noprefix import build_caches, compose_tokens, composition_edit
+from sur_lab.studies.noprefix import (
+    RepairSpec,
+    adaptive_suffix_support,
+    answers_agree,
+    design_ledger,
+    document_support,
+    evaluate_prompt,
+    linked_support,
+    operating_rule,
+    oracle_scores,
+    place_evidence,
+    query_scores,
+    rag_passages,
+    rank_documents,
+    repair_ratio,
+    risk_components,
+    risk_scores,
+    run_protocol,
+    start_candidates,
+    suffix_support,
+    summarize,
+    support_for,
+    window_support,
+)
+
+
+def hand_prompt(supporting=None):
+    """Prefix of 3 tokens and documents of 3, 5 and 7 tokens (S = 15)."""
+    return compose_tokens([1, 2, 3], [[10, 11, 12], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36]], [40, 41],
+                          supporting=supporting)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Repair units and the repair ratio
+
+
+def test_repair_ratio_arithmetic():
+    prompt = hand_prompt()
+    S = 15
+    assert prompt.suffix_len == S and prompt.doc_bounds == [(0, 3), (3, 8), (8, 15)]
+    cases = {
+        "doc 1": (document_support(prompt, [1]), 5, [(3, 8)]),
+        "docs 0 and 2": (document_support(prompt, [2, 0]), 10, [(0, 3), (8, 15)]),
+        "w2 from 0": (window_support(prompt, 0, 2), 8, [(0, 8)]),
+        "w4 from 2 (clipped)": (window_support(prompt, 2, 4), 7, [(8, 15)]),
+        "suffix from 1": (suffix_support(prompt, 1), 12, [(3, 15)]),
+        "suffix from 0": (suffix_support(prompt, 0), 15, [(0, 15)]),
+        # B(15, 20 %) = ceil(3.0) = 3: the last 3 positions.
+        "adaptive 20 % from 0": (adaptive_suffix_support(prompt, 0, 20), 3, [(12, 15)]),
+        # B(15, 100 %) = 15 but the suffix from document 1 has 12 positions.
+        "adaptive 100 % from 1": (adaptive_suffix_support(prompt, 1, 100), 12, [(3, 15)]),
+        # B(15, 0 %) = 0.
+        "adaptive 0 %": (adaptive_suffix_support(prompt, 0, 0), 0, []),
+        "linked [0]": (linked_support(prompt, [0]), 10, [(0, 3), (8, 15)]),
+        "linked [1, 2]": (linked_support(prompt, [1, 2]), 12, [(3, 15)]),
+    }
+    for name, (support, size, intervals) in cases.items():
+        assert support.size == size, name
+        assert support.intervals == intervals, name
+        assert repair_ratio(support) == size / S, name
+    assert repair_ratio(Support(np.zeros(0, dtype=np.int64), 0)) == 0.0
+
+
+def test_support_for_resolves_start_candidates():
+    prompt = hand_prompt(supporting=[False, True, True])
+    scores = oracle_scores(prompt)
+    support, start, docs = support_for(RepairSpec("suffix", "oracle", k=1), prompt, scores)
+    assert (start, docs, support.intervals) == (1, (1,), [(3, 15)])
+    support, start, docs = support_for(RepairSpec("doc", "oracle", k=2), prompt, scores)
+    assert (start, docs, support.size) == (1, (1, 2), 12)
+    support, start, _ = support_for(RepairSpec("window", "oracle", k=1, width=1), prompt, scores)
+    assert support.intervals == [(3, 8)]
+    support, start, _ = support_for(RepairSpec("none"), prompt)
+    assert support.size == 0 and start is None
+    support, _, _ = support_for(RepairSpec("full"), prompt)
+    assert support.size == 15
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Selectors
+
+
+def test_risk_score_on_a_hand_case():
+    # Document 1 repeats token 10 from document 0 (counts) and token 1 from the prefix (does not: the composed state
+    # saw the prefix); document 2 shares nothing.
+    prompt = compose_tokens([1, 2, 3], [[10, 11, 12], [10, 20, 21, 1], [30, 31]], [40])
+    missing, coupling = risk_components(prompt)
+    np.testing.assert_array_equal(missing, [0.0, 3 / 6, 7 / 10])
+    np.testing.assert_array_equal(coupling, [0.0, 1 / 4, 0.0])
+    np.testing.assert_array_equal(risk_scores(prompt), [0.0, 0.125, 0.0])
+    np.testing.assert_array_equal(rank_documents(risk_scores(prompt)), [1, 0, 2])  # ties: earlier document first
+    np.testing.assert_array_equal(start_candidates(risk_scores(prompt), 1), [1])
+    np.testing.assert_array_equal(start_candidates(risk_scores(prompt), 2), [0, 1])
+
+
+def test_query_selector_prefers_the_document_holding_the_question_tokens():
+    lm = make_tiny_model("llama")
+    prompt = compose_tokens([1, 2], [[60, 61, 62], [50, 51, 63], [64, 65]], [7, 8], question_ids=[50, 51])
+    scores = query_scores(lm, prompt)
+    emb = torch.nn.functional.normalize(lm.model.get_input_embeddings().weight.float(), dim=-1)
+    # Token 63's relevance is its best cosine to the question tokens; tokens 50 and 51 score 1 + 0.25 (Eq. 7).
+    c63 = float((emb[63] @ emb[[50, 51]].T).max())
+    assert scores[1] == pytest.approx((1.25 + 1.25 + c63) / 3, abs=1e-6)
+    assert rank_documents(scores)[0] == 1
+
+
+def test_oracle_selector_and_candidate_errors():
+    prompt = hand_prompt(supporting=[False, True, True])
+    np.testing.assert_array_equal(oracle_scores(prompt), [0.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="supporting"):
+        oracle_scores(hand_prompt())
+    for k in (0, 4, 1.5):
+        with pytest.raises(ValueError, match="k="):
+            start_candidates([0.1, 0.2, 0.3], k)
+    np.testing.assert_array_equal(rank_documents([0.5, 0.5, 0.9]), [2, 0, 1])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Endpoints
+
+
+def test_bootstrap_interval_on_small_synthetic_sets():
+    # 19 preserved of 20: the resampled count of misses K is Binomial(20, 0.05). Its 97.5 % quantile is 3 and
+    # P(K >= 4) = 0.016 < 0.025 < P(K >= 3) = 0.075, so with 9,999 resamples the 2.5 % percentile of the mean is
+    # 1 - 3/20; P(K = 0) = 0.36 > 0.025, so the 97.5 % percentile is 1.
+    k_hi = binom.ppf(0.975, 20, 0.05)
+    assert bootstrap_ci([1.0] * 19 + [0.0]) == (pytest.approx(1 - k_hi / 20), 1.0)
+    # [0, 1, 1]: P(mean = 0) = 1/27 and P(mean = 1) = 8/27, both above 2.5 %.
+    assert bootstrap_ci([0, 1, 1]) == (0.0, 1.0)
+    assert bootstrap_ci([True] * 5) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="values"):
+        bootstrap_ci([])
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ci([0, 1], confidence=95)
+
+
+def records(method, preserved, em, ratio, ttfl, full_ttfl, protocol="forward", unit="suffix", selector="risk"):
+    rows = []
+    for i, (p, e) in enumerate(zip(preserved, em)):
+        rows.append({"workload": "W", "label": method, "method": method, "selector": selector, "unit": unit,
+                     "protocol": protocol, "preserved": p, "token_exact": p, "em": e,
+                     "changed_wrong": (not p) and (not e), "repair_ratio": ratio, "ttfl_ms": ttfl + i,
+                     "full_ttfl_ms": full_ttfl})
+    return rows
+
+
+def test_summarize_counts_and_medians():
+    df = pd.DataFrame(records("A", [True, False, False, True], [True, True, False, False], 0.5, 10.0, 40.0))
+    row = summarize(df, by=("workload", "label", "protocol")).iloc[0]
+    assert row["n"] == 4 and row["preservation"] == 0.5 and row["gold_em"] == 0.5
+    assert row["changed_wrong"] == 1  # only the third request changed and is gold-wrong
+    assert row["ttfl_ms"] == 11.5 and row["full_ttfl_ms"] == 40.0 and row["speedup"] == 40.0 / 11.5
+    assert 0.0 <= row["ci_low"] <= 0.5 <= row["ci_high"] <= 1.0
+    with pytest.raises(ValueError, match="by="):
+        summarize(df, by=("nope",))
+
+
+def operating_summary(pres, ttfl, donor=False):
+    rows = records("Full prefill", [True] * 4, [True] * 4, 1.0, 100.0, 100.0, unit="full", selector="")
+    for r in rows:
+        r["ttfl_ms"] = 100.0
+    n_ok = int(round(pres * 20))
+    rows += records("R", [True] * n_ok + [False] * (20 - n_ok), [True] * 20, 0.7, ttfl, 100.0)
+    if donor:
+        rows += records("D", [True] * 20, [True] * 20, 0.7, 1.0, 100.0, protocol="donor")
+    return summarize(pd.DataFrame(rows), by=("workload", "label", "protocol"))
+
+
+def test_operating_rule():
+    fast = operating_rule(operating_summary(0.95, 70.0))
+    assert (fast.serve, fast.label) == ("repair", "R")
+    slow = operating_rule(operating_summary(0.95, 120.0))
+    assert (slow.serve, slow.label) == ("full prefill", "Full prefill")
+    lossy = operating_rule(operating_summary(0.90, 10.0))
+    assert lossy.serve == "full prefill" and "95%" in lossy.reason
+    # A donor-copy row is never a serving path, however fast.
+    assert operating_rule(operating_summary(0.90, 10.0, donor=True)).serve == "full prefill"
+    # Judged by the lower confidence bound, 19/20 does not reach 0.95.
+    assert operating_rule(operating_summary(0.95, 70.0), use_lower_bound=True).serve == "full prefill"
+    with pytest.raises(ValueError, match="required_preservation"):
+        operating_rule(operating_summary(0.95, 70.0), required_preservation=95)
+
+
+def test_operating_rule_ignores_oracle_selection_and_timing_noise():
+    full = records("Full prefill", [True] * 4, [True] * 4, 1.0, 100.0, 100.0, unit="full", selector="")
+    for r in full:
+        r["ttfl_ms"] = 100.0
+    oracle = records("Suffix K1 · oracle", [True] * 20, [True] * 20, 0.8, 10.0, 100.0, selector="oracle")
+    summary = summarize(pd.DataFrame(full + oracle), by=("workload", "label", "protocol"))
+    assert operating_rule(summary).serve == "full prefill"  # gold labels are not available when serving
+    # Per-request TTFLs alternate 60 and 130 ms against full prefill's 100 ms: the median, 95 ms, is below 100, but the
+    # resampled mean log speed-up, (K log(100/60) + (20 - K) log(100/130)) / 20 with K ~ Binomial(20, 1/2), is
+    # negative at K's 2.5 % quantile (6) and positive at its 97.5 % quantile (14): the interval includes 1.
+    noisy = records("Suffix K2 · query", [True] * 20, [True] * 20, 0.9, 0.0, 100.0, selector="query")
+    for i, r in enumerate(noisy):
+        r["ttfl_ms"] = 60.0 if i % 2 else 130.0
+    row = summarize(pd.DataFrame(noisy), by=("workload", "label", "protocol")).iloc[0]
+    assert row["ttfl_ms"] == 95.0
+    assert row["speedup_ci_low"] < 1.0 < row["speedup_ci_high"]
+    summary = summarize(pd.DataFrame(full + noisy), by=("workload", "label", "protocol"))
+    assert operating_rule(summary).serve == "full prefill"
+    assert operating_rule(summary, significant=False).serve == "repair"
+
+
+def test_design_ledger_verdicts():
+    rows = records("Prefix composition", [False] * 4, [False] * 4, 0.0, 5.0, 50.0, unit="none", selector="")
+    rows += records("w4 K1 · risk", [True, False, False, False], [False] * 4, 0.6, 30.0, 50.0, unit="window")
+    rows += records("Suffix K1 · risk", [True, True, True, False], [False] * 4, 0.7, 35.0, 50.0)
+    pooled = summarize(pd.DataFrame(rows), by=("label", "protocol"))
+    ledger = design_ledger(pooled, drift_spearman=0.6).set_index("experiment")
+    assert ledger.loc["Prefix composition (no repair)", "worked"] == False  # noqa: E712
+    assert ledger.loc["Downstream window w4 vs suffix K1 (risk, same start)", "worked"] == False  # noqa: E712
+    assert ledger.loc["Linked intervals vs suffix (oracle)", "worked"] is None  # not run
+    assert ledger.loc["Risk score vs measured document drift", "worked"] == True  # noqa: E712
+
+
+def test_answers_agree_normalizes():
+    assert answers_agree("The  Eiffel tower.", "eiffel Tower")
+    assert not answers_agree("The answer is: 220", "The answer is: 2")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Answers and evaluation on a tiny float64 model
+
+
+def tiny_prompt(seed=3):
+    g = torch.Generator().manual_seed(seed)
+    ids = lambda n: torch.randint(3, 96, (n,), generator=g)  # noqa: E731
+    return compose_tokens(ids(5), [ids(6), ids(8), ids(5), ids(7)], ids(4), supporting=[False, True, False, True])
+
+
+def test_greedy_answer_with_a_draft_equals_plain_greedy(tiny_lm):
+    prompt = tiny_prompt()
+    caches = build_caches(tiny_lm, prompt)
+    edit = composition_edit(prompt)
+    ref = answer(tiny_lm, caches.full, edit, max_new_tokens=8)
+    plain = greedy_answer(tiny_lm, caches.full, prompt.query_ids, max_new_tokens=8)
+    assert plain.token_ids == ref.token_ids and plain.finished == ref.finished
+    for cache in (caches.full, caches.composed):
+        want = greedy_answer(tiny_lm, cache, prompt.query_ids, max_new_tokens=8).token_ids
+        for draft in (ref.token_ids, ref.token_ids[:3] + (5, 6), (ref.token_ids[0], 7, 7, 7, 7, 7, 7, 7, 7)):
+            got = greedy_answer(tiny_lm, cache, prompt.query_ids, max_new_tokens=8, draft=draft)
+            assert got.token_ids == want, draft
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_answer(tiny_lm, caches.full, prompt.query_ids, max_new_tokens=0)
+
+
+def test_evaluate_prompt_records():
+    lm = make_tiny_model("llama")
+    prompt = tiny_prompt()
+    specs = [RepairSpec("none"), RepairSpec("suffix", "oracle", 1), RepairSpec("doc", "oracle", 2),
+             RepairSpec("window", "risk", 1, width=2), RepairSpec("adaptive", "risk", 2, budget_pct=40),
+             RepairSpec("sur", budget_pct=30)]
+    df = pd.DataFrame(evaluate_prompt(lm, prompt, specs, protocols=("forward", "donor"), max_new_tokens=4,
+                                      scorer=lambda pred: False, keep_drift=True))
+    assert list(df["label"].iloc[:3]) == ["Full prefill", "Prefix composition", "Prefix composition"]
+    full = df[df["unit"] == "full"].iloc[0]
+    assert full["preserved"] and full["token_exact"] and full["repair_ratio"] == 1.0
+    assert full["ttfl_ms"] == full["full_ttfl_ms"]
+    comp = df[df["unit"] == "none"]
+    assert (comp["tv_full"] > 0).all() and (comp["allowance"] == 0).all()
+    # The oracle suffix starts at the first gold document (1): 20 of 26 positions; the first document is untouched.
+    suf = df[df["label"] == "Suffix K1 · oracle"]
+    assert (suf["start_doc"] == 1).all() and (suf["allowance"] == 20).all()
+    assert suf["repair_ratio"].iloc[0] == 20 / 26
+    doc = df[df["label"] == "Doc K2 · oracle"].iloc[0]
+    assert doc["allowance"] == 8 + 7 and doc["num_intervals"] == 2 and doc["candidates"] == [1, 3]
+    sur = df[df["label"] == "SUR 30%"]
+    assert (sur["allowance"] == 8).all()  # B(26, 30 %) = ceil(7.8)
+    ada = df[df["label"] == "Adaptive K2 40% · risk"].iloc[0]
+    assert ada["allowance"] == min(11, 26 - int(prompt.doc_starts[ada["start_doc"]]))  # B(26, 40 %) = 11
+    assert (df["changed_wrong"] == ~df["preserved"]).all()  # scorer says every answer is gold-wrong
+    assert len(full["drift"]) == 4 and full["drift"][0] == 0.0 and min(full["drift"][1:]) > 0
+    with pytest.raises(ValueError, match="protocols"):
+        evaluate_prompt(lm, prompt, specs, protocols=("copy",))
+    with pytest.raises(ValueError, match="executor"):
+        evaluate_prompt(lm, prompt, specs, executor="nope")
+
+
+def test_forward_and_donor_agree_when_the_start_is_the_first_stale_document():
+    # Suffix from document 1: the first document's composed rows are exact, so forwarding restores full prefill to
+    # rounding and donor-copy restores it bitwise.
+    lm = make_tiny_model("qwen3")
+    prompt = tiny_prompt()
+    caches = build_caches(lm, prompt)
+    edit = composition_edit(prompt)
+    fwd, _ = run_protocol(lm, caches, edit, suffix_support(prompt, 1), "forward")
+    donor, _ = run_protocol(lm, caches, edit, suffix_support(prompt, 1), "donor")
+    a = greedy_answer(lm, fwd, prompt.query_ids, max_new_tokens=4)
+    b = greedy_answer(lm, donor, prompt.query_ids, max_new_tokens=4)
+    assert a.token_ids == b.token_ids
+    assert (a.first_token_logits - b.first_token_logits).abs().max() < 1e-9
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Prompts from QA examples and errors
+
+
+def fake_example(ex_id="q1", gold=2, distractors=3):
+    P = lambda t, s: SimpleNamespace(title=t, text=f"{t} text.", is_supporting=s)  # noqa: E731
+    return SimpleNamespace(id=ex_id, question="Q?", dataset="hotpotqa",
+                           supporting=tuple(P(f"G{i}", True) for i in range(gold)),
+                           distractors=tuple(P(f"D{i}", False) for i in range(distractors)))
+
+
+def test_rag_passages_and_place_evidence():
+    ex = fake_example()
+    filler = [SimpleNamespace(title=t, text="x.", is_supporting=False) for t in ("G0", "F1", "F2", "F3", "F4")]
+    four = rag_passages(ex, 4, seed=0, filler=filler)
+    assert sorted(p.title for p in four) == ["D0", "D1", "G0", "G1"]
+    assert [p.title for p in rag_passages(ex, 4, seed=0, filler=filler)] == [p.title for p in four]  # deterministic
+    eight = rag_passages(ex, 8, seed=0, filler=filler)
+    titles = [p.title for p in eight]
+    assert len(set(titles)) == 8 and {"G0", "G1", "D0", "D1", "D2"} <= set(titles)
+    assert titles.count("G0") == 1  # filler sharing a title with the example is excluded
+    for slot in range(3):
+        placed = [p.title for p in place_evidence(four, slot)]
+        gold_first = placed.index("G0") if placed.index("G0") < placed.index("G1") else placed.index("G1")
+        assert gold_first == slot and abs(placed.index("G0") - placed.index("G1")) == 1
+    with pytest.raises(ValueError, match="slot"):
+        place_evidence(four, 3)
+    with pytest.raises(ValueError, match="num_docs"):
+        rag_passages(ex, 1)
+    with pytest.raises(ValueError, match="num_docs"):
+        rag_passages(ex, 12, filler=filler)
+
+
+def test_spec_and_unit_errors():
+    prompt = hand_prompt()
+    with pytest.raises(ValueError, match="unit"):
+        RepairSpec("tokens")
+    with pytest.raises(ValueError, match="selector"):
+        RepairSpec("suffix", "random")
+    with pytest.raises(ValueError, match="k="):
+        RepairSpec("suffix", k=0)
+    with pytest.raises(ValueError, match="width"):
+        RepairSpec("window", width=0)
+    for bad in (-1, 100.5, float("nan")):
+        with pytest.raises(ValueError, match="budget_pct"):
+            RepairSpec("adaptive", budget_pct=bad)
+        with pytest.raises(ValueError, match="budget_pct"):
+            adaptive_suffix_support(prompt, 0, bad)
+    with pytest.raises(ValueError, match="budget_pct"):
+        RepairSpec("sur")
+    for start in (-1, 3):
+        with pytest.raises(ValueError, match="start"):
+            suffix_support(prompt, start)
+        with pytest.raises(ValueError, match="start"):
+            window_support(prompt, start, 2)
+        with pytest.raises(ValueError, match="docs"):
+            document_support(prompt, [start])
+    lm = make_tiny_model("llama")
+    caches = build_caches(lm, prompt)
+    with pytest.raises(ValueError, match="protocol"):
+        run_protocol(lm, caches, composition_edit(prompt), suffix_support(prompt, 0), "copy")
