@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 from sur_lab.forward import decode_step, forward_tokens
 from sur_lab.models import LoadedModel
@@ -35,8 +36,8 @@ class Answer:
 
 
 def _check_max_new_tokens(max_new_tokens: int) -> None:
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    # True is not 1 token and 2.0 is not 2: a count must be an integer (issue 12, kind 5).
+    as_count(max_new_tokens, "max_new_tokens", minimum=1)
 
 
 @torch.inference_mode()
@@ -73,6 +74,7 @@ def greedy_answer(
         ``answer`` (ms).
 
     Raises:
+        TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
         ValueError: if ``max_new_tokens`` < 1, or ``copy=False`` with a ``draft``.
     """
     _check_max_new_tokens(max_new_tokens)
@@ -131,6 +133,7 @@ def answer(
         Answer with text, ids, first-token logits and timings in ms.
 
     Raises:
+        TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
         ValueError: if ``max_new_tokens`` < 1.
     """
     return greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens, copy=copy)
