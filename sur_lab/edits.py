@@ -52,7 +52,9 @@ class EditedContext:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "original_ids", as_token_ids(self.original_ids, "original_ids", allow_empty=True))
-        object.__setattr__(self, "query_ids", as_token_ids(self.query_ids, "query_ids"))
+        object.__setattr__(self, "query_ids", as_token_ids(self.query_ids, "query_ids", allow_empty=True))
+        if self.query_ids.numel() == 0:
+            raise ValueError("query_ids must be a non-empty 1-D tensor (empty query)")
         object.__setattr__(self, "prefix_len", as_count(self.prefix_len, "prefix_len"))
         object.__setattr__(self, "deleted_len", as_count(self.deleted_len, "deleted_len"))
         n = int(self.original_ids.numel())
