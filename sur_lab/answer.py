@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
-from sur_lab.checks import as_count
+from sur_lab.checks import as_count, as_token_ids
 from sur_lab.edits import EditedContext
 from sur_lab.forward import decode_step, forward_tokens
 from sur_lab.models import LoadedModel
@@ -74,11 +74,13 @@ def greedy_answer(
         ``answer`` (ms).
 
     Raises:
-        TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
+        TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``), or ``draft`` holds
+            non-integer ids.
         ValueError: if ``max_new_tokens`` < 1, or ``copy=False`` with a ``draft``.
     """
     _check_max_new_tokens(max_new_tokens)
-    draft = [int(t) for t in draft][: int(max_new_tokens)]
+    draft = as_token_ids(list(draft) if not isinstance(draft, torch.Tensor) else draft, "draft", allow_empty=True)
+    draft = draft.tolist()[:max_new_tokens]
     if draft and not copy:
         raise ValueError("copy=False cannot be combined with a draft (rejected draft rows are cut from a new cache)")
     work = clone_cache(cache) if copy else cache
@@ -146,12 +148,14 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
     Used to score how well a repaired cache predicts Re-prefill's greedy continuation (appendix 7.5).
 
     Raises:
+        TypeError: if ``continuation`` holds non-integer ids.
         ValueError: if ``continuation`` is empty.
     """
-    if len(continuation) == 0:
+    continuation = as_token_ids(continuation, "continuation", allow_empty=True)
+    if continuation.numel() == 0:
         raise ValueError("continuation must contain at least one token")
     work = clone_cache(cache)
-    ids = torch.cat((edit.query_ids, torch.tensor(continuation[:-1], dtype=torch.long)))
+    ids = torch.cat((edit.query_ids, continuation[:-1]))
     logits = forward_tokens(lm, ids, work, logits="all")[-len(continuation) :]
     logp = torch.log_softmax(logits.double(), dim=-1)
     target = torch.tensor(continuation, dtype=torch.long, device=logp.device)

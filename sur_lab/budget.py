@@ -46,7 +46,7 @@ def allowance(suffix_len: int, budget_pct: float) -> int:
     Raises:
         ValueError: if ``suffix_len`` < 0 or ``budget_pct`` is outside [0, 100].
     """
-    if int(suffix_len) != suffix_len or suffix_len < 0:
+    if isinstance(suffix_len, (bool, np.bool_)) or int(suffix_len) != suffix_len or suffix_len < 0:
         raise ValueError(f"suffix_len must be a non-negative integer; got {suffix_len!r}")
     b = Fraction(str(check_budget(budget_pct)))
     return min(int(suffix_len), math.ceil(int(suffix_len) * b / 100))

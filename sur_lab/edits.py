@@ -27,8 +27,10 @@ class EditedContext:
     Attributes:
         original_ids: ``[N]`` int64, the Dirty pre-query tokens ``p ⊕ e ⊕ s``.
         query_ids: ``[Q]`` int64, tokens processed after the repaired cache (question plus chat-template tail).
-        prefix_len: p, tokens before the deleted span.
-        deleted_len: d >= 1, deleted tokens.
+        prefix_len: p, tokens before the deleted span (an integer; floats are refused, not truncated).
+        deleted_len: d >= 1, deleted tokens. A whole-context deletion (p = 0, d = N) is refused at construction with
+            a ``ValueError`` naming ``deleted_len``: nothing would remain to cache, so no method (Shift, Replay,
+            Re-prefill, SUR) has a cache to return; every edit keeps p + S >= 1 tokens.
         question: the query text used for relevance scoring (SUR, Eq. 7), or ``None`` for token-level edits.
         question_ids: ``[|q|]`` int64, ``question`` tokenized without special tokens (Eq. 7, appendix 7.3).
         original_text / edited_text: pre-query text before and after the deletion (``None`` for token-level edits).

@@ -208,6 +208,25 @@ def test_max_new_tokens_refuses(lm, prepared, value, error):
         greedy_answer(lm, prepared.shift_cache, prepared.edit.query_ids, max_new_tokens=value)
 
 
+def test_draft_and_continuation_refuse_float_ids(lm, prepared):
+    from sur_lab.answer import continuation_nll
+
+    with pytest.raises(TypeError, match="draft"):
+        greedy_answer(lm, prepared.shift_cache, prepared.edit.query_ids, max_new_tokens=2, draft=[1.5, 2.0])
+    with pytest.raises(TypeError, match="continuation"):
+        continuation_nll(lm, prepared.shift_cache, prepared.edit, [1.0, 2.7])
+    with pytest.raises(ValueError, match="continuation"):
+        continuation_nll(lm, prepared.shift_cache, prepared.edit, [])
+
+
+@pytest.mark.parametrize("S", [True, 3.5, -1])
+def test_allowance_refuses_a_non_count_suffix_len(S):
+    from sur_lab.budget import allowance
+
+    with pytest.raises(ValueError, match="suffix_len"):
+        allowance(S, 5)
+
+
 def test_max_new_tokens_accepts_numpy_integers(lm, prepared):
     out = answer(lm, prepared.shift_cache, prepared.edit, max_new_tokens=np.int64(2))
     assert 1 <= len(out.token_ids) + out.finished <= 2
