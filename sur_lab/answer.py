@@ -158,5 +158,5 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
     ids = torch.cat((edit.query_ids, continuation[:-1]))
     logits = forward_tokens(lm, ids, work, logits="all")[-len(continuation) :]
     logp = torch.log_softmax(logits.double(), dim=-1)
-    target = torch.tensor(continuation, dtype=torch.long, device=logp.device)
+    target = continuation.to(logp.device)
     return float(-logp.gather(1, target[:, None]).sum())
