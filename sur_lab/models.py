@@ -319,10 +319,12 @@ def _check_device(device) -> torch.device:
 
 def _check_name(name):
     """Refuse a local path that does not exist before transformers reports it as an invalid hub id."""
-    if name is None or name in _EMBEDDED_ALIASES:
+    if name is None:
         return name
     if not isinstance(name, (str, os.PathLike)):
         raise ValueError(f"name={name!r} must be a hub id, a local path or None (the embedded model)")
+    if name in _EMBEDDED_ALIASES:
+        return name
     text = os.fspath(name)
     looks_local = (
         isinstance(name, os.PathLike) or text.startswith(("/", ".", "~")) or text.count("/") >= 2

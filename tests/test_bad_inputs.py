@@ -271,6 +271,12 @@ def test_load_model_names_a_missing_local_path(path):
         load_model(path)
 
 
+@pytest.mark.parametrize("name", [3, ["a"], b"model"])
+def test_load_model_refuses_a_name_that_is_not_a_string_or_path(name):
+    with pytest.raises(ValueError, match="name="):
+        load_model(name)
+
+
 def test_load_model_names_a_missing_pathlike(tmp_path):
     missing = tmp_path / "absent"
     with pytest.raises(FileNotFoundError, match="absent"):
