@@ -11,6 +11,8 @@ import numbers
 import numpy as np
 import torch
 
+from sur_lab.cache_ops import layer_kv, num_layers
+
 
 def as_count(value, name: str, *, minimum: int = 0) -> int:
     """Return ``value`` as a Python int >= ``minimum``.
@@ -81,3 +83,14 @@ def check_vocab(ids: torch.Tensor, vocab_size: int, name: str = "ids") -> None:
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
         raise ValueError(f"{name} holds token id {bad} outside the vocabulary [0, {vocab_size})")
+
+
+def check_batch_one(cache, name: str = "cache") -> None:
+    """Refuse a cache whose batch dimension is not 1 (repair covers batch size one, one edited context).
+
+    Raises:
+        ValueError: naming ``name`` and the cache's batch size (instead of a shape mismatch deep in attention).
+    """
+    if num_layers(cache) and layer_kv(cache, 0)[0].shape[0] != 1:
+        shape = tuple(layer_kv(cache, 0)[0].shape)
+        raise ValueError(f"{name} holds a batch of {shape[0]} sequences (keys shaped {shape}); repair needs batch size 1")

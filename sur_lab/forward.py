@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length
-from sur_lab.checks import check_vocab
+from sur_lab.checks import check_batch_one, check_vocab
 from sur_lab.models import LoadedModel
 
 
@@ -47,13 +47,15 @@ def forward_tokens(
     Raises:
         TypeError: if ``ids`` is not an integer tensor.
         ValueError: if ``ids`` is empty or not 1-D, holds an id outside ``[0, vocab_size)`` (checked before the
-            embedding lookup), or ``logits`` is not one of the three values.
+            embedding lookup), ``cache`` holds a batch of several sequences, or ``logits`` is not one of the three
+            values.
     """
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() == 0:
         raise ValueError(f"ids must be a non-empty 1-D tensor (batch size 1); got shape {tuple(getattr(ids, 'shape', ()))}")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise TypeError(f"ids must be integer token ids; got dtype {ids.dtype}")
     check_vocab(ids, lm.spec.vocab_size, "ids")
+    check_batch_one(cache, "cache")
     if isinstance(logits, bool) or not (
         logits in ("last", "all", "none") or (isinstance(logits, int) and 1 <= logits <= ids.numel())
     ):

@@ -195,6 +195,11 @@ def test_shift_and_replay_name_a_batch_two_cache(lm, prepared):
         replay(lm, _batch2(prepared.dirty_cache), prepared.edit)
 
 
+def test_answer_names_a_batch_two_cache(lm, prepared):
+    with pytest.raises(ValueError, match="cache holds a batch of 2"):
+        answer(lm, _batch2(prepared.shift_cache), prepared.edit, max_new_tokens=1)
+
+
 # ---- kind 5: max_new_tokens ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "value,error",

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from transformers import DynamicCache
 
 from sur_lab.budget import Support
-from sur_lab.cache_ops import cache_length, layer_kv, num_layers
+from sur_lab.cache_ops import cache_length
+from sur_lab.checks import check_batch_one
 from sur_lab.edits import EditedContext
 from sur_lab.models import LoadedModel
 
@@ -68,15 +69,3 @@ def check_support(edit: EditedContext, support: Support, cache: DynamicCache) ->
     if cache_length(cache) != edit.edited_len:
         raise ValueError(f"cache has {cache_length(cache)} rows; the Shift cache of this edit has {edit.edited_len}")
 
-
-def check_batch_one(cache: DynamicCache, name: str = "cache") -> None:
-    """Refuse a cache whose batch dimension is not 1 (repair covers batch size one, one edited context).
-
-    Raises:
-        ValueError: naming ``name`` and the cache's batch size.
-    """
-    if num_layers(cache) and layer_kv(cache, 0)[0].shape[0] != 1:
-        raise ValueError(
-            f"{name} holds a batch of {layer_kv(cache, 0)[0].shape[0]} sequences "
-            f"(keys shaped {tuple(layer_kv(cache, 0)[0].shape)}); repair needs batch size 1"
-        )
