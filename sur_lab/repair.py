@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from sur_lab.budget import Support, allowance, check_budget
 from sur_lab.cache_ops import clone_cache
+from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import dirty, get_executor, replay, reprefill, shift
 from sur_lab.models import LoadedModel
@@ -56,7 +57,19 @@ class PreparedEdit:
 
 
 def prepare(lm: LoadedModel, edit: EditedContext) -> PreparedEdit:
-    """Prefill the original context (Dirty) and Shift it; both are timed separately."""
+    """Prefill the original context (Dirty) and Shift it; both are timed separately.
+
+    Warns when the context exceeds the model's ``max_position_embeddings`` (see :func:`sur_lab.forward.prefill`).
+
+    Raises:
+        ValueError: naming ``original_ids``, ``query_ids`` or ``question_ids`` when an id lies outside the model's
+            vocabulary ``[0, vocab_size)``, before any forward.
+    """
+    vocab = lm.spec.vocab_size
+    check_vocab(edit.original_ids, vocab, "original_ids")
+    check_vocab(edit.query_ids, vocab, "query_ids")
+    if edit.question_ids is not None:
+        check_vocab(edit.question_ids, vocab, "question_ids")
     t0 = time.perf_counter()
     dirty_cache = dirty(lm, edit)
     dirty_ms = _ms(t0)

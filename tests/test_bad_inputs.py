@@ -149,10 +149,26 @@ def test_empty_support_from_an_empty_list_is_fine():
 
 
 # ---- kind 5: forward entry points (vocabulary known) ----------------------------------------------------------------
-def test_token_ids_outside_the_vocabulary_are_refused_before_prefill(lm):
-    edit = token_edit([VOCAB] + IDS[1:], 4, 3, Q)
+@pytest.mark.parametrize(
+    "override,name",
+    [(dict(original_ids=[VOCAB] + IDS[1:]), "original_ids"), (dict(query_ids=[1, 500]), "query_ids"),
+     (dict(question_ids=[VOCAB + 1]), "question_ids")],
+)
+def test_token_ids_outside_the_vocabulary_are_refused_before_prefill(lm, override, name):
+    edit = token_edit(**(dict(original_ids=IDS, prefix_len=4, deleted_len=3, query_ids=Q) | override))
+    forwarded = []
+    handle = lm.model.model.embed_tokens.register_forward_hook(lambda *_: forwarded.append(1))
+    try:
+        with pytest.raises(ValueError, match=rf"{name} holds token id \d+ outside the vocabulary \[0, 96\)"):
+            prepare(lm, edit)
+    finally:
+        handle.remove()
+    assert forwarded == []  # refused before any forward
+
+
+def test_prefill_refuses_ids_outside_the_vocabulary(lm):
     with pytest.raises(ValueError, match=r"ids holds token id 96 outside the vocabulary \[0, 96\)"):
-        prepare(lm, edit)
+        prefill(lm, torch.tensor([1, VOCAB]))
 
 
 def test_query_ids_outside_the_vocabulary_are_refused_before_decoding(lm, prepared):
