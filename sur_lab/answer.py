@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
+from sur_lab.checks import as_count, as_token_ids
 from sur_lab.edits import EditedContext
 from sur_lab.forward import decode_step, forward_tokens
 from sur_lab.models import LoadedModel
@@ -35,8 +36,8 @@ class Answer:
 
 
 def _check_max_new_tokens(max_new_tokens: int) -> None:
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    # True is not 1 token and 2.0 is not 2: a count must be an integer (issue 12, kind 5).
+    as_count(max_new_tokens, "max_new_tokens", minimum=1)
 
 
 @torch.inference_mode()
@@ -73,10 +74,13 @@ def greedy_answer(
         ``answer`` (ms).
 
     Raises:
+        TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``), or ``draft`` holds
+            non-integer ids.
         ValueError: if ``max_new_tokens`` < 1, or ``copy=False`` with a ``draft``.
     """
     _check_max_new_tokens(max_new_tokens)
-    draft = [int(t) for t in draft][: int(max_new_tokens)]
+    draft = as_token_ids(list(draft) if not isinstance(draft, torch.Tensor) else draft, "draft", allow_empty=True)
+    draft = draft.tolist()[:max_new_tokens]
     if draft and not copy:
         raise ValueError("copy=False cannot be combined with a draft (rejected draft rows are cut from a new cache)")
     work = clone_cache(cache) if copy else cache
@@ -131,6 +135,7 @@ def answer(
         Answer with text, ids, first-token logits and timings in ms.
 
     Raises:
+        TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
         ValueError: if ``max_new_tokens`` < 1.
     """
     return greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens, copy=copy)
@@ -143,13 +148,15 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
     Used to score how well a repaired cache predicts Re-prefill's greedy continuation (appendix 7.5).
 
     Raises:
+        TypeError: if ``continuation`` holds non-integer ids.
         ValueError: if ``continuation`` is empty.
     """
-    if len(continuation) == 0:
+    continuation = as_token_ids(continuation, "continuation", allow_empty=True)
+    if continuation.numel() == 0:
         raise ValueError("continuation must contain at least one token")
     work = clone_cache(cache)
-    ids = torch.cat((edit.query_ids, torch.tensor(continuation[:-1], dtype=torch.long)))
+    ids = torch.cat((edit.query_ids, continuation[:-1]))
     logits = forward_tokens(lm, ids, work, logits="all")[-len(continuation) :]
     logp = torch.log_softmax(logits.double(), dim=-1)
-    target = torch.tensor(continuation, dtype=torch.long, device=logp.device)
+    target = continuation.to(logp.device)
     return float(-logp.gather(1, target[:, None]).sum())

@@ -46,7 +46,7 @@ def allowance(suffix_len: int, budget_pct: float) -> int:
     Raises:
         ValueError: if ``suffix_len`` < 0 or ``budget_pct`` is outside [0, 100].
     """
-    if int(suffix_len) != suffix_len or suffix_len < 0:
+    if isinstance(suffix_len, (bool, np.bool_)) or int(suffix_len) != suffix_len or suffix_len < 0:
         raise ValueError(f"suffix_len must be a non-negative integer; got {suffix_len!r}")
     b = Fraction(str(check_budget(budget_pct)))
     return min(int(suffix_len), math.ceil(int(suffix_len) * b / 100))
@@ -71,7 +71,10 @@ class Support:
         suffix_len: S, tokens.
 
     Raises:
-        ValueError: (at construction) if positions are not sorted, not unique, or outside ``[0, suffix_len)``.
+        TypeError: (at construction) naming ``positions`` when they are not integers (floats are not truncated), or
+            ``suffix_len`` when it is not an integer.
+        ValueError: (at construction) if positions are not 1-D, not sorted, not unique, or outside
+            ``[0, suffix_len)``.
     """
 
     positions: np.ndarray
@@ -79,7 +82,18 @@ class Support:
     intervals: list[tuple[int, int]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        pos = np.asarray(self.positions, dtype=np.int64).reshape(-1)
+        raw = np.asarray(self.positions)
+        if raw.size and raw.dtype.kind not in "iu":
+            # Floats are refused, not truncated (1.7 would silently refresh position 1).
+            raise TypeError(f"positions must be integers; got dtype {raw.dtype}")
+        if raw.ndim > 1:
+            raise ValueError(f"positions must be 1-D; got shape {raw.shape}")
+        if isinstance(self.suffix_len, (bool, np.bool_)) or not isinstance(self.suffix_len, (int, np.integer)):
+            raise TypeError(f"suffix_len must be an integer; got {self.suffix_len!r}")
+        if self.suffix_len < 0:
+            raise ValueError(f"suffix_len must be >= 0; got {self.suffix_len}")
+        object.__setattr__(self, "suffix_len", int(self.suffix_len))
+        pos = raw.astype(np.int64).reshape(-1)
         if len(pos) and (pos[0] < 0 or pos[-1] >= self.suffix_len):
             raise ValueError(f"positions must lie in the suffix [0, {self.suffix_len}); got {pos.min()}..{pos.max()}")
         if len(pos) > 1 and np.any(np.diff(pos) <= 0):
@@ -91,7 +105,7 @@ class Support:
     @classmethod
     def from_unsorted(cls, positions, suffix_len: int) -> "Support":
         """Sort and de-duplicate ``positions`` before building the support."""
-        return cls(np.unique(np.asarray(positions, dtype=np.int64)), suffix_len)
+        return cls(np.unique(np.asarray(positions)), suffix_len)
 
     @classmethod
     def full(cls, suffix_len: int) -> "Support":

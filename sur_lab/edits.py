@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sur_lab.checks import as_count, as_token_ids
+
 #: Instruction placed before the documents in :func:`chat_edit` prompts.
 DEFAULT_INSTRUCTION = "Answer the question using the documents below. Reply with a short answer only."
 
@@ -25,8 +27,10 @@ class EditedContext:
     Attributes:
         original_ids: ``[N]`` int64, the Dirty pre-query tokens ``p ⊕ e ⊕ s``.
         query_ids: ``[Q]`` int64, tokens processed after the repaired cache (question plus chat-template tail).
-        prefix_len: p, tokens before the deleted span.
-        deleted_len: d >= 1, deleted tokens.
+        prefix_len: p, tokens before the deleted span (an integer; floats are refused, not truncated).
+        deleted_len: d >= 1, deleted tokens. A whole-context deletion (p = 0, d = N) is refused at construction with
+            a ``ValueError`` naming ``deleted_len``: nothing would remain to cache, so no method (Shift, Replay,
+            Re-prefill, SUR) has a cache to return; every edit keeps p + S >= 1 tokens.
         question: the query text used for relevance scoring (SUR, Eq. 7), or ``None`` for token-level edits.
         question_ids: ``[|q|]`` int64, ``question`` tokenized without special tokens (Eq. 7, appendix 7.3).
         original_text / edited_text: pre-query text before and after the deletion (``None`` for token-level edits).
@@ -49,19 +53,30 @@ class EditedContext:
     deleted_char_span: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        n = int(self.original_ids.numel())
-        if self.original_ids.dim() != 1:
-            raise ValueError(f"original_ids must be 1-D (batch size 1); got shape {tuple(self.original_ids.shape)}")
-        if self.query_ids.dim() != 1 or self.query_ids.numel() == 0:
+        object.__setattr__(self, "original_ids", as_token_ids(self.original_ids, "original_ids", allow_empty=True))
+        object.__setattr__(self, "query_ids", as_token_ids(self.query_ids, "query_ids", allow_empty=True))
+        if self.query_ids.numel() == 0:
             raise ValueError("query_ids must be a non-empty 1-D tensor (empty query)")
+        object.__setattr__(self, "prefix_len", as_count(self.prefix_len, "prefix_len"))
+        object.__setattr__(self, "deleted_len", as_count(self.deleted_len, "deleted_len"))
+        n = int(self.original_ids.numel())
         if self.deleted_len < 1:
             raise ValueError(f"deleted_len must be >= 1 (empty span); got {self.deleted_len}")
-        if self.prefix_len < 0 or self.prefix_len + self.deleted_len > n:
+        if self.prefix_len + self.deleted_len > n:
             raise ValueError(
                 f"span [prefix_len={self.prefix_len}, {self.prefix_len + self.deleted_len}) must lie in [0, {n}]"
             )
-        if self.question_ids is not None and self.question_ids.numel() == 0:
-            raise ValueError("question must contain at least one token (empty query)")
+        if self.deleted_len == n:
+            # Whole-context deletion (p = 0, d = N): nothing is left to cache, so no method has a cache to repair.
+            # Refused here, at edit time, so that every method behaves alike.
+            raise ValueError(
+                f"deleted_len={self.deleted_len} with prefix_len=0 deletes the whole context of {n} tokens; "
+                "an edit must keep at least one token (p + S >= 1): start a new prompt instead"
+            )
+        if self.question_ids is not None:
+            object.__setattr__(self, "question_ids", as_token_ids(self.question_ids, "question_ids", allow_empty=True))
+            if self.question_ids.numel() == 0:
+                raise ValueError("question must contain at least one token (empty query)")
 
     @property
     def num_tokens(self) -> int:
@@ -110,22 +125,25 @@ def token_edit(
     """Build a token-level edit (no text; for tiny random models and synthetic studies).
 
     Args:
-        original_ids: ``[N]`` token ids ``p ⊕ e ⊕ s``.
-        prefix_len: p.
-        deleted_len: d >= 1.
-        query_ids: ``[Q]`` non-empty.
+        original_ids: ``[N]`` integer token ids ``p ⊕ e ⊕ s`` (a ``[1, N]`` tensor is batch size one).
+        prefix_len: p >= 0, an integer.
+        deleted_len: d >= 1, an integer; ``p + d <= N`` and the edit keeps at least one token (``p + S >= 1``).
+        query_ids: ``[Q]`` non-empty integer ids.
         question_ids: optional relevance query ``[|q|]`` (defaults to ``query_ids``).
 
     Raises:
-        ValueError: naming ``deleted_len`` (empty span), ``prefix_len`` (out of range) or ``query_ids`` (empty).
+        TypeError: naming ``original_ids``/``query_ids``/``question_ids`` when the ids are not integers (floats are
+            not truncated), or ``prefix_len``/``deleted_len`` when they are not integers (``3.7``, ``True``).
+        ValueError: naming ``original_ids``/``query_ids`` for a batch of several sequences (``[2, N]`` is not
+            flattened) or a negative id; ``deleted_len`` (empty span, or the whole context: p = 0, d = N);
+            ``prefix_len`` (out of range); ``query_ids`` (empty).
     """
-    as_ids = lambda x: torch.as_tensor(x, dtype=torch.long).reshape(-1) if x is not None else None  # noqa: E731
     return EditedContext(
-        original_ids=as_ids(original_ids),
-        query_ids=as_ids(query_ids),
-        prefix_len=int(prefix_len),
-        deleted_len=int(deleted_len),
-        question_ids=as_ids(question_ids),
+        original_ids=original_ids,
+        query_ids=query_ids,
+        prefix_len=prefix_len,
+        deleted_len=deleted_len,
+        question_ids=question_ids,
     )
 
 

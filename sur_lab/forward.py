@@ -6,11 +6,26 @@ at given positions to an existing cache (query processing, interval replay), ``d
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length
+from sur_lab.checks import check_batch_one, check_vocab
 from sur_lab.models import LoadedModel
+
+
+def warn_if_beyond_context(lm: LoadedModel, num_tokens: int) -> None:
+    """Warn when a context of ``num_tokens`` tokens exceeds the model's ``max_position_embeddings`` (when known)."""
+    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and num_tokens > limit:
+        warnings.warn(
+            f"context of {num_tokens} tokens exceeds the model's max_position_embeddings={limit}; positions beyond "
+            "it were not trained and results may be meaningless",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 @torch.inference_mode()
@@ -30,10 +45,17 @@ def forward_tokens(
         Logits as requested, on the model's device, float32.
 
     Raises:
-        ValueError: if ``ids`` is empty or not 1-D, or ``logits`` is not one of the three values.
+        TypeError: if ``ids`` is not an integer tensor.
+        ValueError: if ``ids`` is empty or not 1-D, holds an id outside ``[0, vocab_size)`` (checked before the
+            embedding lookup), ``cache`` holds a batch of several sequences, or ``logits`` is not one of the three
+            values.
     """
-    if ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"ids must be a non-empty 1-D tensor (batch size 1); got shape {tuple(ids.shape)}")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"ids must be a non-empty 1-D tensor (batch size 1); got shape {tuple(getattr(ids, 'shape', ()))}")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"ids must be integer token ids; got dtype {ids.dtype}")
+    check_vocab(ids, lm.spec.vocab_size, "ids")
+    check_batch_one(cache, "cache")
     if isinstance(logits, bool) or not (
         logits in ("last", "all", "none") or (isinstance(logits, int) and 1 <= logits <= ids.numel())
     ):
@@ -55,7 +77,15 @@ def forward_tokens(
 
 
 def prefill(lm: LoadedModel, ids: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
-    """Build a cache for ``ids`` ``[N]`` from empty; returns ``(cache, last_logits [V] float32)``."""
+    """Build a cache for ``ids`` ``[N]`` from empty; returns ``(cache, last_logits [V] float32)``.
+
+    Warns (``UserWarning``) when N exceeds the model's ``max_position_embeddings``: positions past the trained range
+    run, but the model was not trained there.
+
+    Raises:
+        ValueError, TypeError: see :func:`forward_tokens`.
+    """
+    warn_if_beyond_context(lm, int(getattr(ids, "numel", lambda: 0)()))
     cache = DynamicCache()
     return cache, forward_tokens(lm, ids, cache)
 

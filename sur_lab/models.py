@@ -284,6 +284,59 @@ def _embedded_local_dir() -> Path:
         tmp.replace(target)
     return target
 
+#: Accepted ``dtype`` names for :func:`load_model` (the torch names and their common short aliases).
+DTYPE_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+    "float64": torch.float64, "fp64": torch.float64,
+}
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    allowed = ", ".join(repr(k) for k in DTYPE_NAMES)
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPE_NAMES.values():
+            return dtype
+        raise ValueError(f"dtype={dtype} is not a floating parameter dtype; allowed: {allowed} or the torch dtypes")
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    hint = f" (did you mean {dtype.lower()!r}?)" if isinstance(dtype, str) and dtype.lower() in DTYPE_NAMES else ""
+    raise ValueError(f"dtype={dtype!r} is not a model dtype{hint}; allowed: {allowed} or the torch dtypes")
+
+
+def _check_device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {err}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index is not None and dev.index >= count):
+            raise ValueError(f"device={device!r} is not available on this machine ({count} CUDA devices)")
+    return dev
+
+
+def _check_name(name):
+    """Refuse a local path that does not exist before transformers reports it as an invalid hub id."""
+    if name is None:
+        return name
+    if not isinstance(name, (str, os.PathLike)):
+        raise ValueError(f"name={name!r} must be a hub id, a local path or None (the embedded model)")
+    if name in _EMBEDDED_ALIASES:
+        return name
+    text = os.fspath(name)
+    looks_local = (
+        isinstance(name, os.PathLike) or text.startswith(("/", ".", "~")) or text.count("/") >= 2
+        or (os.sep != "/" and os.sep in text)
+    )
+    if looks_local:
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"model path {text!r} does not exist (resolved to {path.resolve()})")
+        return str(path)
+    return name
+
 
 def load_model(
     name: str | os.PathLike | None = None,
@@ -299,8 +352,10 @@ def load_model(
         name: ``None`` (or ``"embedded"``, ``"SmolLM2-135M-Instruct"``) for the embedded SmolLM2-135M-Instruct GGUF
             (Llama architecture, 30 layers, GQA 9/3 heads, head dim 64, RoPE theta 1e5); otherwise a hub id or a local
             directory passed to ``AutoModelForCausalLM.from_pretrained``.
-        dtype: parameter dtype (``torch.float32`` default; ``"bfloat16"`` etc. accepted).
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (single device; no offload).
+        dtype: parameter dtype: ``torch.float32`` (default), ``torch.bfloat16``, ``torch.float16``, ``torch.float64``,
+            or one of the names in :data:`DTYPE_NAMES` (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``
+            and the aliases ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp64"``; case-sensitive).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (single device; no offload); must be available.
         attn_implementation: transformers attention backend for ordinary forwards (``"sdpa"`` or ``"eager"``).
         **from_pretrained_kwargs: passed through (``revision=``, ``trust_remote_code=`` ...).
 
@@ -310,12 +365,17 @@ def load_model(
     Raises:
         UnsupportedModelError: for sliding-window or chunked attention, MoE, inexact RoPE scaling, other families
             (checked on the config before weights are loaded).
-        FileNotFoundError: if the embedded package is missing.
+        FileNotFoundError: if the embedded package is missing, or ``name`` looks like a local path (starts with
+            ``/``, ``.`` or ``~``, or has two or more ``/``) and does not exist (named in the message, not sent to the
+            hub).
+        ValueError: naming ``dtype`` (not a floating dtype or one of :data:`DTYPE_NAMES`: ``"Float32"``,
+            ``"cuda"`` are refused) or ``device`` (unparsable or unavailable), before anything is loaded.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    dtype = _check_dtype(dtype)
+    device = _check_device(device)
+    name = _check_name(name)
     if name in _EMBEDDED_ALIASES:
         source, label = _embedded_local_dir(), EMBEDDED_MODEL
     else:

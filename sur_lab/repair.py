@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from sur_lab.budget import Support, allowance, check_budget
 from sur_lab.cache_ops import clone_cache
+from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import dirty, get_executor, replay, reprefill, shift
 from sur_lab.models import LoadedModel
@@ -56,7 +57,19 @@ class PreparedEdit:
 
 
 def prepare(lm: LoadedModel, edit: EditedContext) -> PreparedEdit:
-    """Prefill the original context (Dirty) and Shift it; both are timed separately."""
+    """Prefill the original context (Dirty) and Shift it; both are timed separately.
+
+    Warns when the context exceeds the model's ``max_position_embeddings`` (see :func:`sur_lab.forward.prefill`).
+
+    Raises:
+        ValueError: naming ``original_ids``, ``query_ids`` or ``question_ids`` when an id lies outside the model's
+            vocabulary ``[0, vocab_size)``, before any forward.
+    """
+    vocab = lm.spec.vocab_size
+    check_vocab(edit.original_ids, vocab, "original_ids")
+    check_vocab(edit.query_ids, vocab, "query_ids")
+    if edit.question_ids is not None:
+        check_vocab(edit.question_ids, vocab, "question_ids")
     t0 = time.perf_counter()
     dirty_cache = dirty(lm, edit)
     dirty_ms = _ms(t0)
@@ -107,9 +120,11 @@ def repair(
         prepared: output of :func:`prepare` (its caches are not modified).
         method: ``"Dirty"``, ``"Shift"``, ``"Replay"``, ``"Re-prefill"`` or a registered allocator name (``"SUR"``).
         budget_pct: b in [0, 100] (ignored by reference methods). B = 0 returns Shift; B = S returns Replay.
-        executor: registered executor name for sparse refresh (``"sequential"`` reference).
+        executor: registered executor name for sparse refresh (``"sequential"`` reference); checked for every
+            method, the reference ones included.
         seed: case-fixed seed passed to randomized allocators.
-        options: allocator-specific options.
+        options: allocator-specific options. ``"dirty_cache"`` defaults to ``prepared.dirty_cache`` (Cache-Craft-Adapted
+            reads the deleted span's keys from it instead of re-running the span).
 
     Returns:
         RepairResult with a timing breakdown in ms.
@@ -118,6 +133,8 @@ def repair(
         ValueError: for a budget outside [0, 100], an unknown method or executor — before any model call.
     """
     edit = prepared.edit
+    # Looked up first so that every method, the reference ones included, refuses an unknown executor name.
+    run = get_executor(executor)
     if method in REFERENCE_METHODS:
         nan = float("nan")
         t0 = time.perf_counter()
@@ -140,7 +157,6 @@ def repair(
             f"unknown method={method!r}; allowed: {', '.join(REFERENCE_METHODS)} or an allocator "
             f"({', '.join(sorted(ALLOCATORS))})"
         )
-    run = get_executor(executor)
     S = edit.suffix_len
     B = allowance(S, budget_pct)
     if B == S and S > 0:
@@ -156,8 +172,12 @@ def repair(
             {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
         )
     # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
+    options = dict(options or {})
+    # Algorithm 1 starts from the Dirty cache: allocators that read it (Cache-Craft-Adapted takes the deleted span's
+    # keys from it) must not re-run the span.
+    options.setdefault("dirty_cache", prepared.dirty_cache)
     request = AllocationRequest(
-        lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=None, seed=seed, options=dict(options or {})
+        lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=None, seed=seed, options=options
     )
     selection = allocate(method, request)
     if prepared.units is None and request.units is not None:

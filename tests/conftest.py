@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Llama and Qwen3 models built from configs (float64, float64 RoPE angles), the embedded
+"""Shared fixtures: tiny random Llama and Qwen3 models built from configs (float64 throughout: float64 RoPE angles and
+float64 RMSNorm), the embedded
 SmolLM2 model (session-scoped, marked slow by the tests that use it), and the QA data directory."""
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def tiny_config(kind: str = "llama", *, vocab_size: int = 96, layers: int = 3, h
 
 
 def make_tiny_model(kind: str = "llama", seed: int = 0, dtype=torch.float64, **config_kwargs):
-    """Build a tiny random model wrapped as a LoadedModel, with float64 RoPE angles so exactness tests reach 1e-10."""
+    """Build a tiny random model wrapped as a LoadedModel, with float64 RoPE angles and float64 RMSNorm (for float64
+    models) so that exactness tests resolve fp64 rounding (~1e-15), not float32 normalisation (~1e-10)."""
     from transformers import AutoModelForCausalLM
 
     from sur_lab.models import enable_float64_rope, wrap_model
@@ -49,7 +51,31 @@ def make_tiny_model(kind: str = "llama", seed: int = 0, dtype=torch.float64, **c
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(8.0)
     enable_float64_rope(model)
+    enable_float64_norm(model)
     return wrap_model(model, None, f"tiny-{kind}")
+
+
+def enable_float64_norm(model):
+    """Make every RMSNorm of ``model`` normalise in its input dtype when that is float64 (in place; returns it).
+
+    transformers' RMSNorm upcasts to float32 (``hidden_states.to(torch.float32)``) whatever the model dtype, so a
+    "float64" model still rounds every normalisation to float32 (~6e-8 relative) and exactness tests could only
+    resolve ~1e-10: an error of 1e-12 in every attention output went unnoticed. With this patch the tiny float64
+    models are float64 end to end (RoPE angles: :func:`sur_lab.models.enable_float64_rope`), so 1e-13 tolerances mean
+    what they say. Inputs of other dtypes keep transformers' behaviour.
+    """
+    import types
+
+    def forward(self, hidden_states):  # noqa: ANN001 - mirrors transformers' RMSNorm.forward
+        if hidden_states.dtype != torch.float64:
+            return type(self).forward(self, hidden_states)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(forward, module)
+    return model
 
 
 @pytest.fixture(params=["llama", "qwen3"])
@@ -78,3 +104,38 @@ def data_dir():
         return default_data_dir()
     except FileNotFoundError as err:
         pytest.skip(str(err))
+
+
+#: float64 unit roundoff (2^-52).
+FP64_EPS = torch.finfo(torch.float64).eps
+#: Rounding allowance, in units of FP64_EPS times the reference's largest magnitude, for two float64 computations of
+#: the tiny models that agree in real arithmetic but differ in shape or order (row counts change GEMM blocking): a
+#: few dot products of length <= 2 * hidden (96) per layer, 3 layers. 64 ulp of the scale is ~6e-14 here, far below
+#: what an injected 1e-12 error in every attention output produces (~3e-10; see test_repair_exactness).
+FP64_ULPS = 64
+
+
+def fp64_tol(*references, ulps: int = FP64_ULPS) -> float:
+    """Absolute tolerance ``ulps * eps64 * max|reference|`` over tensors or caches (``DynamicCache``)."""
+    scale = 0.0
+    for ref in references:
+        if isinstance(ref, torch.Tensor):
+            scale = max(scale, ref.detach().abs().max().item() if ref.numel() else 0.0)
+        else:  # a DynamicCache: every layer's keys and values
+            for layer in ref.layers:
+                scale = max(scale, layer.keys.abs().max().item(), layer.values.abs().max().item())
+    return ulps * FP64_EPS * max(scale, 1.0)
+
+
+def hf_prefill(lm, ids):
+    """Oracle: a plain transformers prefill of ``ids`` ``[N]`` (no sur_lab code): ``(per-layer (K, V), logits)``.
+
+    Returns the keys and values ``[1, H_kv, N, d_h]`` of every layer read straight from transformers' ``DynamicCache``
+    and the float logits ``[N, V]``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = lm.model(input_ids=ids[None], cache=cache, use_cache=True)
+    return [(layer.keys, layer.values) for layer in cache.layers], out.logits[0]

@@ -132,29 +132,75 @@ def test_text_edit_allocators_return_exact_b(text_lm):
 # Matched controls
 
 
-def test_dense_tokens_is_top_b_of_sur_scores(llama):
-    edit = random_edit(1, 10, 5, 90)
-    request = AllocationRequest(llama, edit, 20)
-    selection = allocate("Dense tokens", request)
-    assert selection.support.positions.tolist() == top_b(sur_token_scores(request), 18).tolist()
+def _top_b_brute(scores, b):
+    """Oracle for the top-B rule: repeatedly take the highest remaining score, the earliest index among equals."""
+    left, chosen = list(range(len(scores))), []
+    for _ in range(b):
+        best = left[0]
+        for i in left[1:]:
+            if scores[i] > scores[best]:
+                best = i
+        chosen.append(best)
+        left.remove(best)
+    return sorted(chosen)
 
 
-def test_max_sum_window_matches_brute_force_and_takes_earliest_tie():
-    rng = np.random.default_rng(0)
-    scores = rng.normal(size=57)
-    for width in (1, 3, 20, 57):
-        brute = max(range(57 - width + 1), key=lambda s: (sum(scores[s : s + width]), -s))
-        assert controls.max_sum_window(scores, width) == brute
-    assert controls.max_sum_window(np.array([1.0, 0.0, 1.0, 0.0]), 1) == 0
+def _window_brute(scores, width):
+    """Oracle for the best window: exact sums (Fraction) of every window, earliest maximizer."""
+    from fractions import Fraction
+
+    sums = [sum(Fraction(float(x)) for x in scores[s : s + width]) for s in range(len(scores) - width + 1)]
+    return sums.index(max(sums))
+
+
+@settings(max_examples=40, deadline=None)
+@given(scores=st.lists(st.integers(-3, 3), min_size=1, max_size=40), data=st.data())
+def test_top_b_matches_brute_force_with_ties(scores, data):
+    b = data.draw(st.integers(0, len(scores)))
+    assert top_b(np.array(scores, dtype=np.float32), b).tolist() == _top_b_brute(scores, b)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), suffix=st.integers(1, 120), budget=st.sampled_from([1, 5, 20, 37, 99]))
+def test_dense_tokens_is_the_brute_force_top_b_of_eq7_scores(llama, seed, suffix, budget):
+    edit = random_edit(seed, 10, 5, suffix)
+    selection = allocate("Dense tokens", AllocationRequest(llama, edit, budget))
+    # Eq. 7 recomputed here in float64 from the embedding table: max cosine to a query token + 0.25 if identical.
+    E = llama.model.get_input_embeddings().weight.double()
+    s = torch.nn.functional.normalize(E[edit.suffix_ids], dim=-1)
+    q = torch.nn.functional.normalize(E[edit.relevance_ids], dim=-1)
+    scores = ((s @ q.T).amax(dim=1) + 0.25 * torch.isin(edit.suffix_ids, edit.relevance_ids).double()).tolist()
+    B = allowance(suffix, budget)
+    expected = _top_b_brute(scores, B)
+    got = selection.support.positions.tolist()
+    if got != expected:
+        # The allocator scores in float32 (Eq. 7 as specified): only near-ties within float32 rounding may differ.
+        eps = 8 * float(np.finfo(np.float32).eps)
+        cut = sorted(scores, reverse=True)[B - 1]
+        assert all(abs(scores[i] - cut) <= eps for i in set(got) ^ set(expected)), (got, expected)
+    assert len(got) == B
+
+
+@settings(max_examples=60, deadline=None)
+@given(scores=st.lists(st.integers(-4, 4), min_size=1, max_size=60), data=st.data())
+def test_max_sum_window_matches_brute_force_and_takes_earliest_tie(scores, data):
+    width = data.draw(st.integers(1, len(scores)))
+    arr = np.array(scores, dtype=np.float64) / 8  # exact in binary: sums compare exactly in both computations
+    assert controls.max_sum_window(arr, width) == _window_brute(arr, width)
+
+
+def test_max_sum_window_refuses_a_bad_width():
     with pytest.raises(ValueError, match="width"):
-        controls.max_sum_window(scores, 0)
+        controls.max_sum_window(np.zeros(5), 0)
+    with pytest.raises(ValueError, match="width"):
+        controls.max_sum_window(np.zeros(5), 6)
 
 
-def test_max_relevance_contiguous_is_the_best_window(llama):
+def test_max_relevance_contiguous_is_the_brute_force_best_window(llama):
     edit = random_edit(2, 4, 3, 60)
     request = AllocationRequest(llama, edit, 10)
     selection = allocate("Max-relevance contiguous", request)
-    start = controls.max_sum_window(sur_token_scores(request), 6)
+    start = _window_brute(selection.diagnostics["token_scores"], 6)
     assert selection.support.positions.tolist() == list(range(start, start + 6))
     assert selection.support.num_intervals == 1
 
@@ -179,6 +225,36 @@ def test_bm25_scores_match_hand_computation_on_three_units():
     ]
     np.testing.assert_allclose(controls.bm25_scores(query, docs), expected, rtol=1e-12)
     assert controls.bm25_scores(["absent"], docs).tolist() == [0.0, 0.0, 0.0]
+
+
+def _bm25_textbook(query, docs, k1=1.2, b=0.75):
+    """Oracle: BM25 written out term by term (Lucene idf, query-term multiplicity), in exact fractions where possible."""
+    from fractions import Fraction
+
+    n = len(docs)
+    avgdl = Fraction(sum(len(d) for d in docs), n)
+    scores = []
+    for d in docs:
+        total = 0.0
+        for t in query:
+            f = d.count(t)
+            df = sum(t in other for other in docs)
+            if f == 0 or df == 0:
+                continue
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            norm = Fraction(k1) * (1 - Fraction(b) + Fraction(b) * len(d) / avgdl)
+            total += idf * float(Fraction(f) / (f + norm))
+        scores.append(total)
+    return scores
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=12), min_size=1, max_size=6),
+    query=st.lists(st.sampled_from("abcdefgxy"), min_size=1, max_size=6),
+)
+def test_bm25_scores_match_a_textbook_bm25(docs, query):
+    np.testing.assert_allclose(controls.bm25_scores(query, docs), _bm25_textbook(query, docs), rtol=1e-9, atol=1e-12)
 
 
 def test_bm25_allocator_scores_sur_units_by_their_text(text_lm):

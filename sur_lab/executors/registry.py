@@ -13,6 +13,7 @@ from transformers import DynamicCache
 
 from sur_lab.budget import Support
 from sur_lab.cache_ops import cache_length
+from sur_lab.checks import check_batch_one
 from sur_lab.edits import EditedContext
 from sur_lab.models import LoadedModel
 
@@ -60,9 +61,11 @@ def check_support(edit: EditedContext, support: Support, cache: DynamicCache) ->
 
     Raises:
         ValueError: naming ``support`` when its suffix length differs from the edit's, or ``cache`` when its length is
-            not ``p + S``.
+            not ``p + S`` or it holds a batch of more than one sequence.
     """
+    check_batch_one(cache, "cache")
     if support.suffix_len != edit.suffix_len:
         raise ValueError(f"support.suffix_len={support.suffix_len} but the edit's suffix has {edit.suffix_len} tokens")
     if cache_length(cache) != edit.edited_len:
         raise ValueError(f"cache has {cache_length(cache)} rows; the Shift cache of this edit has {edit.edited_len}")
+

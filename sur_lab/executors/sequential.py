@@ -18,7 +18,7 @@ from sur_lab.cache_ops import (
     write_rows_,
 )
 from sur_lab.edits import EditedContext
-from sur_lab.executors.registry import check_support, register_executor
+from sur_lab.executors.registry import check_batch_one, check_support, register_executor
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel
 
@@ -65,8 +65,9 @@ def shift(lm: LoadedModel, dirty_cache: DynamicCache, edit: EditedContext) -> Dy
     """Shift: drop the span's K/V and re-rotate the suffix keys by ``-d`` (Eq. 2); ``dirty_cache`` is not modified.
 
     Raises:
-        ValueError: if ``dirty_cache`` does not hold the edit's N rows.
+        ValueError: if ``dirty_cache`` does not hold the edit's N rows, or holds a batch of several sequences.
     """
+    check_batch_one(dirty_cache, "dirty_cache")
     if cache_length(dirty_cache) != edit.num_tokens:
         raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the edit's context has {edit.num_tokens}")
     return shift_cache(dirty_cache, edit.prefix_len, edit.deleted_len, lm.inv_freq)
@@ -76,7 +77,11 @@ def replay(lm: LoadedModel, cache: DynamicCache, edit: EditedContext) -> Dynamic
     """Replay: the valid prefix rows ``[0, p)`` of ``cache`` (Dirty or Shift) plus a full recompute of the suffix.
 
     ``cache`` is not modified. Returns a new cache of ``p + S`` rows.
+
+    Raises:
+        ValueError: naming ``cache`` when it holds a batch of several sequences; if it has fewer than p rows.
     """
+    check_batch_one(cache, "cache")
     out = slice_rows(cache, 0, edit.prefix_len)
     if edit.suffix_len:
         forward_tokens(lm, edit.suffix_ids, out, logits="none")

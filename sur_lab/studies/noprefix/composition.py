@@ -47,6 +47,7 @@ from sur_lab.cache_ops import (
     slice_rows,
     to_tensors,
 )
+from sur_lab.checks import as_token_ids
 from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel
@@ -58,10 +59,8 @@ PLACEHOLDER_TOKEN = 0
 
 
 def _as_ids(x, name: str) -> torch.Tensor:
-    ids = torch.as_tensor(x, dtype=torch.long).reshape(-1)
-    if ids.numel() == 0:
-        raise ValueError(f"{name} must contain at least one token")
-    return ids
+    # Refused, not reinterpreted: a [2, N] batch is not flattened, float ids are not truncated (issue 12, kind 5).
+    return as_token_ids(x, name)
 
 
 @dataclass(frozen=True)
@@ -201,15 +200,17 @@ def compose_tokens(prefix_ids, documents: Sequence, query_ids, *, question_ids=N
         titles: optional per-document titles.
 
     Raises:
-        ValueError: see :class:`ComposedPrompt`.
+        TypeError: naming the argument when ids are not integers (float ids are not truncated).
+        ValueError: see :class:`ComposedPrompt`; also naming ``prefix_ids``/``doc_ids[i]``/``query_ids`` for a batch
+            of several sequences (``[2, N]`` is not flattened) or a negative id.
     """
     if documents is None or len(documents) == 0:
         raise ValueError("documents is empty; a composed prompt needs at least one document")
     return ComposedPrompt(
-        prefix_ids=torch.as_tensor(prefix_ids, dtype=torch.long),
-        doc_ids=tuple(torch.as_tensor(d, dtype=torch.long) for d in documents),
-        query_ids=torch.as_tensor(query_ids, dtype=torch.long),
-        question_ids=None if question_ids is None else torch.as_tensor(question_ids, dtype=torch.long),
+        prefix_ids=prefix_ids,
+        doc_ids=tuple(documents),
+        query_ids=query_ids,
+        question_ids=question_ids,
         supporting=tuple(bool(s) for s in supporting) if supporting is not None else (),
         titles=tuple(titles) if titles is not None else (),
     )

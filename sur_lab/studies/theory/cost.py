@@ -267,9 +267,25 @@ class TraversalFit:
         )
 
 
+#: Executors that traverse the model once per interval (appendix 7.1 and 13.3); every other one packs all intervals
+#: into one layer-major traversal.
+INTERVAL_WISE_EXECUTORS = ("sequential", "direct-sequential")
+
+
 def traversals(executor: str, num_intervals: int) -> int:
-    """Model traversals an executor makes for a support of R intervals: R interval-wise, 1 packed (Eq. 19)."""
-    return int(num_intervals) if executor == "sequential" else 1
+    """Model traversals an executor makes for a support of R intervals (Eq. 19).
+
+    R for the interval-wise executors (:data:`INTERVAL_WISE_EXECUTORS`: ``"sequential"`` and its in-place control
+    ``"direct-sequential"``), 1 for the packed ones (``"packed-*"``, ``"one-shot"``).
+
+    Raises:
+        ValueError: naming ``executor`` when it is not a registered executor, or ``num_intervals`` when it is not an
+            integer >= 0.
+    """
+    get_executor(executor)  # ValueError naming the registered executors
+    if isinstance(num_intervals, (bool, np.bool_)) or int(num_intervals) != num_intervals or num_intervals < 0:
+        raise ValueError(f"num_intervals must be an integer >= 0; got {num_intervals!r}")
+    return int(num_intervals) if executor in INTERVAL_WISE_EXECUTORS else 1
 
 
 def fit_traversal_model(df) -> TraversalFit:
