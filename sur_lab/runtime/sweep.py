@@ -53,6 +53,7 @@ from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.models import LoadedModel
 from sur_lab.repair import RepairResult, prepare, repair
+from sur_lab.runtime.paths import atomic_path
 from sur_lab.runtime.fingerprint import digest, first_difference, model_fingerprint, versions
 
 #: The four reference operators.
@@ -188,9 +189,8 @@ def _drop_torn_tail(path: Path) -> None:
 
 def _write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it into place (readers never see a torn file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _append_record(path: Path, record: dict) -> None:
@@ -374,9 +374,8 @@ def run_sweep(
         recs = _read_part(parts / f"{_slug(case.case_id)}.jsonl")
         rows.extend(recs[k] for k in keys if k in recs)
     df = pd.DataFrame(rows)
-    tmp = out_dir / f".records.parquet.{os.getpid()}.tmp"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, out_dir / "records.parquet")
+    with atomic_path(out_dir / "records.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
     return df
 
 
