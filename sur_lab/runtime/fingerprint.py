@@ -68,7 +68,8 @@ def weights_hash(model: torch.nn.Module | Any) -> str:
     Raises:
         ValueError: naming ``model`` when it is neither a module nor a LoadedModel.
     """
-    module = getattr(model, "model", model)
+    # A LoadedModel holds its module in .model; a *ForCausalLM module's own .model is the inner decoder (no LM head).
+    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module or a LoadedModel; got {type(model).__name__}")
     tensors = _tensors(module)
@@ -98,17 +99,19 @@ def device_name(device: torch.device | str) -> str:
 
 
 def model_fingerprint(lm: Any) -> dict[str, str]:
-    """The model's identity as flat fields: ``model`` (name), ``model_weights`` (:func:`weights_hash`), ``dtype``
-    (e.g. ``"float32"``) and ``device`` (:func:`device_name`).
+    """The model's identity as flat fields: ``model`` (name), ``dtype`` (e.g. ``"float32"``), ``device``
+    (:func:`device_name`) and ``model_weights`` (:func:`weights_hash`).
 
     Args:
         lm: a :class:`sur_lab.models.LoadedModel`.
     """
+    # dtype and device come before the weights hash: a dtype change also changes the weights' bytes, and the error
+    # should name the dtype.
     return {
         "model": str(lm.spec.name),
-        "model_weights": weights_hash(lm.model),
         "dtype": str(lm.dtype).removeprefix("torch."),
         "device": device_name(lm.device),
+        "model_weights": weights_hash(lm.model),
     }
 
 
