@@ -148,7 +148,7 @@ def sweep_folder(name: str, lm: LoadedModel, *, outputs: Path | None = None, **p
 
     fp = model_fingerprint(lm)
     device = fp["device"].split(" ")[0].replace(":", "")
-    tag = run_tag(**params, dtype=fp["dtype"], device=device, w=fp["model_weights"][:8])
+    tag = run_tag(**{**params, "dtype": fp["dtype"], "device": device, "w": fp["model_weights"][:8]})
     return (outputs or outputs_dir()) / "sweeps" / f"{name}_{tag}"
 
 
