@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +118,16 @@ def test_sweep_resume_refuses_another_executor_options_and_old_records(lm64, tmp
     part.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "model_weights"}) + "\n" for r in recs))
     with pytest.raises(ValueError, match="another model_weights \\(None"):
         _sweep(lm64, tmp_path)
+
+
+def test_concurrent_sweep_into_one_folder_is_refused(lm64, tmp_path):
+    from filelock import FileLock
+
+    with FileLock(str(tmp_path / ".sweep.lock")):  # another process's sweep holds the folder
+        with pytest.raises(RuntimeError, match="out_dir=.*in use by another sweep"):
+            _sweep(lm64, tmp_path)
+    assert not (tmp_path / "parts").exists()
+    assert len(_sweep(lm64, tmp_path)) == 2  # free again
 
 
 def test_sweep_reference_file_of_another_model_is_recomputed(lm64, tmp_path):

@@ -26,6 +26,7 @@ recomputed when it does not match.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -187,6 +188,26 @@ def _drop_torn_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
+@contextlib.contextmanager
+def _sweep_lock(out_dir: Path):
+    """Hold ``out_dir/.sweep.lock`` for the whole call: two processes appending to the same part files would interleave
+    records and race on ``records.parquet``, so a second concurrent sweep of one folder fails at once."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(out_dir / ".sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RuntimeError(
+            f"out_dir={str(out_dir)!r} is in use by another sweep (lock {lock.lock_file}); wait for it or use another "
+            "folder"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it into place (readers never see a torn file)."""
     with atomic_path(path) as tmp:
@@ -322,6 +343,7 @@ def run_sweep(
             case ids, non-scalar or colliding meta (all before any model call), or naming ``out_dir`` and the
             first differing field when it holds records made with another configuration (model name, weights,
             dtype, device, seed, executor, decoding, allocator options, versions or case content).
+        RuntimeError: naming ``out_dir`` when another process is running a sweep into it (nothing is written).
     """
     from tqdm.auto import tqdm
 
@@ -337,46 +359,48 @@ def run_sweep(
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
     config = sweep_config(lm, seed=seed, executor=executor, max_new_tokens=max_new_tokens, options=options)
-    stored = {c.case_id: _read_part(parts / f"{_slug(c.case_id)}.jsonl") for c in cases}
-    fingerprints = {c.case_id: case_fingerprint(c.edit, c.gold, {k: _plain(v) for k, v in c.meta.items()})
-                    for c in cases}
-    for case in cases:
-        expected = {**config, "case_fingerprint": fingerprints[case.case_id]}
-        for rec in stored[case.case_id].values():
-            bad = first_difference(rec, expected)
-            if bad is not None:
-                raise ValueError(
-                    f"out_dir={str(out_dir)!r} holds a record of case {case.case_id!r} made with another {bad} "
-                    f"({rec.get(bad)!r} vs {expected[bad]!r} now); use a fresh out_dir (sweep_folder names one per "
-                    "model, dtype and device)"
-                )
-    parts.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_dir / "sweep.json", json.dumps(
-        {**config, "fingerprint": digest(config), "methods": list(methods), "budgets": [float(b) for b in budgets],
-         "cases": ids}, indent=1,
-    ))
-    keys = [(m, _budget_key(b)) for m, b in grid]
-    done = sum(sum(k in stored[c.case_id] for k in keys) for c in cases)
-    bar = tqdm(total=len(cases) * len(grid), initial=done, disable=not progress, desc="sweep", unit="record")
-    try:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _sweep_lock(out_dir):
+        stored = {c.case_id: _read_part(parts / f"{_slug(c.case_id)}.jsonl") for c in cases}
+        fingerprints = {c.case_id: case_fingerprint(c.edit, c.gold, {k: _plain(v) for k, v in c.meta.items()})
+                        for c in cases}
         for case in cases:
-            todo = [(m, b) for (m, b), k in zip(grid, keys) if k not in stored[case.case_id]]
-            if not todo:
-                continue
-            bar.set_postfix_str(case.case_id)
-            _run_case(lm, case, todo, parts, config, fingerprints[case.case_id], bar, scorer=scorer, parser=parser,
-                      options=options)
-    finally:
-        bar.close()
+            expected = {**config, "case_fingerprint": fingerprints[case.case_id]}
+            for rec in stored[case.case_id].values():
+                bad = first_difference(rec, expected)
+                if bad is not None:
+                    raise ValueError(
+                        f"out_dir={str(out_dir)!r} holds a record of case {case.case_id!r} made with another {bad} "
+                        f"({rec.get(bad)!r} vs {expected[bad]!r} now); use a fresh out_dir (sweep_folder names one per "
+                        "model, dtype and device)"
+                    )
+        parts.mkdir(parents=True, exist_ok=True)
+        _write_atomic(out_dir / "sweep.json", json.dumps(
+            {**config, "fingerprint": digest(config), "methods": list(methods), "budgets": [float(b) for b in budgets],
+             "cases": ids}, indent=1,
+        ))
+        keys = [(m, _budget_key(b)) for m, b in grid]
+        done = sum(sum(k in stored[c.case_id] for k in keys) for c in cases)
+        bar = tqdm(total=len(cases) * len(grid), initial=done, disable=not progress, desc="sweep", unit="record")
+        try:
+            for case in cases:
+                todo = [(m, b) for (m, b), k in zip(grid, keys) if k not in stored[case.case_id]]
+                if not todo:
+                    continue
+                bar.set_postfix_str(case.case_id)
+                _run_case(lm, case, todo, parts, config, fingerprints[case.case_id], bar, scorer=scorer, parser=parser,
+                          options=options)
+        finally:
+            bar.close()
 
-    rows = []
-    for case in cases:
-        recs = _read_part(parts / f"{_slug(case.case_id)}.jsonl")
-        rows.extend(recs[k] for k in keys if k in recs)
-    df = pd.DataFrame(rows)
-    with atomic_path(out_dir / "records.parquet") as tmp:
-        df.to_parquet(tmp, index=False)
-    return df
+        rows = []
+        for case in cases:
+            recs = _read_part(parts / f"{_slug(case.case_id)}.jsonl")
+            rows.extend(recs[k] for k in keys if k in recs)
+        df = pd.DataFrame(rows)
+        with atomic_path(out_dir / "records.parquet") as tmp:
+            df.to_parquet(tmp, index=False)
+        return df
 
 
 def _run_case(
