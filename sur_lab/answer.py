@@ -118,6 +118,18 @@ def greedy_answer(
     return Answer(text, tuple(generated), first, finished, timings)
 
 
+def _check_cache(cache: DynamicCache, edit: EditedContext) -> None:
+    """Refuse a cache built for another context: it must hold the edited context's ``p + S`` rows (every repair),
+    or the original ``N = p + d + S`` rows (Dirty keeps the deleted span)."""
+    rows = cache_length(cache)
+    edited = edit.prefix_len + edit.suffix_len
+    if rows not in (edited, edit.num_tokens):
+        raise ValueError(
+            f"cache has {rows} rows; the edit's context has p + S = {edited} rows (repaired) or N = {edit.num_tokens} "
+            "(Dirty): it was built for another edit"
+        )
+
+
 def answer(
     lm: LoadedModel, cache: DynamicCache, edit: EditedContext, *, max_new_tokens: int = 64, copy: bool = True
 ) -> Answer:
@@ -125,7 +137,7 @@ def answer(
 
     Args:
         lm: the model.
-        cache: a repaired pre-query cache (any method).
+        cache: a repaired pre-query cache (any method): ``p + S`` rows, or ``N = p + d + S`` for Dirty.
         edit: the edit, for its query.
         max_new_tokens: decoding limit, tokens (>= 1).
         copy: decode on a clone so ``cache`` is left unchanged (the clone is not timed, as a harness clone);
@@ -136,8 +148,10 @@ def answer(
 
     Raises:
         TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
-        ValueError: if ``max_new_tokens`` < 1.
+        ValueError: if ``max_new_tokens`` < 1, or naming ``cache`` when its length is neither ``p + S`` nor ``N``
+            (a cache built for another edit).
     """
+    _check_cache(cache, edit)
     return greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens, copy=copy)
 
 
@@ -149,11 +163,12 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
 
     Raises:
         TypeError: if ``continuation`` holds non-integer ids.
-        ValueError: if ``continuation`` is empty.
+        ValueError: if ``continuation`` is empty, or naming ``cache`` as :func:`answer` does.
     """
     continuation = as_token_ids(continuation, "continuation", allow_empty=True)
     if continuation.numel() == 0:
         raise ValueError("continuation must contain at least one token")
+    _check_cache(cache, edit)
     work = clone_cache(cache)
     ids = torch.cat((edit.query_ids, continuation[:-1]))
     logits = forward_tokens(lm, ids, work, logits="all")[-len(continuation) :]

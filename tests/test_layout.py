@@ -38,7 +38,7 @@ def _layer(path: Path) -> str | None:
         return "core"
     if rel[0] == "analysis":
         return "analysis"
-    if rel[0] == "runtime" and rel[-1] in ("paths.py", "sweep.py", "__init__.py"):
+    if rel[0] == "runtime" and rel[-1] in ("paths.py", "sweep.py", "fingerprint.py", "__init__.py"):
         return "runtime-infrastructure"
     return None
 

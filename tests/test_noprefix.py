@@ -288,7 +288,13 @@ def test_evaluate_prompt_records():
     ada = df[df["label"] == "Adaptive K2 40% · risk"].iloc[0]
     assert ada["allowance"] == min(11, 26 - int(prompt.doc_starts[ada["start_doc"]]))  # B(26, 40 %) = 11
     assert (df["changed_wrong"] == ~df["preserved"]).all()  # scorer says every answer is gold-wrong
-    assert len(full["drift"]) == 4 and full["drift"][0] == 0.0 and min(full["drift"][1:]) > 0
+    # Document 0's composed rows come from a 6-token forward and full prefill's from a 26-token forward: the same math,
+    # but float64 GEMM rounding depends on the row count, so drift[0] is rounding, not 0. Bound: per layer an inner
+    # product of length K = intermediate_size has relative error <= K * eps64 (Higham's gamma_K), and it compounds
+    # additively over the L layers. The stale documents' drift is ~1e-1, eleven orders above this bound.
+    cfg = lm.model.config
+    rounding = cfg.num_hidden_layers * cfg.intermediate_size * torch.finfo(torch.float64).eps
+    assert len(full["drift"]) == 4 and full["drift"][0] <= rounding and min(full["drift"][1:]) > 1e3 * rounding
     with pytest.raises(ValueError, match="protocols"):
         evaluate_prompt(lm, prompt, specs, protocols=("copy",))
     with pytest.raises(ValueError, match="executor"):

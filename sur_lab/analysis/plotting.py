@@ -1,7 +1,9 @@
 """Figure and table output shared by every notebook: one seaborn style, PNG + PDF figures, CSV/Parquet tables.
 
 Files go under ``outputs/figures`` and ``outputs/tables`` (or ``$SUR_LAB_OUTPUTS_DIR``) with the run's parameter
-values in their names (:func:`run_tag`), so runs with other parameters do not overwrite each other.
+values in their names (:func:`run_tag`), so runs with other parameters do not overwrite each other. Every file is
+written to a temporary name and renamed into place (:func:`sur_lab.runtime.paths.atomic_path`), so a failed or
+interrupted run never leaves a torn figure or table and never destroys the previous one.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sur_lab.runtime.paths import outputs_dir
+from sur_lab.runtime.paths import atomic_path, outputs_dir
 
 
 def setup_style() -> None:
@@ -33,26 +35,30 @@ def run_tag(**params: Any) -> str:
 
 
 def save_figure(fig, name: str, *, tag: str = "", outputs: Path | None = None) -> list[Path]:
-    """Write ``fig`` as ``figures/{name}[_{tag}].png`` and ``.pdf``; returns the paths."""
+    """Write ``fig`` as ``figures/{name}[_{tag}].png`` and ``.pdf`` (each atomically); returns the paths."""
     folder = (outputs or outputs_dir()) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_{tag}" if tag else name
     paths = [folder / f"{stem}.png", folder / f"{stem}.pdf"]
     for path in paths:
-        fig.savefig(path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=path.suffix[1:])
     return paths
 
 
 def save_table(df, name: str, *, tag: str = "", outputs: Path | None = None, parquet: bool = False) -> list[Path]:
-    """Write ``df`` as ``tables/{name}[_{tag}].csv`` (and ``.parquet`` when asked); returns the paths."""
+    """Write ``df`` as ``tables/{name}[_{tag}].csv`` (and ``.parquet`` when asked), each atomically; returns the
+    paths."""
     folder = (outputs or outputs_dir()) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_{tag}" if tag else name
     paths = [folder / f"{stem}.csv"]
-    df.to_csv(paths[0], index=False)
+    with atomic_path(paths[0]) as tmp:
+        df.to_csv(tmp, index=False)
     if parquet:
         paths.append(folder / f"{stem}.parquet")
-        df.to_parquet(paths[1], index=False)
+        with atomic_path(paths[1]) as tmp:
+            df.to_parquet(tmp, index=False)
     return paths
 
 

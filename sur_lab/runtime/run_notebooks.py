@@ -7,26 +7,54 @@ Usage::
     python -m sur_lab.runtime.run_notebooks --only 00_* -p max_new_tokens 16
 
 Notebooks are found by glob, not a hand-kept list. Each notebook's smoke parameters live in its own metadata under
-``sur_lab.smoke_parameters``. Parameters given with ``-p`` are passed only to notebooks that declare them.
+``sur_lab.smoke_parameters``. Parameters given with ``-p`` are passed only to notebooks that declare them; a ``-p``
+NAME that no selected notebook declares is an error before anything runs.
+
+Nothing good is ever overwritten by a failure:
+
+- A notebook executes into a temporary file beside its target (``.<name>.<pid>.running.ipynb``); only a run that
+  finishes is renamed into place as ``outputs/<name>.ipynb`` (an atomic ``os.replace``).
+- A failed or interrupted run (a cell error, Ctrl-C, SIGTERM) is kept as ``outputs/<name>.failed.ipynb`` with an
+  error marker (first cell and ``metadata.sur_lab.run_error``); the last good ``outputs/<name>.ipynb`` is untouched.
+  A run killed outright (SIGKILL) leaves its temporary file, which the next run of that notebook turns into
+  ``<name>.failed.ipynb`` ("killed").
+- One notebook runs once at a time per outputs folder: a second concurrent run fails at once with
+  :class:`NotebookBusyError` (a ``filelock`` lock file ``.<name>.lock``) instead of racing the first.
+- Figures and tables are written atomically by :mod:`sur_lab.analysis.plotting`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import fnmatch
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from sur_lab.runtime.paths import REPO_ROOT, outputs_dir
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+_RUNNING = ".running.ipynb"
 
 
-def notebooks(pattern: str = "*") -> list[Path]:
-    """Notebooks under ``notebooks/`` whose file name matches ``pattern``, sorted by name."""
-    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if fnmatch.fnmatch(p.name, pattern if "." in pattern else pattern + "*"))
+class NotebookBusyError(RuntimeError):
+    """Another process is running the same notebook into the same outputs folder."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM received while a notebook was running (handled like Ctrl-C: the run is kept as ``.failed.ipynb``)."""
+
+
+def notebooks(pattern: str = "*", folder: Path | None = None) -> list[Path]:
+    """Notebooks under ``folder`` (default ``notebooks/``) whose file name matches ``pattern``, sorted by name."""
+    folder = Path(folder) if folder is not None else NOTEBOOK_DIR
+    glob = pattern if "." in pattern else pattern + "*"
+    return sorted(p for p in folder.glob("*.ipynb") if fnmatch.fnmatch(p.name, glob) and not p.name.startswith("."))
 
 
 def smoke_parameters(path: Path) -> dict:
@@ -44,22 +72,133 @@ def declared_parameters(path: Path) -> dict:
     return pm.inspect_notebook(str(path))
 
 
-def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | None = None, progress: bool = True) -> Path:
-    """Execute one notebook with papermill; the executed copy goes to ``outputs/<name>.ipynb``.
+def failed_path(target: Path) -> Path:
+    """``<name>.failed.ipynb`` beside ``target`` (``<name>.ipynb``)."""
+    return target.with_name(target.stem + ".failed.ipynb")
+
+
+def _mark_failed(source: Path, dest: Path, message: str) -> Path:
+    """Move a partial notebook to ``dest`` with an error marker: a first markdown cell, ``metadata.sur_lab.run_error``
+    and ``metadata.papermill.exception``; cells papermill left "running" are marked "failed"."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(source, as_version=4)
+    except Exception:  # noqa: BLE001 - a torn or missing partial notebook: keep the marker alone
+        nb = nbformat.v4.new_notebook()
+    nb.metadata.setdefault("sur_lab", {})["run_error"] = message
+    nb.metadata.setdefault("papermill", {})["exception"] = True
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("papermill", {})
+        if meta.get("status") == "running":
+            meta["status"] = "failed"
+    marker = nbformat.v4.new_markdown_cell(f"<span style=\"color:red\">**This run did not finish.** {message}</span>")
+    marker.metadata["tags"] = ["sur-lab-run-error"]
+    nb.cells.insert(0, marker)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    nbformat.write(nb, tmp)
+    os.replace(tmp, dest)
+    with contextlib.suppress(FileNotFoundError):
+        if source != dest:
+            source.unlink()
+    return dest
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _recover_killed(target: Path) -> None:
+    """Turn temporary files of runs whose process died (SIGKILL, power loss) into ``<name>.failed.ipynb``."""
+    for tmp in sorted(target.parent.glob(f".{target.stem}.*{_RUNNING}")):
+        try:
+            pid = int(tmp.name[len(target.stem) + 2 : -len(_RUNNING)])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            _mark_failed(tmp, failed_path(target), f"killed: process {pid} died before the run finished")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Raise :class:`RunInterrupted` in the main thread on SIGTERM, so that cleanup runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise RunInterrupted(f"interrupted by signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | None = None, progress: bool = True,
+                 log_output: bool = False) -> Path:
+    """Execute one notebook with papermill into ``outputs/<name>.ipynb``, atomically.
+
+    The notebook executes into ``.<name>.<pid>.running.ipynb`` and is renamed onto ``<name>.ipynb`` only when every
+    cell ran. On a cell error or an interruption (Ctrl-C, SIGTERM) the partial copy becomes ``<name>.failed.ipynb``
+    with an error marker and the exception propagates; the previous ``<name>.ipynb`` is left as it was.
+
+    Args:
+        path: the notebook.
+        parameters: papermill parameters.
+        outputs: folder for the executed copy (default :func:`sur_lab.runtime.paths.outputs_dir`).
+        progress: show papermill's progress bar.
+        log_output: stream cell output to the log.
+
+    Returns:
+        Path of the executed copy ``outputs/<name>.ipynb``.
 
     Raises:
-        papermill.PapermillExecutionError: when a cell fails (the executed copy still shows where).
+        NotebookBusyError: when another process is running the same notebook into ``outputs`` (nothing is written).
+        papermill.PapermillExecutionError: when a cell fails (see ``<name>.failed.ipynb``).
+        KeyboardInterrupt: on Ctrl-C or SIGTERM (:class:`RunInterrupted`), after keeping ``<name>.failed.ipynb``.
     """
     import papermill as pm
+    from filelock import FileLock, Timeout
 
-    out_dir = outputs or outputs_dir()
+    path = Path(path)
+    out_dir = Path(outputs) if outputs is not None else outputs_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / path.name
-    pm.execute_notebook(
-        str(path), str(target), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
-        progress_bar=progress,
-    )
-    return target
+    lock = FileLock(str(out_dir / f".{path.stem}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise NotebookBusyError(
+            f"notebook {path.name} is already running into {out_dir} (lock {lock.lock_file}); wait for it to finish "
+            "or use another outputs folder"
+        ) from None
+    try:
+        _recover_killed(target)
+        tmp = out_dir / f".{path.stem}.{os.getpid()}{_RUNNING}"
+        try:
+            with _sigterm_as_interrupt():
+                pm.execute_notebook(
+                    str(path), str(tmp), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
+                    progress_bar=progress, log_output=log_output,
+                )
+        except BaseException as err:
+            kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+            _mark_failed(tmp, failed_path(target), f"{kind}: {type(err).__name__}: {err}".strip())
+            raise
+        os.replace(tmp, target)
+        with contextlib.suppress(FileNotFoundError):
+            failed_path(target).unlink()  # the last run succeeded: a stale failure marker would mislead
+        return target
+    finally:
+        lock.release()
 
 
 def _literal(text: str):
@@ -74,22 +213,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="*", help="glob on notebook file names (default: all)")
     parser.add_argument("--smoke", action="store_true", help="use each notebook's smoke parameters")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="parameter override")
+    parser.add_argument("--notebooks", type=Path, default=None, help="folder of notebooks (default: notebooks/)")
+    parser.add_argument("--outputs", type=Path, default=None, help="folder for executed copies (default: outputs/)")
     args = parser.parse_args(argv)
     overrides = {k: _literal(v) for k, v in args.p}
-    paths = notebooks(args.only)
+    paths = notebooks(args.only, args.notebooks)
     if not paths:
-        print(f"no notebook matches {args.only!r} in {NOTEBOOK_DIR}", file=sys.stderr)
+        print(f"no notebook matches {args.only!r} in {args.notebooks or NOTEBOOK_DIR}", file=sys.stderr)
+        return 2
+    declared = {path: declared_parameters(path) for path in paths}
+    unknown = [name for name in overrides if not any(name in d for d in declared.values())]
+    if unknown:
+        names = ", ".join(p.name for p in paths)
+        print(f"-p {unknown[0]}: no selected notebook declares a parameter named {unknown[0]!r} (selected: {names}); "
+              "nothing was run", file=sys.stderr)
         return 2
     failures = []
     for path in paths:
-        declared = declared_parameters(path)
         params = smoke_parameters(path) if args.smoke else {}
-        params.update({k: v for k, v in overrides.items() if k in declared})
+        params.update({k: v for k, v in overrides.items() if k in declared[path]})
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
         t0 = time.perf_counter()
         try:
-            target = run_notebook(path, params)
+            target = run_notebook(path, params, outputs=args.outputs)
             print(f"   ok in {time.perf_counter() - t0:.0f} s -> {target}", flush=True)
+        except KeyboardInterrupt as err:
+            print(f"   INTERRUPTED after {time.perf_counter() - t0:.0f} s ({err or 'Ctrl-C'}); partial run kept as "
+                  f"{failed_path((args.outputs or outputs_dir()) / path.name)}", flush=True)
+            return 130
         except Exception as err:  # keep going: one failing notebook should not hide the others' results
             failures.append(path.name)
             print(f"   FAILED after {time.perf_counter() - t0:.0f} s: {type(err).__name__}: {err}", flush=True)

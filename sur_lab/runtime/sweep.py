@@ -13,14 +13,20 @@ On-disk layout under ``out_dir`` (the part files are the source of truth, writte
   Re-prefill's greedy continuation and parsed answer), written atomically before the case's first record; a resumed
   case reloads them instead of recomputing Re-prefill.
 - ``records.parquet``: every requested record, consolidated (atomically) when the sweep finishes.
-- ``sweep.json``: the configuration of the last call.
+- ``sweep.json``: the configuration of the last call and its fingerprint.
 
-Resuming: records already in ``parts/`` are neither recomputed nor rewritten; the configuration they were made with
-(model, seed, executor, decoding limit, case content) must match the call, else a ``ValueError`` names ``out_dir``.
+Resuming: records already in ``parts/`` are neither recomputed nor rewritten. Every record carries the fingerprint
+fields of what it depends on (:mod:`sur_lab.runtime.fingerprint`): the model's name, weights hash, dtype and device,
+the seed, executor, decoding limit and rule, allocator options, the software versions and the case's content.
+A stored record whose fields differ from the call's is never reused: a ``ValueError`` names ``out_dir`` and the first
+differing field. :func:`sweep_folder` names a folder per model fingerprint, so that a run with another model, dtype or
+device starts a new folder instead. A case's reference file (``.ref.npz``) stores the same fingerprint and is
+recomputed when it does not match.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -48,6 +54,8 @@ from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.models import LoadedModel
 from sur_lab.repair import RepairResult, prepare, repair
+from sur_lab.runtime.paths import atomic_path
+from sur_lab.runtime.fingerprint import digest, first_difference, model_fingerprint, versions
 
 #: The four reference operators.
 REFERENCES = ("Dirty", "Shift", "Replay", "Re-prefill")
@@ -55,8 +63,13 @@ REFERENCES = ("Dirty", "Shift", "Replay", "Re-prefill")
 TIMING_FIELDS = (
     "dirty_ms", "select_ms", "shift_ms", "refresh_ms", "query_ms", "decode_ms", "answer_ms", "latency_ms",
 )
-#: Record fields that must match for a stored record to be reused.
-_CONFIG_FIELDS = ("model", "seed", "executor", "max_new_tokens", "case_fingerprint")
+#: Record fields that must match for a stored record to be reused (the call's configuration, then the case's content).
+_CONFIG_FIELDS = (
+    "model", "model_weights", "dtype", "device", "seed", "executor", "max_new_tokens", "decoding", "options",
+    "versions", "case_fingerprint",
+)
+#: Decoding rule of every answer in a sweep (recorded so that a future sampling option cannot reuse greedy records).
+DECODING = "greedy"
 _SCALARS = (str, int, float, bool, type(None), np.integer, np.floating, np.bool_)
 
 
@@ -82,14 +95,62 @@ def case_seed(seed: int, case_id: str) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(case_id.encode())]).generate_state(1)[0])
 
 
-def case_fingerprint(edit: EditedContext) -> str:
-    """A short hash of the edit's tokens, span and query (guards resumed records against changed cases)."""
+def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mapping[str, Any] | None = None) -> str:
+    """A short hash of a case's content: the edit's tokens, span, query and relevance query, its text offsets and
+    message containers (SUR's semantic units read them), and the gold answers and meta copied into its records.
+
+    Guards resumed records against changed cases (16 hex characters).
+    """
     h = hashlib.sha1()
     for part in (edit.original_ids, edit.query_ids, edit.relevance_ids):
         h.update(np.asarray(part, dtype=np.int64).tobytes())
         h.update(b"|")
     h.update(f"{edit.prefix_len},{edit.deleted_len}".encode())
+    extra = {
+        "offsets": list(edit.edited_offsets) if edit.edited_offsets is not None else None,
+        "containers": list(edit.containers or ()),
+        "text": edit.edited_text,
+    }
+    if gold or meta:
+        extra.update(gold=list(gold), meta=dict(meta or {}))
+    h.update(digest(extra).encode())
     return h.hexdigest()[:16]
+
+
+def sweep_config(lm: LoadedModel, *, seed: int = 0, executor: str = "sequential", max_new_tokens: int = 64,
+                 options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fingerprint fields every record of :func:`run_sweep` carries (flat JSON scalars).
+
+    ``model``, ``model_weights`` (weights hash), ``dtype``, ``device`` (:func:`sur_lab.runtime.fingerprint.
+    model_fingerprint`), ``seed``, ``executor``, ``max_new_tokens``, ``decoding``, ``options`` (hash of the allocator
+    options, models by their fingerprint) and ``versions``. The scorer and parser are not part of it: they are
+    applied to the stored answer text, and a resumed sweep may wrap them (e.g. to count calls).
+    """
+    return {
+        **model_fingerprint(lm), "seed": int(seed), "executor": executor, "max_new_tokens": int(max_new_tokens),
+        "decoding": DECODING, "options": digest(dict(options or {})), "versions": versions(),
+    }
+
+
+def sweep_folder(name: str, lm: LoadedModel, *, outputs: Path | None = None, **params: Any) -> Path:
+    """A sweep folder named by the study, the parameters and the model's fingerprint, so that a run with another
+    model, weights, dtype or device never resumes (or republishes) another's records.
+
+    ``<outputs>/sweeps/<name>_<run_tag(params)>_<dtype>_<device>_w<weights hash, 8>``.
+
+    Args:
+        name: study prefix, e.g. ``"02_niah"``.
+        lm: the model.
+        outputs: outputs root (default :func:`sur_lab.runtime.paths.outputs_dir`).
+        params: parameter values for the name (:func:`sur_lab.analysis.plotting.run_tag`).
+    """
+    from sur_lab.analysis.plotting import run_tag
+    from sur_lab.runtime.paths import outputs_dir
+
+    fp = model_fingerprint(lm)
+    device = fp["device"].split(" ")[0].replace(":", "")
+    tag = run_tag(**{**params, "dtype": fp["dtype"], "device": device, "w": fp["model_weights"][:8]})
+    return (outputs or outputs_dir()) / "sweeps" / f"{name}_{tag}"
 
 
 def _slug(case_id: str) -> str:
@@ -127,6 +188,32 @@ def _drop_torn_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
+@contextlib.contextmanager
+def _sweep_lock(out_dir: Path):
+    """Hold ``out_dir/.sweep.lock`` for the whole call: two processes appending to the same part files would interleave
+    records and race on ``records.parquet``, so a second concurrent sweep of one folder fails at once."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(out_dir / ".sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RuntimeError(
+            f"out_dir={str(out_dir)!r} is in use by another sweep (lock {lock.lock_file}); wait for it or use another "
+            "folder"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it into place (readers never see a torn file)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def _append_record(path: Path, record: dict) -> None:
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, allow_nan=True) + "\n")
@@ -159,6 +246,7 @@ class _Reference:
     dirty_logits: np.ndarray  # Dirty first-token logits, float32 [V]
     continuation: list[int]  # Re-prefill's greedy ids (EOS excluded)
     text: str  # Re-prefill's answer text
+    fingerprint: str = ""  # digest of the sweep config and case fingerprint it was computed with
     computed: dict[str, tuple[RepairResult, Answer]] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
@@ -166,13 +254,19 @@ class _Reference:
         np.savez(
             tmp, logits=self.logits, dirty_logits=self.dirty_logits,
             continuation=np.asarray(self.continuation, dtype=np.int64), text=np.asarray(self.text),
+            fingerprint=np.asarray(self.fingerprint),
         )
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path) -> "_Reference":
-        with np.load(path) as z:
-            return cls(z["logits"], z["dirty_logits"], z["continuation"].tolist(), str(z["text"]))
+    def load(cls, path: Path) -> "_Reference | None":
+        """The stored reference, or ``None`` when the file is unreadable (torn by a crash)."""
+        try:
+            with np.load(path) as z:
+                fp = str(z["fingerprint"]) if "fingerprint" in z.files else ""
+                return cls(z["logits"], z["dirty_logits"], z["continuation"].tolist(), str(z["text"]), fp)
+        except (OSError, ValueError, KeyError, EOFError):
+            return None
 
 
 def _check_meta(case: SweepCase) -> None:
@@ -184,7 +278,8 @@ def _check_meta(case: SweepCase) -> None:
 
 
 _RECORD_FIELDS = frozenset(
-    """case_id model seed case_seed executor max_new_tokens case_fingerprint method budget_pct allowance prefix_len
+    """case_id model model_weights dtype device seed case_seed executor max_new_tokens decoding options versions
+    case_fingerprint method budget_pct allowance prefix_len
     deleted_len suffix_len num_intervals positions intervals extra_forward_tokens extra_forward_layers answer
     prediction gold em agree_reprefill tv_reprefill tv_dirty_reprefill nr_tv nll_reprefill nll_tokens
     finished""".split()
@@ -231,8 +326,9 @@ def run_sweep(
 
     Returns:
         DataFrame of the requested records (cases in order, then the method grid in order), also written to
-        ``out_dir/records.parquet``. Fields: case meta; ``case_id``, ``model``, ``seed``, ``case_seed``, ``executor``,
-        ``max_new_tokens``, ``case_fingerprint``; ``method``, ``budget_pct`` (NaN for references), ``allowance`` (B),
+        ``out_dir/records.parquet``. Fields: case meta; ``case_id``; the fingerprint fields of :func:`sweep_config`
+        (``model``, ``model_weights``, ``dtype``, ``device``, ``seed``, ``executor``, ``max_new_tokens``,
+        ``decoding``, ``options``, ``versions``); ``case_seed``, ``case_fingerprint``; ``method``, ``budget_pct`` (NaN for references), ``allowance`` (B),
         ``prefix_len``, ``deleted_len``, ``suffix_len`` (S); ``num_intervals`` (R), ``positions`` (suffix-local),
         ``intervals`` (half-open, suffix-local); ``extra_forward_tokens``, ``extra_forward_layers`` (selection
         signal cost); timings in ms: ``dirty_ms`` (excluded from latency), ``select_ms``, ``shift_ms``,
@@ -244,8 +340,10 @@ def run_sweep(
 
     Raises:
         ValueError: for an unknown method or executor, a budget outside [0, 100], ``max_new_tokens`` < 1, duplicate
-            case ids, non-scalar or colliding meta (all before any model call), or stored records in ``out_dir``
-            made with another configuration.
+            case ids, non-scalar or colliding meta (all before any model call), or naming ``out_dir`` and the
+            first differing field when it holds records made with another configuration (model name, weights,
+            dtype, device, seed, executor, decoding, allocator options, versions or case content).
+        RuntimeError: naming ``out_dir`` when another process is running a sweep into it (nothing is written).
     """
     from tqdm.auto import tqdm
 
@@ -260,46 +358,49 @@ def run_sweep(
         _check_meta(case)
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    config = {
-        "model": lm.spec.name, "seed": int(seed), "executor": executor, "max_new_tokens": int(max_new_tokens),
-    }
-    (out_dir / "sweep.json").write_text(
-        json.dumps({**config, "methods": list(methods), "budgets": [float(b) for b in budgets], "cases": ids}, indent=1)
-    )
-
-    stored = {c.case_id: _read_part(parts / f"{_slug(c.case_id)}.jsonl") for c in cases}
-    for case in cases:
-        expected = {**config, "case_fingerprint": case_fingerprint(case.edit)}
-        for rec in stored[case.case_id].values():
-            bad = [k for k in _CONFIG_FIELDS if rec.get(k) != expected[k]]
-            if bad:
-                raise ValueError(
-                    f"out_dir={str(out_dir)!r} holds a record of case {case.case_id!r} made with another {bad[0]} "
-                    f"({rec.get(bad[0])!r} vs {expected[bad[0]]!r}); use a fresh out_dir"
-                )
-    keys = [(m, _budget_key(b)) for m, b in grid]
-    done = sum(sum(k in stored[c.case_id] for k in keys) for c in cases)
-    bar = tqdm(total=len(cases) * len(grid), initial=done, disable=not progress, desc="sweep", unit="record")
-    try:
+    config = sweep_config(lm, seed=seed, executor=executor, max_new_tokens=max_new_tokens, options=options)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _sweep_lock(out_dir):
+        stored = {c.case_id: _read_part(parts / f"{_slug(c.case_id)}.jsonl") for c in cases}
+        fingerprints = {c.case_id: case_fingerprint(c.edit, c.gold, {k: _plain(v) for k, v in c.meta.items()})
+                        for c in cases}
         for case in cases:
-            todo = [(m, b) for (m, b), k in zip(grid, keys) if k not in stored[case.case_id]]
-            if not todo:
-                continue
-            bar.set_postfix_str(case.case_id)
-            _run_case(lm, case, todo, parts, config, bar, scorer=scorer, parser=parser, options=options)
-    finally:
-        bar.close()
+            expected = {**config, "case_fingerprint": fingerprints[case.case_id]}
+            for rec in stored[case.case_id].values():
+                bad = first_difference(rec, expected)
+                if bad is not None:
+                    raise ValueError(
+                        f"out_dir={str(out_dir)!r} holds a record of case {case.case_id!r} made with another {bad} "
+                        f"({rec.get(bad)!r} vs {expected[bad]!r} now); use a fresh out_dir (sweep_folder names one per "
+                        "model, dtype and device)"
+                    )
+        parts.mkdir(parents=True, exist_ok=True)
+        _write_atomic(out_dir / "sweep.json", json.dumps(
+            {**config, "fingerprint": digest(config), "methods": list(methods), "budgets": [float(b) for b in budgets],
+             "cases": ids}, indent=1,
+        ))
+        keys = [(m, _budget_key(b)) for m, b in grid]
+        done = sum(sum(k in stored[c.case_id] for k in keys) for c in cases)
+        bar = tqdm(total=len(cases) * len(grid), initial=done, disable=not progress, desc="sweep", unit="record")
+        try:
+            for case in cases:
+                todo = [(m, b) for (m, b), k in zip(grid, keys) if k not in stored[case.case_id]]
+                if not todo:
+                    continue
+                bar.set_postfix_str(case.case_id)
+                _run_case(lm, case, todo, parts, config, fingerprints[case.case_id], bar, scorer=scorer, parser=parser,
+                          options=options)
+        finally:
+            bar.close()
 
-    rows = []
-    for case in cases:
-        recs = _read_part(parts / f"{_slug(case.case_id)}.jsonl")
-        rows.extend(recs[k] for k in keys if k in recs)
-    df = pd.DataFrame(rows)
-    tmp = out_dir / "records.parquet.tmp"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, out_dir / "records.parquet")
-    return df
+        rows = []
+        for case in cases:
+            recs = _read_part(parts / f"{_slug(case.case_id)}.jsonl")
+            rows.extend(recs[k] for k in keys if k in recs)
+        df = pd.DataFrame(rows)
+        with atomic_path(out_dir / "records.parquet") as tmp:
+            df.to_parquet(tmp, index=False)
+        return df
 
 
 def _run_case(
@@ -308,6 +409,7 @@ def _run_case(
     todo: list[tuple[str, float]],
     parts: Path,
     config: dict,
+    fingerprint: str,
     bar,
     *,
     scorer,
@@ -320,9 +422,9 @@ def _run_case(
     _drop_torn_tail(part)
     prepared = prepare(lm, edit)
     max_new = config["max_new_tokens"]
-    if ref_path.exists():
-        ref = _Reference.load(ref_path)
-    else:
+    ref_fp = digest({**config, "case_fingerprint": fingerprint})
+    ref = _Reference.load(ref_path) if ref_path.exists() else None
+    if ref is None or ref.fingerprint != ref_fp:  # absent, torn, or computed for another configuration: recompute
         result = repair(lm, prepared, "Re-prefill")
         ans = answer(lm, result.cache, edit, max_new_tokens=max_new)
         wants_dirty = any(m == "Dirty" for m, _ in todo)
@@ -330,7 +432,7 @@ def _run_case(
         dirty_ans = answer(lm, dirty_result.cache, edit, max_new_tokens=max_new if wants_dirty else 1)
         ref = _Reference(
             ans.first_token_logits.numpy().astype(np.float32), dirty_ans.first_token_logits.numpy().astype(np.float32),
-            reference_continuation(ans.token_ids), ans.text,
+            reference_continuation(ans.token_ids), ans.text, ref_fp,
         )
         ref.computed["Re-prefill"] = (result, ans)
         if wants_dirty:
@@ -342,7 +444,7 @@ def _run_case(
     opts = {**dict(options or {}), "dirty_cache": prepared.dirty_cache}
     base = {
         **{k: _plain(v) for k, v in case.meta.items()},
-        "case_id": case.case_id, **config, "case_seed": seed_c, "case_fingerprint": case_fingerprint(edit),
+        "case_id": case.case_id, **config, "case_seed": seed_c, "case_fingerprint": fingerprint,
     }
     for method, budget in todo:
         bar.set_postfix_str(f"{case.case_id} {method} {'' if math.isnan(budget) else budget}")

@@ -20,12 +20,21 @@ Formats read, detected from a file's content, not its name:
   :func:`_iirc_example` for which passages count as supporting.
 
 Shipped files live under :func:`sur_lab.runtime.paths.default_data_dir` and are never copied into the repository. Files
-marked "final evaluation only" in the data README are reachable only through ``split="test"`` or an explicit path.
+marked "final evaluation only" in the data README are reachable only through ``split="test"`` or an explicit path
+(:func:`is_held_out` tells them by file name or pinned checksum).
+
+Validation. A file listed in a ``SHA256SUMS`` beside it (or up to two folders above, as the shipped data has) is
+verified against its pinned SHA-256 before parsing, so an empty, truncated or altered shipped file is refused rather
+than loaded in part; a shipped dataset key requires its file to be listed. Every data error is a ``ValueError`` that
+names the file (``source=...``) and, for a bad record, its index and id: an empty file, truncated JSON, binary
+garbage, a ``null`` or empty question, a ``null`` answer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +72,16 @@ DATA_FILES: dict[str, dict[str, str]] = {
         "train": "iirc/iirc_ircot_prompt_examples_20.json",
     },
 }
+
+#: Files the data README marks "final evaluation only" (held out). MuSiQue's dev sample is "development + final", so
+#: it is not among them.
+HELD_OUT_FILES = (
+    "hotpotqa/hotpotqa__v2_test_random_500.jsonl",
+    "2wikimultihopqa/2wikimultihopqa__v2_test_random_500.jsonl",
+    "iirc/iirc_test_normalized.jsonl",
+)
+#: Name of the checksum file shipped with the data (``sha256sum`` format: ``<64 hex>  <relative path>`` per line).
+CHECKSUM_FILE = "SHA256SUMS"
 
 # Hugging Face split names for our split names (hub path only).
 _HUB_SPLITS = {"dev": "validation", "test": "test", "train": "train"}
@@ -183,9 +202,13 @@ def load_qa(
         files = DATA_FILES[key]
         if split not in files:
             raise ValueError(f"split={split!r}: dataset {key!r} ships only {sorted(files)}")
-        file = default_data_dir() / files[split]
+        root = default_data_dir()
+        file = root / files[split]
         if not file.is_file():
             raise FileNotFoundError(f"shipped file for source={key!r}, split={split!r} not found: {file}")
+        if (root / CHECKSUM_FILE).exists() and _checksum_entry(file) is None:
+            raise ValueError(f"source={str(file)!r} is not listed in {root / CHECKSUM_FILE} (truncated checksum file?); "
+                             "restore it from the data release")
         return _parse_records(_read_records(file), source=str(file), dataset=key, limit=limit)
     if isinstance(source, Path) or path.suffix in {".json", ".jsonl"} or path.is_absolute() or path.exists():
         raise FileNotFoundError(f"source={key!r} is neither an existing file nor a dataset key {DATASETS}")
@@ -233,7 +256,8 @@ def load_corpus(source: str | Path | None = None, *, limit: int | None = None) -
         Passages in file order with ``is_supporting=False``.
 
     Raises:
-        ValueError: naming ``source`` when a record lacks ``title`` or ``text``.
+        ValueError: naming ``source`` when a record lacks ``title`` or ``text`` (or either is null), or as
+            :func:`load_qa` for an empty, corrupted or checksum-mismatched file.
     """
     path = (
         Path(source)
@@ -243,10 +267,113 @@ def load_corpus(source: str | Path | None = None, *, limit: int | None = None) -
     records = _read_records(path)
     out = []
     for rec in records[:limit]:
-        if not isinstance(rec, Mapping) or "title" not in rec or "text" not in rec:
-            raise ValueError(f"source={str(path)!r}: corpus records need 'title' and 'text' fields")
+        if not isinstance(rec, Mapping) or not isinstance(rec.get("title"), str) or not isinstance(rec.get("text"), str):
+            raise ValueError(f"source={str(path)!r}: corpus record {len(out)} needs text 'title' and 'text' fields "
+                             "(missing or null)")
         out.append(Passage(str(rec["title"]), str(rec["text"]), False))
     return out
+
+
+def is_held_out(source: str | Path) -> bool:
+    """Whether ``source`` is a file the data README marks "final evaluation only".
+
+    Decided by the file *name* (one of :data:`HELD_OUT_FILES`), or, for an existing file under another name, by its
+    SHA-256 equal to a held-out file's pinned checksum. A path that merely contains "test" elsewhere (a folder, a
+    dataset key, a user's own file) is not held out.
+    """
+    name = Path(str(source)).name
+    if name in {Path(f).name for f in HELD_OUT_FILES}:
+        return True
+    path = Path(source)
+    if not path.is_file():
+        return False
+    try:
+        root = default_data_dir()
+    except FileNotFoundError:
+        return False
+    sums = root / CHECKSUM_FILE
+    if not sums.is_file():
+        return False
+    pinned = _read_checksums(sums)
+    held = {pinned[f] for f in HELD_OUT_FILES if f in pinned}
+    return bool(held) and _sha256(path) in held
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checksums
+
+_SUM_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_VERIFIED: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> verified digest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_checksums(sums: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` from a ``sha256sum``-format file.
+
+    Raises:
+        ValueError: naming the checksum file when it is empty or a line is malformed (e.g. truncated mid-line).
+    """
+    text = sums.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise ValueError(f"checksum file {str(sums)!r} is empty; restore it from the data release")
+    table = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        m = _SUM_LINE.match(line.rstrip("\r"))
+        if m is None:
+            raise ValueError(f"checksum file {str(sums)!r}: line {n} is not '<sha256>  <path>' (truncated?): {line!r}")
+        table[m.group(2).strip()] = m.group(1).lower()
+    return table
+
+
+def _checksum_entry(path: Path) -> tuple[Path, str] | None:
+    """``(checksum file, pinned sha256)`` for ``path`` from the nearest ``SHA256SUMS`` in its folder or up to two
+    folders above that lists it; ``None`` when none does."""
+    path = path.resolve()
+    for parent in list(path.parents)[:3]:
+        sums = parent / CHECKSUM_FILE
+        if sums.is_file():
+            pinned = _read_checksums(sums).get(path.relative_to(parent).as_posix())
+            if pinned is not None:
+                return sums, pinned
+    return None
+
+
+def verify_checksum(path: str | Path) -> bool:
+    """Verify ``path`` against its pinned SHA-256 when a ``SHA256SUMS`` lists it (see the module docstring).
+
+    Returns:
+        True when verified, False when no checksum file lists it. Results are cached per (path, size, mtime).
+
+    Raises:
+        ValueError: naming the file when its SHA-256 differs from the pinned one, or the checksum file when it is
+            empty or malformed.
+    """
+    path = Path(path)
+    entry = _checksum_entry(path)
+    if entry is None:
+        return False
+    sums, pinned = entry
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if _VERIFIED.get(key) == pinned:
+        return True
+    got = _sha256(path)
+    if got != pinned:
+        raise ValueError(
+            f"source={str(path)!r}: SHA-256 {got[:16]}... differs from {pinned[:16]}... pinned in {str(sums)!r} "
+            f"({st.st_size} bytes; the file is truncated, empty or altered): restore it from the data release"
+        )
+    _VERIFIED[key] = pinned
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -254,17 +381,38 @@ def load_corpus(source: str | Path | None = None, *, limit: int | None = None) -
 
 
 def _read_records(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        data = json.loads(stripped)
-        if not isinstance(data, list):
-            raise ValueError(f"source={str(path)!r}: expected a json list")
-        return data
+    """Records of a ``.json`` list or json-lines file, after :func:`verify_checksum`.
+
+    Raises:
+        ValueError: naming the file when it is empty, not UTF-8 text (binary garbage), or not valid json / json lines
+            (e.g. a truncated json list), or naming the checksum mismatch.
+    """
+    verify_checksum(path)
+    source = str(path)
     try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as err:
-        raise ValueError(f"source={str(path)!r} is neither a json list nor json lines: {err}") from err
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"source={source!r} is not UTF-8 text (binary or corrupted file): {err}") from err
+    stripped = text.lstrip()
+    if not stripped:
+        raise ValueError(f"source={source!r} is empty: no records")
+    if stripped.startswith("["):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"source={source!r} is not a valid json list (truncated?): {err}") from err
+        if not isinstance(data, list):
+            raise ValueError(f"source={source!r}: expected a json list")
+        return data
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"source={source!r} is neither a json list nor json lines: line {n}: {err}") from err
+    return out
 
 
 def _detect_format(rec: Any, source: str) -> str:
@@ -306,24 +454,57 @@ def _infer_dataset(rec: Mapping[str, Any], fmt: str, source: str) -> str:
     raise ValueError(f"source={source!r}: cannot infer the dataset; pass dataset= one of {DATASETS}")
 
 
+# Per format: (id field, question field, answer field); question must be a non-empty string and answer non-null.
+_TEXT_FIELDS = {
+    "hotpot": ("_id", "question", "answer"),
+    "ircot": ("question_id", "question_text", "answers_objects"),
+    "ircot_prompt": ("qid", "question", "answer"),
+    "musique": ("id", "question", "answer"),
+    "iirc_flat": ("id", "question", "answers"),
+}
+
+
+def _check_text_fields(rec: Any, fmt: str, source: str, i: int) -> None:
+    if not isinstance(rec, Mapping):
+        raise ValueError(f"source={source!r}: record {i} is {type(rec).__name__}, not a json object")
+    id_key, q_key, a_key = _TEXT_FIELDS[fmt]
+    rid = rec.get(id_key, rec.get("id"))
+    where = f"source={source!r}: record {i} (id {rid!r})"
+    question = rec.get(q_key)
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where} has {'a null' if question is None else 'an empty or non-text'} {q_key!r} field")
+    if rec.get(a_key) is None:
+        raise ValueError(f"{where} has a null {a_key!r} field")
+
+
 def _parse_records(
     records: Iterable[Any], *, source: str, dataset: str | None, limit: int | None
 ) -> list[QAExample]:
     out: list[QAExample] = []
     fmt = name = None
+    seen = 0
     for i, rec in enumerate(records):
+        seen += 1
         if limit is not None and len(out) >= limit:
             break
         if fmt is None:
             fmt = _detect_format(rec, source)
             name = dataset or _infer_dataset(rec, fmt, source)
             parse = _PARSERS[fmt]
+        _check_text_fields(rec, fmt, source, i)
         try:
             ex = parse(rec, name)
-        except (KeyError, TypeError, IndexError) as err:
-            raise ValueError(f"source={source!r}: record {i} is not valid {fmt} ({type(err).__name__}: {err})") from err
+        except (KeyError, TypeError, IndexError, AttributeError) as err:
+            rid = rec.get(_TEXT_FIELDS[fmt][0], rec.get("id"))
+            raise ValueError(
+                f"source={source!r}: record {i} (id {rid!r}) is not valid {fmt} ({type(err).__name__}: {err})"
+            ) from err
         if ex is not None:
+            if not ex.answers:
+                raise ValueError(f"source={source!r}: record {i} (id {ex.id!r}) has no non-empty answer")
             out.append(ex)
+    if seen == 0:
+        raise ValueError(f"source={source!r} holds no records")
     return out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ from sur_lab.checks import as_token_ids
 from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel
+from sur_lab.runtime.fingerprint import model_fingerprint
 
 #: Separator after each document block; the query segment starts right after the last one.
 DOC_SEPARATOR = "\n\n"
@@ -365,14 +367,36 @@ def composition_edit(prompt: ComposedPrompt) -> EditedContext:
     )
 
 
+# Prefix caches made by prefix_cache -> the token ids they encode, so that a cache of another prefix of the same
+# length is refused (a length check alone lets it through and silently conditions every document on the wrong prefix).
+_PREFIX_IDS: "weakref.WeakKeyDictionary[DynamicCache, tuple[int, ...]]" = weakref.WeakKeyDictionary()
+
+
 def prefix_cache(lm: LoadedModel, prompt: ComposedPrompt) -> DynamicCache:
     """Prefill the shared instruction prefix P (``p`` rows); shared by every document cache and every path."""
-    return prefill(lm, prompt.prefix_ids)[0]
+    cache = prefill(lm, prompt.prefix_ids)[0]
+    _PREFIX_IDS[cache] = tuple(prompt.prefix_ids.tolist())
+    return cache
 
 
 def _check_prefix(prompt: ComposedPrompt, cache: DynamicCache) -> None:
     if cache_length(cache) != prompt.prefix_len:
         raise ValueError(f"prefix_kv has {cache_length(cache)} rows; the prompt's prefix has {prompt.prefix_len}")
+    ids = _PREFIX_IDS.get(cache)
+    if ids is not None and ids != tuple(prompt.prefix_ids.tolist()):
+        raise ValueError("prefix_kv was prefilled from other prefix ids than the prompt's prefix_ids (same length p="
+                         f"{prompt.prefix_len}); prefill the prompt's prefix with prefix_cache")
+
+
+def doc_store_key(lm: LoadedModel, prompt: ComposedPrompt, doc: int) -> tuple:
+    """The key of document ``doc``'s cache in a document store: everything the cache depends on.
+
+    A prefix-conditioned document cache depends on the model (name, weights hash, dtype, device), the prefix ids it was
+    encoded after (its keys carry positions ``p ..``) and the document's own ids, so the key holds all three: the same
+    document after another prefix, or under another model, is encoded again, never reused.
+    """
+    fp = model_fingerprint(lm)
+    return (tuple(fp.values()), tuple(prompt.prefix_ids.tolist()), tuple(prompt.doc_ids[doc].tolist()))
 
 
 def document_caches(lm: LoadedModel, prompt: ComposedPrompt, prefix_kv: DynamicCache) -> list[DynamicCache]:
@@ -482,18 +506,21 @@ def build_caches(
         prompt: the composed prompt.
         prefix_kv: a cache of P to share across prompts with the same prefix (prefilled here when ``None``);
             not modified.
-        doc_store: optional ``{document token ids tuple: DynamicCache}`` reused across prompts and filled with the
-            documents encoded here (offline caches are computed once per document, as in RAG serving).
+        doc_store: optional ``{doc_store_key(...): DynamicCache}`` reused across prompts and filled with the
+            documents encoded here (offline caches are computed once per document and prefix, as in RAG serving).
+            Keys hold the model fingerprint, the prefix ids and the document ids (:func:`doc_store_key`), so a store
+            shared across prefixes or models never returns a cache encoded for another one.
 
     Raises:
-        ValueError: naming ``prefix_kv`` when its length is not p.
+        ValueError: naming ``prefix_kv`` when its length is not p, or when it was made by :func:`prefix_cache` from
+            other prefix ids.
     """
     prefix_kv = prefix_kv if prefix_kv is not None else prefix_cache(lm, prompt)
     t0 = time.perf_counter()
     if doc_store is None:
         docs = document_caches(lm, prompt, prefix_kv)
     else:
-        keys = [tuple(d.tolist()) for d in prompt.doc_ids]
+        keys = [doc_store_key(lm, prompt, i) for i in range(prompt.num_docs)]
         missing = [i for i, k in enumerate(keys) if k not in doc_store]
         if missing:
             sub = ComposedPrompt(prompt.prefix_ids, tuple(prompt.doc_ids[i] for i in missing), prompt.query_ids)
@@ -518,6 +545,7 @@ __all__ = [
     "compose_prompt",
     "compose_tokens",
     "composition_edit",
+    "doc_store_key",
     "document_caches",
     "full_prefill_cache",
     "prefix_cache",

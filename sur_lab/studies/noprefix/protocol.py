@@ -198,8 +198,8 @@ def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[Rep
         max_new_tokens: decoding limit, tokens.
         scorer: ``fn(extracted_answer) -> bool`` gold-EM rule (``em`` is ``None`` without one).
         prefix_kv: shared cache of the prefix (prefilled when ``None``).
-        doc_store: optional dict ``tuple(doc ids) -> document cache`` reused across prompts (a document cache store;
-            filled here). Its encoding time is offline and not part of any TTFL.
+        doc_store: optional document cache store ``doc_store_key(lm, prompt, i) -> document cache`` (model
+            fingerprint, prefix ids, document ids) reused across prompts (filled here). Its encoding time is offline and not part of any TTFL.
         caches: precomputed caches (skips building them).
         keep_drift: add the measured per-document drift of the composed cache (``drift``, list, see
             :func:`document_drift`) and the risk scores (``risk``, list) to each record.

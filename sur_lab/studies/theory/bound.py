@@ -628,11 +628,11 @@ def theory_edit(
             ``source`` when it names a held-out split.
     """
     from sur_lab.edits import chat_edit, format_passages
-    from sur_lab.studies.datasets import load_corpus, load_qa
+    from sur_lab.studies.datasets import is_held_out, load_corpus, load_qa
 
     if deletion_width < 1:
         raise ValueError(f"deletion_width={deletion_width} must be >= 1 (passages)")
-    if "test" in str(source):
+    if is_held_out(source):  # by the data README's file names (and pinned checksums), not any path with "test"
         raise ValueError(f"source={source!r}: held-out test files are for final evaluation only")
     rng = np.random.default_rng(seed)
     if source == "haystack":

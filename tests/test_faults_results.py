@@ -1,0 +1,498 @@
+"""Issue 12, fault kinds 1, 2 and 4 as a table: one row per fault input, each with the clear error or value expected.
+
+Kind 1, stale results reused silently: every stored result carries a fingerprint of what it depends on (model name,
+weights hash, dtype, device, executor, options, decoding, case content, versions) and a mismatch is an error that names
+the differing field, or a new folder / a recomputation where that is intended.
+Kind 2, outputs destroyed: executed notebooks, figures and tables are written to temporary names and renamed into place;
+a failed or interrupted run is kept as ``<name>.failed.ipynb`` and never replaces the last good copy; one run of a
+notebook at a time; an undeclared ``-p`` is refused before anything runs. The runner rows use a throwaway notebook
+written here (a few seconds each: one kernel start).
+Kind 4, data accepted when it should not be: a missing ``SUR_LAB_DATA_DIR``, files that do not match the shipped
+``SHA256SUMS``, corrupted files and null fields are errors naming the file (and record); held-out files are told by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from sur_lab.answer import answer, continuation_nll
+from sur_lab.cache_ops import caches_equal, max_abs_diff, to_tensors
+from sur_lab.edits import token_edit
+from sur_lab.repair import prepare, repair
+from sur_lab.runtime.fingerprint import model_fingerprint, weights_hash
+from sur_lab.runtime.sweep import SweepCase, run_sweep, sweep_folder
+from sur_lab.studies.noprefix import (
+    RagRequest,
+    RepairSpec,
+    build_caches,
+    compose_tokens,
+    prefix_cache,
+    run_requests,
+)
+
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def _rounding(lm) -> float:
+    """Relative fp64 rounding bound between two forwards of the same tokens with different row counts (GEMM rounding
+    depends on the row count): per layer an inner product of length K = intermediate_size has relative error
+    <= K * eps64 (Higham's gamma_K), compounding additively over the L layers."""
+    cfg = lm.model.config
+    return cfg.num_hidden_layers * cfg.intermediate_size * EPS64
+
+
+def _max_abs(cache) -> float:
+    return max(max(float(k.abs().max()), float(v.abs().max())) for k, v in to_tensors(cache))
+
+
+# =====================================================================================================================
+# Kind 1: stale results reused silently
+
+
+def _edit(seed=0, n=40, p=6, d=5, q=4):
+    g = torch.Generator().manual_seed(seed)
+    return token_edit(torch.randint(3, 96, (n,), generator=g), p, d, torch.randint(3, 96, (q,), generator=g))
+
+
+def _sweep(lm, out, cases=None, **kw):
+    cases = cases or [SweepCase("c0", _edit(0))]
+    return run_sweep(lm, cases, ("Shift", "Re-prefill"), (), out, max_new_tokens=2, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def lm64():
+    return make_tiny_model("llama", seed=0)
+
+
+def _same_name_other_weights():
+    return make_tiny_model("llama", seed=1)  # name "tiny-llama" too
+
+
+def _same_weights_other_dtype():
+    lm = make_tiny_model("llama", seed=0)
+    lm.model.to(torch.float32)
+    return dataclasses.replace(lm, spec=dataclasses.replace(lm.spec, dtype=torch.float32))
+
+
+SWEEP_RESUME_FAULTS = [
+    # (fault input, second model, expected error field)
+    ("re-run with dtype changed (notebook 02 with -p dtype bfloat16)", _same_weights_other_dtype, "dtype"),
+    ("extended with another model of the same name (other weights)", _same_name_other_weights, "model_weights"),
+]
+
+
+@pytest.mark.parametrize("label,other,field", SWEEP_RESUME_FAULTS, ids=[r[0] for r in SWEEP_RESUME_FAULTS])
+def test_sweep_resume_refuses_records_of_another_model(lm64, tmp_path, label, other, field):
+    first = _sweep(lm64, tmp_path)
+    assert set(first["model"]) == {"tiny-llama"} and set(first["dtype"]) == {"float64"}
+    assert set(first["model_weights"]) == {weights_hash(lm64)}
+    second = other()
+    with pytest.raises(ValueError, match=rf"out_dir=.*another {field} "):
+        _sweep(second, tmp_path)
+    # The intended way: sweep_folder names a new folder per model fingerprint, so the two never mix.
+    a, b = sweep_folder("02_niah", lm64, outputs=tmp_path, n=1), sweep_folder("02_niah", second, outputs=tmp_path, n=1)
+    assert a != b and a.parent == b.parent == tmp_path / "sweeps"
+    assert sweep_folder("02_niah", lm64, outputs=tmp_path, n=1) == a  # deterministic: a re-run resumes its own folder
+
+
+def test_sweep_resume_refuses_another_executor_options_and_old_records(lm64, tmp_path):
+    _sweep(lm64, tmp_path)
+    with pytest.raises(ValueError, match="another options"):
+        _sweep(lm64, tmp_path, options={"aux_model": _same_name_other_weights()})
+    with pytest.raises(ValueError, match="another seed"):
+        _sweep(lm64, tmp_path, seed=5)
+    # A record written before fingerprints existed (no model_weights field) is refused, not trusted.
+    part = next((tmp_path / "parts").glob("*.jsonl"))
+    recs = [json.loads(line) for line in part.read_text().splitlines()]
+    part.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "model_weights"}) + "\n" for r in recs))
+    with pytest.raises(ValueError, match="another model_weights \\(None"):
+        _sweep(lm64, tmp_path)
+
+
+def test_concurrent_sweep_into_one_folder_is_refused(lm64, tmp_path):
+    from filelock import FileLock
+
+    with FileLock(str(tmp_path / ".sweep.lock")):  # another process's sweep holds the folder
+        with pytest.raises(RuntimeError, match="out_dir=.*in use by another sweep"):
+            _sweep(lm64, tmp_path)
+    assert not (tmp_path / "parts").exists()
+    assert len(_sweep(lm64, tmp_path)) == 2  # free again
+
+
+def test_sweep_reference_file_of_another_model_is_recomputed(lm64, tmp_path):
+    other = _same_name_other_weights()
+    _sweep(lm64, tmp_path / "a")
+    for part in (tmp_path / "a" / "parts").glob("*.jsonl"):  # a crash after the reference, before any record
+        part.unlink()
+    stale = _sweep(other, tmp_path / "a")
+    fresh = _sweep(other, tmp_path / "b")
+    cols = ["method", "answer", "tv_reprefill", "tv_dirty_reprefill", "nll_reprefill"]
+    assert stale[cols].equals(fresh[cols])
+
+
+def _prompt(prefix, docs=((11, 12, 13, 14, 15, 16, 17), (20, 21, 22, 23, 24))):
+    return compose_tokens(prefix, [list(d) for d in docs], [40, 41, 42])
+
+
+PREFIX_CHANGES = [
+    ("prefix length 6 -> 11", [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]),
+    ("same length, other tokens", [1, 2, 3, 4, 5, 6], [60, 61, 62, 63, 64, 65]),
+]
+
+
+@pytest.mark.parametrize("label,old,new", PREFIX_CHANGES, ids=[r[0] for r in PREFIX_CHANGES])
+def test_document_store_is_keyed_by_prefix(lm64, label, old, new):
+    store: dict = {}
+    build_caches(lm64, _prompt(old, docs=((11, 12, 13, 14, 15, 16, 17),)), doc_store=store)
+    # One document after the new prefix: composition is bitwise the full prefill (same forward, delta 0).
+    single = build_caches(lm64, _prompt(new, docs=((11, 12, 13, 14, 15, 16, 17),)), doc_store=store)
+    assert caches_equal(single.composed, single.full)
+    assert len(store) == 2  # one cache per (prefix, document); the old prefix's cache was not reused
+    # Several documents: the first document's rows equal full prefill's to fp64 rounding (a 7- vs a 12-token forward).
+    prompt = _prompt(new)
+    caches = build_caches(lm64, prompt, doc_store=store)
+    p, (_, b0) = prompt.prefix_len, prompt.doc_bounds[0]
+    assert max(max_abs_diff(caches.composed, caches.full, slice(p, p + b0))) < _rounding(lm64) * _max_abs(caches.full)
+
+
+def test_prefix_cache_of_other_tokens_is_refused(lm64):
+    old, new = PREFIX_CHANGES[1][1], PREFIX_CHANGES[1][2]
+    with pytest.raises(ValueError, match="prefix_kv"):
+        build_caches(lm64, _prompt(new), prefix_kv=prefix_cache(lm64, _prompt(old)))
+
+
+def test_run_requests_does_not_reuse_documents_across_prefixes(lm64):
+    old, new = PREFIX_CHANGES[0][1], PREFIX_CHANGES[0][2]
+    requests = [RagRequest(_prompt(pre), {"source_id": "same"}) for pre in (old, new)]
+    df = run_requests(lm64, requests, [RepairSpec("none")], max_new_tokens=1, keep_drift=True, progress=False)
+    full = df[df["unit"] == "full"]
+    assert len(full) == 2
+    for drift in full["drift"]:  # relative drift of document 0: rounding only, for both prefixes
+        assert drift[0] < _rounding(lm64) and drift[1] > 1e-3
+
+
+def test_answer_refuses_a_cache_of_another_edit(lm64):
+    short, long = _edit(0, n=20, p=4, d=2), _edit(1, n=40, p=6, d=5)  # p + S = 18 and 35 rows
+    long_cache = repair(lm64, prepare(lm64, long), "Re-prefill").cache
+    assert long.prefix_len + long.suffix_len == 35 and short.prefix_len + short.suffix_len == 18
+    with pytest.raises(ValueError, match=r"cache has 35 rows; .*p \+ S = 18"):
+        answer(lm64, long_cache, short, max_new_tokens=1)
+    with pytest.raises(ValueError, match="cache has 35 rows"):
+        continuation_nll(lm64, long_cache, short, [5, 6])
+    # Dirty's cache (the original N rows) and every repaired cache (p + S rows) are accepted.
+    prepared = prepare(lm64, short)
+    assert answer(lm64, prepared.dirty_cache, short, max_new_tokens=1).token_ids
+    assert answer(lm64, repair(lm64, prepared, "Shift").cache, short, max_new_tokens=1).token_ids
+
+
+def test_weights_hash_is_cached_and_sees_in_place_changes(lm64):
+    lm = make_tiny_model("llama", seed=0)
+    h = weights_hash(lm)
+    assert h == weights_hash(lm64) and weights_hash(lm) == h
+    with torch.no_grad():
+        next(lm.model.parameters())[0, 0] += 1e-12  # one ulp-scale change in one weight
+    assert weights_hash(lm) != h
+    assert model_fingerprint(lm)["dtype"] == "float64" and model_fingerprint(lm)["device"] == "cpu"
+
+
+# =====================================================================================================================
+# Kind 2: outputs destroyed
+
+
+def _write_notebook(folder: Path, body: str, name: str = "nb_fault.ipynb") -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("mode: str = 'ok'  # what the run does\nvalue: int = 1  # a number")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    nbformat.write(nb, path)
+    return path
+
+
+NOTEBOOK_BODY = """
+import os, signal, time
+print(f"result {mode} {value}")
+if mode == "fail":
+    raise RuntimeError("cell failed on purpose")
+if mode in ("sigterm", "sigint"):
+    os.kill(os.getppid(), signal.SIGTERM if mode == "sigterm" else signal.SIGINT)
+    time.sleep(60)
+"""
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    from sur_lab.runtime.run_notebooks import run_notebook
+
+    root = tmp_path_factory.mktemp("nbrun")
+    path = _write_notebook(root / "nbs", NOTEBOOK_BODY)
+    target = run_notebook(path, {"mode": "ok"}, outputs=root / "out", progress=False)
+    return path, target
+
+
+def _text(path: Path) -> str:
+    return path.read_text()
+
+
+RUN_FAULTS = [
+    # (fault input, parameters, expected exception, expected marker in the failed copy)
+    ("a cell fails", {"mode": "fail"}, "PapermillExecutionError", "failed: PapermillExecutionError"),
+    ("SIGTERM during the run", {"mode": "sigterm"}, "RunInterrupted", "interrupted: RunInterrupted"),
+    ("Ctrl-C (SIGINT) during the run", {"mode": "sigint"}, "KeyboardInterrupt", "interrupted: "),
+]
+
+
+@pytest.mark.parametrize("label,params,exc,marker", RUN_FAULTS, ids=[r[0] for r in RUN_FAULTS])
+def test_failed_or_interrupted_run_keeps_the_last_good_notebook(good_run, label, params, exc, marker):
+    from sur_lab.runtime.run_notebooks import failed_path, run_notebook
+
+    path, target = good_run
+    before = _text(target)
+    assert "result ok 1" in before
+    with pytest.raises(BaseException) as info:
+        run_notebook(path, params, outputs=target.parent, progress=False)
+    assert type(info.value).__name__ == exc or (exc == "KeyboardInterrupt" and isinstance(info.value, KeyboardInterrupt))
+    assert _text(target) == before  # the last good copy is untouched
+    failed = nbformat.read(failed_path(target), as_version=4)
+    assert failed.metadata["sur_lab"]["run_error"].startswith(marker)
+    assert "did not finish" in failed.cells[0].source and failed.metadata["papermill"]["exception"]
+    assert not list(target.parent.glob(".*.running.ipynb")) and not list(target.parent.glob(".*.tmp"))
+
+
+def test_killed_run_is_recovered_as_failed_and_success_replaces_atomically(good_run):
+    from sur_lab.runtime.run_notebooks import failed_path, run_notebook
+
+    path, target = good_run
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = target.parent / f".{path.stem}.{dead.pid}.running.ipynb"  # what SIGKILL leaves behind
+    shutil.copy(target, leftover)
+    out = run_notebook(path, {"mode": "ok", "value": 7}, outputs=target.parent, progress=False)
+    assert out == target and "result ok 7" in _text(target)
+    assert not leftover.exists()
+    # The killed run became <name>.failed.ipynb, then this successful run cleared the stale failure marker.
+    assert not failed_path(target).exists()
+
+
+def test_concurrent_run_of_the_same_notebook_is_refused(good_run):
+    from filelock import FileLock
+
+    from sur_lab.runtime.run_notebooks import NotebookBusyError, run_notebook
+
+    path, target = good_run
+    before = _text(target)
+    with FileLock(str(target.parent / f".{path.stem}.lock")):
+        with pytest.raises(NotebookBusyError, match="already running"):
+            run_notebook(path, {"mode": "ok", "value": 9}, outputs=target.parent, progress=False)
+    assert _text(target) == before
+
+
+def test_undeclared_parameter_is_an_error_before_anything_runs(tmp_path, capsys):
+    from sur_lab.runtime.run_notebooks import main
+
+    path = _write_notebook(tmp_path / "nbs", NOTEBOOK_BODY)
+    code = main(["--notebooks", str(path.parent), "--outputs", str(tmp_path / "out"), "-p", "budgets_pct", "5"])
+    assert code == 2 and "budgets_pct" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_figures_and_tables_are_written_atomically(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from sur_lab.analysis.plotting import save_figure, save_table
+
+    [csv] = save_table(pd.DataFrame({"a": [1, 2]}), "t", outputs=tmp_path)
+    good = csv.read_text()
+
+    class Broken(pd.DataFrame):
+        def to_csv(self, path, **kw):  # a write that dies half-way
+            Path(path).write_text("a\n1\n")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_table(Broken({"a": [3]}), "t", outputs=tmp_path)
+    assert csv.read_text() == good
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    png, pdf = save_figure(fig, "f", outputs=tmp_path)
+    plt.close(fig)
+    assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF"
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
+
+
+# =====================================================================================================================
+# Kind 4: data accepted when it should not be
+
+HOTPOT_DEV = "hotpotqa/hotpotqa__v2_dev_random_100.jsonl"
+
+
+@pytest.fixture
+def data_copy(data_dir, tmp_path, monkeypatch):
+    """A copy of the shipped SHA256SUMS and the HotpotQA dev file, used as SUR_LAB_DATA_DIR."""
+    root = tmp_path / "qa"
+    (root / "hotpotqa").mkdir(parents=True)
+    shutil.copy(data_dir / "SHA256SUMS", root / "SHA256SUMS")
+    shutil.copy(data_dir / HOTPOT_DEV, root / HOTPOT_DEV)
+    monkeypatch.setenv("SUR_LAB_DATA_DIR", str(root))
+    return root
+
+
+def _truncate_lines(path: Path, keep: int) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:keep]))
+
+
+SHIPPED_FILE_FAULTS = [
+    # (fault input, how the copy is damaged, expected error)
+    ("empty data file", lambda r: (r / HOTPOT_DEV).write_text(""), r"hotpotqa__v2_dev_random_100.jsonl.*SHA-256"),
+    ("data file truncated at a line boundary", lambda r: _truncate_lines(r / HOTPOT_DEV, 10),
+     r"hotpotqa__v2_dev_random_100.jsonl.*SHA-256"),
+    ("empty SHA256SUMS", lambda r: (r / "SHA256SUMS").write_text(""), r"SHA256SUMS.*is empty"),
+    ("SHA256SUMS truncated mid-line", lambda r: (r / "SHA256SUMS").write_text((r / "SHA256SUMS").read_text()[:300]),
+     r"SHA256SUMS.*line \d+"),
+    ("SHA256SUMS truncated at a line boundary (entry lost)", lambda r: _truncate_lines(r / "SHA256SUMS", 2),
+     r"hotpotqa__v2_dev_random_100.jsonl.*not listed in .*SHA256SUMS"),
+]
+
+
+@pytest.mark.parametrize("label,damage,match", SHIPPED_FILE_FAULTS, ids=[r[0] for r in SHIPPED_FILE_FAULTS])
+def test_shipped_files_are_verified_against_sha256sums(data_copy, label, damage, match):
+    from sur_lab.studies.datasets import load_qa
+
+    assert len(load_qa("hotpotqa")) == 100  # the intact copy verifies
+    os.utime(data_copy / HOTPOT_DEV)  # (a cached verification is keyed by size and mtime)
+    damage(data_copy)
+    with pytest.raises(ValueError, match=match):
+        load_qa("hotpotqa")
+
+
+def test_data_dir_that_does_not_exist_is_an_error(monkeypatch, tmp_path):
+    from sur_lab.runtime.paths import default_data_dir
+    from sur_lab.studies.datasets import load_qa
+
+    monkeypatch.setenv("SUR_LAB_DATA_DIR", str(tmp_path / "nothing"))
+    with pytest.raises(FileNotFoundError, match="SUR_LAB_DATA_DIR=.*nothing.*not a directory"):
+        default_data_dir()
+    with pytest.raises(FileNotFoundError, match="SUR_LAB_DATA_DIR"):
+        load_qa("hotpotqa")
+
+
+def _hotpot(**over):
+    rec = {"_id": "h1", "question": "Who?", "answer": "Ann", "supporting_facts": [["A", 0]],
+           "context": [["A", ["Ann did it."]], ["B", ["Bob did not."]]]}
+    return {**rec, **over}
+
+
+def _ircot(**over):
+    rec = {"question_id": "i1", "question_text": "Who?", "answers_objects": [{"number": "", "spans": ["Ann"]}],
+           "contexts": [{"idx": 0, "title": "A", "paragraph_text": "Ann.", "is_supporting": True}]}
+    return {**rec, **over}
+
+
+def _musique(**over):
+    rec = {"id": "m1", "question": "Who?", "answer": "Ann", "answer_aliases": [], "answerable": True,
+           "paragraphs": [{"idx": 0, "title": "A", "paragraph_text": "Ann.", "is_supporting": True}]}
+    return {**rec, **over}
+
+
+def _iirc(**over):
+    rec = {"id": "r1", "question": "Who?", "answer_type": "spans", "answers": ["Ann"], "answerable": True,
+           "main_passage": "Ann.", "gold_snippets": [], "retrieved_snippets": []}
+    return {**rec, **over}
+
+
+def _jsonl(*recs) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in recs).encode()
+
+
+FILE_FAULTS = [
+    # (fault input, file name, bytes, expected error: file named, record named where there is one)
+    ("empty file", "e.jsonl", b"", r"e\.jsonl' is empty"),
+    ("whitespace only", "w.jsonl", b"\n \n", r"w\.jsonl' is empty"),
+    ("truncated json list", "t.json", json.dumps([_hotpot(), _hotpot(_id="h2")]).encode()[:150],
+     r"t\.json' is not a valid json list"),
+    ("truncated json line", "tl.jsonl", _jsonl(_ircot(), _ircot(question_id="i2"))[:-20],
+     r"tl\.jsonl' is neither a json list nor json lines: line 2"),
+    ("binary garbage", "g.jsonl", bytes(range(256)) * 4, r"g\.jsonl' is not UTF-8"),
+    ("empty json list", "l.json", b"[]", r"l\.json' holds no records"),
+    ("hotpot null question", "hq.json", json.dumps([_hotpot(question=None)]).encode(),
+     r"hq\.json'.*record 0 \(id 'h1'\) has a null 'question'"),
+    ("hotpot null answer", "ha.json", json.dumps([_hotpot(), _hotpot(_id="h2", answer=None)]).encode(),
+     r"ha\.json'.*record 1 \(id 'h2'\) has a null 'answer'"),
+    ("ircot null question", "hotpot_iq.jsonl", _jsonl(_ircot(question_text=None)),
+     r"iq\.jsonl'.*record 0 \(id 'i1'\) has a null 'question_text'"),
+    ("ircot null answers", "hotpot_ia.jsonl", _jsonl(_ircot(answers_objects=None)),
+     r"ia\.jsonl'.*record 0 \(id 'i1'\) has a null 'answers_objects'"),
+    ("musique null answer", "ma.jsonl", _jsonl(_musique(answer=None)),
+     r"ma\.jsonl'.*record 0 \(id 'm1'\) has a null 'answer'"),
+    ("iirc null question", "rq.jsonl", _jsonl(_iirc(question=None)),
+     r"rq\.jsonl'.*record 0 \(id 'r1'\) has a null 'question'"),
+    ("empty question", "eq.json", json.dumps([_hotpot(question="  ")]).encode(),
+     r"eq\.json'.*record 0 \(id 'h1'\) has an empty or non-text 'question'"),
+    ("null paragraph text", "pt.jsonl", _jsonl(_musique(paragraphs=[{"idx": 0, "title": "A", "paragraph_text": None,
+                                                                      "is_supporting": True}])),
+     r"pt\.jsonl'.*record 0 \(id 'm1'\) is not valid musique"),
+]
+
+
+@pytest.mark.parametrize("label,name,data,match", FILE_FAULTS, ids=[r[0] for r in FILE_FAULTS])
+def test_bad_files_name_file_and_record(tmp_path, label, name, data, match):
+    from sur_lab.studies.datasets import load_qa
+
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=match):
+        load_qa(path)
+
+
+def test_corpus_null_text_names_file_and_record(tmp_path):
+    from sur_lab.studies.datasets import load_corpus
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([{"title": "A", "text": "x"}, {"title": "B", "text": None}]))
+    with pytest.raises(ValueError, match=r"c\.json'.*corpus record 1"):
+        load_corpus(path)
+
+
+HELD_OUT = [
+    # (fault input, path relative to tmp_path or data dir, expected is_held_out)
+    ("a user file under a folder named test", "test/dev.jsonl", False),
+    ("a user file whose name contains test", "my_contest_dev.jsonl", False),
+    ("the held-out HotpotQA file", "hotpotqa__v2_test_random_500.jsonl", True),
+    ("the held-out IIRC file", "iirc_test_normalized.jsonl", True),
+    ("MuSiQue's dev sample (development + final)", "musique_ans_dev_sample.jsonl", False),
+    ("a renamed copy of a held-out file", "renamed.jsonl", True),
+]
+
+
+@pytest.mark.parametrize("label,rel,expected", HELD_OUT, ids=[r[0] for r in HELD_OUT])
+def test_held_out_is_decided_by_file_name_or_checksum(data_dir, tmp_path, label, rel, expected):
+    from sur_lab.studies.datasets import is_held_out
+    from sur_lab.studies.theory import theory_edit
+
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if rel == "renamed.jsonl":
+        shutil.copy(data_dir / "iirc" / "iirc_test_normalized.jsonl", path)
+    else:
+        path.write_text(json.dumps(_ircot()) + "\n")
+    assert is_held_out(path) is expected
+    with pytest.raises(Exception) as info:  # a one-record file cannot make a deletion edit either way
+        theory_edit(None, str(path))
+    assert ("held-out" in str(info.value)) is expected, str(info.value)
