@@ -45,8 +45,8 @@ Controls (appendix 13.3), both registered executors:
   selected tokens, appended to a gathered cache of the unselected rows ``[0, u_B] \\ U`` with a custom 4-D mask; the
   new rows are scattered back into the output clone. It pays a gather and an append copy (its cache-assembly cost).
 
-Scope (as in the paper): dense Llama/Mistral/Qwen2/Qwen3 layers of transformers in evaluation mode, full attention,
-fixed RoPE, batch size one, one device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before
+Scope (as in the paper): Llama/Mistral/Qwen2/Qwen3 layers and their mixture-of-experts relatives (Qwen2-MoE,
+Qwen3-MoE, Mixtral, GLM-4.5) of transformers in evaluation mode, full attention, fixed RoPE, batch size one, one device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before
 any work.
 """
 
@@ -78,6 +78,7 @@ from sur_lab.cache_ops import (
 from sur_lab.edits import EditedContext
 from sur_lab.executors import check_support, register_executor
 from sur_lab.models import (
+    SUPPORTED_MODEL_TYPES,
     LoadedModel,
     UnsupportedModelError,
     check_supported,
@@ -85,8 +86,10 @@ from sur_lab.models import (
 )
 
 #: Decoder families whose native layers the packed executor drives (appendix 13.2 names Llama and Qwen3; Mistral
-#: and Qwen2 share the Llama layer, Qwen2 with its sliding window disabled).
-PACKED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: and Qwen2 share the Llama layer, Qwen2 with its sliding window disabled). The MoE families' MLPs route each packed
+#: row on its own (top-k per token, no capacity limit: :data:`sur_lab.models.MOE_MODEL_TYPES`), and GLM-4.5's partial
+#: rotary is applied by its own attention module at the positions U, so packed traversal stays exact for them too.
+PACKED_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 #: Attention backends of the packed executor, by name.
 PACKED_BACKENDS = ("sdpa", "flex", "triton")
 #: Name under which the packed attention function is registered in transformers' ``AttentionInterface``.
@@ -128,7 +131,7 @@ def check_packed_model(lm: LoadedModel) -> None:
     """Refuse a model whose layers the packed executor does not drive, before any work.
 
     Covered: ``lm.spec.model_type`` in :data:`PACKED_MODEL_TYPES`, the configuration accepted by
-    :func:`sur_lab.models.check_supported` (full attention in every layer, exact RoPE over the whole head, no MoE),
+    :func:`sur_lab.models.check_supported` (full attention in every layer, exact RoPE, token-local MoE),
     transformers' own decoder-layer and attention classes for that family with their class ``forward`` (no subclass,
     no instance-level patch), evaluation mode, parameters on a single device.
 
@@ -144,7 +147,7 @@ def check_packed_model(lm: LoadedModel) -> None:
     config = lm.model.config
     if getattr(config, "model_type", model_type) != model_type:
         raise UnsupportedModelError(f"config.model_type={config.model_type!r} differs from spec {model_type!r}")
-    check_supported(config)  # full attention everywhere, exact RoPE, no MoE (re-checked: configs are mutable)
+    check_supported(config)  # full attention everywhere, exact RoPE, token-local MoE (re-checked: configs are mutable)
     if lm.model.training:
         raise UnsupportedModelError("model.training=True: the packed executor runs models in evaluation mode only")
     inner = getattr(lm.model, "model", None)
