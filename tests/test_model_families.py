@@ -178,6 +178,23 @@ def test_shift_layer0_equals_a_prefill_at_the_new_positions(case):
     assert torch.equal(k_s[:, :, edit.prefix_len :, width:], k_d[:, :, end:, width:])
 
 
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+        {"rope_type": "linear", "factor": 2.0},
+    ],
+    ids=lambda r: r["rope_type"],
+)
+def test_shift_with_scaled_partial_rotary_equals_a_prefill(rope):
+    lm = make_family_model("glm4_moe-rot0.5", rope_parameters=dict(_ROPE, partial_rotary_factor=0.5, **rope))
+    assert lm.spec.rope_type == rope["rope_type"] and lm.spec.rotary_dim == 8
+    edit = make_edit()
+    prep = prepare(lm, edit)
+    ref = reprefill(lm, edit)
+    assert (layer_kv(prep.shift_cache, 0)[0] - layer_kv(ref, 0)[0]).abs().max().item() <= EXACT
+
+
 def _supports(suffix_len: int) -> dict[str, Support]:
     return {
         "intervals": Support(np.r_[0:3, 10:14, 30:31, 40:suffix_len - 2], suffix_len),
