@@ -112,7 +112,8 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
     Args:
         keys: ``[1, H_kv, L, d_h]`` post-RoPE keys, any float dtype.
         delta: signed position offset in tokens.
-        inv_freq: ``[rotary_dim // 2]`` inverse frequencies (any float dtype; promoted to float64), ``rotary_dim <= d_h``.
+        inv_freq: ``[rotary_dim // 2]`` inverse frequencies, ``rotary_dim <= d_h`` (any float dtype; promoted to
+            float64).
 
     Returns:
         New tensor, same shape and dtype as ``keys``.

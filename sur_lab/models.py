@@ -224,7 +224,7 @@ def check_supported(config: Any) -> None:
                     f"config; mixture-of-experts is supported for {', '.join(MOE_MODEL_TYPES)}"
                 )
     # A capacity limit drops or reroutes tokens depending on the other tokens in the batch: not token-local.
-    for key in sorted(vars(config)):
+    for key in sorted(getattr(config, "__dict__", {})):
         if "capacity" in key.lower() and getattr(config, key, None):
             raise UnsupportedModelError(
                 f"config.{key}={getattr(config, key)}: expert capacity limits make routing depend on the other "

@@ -46,12 +46,13 @@ Controls (appendix 13.3), both registered executors:
   new rows are scattered back into the output clone. It pays a gather and an append copy (its cache-assembly cost).
 
 Scope (as in the paper): Llama/Mistral/Qwen2/Qwen3 layers and their mixture-of-experts relatives (Qwen2-MoE,
-Qwen3-MoE, Mixtral, GLM-4.5) of transformers in evaluation mode, full attention, fixed RoPE, batch size one, one device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before
-any work.
+Qwen3-MoE, Mixtral, GLM-4.5) of transformers in evaluation mode, full attention, fixed RoPE, batch size one, one
+device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before any work.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -777,6 +778,10 @@ def refresh_one_shot(
     if implementation == "eager":
         # eager attention adds the mask to the scores, so it must be additive (0 / dtype minimum).
         mask = torch.zeros(mask.shape, dtype=lm.dtype, device=device).masked_fill(~mask, torch.finfo(lm.dtype).min)
+    # MoE heads compute a load-balancing loss when config.output_router_logits is set, and that loss reads the mask as
+    # a 2-D padding mask: it fails on our 4-D one. It is a training quantity; switch it off for this forward.
+    takes_flag = "output_router_logits" in inspect.signature(lm.model.forward).parameters
+    extra = {"output_router_logits": False} if takes_flag else {}
     lm.model(
         input_ids=edit.edited_ids.to(device)[absolute][None],
         position_ids=absolute[None],
@@ -784,6 +789,7 @@ def refresh_one_shot(
         cache=work,
         use_cache=True,
         logits_to_keep=1,
+        **extra,
     )
     for layer, (k, v) in enumerate(to_tensors(work)):
         scatter_rows_(out, layer, absolute, k[:, :, -b:], v[:, :, -b:])
