@@ -430,3 +430,34 @@ def test_shift_cache_re_rotates_only_the_rotary_dimensions():
     assert (back - k0[:, :, 8:]).abs().max().item() <= 1e-14
     with pytest.raises(ValueError, match="inv_freq"):
         rerotate_keys(k0, 1, torch.ones(9, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebooks on a model loaded from a local directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", ["00_quickstart", "02_allocation_geometry"])
+@pytest.mark.parametrize("name", ["qwen3_moe-mixed", "glm4_moe-rot0.5"])
+def test_notebooks_run_on_a_local_moe_directory(name, notebook, smol_tokenizer, tmp_path, monkeypatch):
+    """save_pretrained of a tiny random MoE (partial rotary for GLM) with the embedded model's tokenizer, then the
+    notebook at its smoke parameters with ``model_name`` set to that directory."""
+    from transformers import AutoModelForCausalLM
+
+    from sur_lab.runtime.run_notebooks import NOTEBOOK_DIR, run_notebook, smoke_parameters
+
+    model_dir = tmp_path / f"tiny-{name}"
+    config = family_config(
+        name, vocab_size=len(smol_tokenizer), hidden_size=64, eos_token_id=smol_tokenizer.eos_token_id,
+        bos_token_id=smol_tokenizer.bos_token_id,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    outputs = tmp_path / "outputs"
+    monkeypatch.setenv("SUR_LAB_OUTPUTS_DIR", str(outputs))
+    path = NOTEBOOK_DIR / f"{notebook}.ipynb"
+    executed = run_notebook(path, smoke_parameters(path) | {"model_name": str(model_dir)}, outputs=outputs,
+                            progress=False)
+    assert executed.is_file() and f"tiny-{name}" in executed.read_text()
+    assert list((outputs / "tables").glob("*.csv")) or list((outputs / "tables").glob("*.parquet"))
