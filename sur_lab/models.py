@@ -73,7 +73,8 @@ class ModelSpec:
         dtype: parameter dtype.
         device: parameter device.
         rotary_dim: leading dimensions of each head that RoPE rotates (``head_dim`` unless the family rotates part of
-            the head, :data:`PARTIAL_ROTARY_MODEL_TYPES`); Shift re-rotates only these (Eq. 2).
+            the head, :data:`PARTIAL_ROTARY_MODEL_TYPES`); Shift re-rotates only these (Eq. 2). Set by
+            :func:`model_spec`; ``None`` in a hand-built spec means the whole head.
     """
 
     name: str
