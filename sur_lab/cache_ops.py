@@ -77,32 +77,65 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the leading ``rotary_dim = cos.shape[-1]`` dimensions of ``x``; the rest pass through.
+
+    This is the layout of every supported family: the whole head for Llama, Mistral, Qwen2/3 and their MoE variants
+    (``rotary_dim = d_h``), the leading dimensions for GLM-4.5's partial rotary (``q[..., :rotary_dim]`` in
+    transformers' ``modeling_glm4_moe.py``). Arithmetic happens in the promoted dtype of ``x``, ``cos`` and ``sin``.
+
+    Args:
+        x: ``[..., d_h]``.
+        cos, sin: broadcastable to ``[..., rotary_dim]`` with ``rotary_dim`` even and ``<= d_h``.
+
+    Returns:
+        New tensor ``[..., d_h]`` in the promoted dtype; pass-through dimensions are copied bitwise.
+    """
+    width = cos.shape[-1]
+    if width == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot = x[..., :width]
+    rotated = rot * cos + rotate_half(rot) * sin
+    return torch.cat((rotated, x[..., width:].to(rotated.dtype)), dim=-1)
+
+
 def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move post-RoPE keys by ``delta`` positions: ``K' = R_delta K`` (Eq. 2 with ``delta = -d``).
 
     Because rotate-half RoPE composes additively, ``R_{i-d} R_i^{-1} = R_{-d}`` for every position i, so one rotation
-    serves the whole suffix. Angles are formed in float64 from the model's inverse frequencies, then cast to the key
-    dtype (appendix 7.1). RoPE variants that scale cos and sin by a constant (YaRN's attention factor) are handled
-    exactly since the factor cancels in the relative rotation.
+    serves the whole suffix. Only the leading ``rotary_dim = 2 * len(inv_freq)`` dimensions of each head are rotated
+    (the whole head except for partial rotary, GLM-4.5); the rest are copied bitwise. Angles are formed in float64
+    from the model's inverse frequencies; the rotation is computed in float32 (float64 for float64 keys), so bf16 and
+    fp16 keys are rounded once, at the end (appendix 7.1). RoPE variants that scale cos and sin by a constant (YaRN's
+    attention factor) are handled exactly since the factor cancels in the relative rotation.
 
     Args:
         keys: ``[1, H_kv, L, d_h]`` post-RoPE keys, any float dtype.
         delta: signed position offset in tokens.
-        inv_freq: ``[d_h // 2]`` inverse frequencies (any float dtype; promoted to float64).
+        inv_freq: ``[rotary_dim // 2]`` inverse frequencies, ``rotary_dim <= d_h`` (any float dtype; promoted to
+            float64).
 
     Returns:
         New tensor, same shape and dtype as ``keys``.
 
     Raises:
-        ValueError: if ``inv_freq`` does not have ``d_h // 2`` entries.
+        ValueError: if ``inv_freq`` is not 1-D with between 1 and ``d_h // 2`` entries.
     """
     head_dim = keys.shape[-1]
-    if inv_freq.numel() * 2 != head_dim:
-        raise ValueError(f"inv_freq has {inv_freq.numel()} entries; keys need head_dim // 2 = {head_dim // 2}")
+    if inv_freq.dim() != 1 or not 1 <= inv_freq.numel() <= head_dim // 2:
+        raise ValueError(
+            f"inv_freq has shape {tuple(inv_freq.shape)}; keys need 1-D inverse frequencies with 1 to "
+            f"head_dim // 2 = {head_dim // 2} entries"
+        )
+    compute = torch.float64 if keys.dtype == torch.float64 else torch.float32
     angles = float(delta) * inv_freq.detach().to(device=keys.device, dtype=torch.float64)
     emb = torch.cat((angles, angles))
-    cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
-    return keys * cos + rotate_half(keys) * sin
+    cos, sin = emb.cos().to(compute), emb.sin().to(compute)
+    width = emb.numel()
+    rotated = apply_rope(keys[..., :width].to(compute), cos, sin).to(keys.dtype)  # one rounding to the key dtype
+    if width == head_dim:
+        return rotated
+    return torch.cat((rotated, keys[..., width:]), dim=-1)
 
 
 def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq: torch.Tensor) -> DynamicCache:
@@ -114,10 +147,11 @@ def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq
         cache: Dirty cache of ``p ⊕ e ⊕ s``, ``N = p + d + S`` rows; not modified.
         prefix_len: p, tokens.
         deleted_len: d >= 1, tokens.
-        inv_freq: the model's RoPE inverse frequencies ``[d_h // 2]``.
+        inv_freq: the model's RoPE inverse frequencies ``[rotary_dim // 2]`` (:func:`rerotate_keys`).
 
     Returns:
-        New cache of ``p + S`` rows: prefix rows bitwise copies, suffix keys re-rotated, suffix values copied.
+        New cache of ``p + S`` rows: prefix rows bitwise copies, suffix keys re-rotated (their rotary dimensions;
+        pass-through dimensions of partial rotary copied), suffix values copied.
 
     Raises:
         ValueError: if ``prefix_len < 0``, ``deleted_len < 1`` or ``prefix_len + deleted_len > N``.

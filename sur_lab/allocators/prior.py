@@ -42,12 +42,12 @@ from sur_lab.allocators.signals import (
 )
 from sur_lab.budget import Support
 from sur_lab.cache_ops import (
+    apply_rope,
     cache_length,
     clone_cache,
     from_tensors,
     layer_deviation,
     num_layers,
-    rotate_half,
     slice_rows,
     to_tensors,
 )
@@ -359,12 +359,13 @@ def lowpass(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
 
 
 def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Remove RoPE from post-RoPE keys ``[..., n, d_h]`` at ``positions`` ``[n]`` (float64 angles; returns FP32)."""
+    """Remove RoPE from post-RoPE keys ``[..., n, d_h]`` at ``positions`` ``[n]`` (float64 angles; returns FP32).
+
+    Only the leading ``2 * len(inv_freq)`` dimensions are rotated (all of them but for partial rotary, GLM-4.5)."""
     angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos().float().to(keys.device), emb.sin().float().to(keys.device)
-    k = keys.float()
-    return k * cos - rotate_half(k) * sin
+    return apply_rope(keys.float(), cos, -sin)
 
 
 def lowpass_kv_scores(lm: LoadedModel, edit, shift_cache: DynamicCache) -> np.ndarray:

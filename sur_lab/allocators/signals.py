@@ -5,7 +5,8 @@ Two tools, both built on ordinary model forwards with PyTorch hooks (no change t
 - :func:`attention_probe` recomputes, inside each attention module's forward, the attention probabilities of *only the
   rows being forwarded* (query tokens, or a 64-token replay chunk) against the keys then in the cache:
   ``softmax(Q_rows K_cache^T / sqrt(d_h))`` with the causal mask, ``[H_Q, T, N_k]``. The queries are recomputed from the
-  module's input (``q_proj``, the optional per-head ``q_norm`` of Qwen3, RoPE with the model's own ``cos``/``sin``) and
+  module's input (``q_proj``, the optional per-head ``q_norm`` of Qwen3 and GLM-4.5, RoPE with the model's own
+  ``cos``/``sin`` over the rotary dimensions, partial for GLM-4.5) and
   the keys are read from the cache after the module has appended its rows, so no ``N × N`` matrix is ever formed and
   the model's fused attention path (SDPA) is untouched.
 - :func:`forward_layers` runs a forward through only the first ``n`` decoder layers (a shallow prefill or query
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from sur_lab.cache_ops import layer_kv, rotate_half
+from sur_lab.cache_ops import apply_rope, layer_kv
 from sur_lab.forward import forward_tokens
 from sur_lab.models import LoadedModel
 
@@ -75,10 +76,11 @@ def _row_queries(attn: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor,
     """Post-RoPE queries ``[1, H_Q, T, d_h]`` of the forwarded rows, as the attention module computes them."""
     head_dim = attn.head_dim
     q = attn.q_proj(hidden).view(*hidden.shape[:-1], -1, head_dim)
-    if hasattr(attn, "q_norm"):  # Qwen3 normalizes each query head before RoPE
+    if hasattr(attn, "q_norm"):  # Qwen3 (and GLM-4.5 with use_qk_norm) normalize each query head before RoPE
         q = attn.q_norm(q)
     q = q.transpose(1, 2)
-    return q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+    # cos/sin span the rotary dimensions only: the whole head, or GLM-4.5's leading partial-rotary dimensions.
+    return apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1))
 
 
 def row_attention(q: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:

@@ -45,13 +45,14 @@ Controls (appendix 13.3), both registered executors:
   selected tokens, appended to a gathered cache of the unselected rows ``[0, u_B] \\ U`` with a custom 4-D mask; the
   new rows are scattered back into the output clone. It pays a gather and an append copy (its cache-assembly cost).
 
-Scope (as in the paper): dense Llama/Mistral/Qwen2/Qwen3 layers of transformers in evaluation mode, full attention,
-fixed RoPE, batch size one, one device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before
-any work.
+Scope (as in the paper): Llama/Mistral/Qwen2/Qwen3 layers and their mixture-of-experts relatives (Qwen2-MoE,
+Qwen3-MoE, Mixtral, GLM-4.5) of transformers in evaluation mode, full attention, fixed RoPE, batch size one, one
+device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before any work.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +79,7 @@ from sur_lab.cache_ops import (
 from sur_lab.edits import EditedContext
 from sur_lab.executors import check_support, register_executor
 from sur_lab.models import (
+    SUPPORTED_MODEL_TYPES,
     LoadedModel,
     UnsupportedModelError,
     check_supported,
@@ -85,8 +87,10 @@ from sur_lab.models import (
 )
 
 #: Decoder families whose native layers the packed executor drives (appendix 13.2 names Llama and Qwen3; Mistral
-#: and Qwen2 share the Llama layer, Qwen2 with its sliding window disabled).
-PACKED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: and Qwen2 share the Llama layer, Qwen2 with its sliding window disabled). The MoE families' MLPs route each packed
+#: row on its own (top-k per token, no capacity limit: :data:`sur_lab.models.MOE_MODEL_TYPES`), and GLM-4.5's partial
+#: rotary is applied by its own attention module at the positions U, so packed traversal stays exact for them too.
+PACKED_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 #: Attention backends of the packed executor, by name.
 PACKED_BACKENDS = ("sdpa", "flex", "triton")
 #: Name under which the packed attention function is registered in transformers' ``AttentionInterface``.
@@ -128,7 +132,7 @@ def check_packed_model(lm: LoadedModel) -> None:
     """Refuse a model whose layers the packed executor does not drive, before any work.
 
     Covered: ``lm.spec.model_type`` in :data:`PACKED_MODEL_TYPES`, the configuration accepted by
-    :func:`sur_lab.models.check_supported` (full attention in every layer, exact RoPE over the whole head, no MoE),
+    :func:`sur_lab.models.check_supported` (full attention in every layer, exact RoPE, token-local MoE),
     transformers' own decoder-layer and attention classes for that family with their class ``forward`` (no subclass,
     no instance-level patch), evaluation mode, parameters on a single device.
 
@@ -144,7 +148,7 @@ def check_packed_model(lm: LoadedModel) -> None:
     config = lm.model.config
     if getattr(config, "model_type", model_type) != model_type:
         raise UnsupportedModelError(f"config.model_type={config.model_type!r} differs from spec {model_type!r}")
-    check_supported(config)  # full attention everywhere, exact RoPE, no MoE (re-checked: configs are mutable)
+    check_supported(config)  # full attention everywhere, exact RoPE, token-local MoE (re-checked: configs are mutable)
     if lm.model.training:
         raise UnsupportedModelError("model.training=True: the packed executor runs models in evaluation mode only")
     inner = getattr(lm.model, "model", None)
@@ -774,6 +778,10 @@ def refresh_one_shot(
     if implementation == "eager":
         # eager attention adds the mask to the scores, so it must be additive (0 / dtype minimum).
         mask = torch.zeros(mask.shape, dtype=lm.dtype, device=device).masked_fill(~mask, torch.finfo(lm.dtype).min)
+    # MoE heads compute a load-balancing loss when config.output_router_logits is set, and that loss reads the mask as
+    # a 2-D padding mask: it fails on our 4-D one. It is a training quantity; switch it off for this forward.
+    takes_flag = "output_router_logits" in inspect.signature(lm.model.forward).parameters
+    extra = {"output_router_logits": False} if takes_flag else {}
     lm.model(
         input_ids=edit.edited_ids.to(device)[absolute][None],
         position_ids=absolute[None],
@@ -781,6 +789,7 @@ def refresh_one_shot(
         cache=work,
         use_cache=True,
         logits_to_keep=1,
+        **extra,
     )
     for layer, (k, v) in enumerate(to_tensors(work)):
         scatter_rows_(out, layer, absolute, k[:, :, -b:], v[:, :, -b:])
