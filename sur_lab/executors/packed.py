@@ -33,7 +33,11 @@ the duration of the traversal, nothing else:
                 the kernels were imported; otherwise the kernel module falls back to its PyTorch SDPA reference.
                 ``fused_scatter=True`` also writes K/V with the kernel module's indexed scatter.
 
-The input Shift cache is never modified; exactly one complete output clone is made. In real arithmetic the
+The input Shift cache is never modified; exactly one complete output clone is made. The in-place forms
+(``inplace=True``, registered as ``"<name>-inplace"``: ``"packed-inplace"``, ``"packed-sdpa-inplace"``, ...) are for a
+Shift cache the caller gives up: the fresh K/V are written at U into that cache itself, no output clone is made, every
+other row keeps its bits, and the result is bitwise that of the cloning path (the same arithmetic on the same
+values); the input is consumed and returned. In real arithmetic the
 layer-major schedule equals the interval-wise reference (``"sequential"`` in :mod:`sur_lab.executors`); in float64 the
 two agree to ~1e-15, in low precision they differ by reduction order (appendix 13.5).
 
@@ -76,7 +80,7 @@ from sur_lab.cache_ops import (
     to_tensors,
 )
 from sur_lab.edits import EditedContext
-from sur_lab.executors import check_support, register_executor
+from sur_lab.executors import INPLACE_SUFFIX, check_support, register_executor
 from sur_lab.models import (
     LoadedModel,
     UnsupportedModelError,
@@ -636,6 +640,7 @@ def refresh_packed(
     fused_scatter: bool = False,
     flex_compile: bool = True,
     sdpa_split: bool = False,
+    inplace: bool = False,
 ) -> DynamicCache:
     """Packed refresh: recompute the selected suffix positions in one layer-major traversal (appendix 13.2).
 
@@ -652,11 +657,14 @@ def refresh_packed(
             segments attended only by the rows that can see them, so attention work follows M(U) (appendix 13.2)
             rather than ``B * (u_B + 1)``; see :func:`split_segments` and the module docstring. Equal to the single
             masked call up to the reduction order of the log-sum-exp merge.
+        inplace: write into ``shift`` itself, with no output clone: the input is consumed (its rows at U are
+            overwritten; every other row keeps its bits) and returned. Bitwise equal to ``inplace=False``.
 
     Returns:
-        A new cache of ``p + S`` rows: rows at ``p + positions`` recomputed with each selected position attending to
-        its full causal history (fresh K/V at selected positions, Shift K/V in the gaps); every other row bitwise
-        that of ``shift``. B = 0 returns a plain copy.
+        A new cache of ``p + S`` rows (``shift`` itself when ``inplace``): rows at ``p + positions`` recomputed with
+        each selected position attending to its full causal history (fresh K/V at selected positions, Shift K/V in
+        the gaps); every other row bitwise that of ``shift``. B = 0 returns a plain copy (``shift`` when
+        ``inplace``).
 
     Raises:
         UnsupportedModelError: see :func:`check_packed_model`.
@@ -670,7 +678,7 @@ def refresh_packed(
     check_packed_backend(lm, backend, fused_scatter=fused_scatter)
     if sdpa_split and backend != "sdpa":
         raise ValueError(f"sdpa_split=True needs backend='sdpa', got backend={backend!r}")
-    out = clone_cache(shift)  # the one output clone; everything below writes into it
+    out = shift if inplace else clone_cache(shift)  # the one output clone (none in place); written below
     if support.size == 0:
         return out
     device = lm.device
@@ -705,6 +713,8 @@ def refresh_direct_sequential(
     shift: DynamicCache,
     edit: EditedContext,
     positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+    *,
+    inplace: bool = False,
 ) -> DynamicCache:
     """Direct sequential control: one output clone refreshed in place, one traversal per interval (appendix 13.3).
 
@@ -713,13 +723,14 @@ def refresh_direct_sequential(
     earlier intervals' fresh rows are visible to later ones, as in the reference ``"sequential"`` executor, but no
     prefix copy is made and nothing is written back.
 
-    Args and Raises: as :func:`refresh_packed` (no backend).
+    Args and Raises: as :func:`refresh_packed` (no backend); ``inplace=True`` refreshes ``shift`` itself (consumed,
+    returned, no clone; bitwise equal to the cloning path).
 
     Returns:
         A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
     """
     support = _validate(lm, shift, edit, positions)
-    out = clone_cache(shift)
+    out = shift if inplace else clone_cache(shift)
     layers = to_tensors(out)
     device = lm.device
     ids = edit.edited_ids.to(device)
@@ -737,6 +748,8 @@ def refresh_one_shot(
     shift: DynamicCache,
     edit: EditedContext,
     positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+    *,
+    inplace: bool = False,
 ) -> DynamicCache:
     """One-shot sparse control: all selected tokens in one ordinary model forward with a custom 4-D mask.
 
@@ -747,6 +760,7 @@ def refresh_one_shot(
 
     Args and Raises: as :func:`refresh_packed` (no backend); additionally ``UnsupportedModelError`` when the model's
     attention implementation is neither ``"sdpa"`` nor ``"eager"`` (the mask format is chosen for these two).
+    ``inplace=True`` scatters into ``shift`` itself (consumed, returned, no clone; bitwise equal to the cloning path).
 
     Returns:
         A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
@@ -757,7 +771,7 @@ def refresh_one_shot(
         raise UnsupportedModelError(
             f"one-shot builds masks for 'sdpa' or 'eager' attention; the model uses {implementation!r}"
         )
-    out = clone_cache(shift)
+    out = shift if inplace else clone_cache(shift)
     if support.size == 0:
         return out
     device = lm.device
@@ -766,7 +780,7 @@ def refresh_one_shot(
     keep = torch.ones(kv_end, dtype=torch.bool, device=device)
     keep[absolute] = False
     gathered_rows = keep.nonzero().squeeze(1)  # [kv_end - B], sorted
-    work = from_tensors([(k[:, :, gathered_rows], v[:, :, gathered_rows]) for k, v in to_tensors(shift)])
+    work = from_tensors([(k[:, :, gathered_rows], v[:, :, gathered_rows]) for k, v in to_tensors(out)])
     b = absolute.numel()
     visible_old = gathered_rows[None, :] < absolute[:, None]  # [B, kv_end - B]
     visible_new = torch.ones(b, b, dtype=torch.bool, device=device).tril()  # new row r' visible iff r' <= r
@@ -787,13 +801,19 @@ def refresh_one_shot(
     return out
 
 
-def _register(name: str, **options: Any) -> None:
-    def executor(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support) -> DynamicCache:
-        return refresh_packed(lm, shift, edit, support, **options)
+def _register(name: str, fn: Callable[..., DynamicCache] = None, **options: Any) -> None:
+    """Register ``name`` (input kept) and ``name + "-inplace"`` (input consumed) for ``fn`` with ``options``."""
+    fn = fn or refresh_packed
+    for suffix, inplace in (("", False), (INPLACE_SUFFIX, True)):
 
-    executor.__name__ = f"refresh_{name.replace('-', '_')}"
-    executor.__doc__ = f"Registered executor {name!r}: :func:`refresh_packed` with {options}."
-    register_executor(name)(executor)
+        def executor(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support, inplace=inplace):
+            return fn(lm, shift, edit, support, inplace=inplace, **options)
+
+        full = name + suffix
+        executor.__name__ = f"refresh_{full.replace('-', '_')}"
+        consumed = " in place (consumes the input cache)" if inplace else ""
+        executor.__doc__ = f"Registered executor {full!r}: :func:`{fn.__name__}` with {options}{consumed}."
+        register_executor(full)(executor)
 
 
 _register("packed", backend="sdpa", sdpa_split=True)  # the default: key split on a CPU, one masked call elsewhere
@@ -803,5 +823,5 @@ _register("packed-flex", backend="flex")
 _register("packed-flex-eager", backend="flex", flex_compile=False)
 _register("packed-triton", backend="triton")
 _register("packed-triton-fused", backend="triton", fused_scatter=True)
-register_executor("direct-sequential")(refresh_direct_sequential)
-register_executor("one-shot")(refresh_one_shot)
+_register("direct-sequential", refresh_direct_sequential)
+_register("one-shot", refresh_one_shot)
