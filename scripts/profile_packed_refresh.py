@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmups", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--rows", type=int, default=20, help="operator rows printed")
+    parser.add_argument("--shapes", action="store_true", help="record input shapes and group the table by them")
     args = parser.parse_args(argv)
 
     from torch.profiler import ProfilerActivity, profile
@@ -43,11 +44,12 @@ def main(argv=None) -> int:
     for _ in range(args.warmups):
         fn(lm, clone_cache(ctx.shift) if consumes else ctx.shift, ctx.edit, support)
     cache = clone_cache(ctx.shift) if consumes else ctx.shift
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
         fn(lm, cache, ctx.edit, support)
     print(f"{args.executor}, N={args.context_length}, B={args.num_selected}, R={args.intervals}, "
           f"threads {torch.get_num_threads()}")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    averages = prof.key_averages(group_by_input_shape=args.shapes)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
     return 0
 
 
