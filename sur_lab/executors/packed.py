@@ -414,14 +414,17 @@ def _split_sdpa(
     out = lse = None
     for row, k0, k1, mask in segments:
         o, l = flash(folded[:, :, row * group :], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scale)
-        o, l = o.to(acc), l.to(acc)
+        if o.dtype != acc:  # CPU flash returns the query dtype and an FP32 log-sum-exp; cast only what differs
+            o = o.to(acc)
+        if l.dtype != acc:
+            l = l.to(acc)
         if out is None:  # the first segment starts at row 0 and initialises every row
             out, lse = o, l
             continue
         tail = slice(row * group, None)
         merged = torch.logaddexp(lse[:, :, tail], l)
         keep, add = (lse[:, :, tail] - merged).exp_(), (l - merged).exp_()
-        out[:, :, tail] = out[:, :, tail] * keep[..., None] + o * add[..., None]
+        out[:, :, tail].mul_(keep[..., None]).add_(o.mul_(add[..., None]))  # in place: same roundings, no temps
         lse[:, :, tail] = merged
     return out.to(query.dtype).reshape(1, num_kv, rows, group, dim).transpose(2, 3).reshape(1, num_heads, rows, dim)
 
@@ -545,9 +548,7 @@ def _make_attention(
             if len(segments) > 1:  # one segment is exactly the single masked call below
                 return _PackedAttention("sdpa", segments=_segment_masks(positions, segments, dtype, num_kv_groups))
         # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
-        allowed = packed_causal_mask(positions, kv_len)
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
-        return _PackedAttention("sdpa", mask=additive)
+        return _PackedAttention("sdpa", mask=_additive_mask(positions, 0, kv_len, dtype)[None, None])
     if backend == "flex":
         block_mask = flex_block_mask(positions, kv_len)
         return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
@@ -564,10 +565,18 @@ def _segment_masks(
         if int(rows[0]) >= k1 - 1:  # every row sees the whole segment
             out.append((row, k0, k1, None))
             continue
-        allowed = torch.arange(k0, k1, device=positions.device)[None, :] <= rows[:, None]
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
+        additive = _additive_mask(rows, k0, k1, dtype)
         out.append((row, k0, k1, additive.repeat_interleave(group, dim=0)[None, None]))
     return tuple(out)
+
+
+def _additive_mask(positions: torch.Tensor, k0: int, k1: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, k1 - k0]`` additive mask of keys ``k0..k1-1``: 0 where ``j <= u_r``, -inf elsewhere (Eq. 22).
+
+    One comparison and one in-place fill (no boolean negation, no second buffer).
+    """
+    hidden = torch.arange(k0, k1, device=positions.device)[None, :] > positions[:, None]
+    return torch.zeros(hidden.shape, dtype=dtype, device=positions.device).masked_fill_(hidden, -math.inf)
 
 
 def _run_layers_(
@@ -603,8 +612,8 @@ def _run_layers_(
 
 def _index_copy_writer(positions: torch.Tensor) -> Callable[..., None]:
     def write(k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
-        k.index_copy_(2, positions, k_new.to(k.dtype))
-        v.index_copy_(2, positions, v_new.to(v.dtype))
+        k.index_copy_(2, positions, k_new if k_new.dtype == k.dtype else k_new.to(k.dtype))
+        v.index_copy_(2, positions, v_new if v_new.dtype == v.dtype else v_new.to(v.dtype))
 
     return write
 
