@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Packed-refresh benchmark (section 4.4, appendix 13.3): the Table 18 analogue, packed vs Replay, and the targets.
 
-Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.studies.bench``). Defaults follow the issue: the embedded
-model, N in {2048, 8192}, B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot, packed-sdpa,
-packed-flex (packed-triton added and timed on CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then
-packed-sdpa and packed-sdpa-split against Replay for budgets 1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens
-of seconds on 2 CPU cores).
+Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.studies.bench``). Defaults follow the issues: the
+embedded model, N in {2048, 8192}, B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot,
+packed-sdpa, packed-sdpa-split, packed-flex, the in-place forms packed-inplace and direct-sequential-inplace (a fresh
+copy of the Shift cache per call, untimed) and the arithmetic floor append-forward (packed-triton added and timed on
+CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then packed executors against Replay for budgets
+1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens of seconds on 2 CPU cores); then
+serial vs overlapped recovery (appendix 13.3) on a 2,412-token natural-text edit; then the targets of issue 17.
 
-    .venv/bin/python scripts/bench_packed_refresh.py                      # full default grid (about 20 min, 2 cores)
+    .venv/bin/python scripts/bench_packed_refresh.py --threads 1         # full default grid (about 30 min, 2 cores)
     .venv/bin/python scripts/bench_packed_refresh.py --context-lengths 1024 --warmups 1 --repeats 3 --budgets 5
 
 Wall times come from time.perf_counter (CUDA synchronized). Run on a quiet machine: timings are medians, not bounds.
@@ -35,8 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--executors",
         nargs="+",
         default=["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-sdpa-split", "packed-flex",
-                 "packed-triton"],
-        help="registered executor names (packed-triton* are skipped off CUDA)",
+                 "packed-triton", "packed-inplace", "direct-sequential-inplace", "append-forward"],
+        help="registered executor names (packed-triton* are skipped off CUDA; *-inplace get an untimed fresh copy "
+             "per call; append-forward is the plain-forward floor)",
     )
     parser.add_argument("--warmups", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=20)
@@ -44,10 +47,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="Replay sweep budgets, %% (none: skip the sweep)")
     parser.add_argument("--replay-context-length", type=int, default=8192, help="N of the Replay sweep")
     parser.add_argument("--sweep-intervals", type=int, default=16, help="R of the sweep's supports")
-    parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa", "packed-sdpa-split"],
+    parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa", "packed-sdpa-split", "packed-inplace"],
                         help="packed executors timed beside Replay")
     parser.add_argument("--replay-warmups", type=int, default=1)
     parser.add_argument("--replay-repeats", type=int, default=5)
+    parser.add_argument("--overlap-context-length", type=int, default=2412,
+                        help="tokens of the natural-text edit of the overlap comparison (0: skip it)")
+    parser.add_argument("--overlap-budget", type=float, default=5.0, help="b of the overlap comparison, %%")
+    parser.add_argument("--overlap-executor", default="packed", help="executor of the overlap comparison (in place)")
+    parser.add_argument("--overlap-warmups", type=int, default=10)
+    parser.add_argument("--overlap-repeats", type=int, default=20)
+    parser.add_argument("--target-executor", default="packed-inplace",
+                        help="the packed executor whose ratios the targets are about")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--save", action="store_true", help="also write the tables to outputs/tables")
@@ -117,15 +128,34 @@ def main(argv=None) -> int:
               f"{args.replay_warmups} warm-up(s) + {args.replay_repeats} repetitions:")
         print(replay.to_string(index=False, float_format="{:.3f}".format))
 
+    overlap = None
+    if args.overlap_context_length:
+        edit = bench.text_edit(lm, args.overlap_context_length, seed=args.seed)
+        _, overlap = bench.overlap_recovery(
+            lm, edit, budget_pct=args.overlap_budget, executor=args.overlap_executor,
+            warmups=args.overlap_warmups, repeats=args.overlap_repeats, seed=args.seed,
+            progress=lambda it: tqdm(it, desc="overlap rounds", leave=False),
+        )
+        print(f"\nRecovery from Dirty (Shift + SUR + in-place {args.overlap_executor}), serial vs overlapped "
+              f"(appendix 13.3), natural text N={edit.edited_len}, b={args.overlap_budget:g} %, "
+              f"{args.overlap_warmups} warm-ups + {args.overlap_repeats} interleaved repetitions, median ms:")
+        print(overlap.to_string(index=False, float_format="{:.2f}".format))
+
     context_len = max(args.context_lengths)
     ratios = pd.concat(
-        [bench.target_ratios(medians, replay, context_len=context_len, packed=p).assign(packed=p)
+        [bench.target_ratios(medians, replay, context_len=context_len, packed=p, overlap=overlap).assign(packed=p)
          for p in timed if p.startswith("packed")],
         ignore_index=True,
     )
     print(f"\nTarget ratios (grid ratios at N={context_len}, the 5 % ratio at N={args.replay_context_length}; "
           "measured, not asserted):")
     print(ratios.to_string(index=False, float_format="{:.3f}".format))
+    focus = ratios[ratios.packed == args.target_executor]
+    if len(focus):
+        print(f"\nIssue 17 targets for {args.target_executor}:")
+        for row in focus.itertuples():
+            verdict = {True: "met", False: "NOT met", None: ""}[row.met]
+            print(f"  {row.ratio:32s} {row.value:8.3f}   target {row.target:9s} {verdict}")
 
     if args.save:
         from sur_lab.analysis.plotting import run_tag, save_table
@@ -134,6 +164,8 @@ def main(argv=None) -> int:
         save_table(timings, "bench_packed_timings", tag=tag)
         save_table(medians, "bench_packed_medians", tag=tag)
         save_table(ratios, "bench_packed_targets", tag=tag)
+        if overlap is not None:
+            save_table(overlap, "bench_packed_overlap", tag=tag)
         if replay is not None:
             save_table(replay, "bench_packed_replay", tag=tag)
     return 0

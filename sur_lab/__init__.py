@@ -52,6 +52,7 @@ from sur_lab.repair import (
     PreparedEdit,
     RepairResult,
     prepare,
+    recover,
     repair,
 )
 from sur_lab.units import Unit, segment_units
@@ -87,6 +88,7 @@ __all__ = [
     "get_executor",
     "load_model",
     "prepare",
+    "recover",
     "register_allocator",
     "register_executor",
     "render_chat",

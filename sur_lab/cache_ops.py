@@ -175,6 +175,49 @@ def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq
     return from_tensors(layers)
 
 
+def shift_cache_(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq: torch.Tensor) -> DynamicCache:
+    """In-place Shift of a cache the caller gives up: drop rows ``[p, p + d)`` and re-rotate the moved suffix keys.
+
+    Same result as :func:`shift_cache`, bitwise (the keys go through the same :func:`rerotate_keys` call on the same
+    rows), but no second cache is allocated: per layer, the suffix keys are re-rotated by ``-d`` into one temporary
+    and written back at ``[p, p + S)``; the suffix values are moved there through one temporary too (source and
+    destination overlap, which ``copy_`` refuses). The layers then hold views of rows ``[0, p + S)`` of the original
+    storage (the ``d`` trailing rows stay allocated and unused).
+
+    The input is consumed: ``cache`` itself is modified and returned; its old rows are gone.
+
+    Args:
+        cache: Dirty cache of ``p ⊕ e ⊕ s``, ``N = p + d + S`` rows, ``[1, H_kv, N, d_h]`` per layer; consumed.
+        prefix_len: p, tokens.
+        deleted_len: d >= 1, tokens.
+        inv_freq: the model's RoPE inverse frequencies ``[d_h // 2]``.
+
+    Returns:
+        ``cache`` (the same object) holding ``p + S`` rows.
+
+    Raises:
+        ValueError: as :func:`shift_cache`, before anything is modified.
+
+    Source: appendix 7.1 (Shift, Eq. 2); issue 17 (in-place form for owned caches).
+    """
+    n = cache_length(cache)
+    if prefix_len < 0 or deleted_len < 1 or prefix_len + deleted_len > n:
+        raise ValueError(
+            f"need 0 <= prefix_len ({prefix_len}) and 1 <= deleted_len ({deleted_len}) with "
+            f"prefix_len + deleted_len <= cache length {n}"
+        )
+    end = prefix_len + deleted_len
+    kept = n - deleted_len
+    for entry in cache.layers:
+        k, v = entry.keys, entry.values
+        moved = rerotate_keys(k[:, :, end:], -deleted_len, inv_freq)  # the key temporary (rotation output)
+        k[:, :, prefix_len:kept].copy_(moved)
+        del moved
+        v[:, :, prefix_len:kept].copy_(v[:, :, end:].clone())
+        entry.keys, entry.values = k[:, :, :kept], v[:, :, :kept]
+    return cache
+
+
 def write_rows_(cache: DynamicCache, start: int, rows: Sequence[KV]) -> None:
     """In place: overwrite rows ``[start, start + L)`` of every layer with ``rows[layer] = (K, V)`` ``[1,H_kv,L,d_h]``.
 

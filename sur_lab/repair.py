@@ -2,12 +2,20 @@
 
 ``prepare`` computes, once per edit, what every method shares: the Dirty cache (original prefill) and the Shift cache
 (with its time). ``repair`` then runs one method at one budget and returns the repaired pre-query cache with a timing
-breakdown (Eq. 20: select, shift, refresh). The prepared caches are never modified.
+breakdown (Eq. 20: select, shift, refresh). The prepared caches are never modified, unless ``repair(...,
+inplace=True)`` is asked to consume them (a cache the caller gives up: no output clone).
+
+``recover`` is the post-edit critical path from a Dirty cache in one call (appendix 13.1 "recovery", 13.3): Shift,
+selection and refresh, serially or with the preparation overlap of appendix 13.3 (``overlap=True``): unit
+construction and allocation run on a reusable worker thread while Shift runs on the calling thread. Both orders give
+bitwise the same support, Shift cache, output cache and query logits (tested).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,12 +26,30 @@ from sur_lab.budget import Support, allowance, check_budget
 from sur_lab.cache_ops import clone_cache
 from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
-from sur_lab.executors import dirty, get_executor, replay, reprefill, shift
+from sur_lab.executors import dirty, get_executor, replay, reprefill, shift, shift_inplace
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
 
 #: Methods that are not allocators (appendix 7.1).
 REFERENCE_METHODS = ("Dirty", "Shift", "Replay", "Re-prefill")
+#: Allocators whose signals do not read the Shift cache, so their unit construction and allocation can overlap Shift
+#: (``overlap=True``; appendix 13.3). The adapted prior-work signals that read it are not among them.
+OVERLAP_METHODS = ("SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)", "Random semantic units")
+
+_WORKER: ThreadPoolExecutor | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def preparation_worker() -> ThreadPoolExecutor:
+    """The reusable one-thread worker of the preparation overlap (appendix 13.3), created on first use.
+
+    Its creation is not part of any timing (as in the paper); call this once before timing to exclude it.
+    """
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None:
+            _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sur_lab-preparation")
+        return _WORKER
 
 
 def _ms(t0: float) -> float:
@@ -56,10 +82,17 @@ class PreparedEdit:
         return self.units
 
 
-def prepare(lm: LoadedModel, edit: EditedContext) -> PreparedEdit:
+def prepare(lm: LoadedModel, edit: EditedContext, *, overlap: bool = False) -> PreparedEdit:
     """Prefill the original context (Dirty) and Shift it; both are timed separately.
 
     Warns when the context exceeds the model's ``max_position_embeddings`` (see :func:`sur_lab.forward.prefill`).
+
+    Args:
+        lm: the model.
+        edit: the edit.
+        overlap: also build the suffix's semantic units (``prepared.units``) on the reusable worker thread
+            (:func:`preparation_worker`) while the prefill and Shift run (appendix 13.3). Off by default (units are
+            then built on first use). The units are the same either way.
 
     Raises:
         ValueError: naming ``original_ids``, ``query_ids`` or ``question_ids`` when an id lies outside the model's
@@ -70,12 +103,15 @@ def prepare(lm: LoadedModel, edit: EditedContext) -> PreparedEdit:
     check_vocab(edit.query_ids, vocab, "query_ids")
     if edit.question_ids is not None:
         check_vocab(edit.question_ids, vocab, "question_ids")
+    pending = preparation_worker().submit(segment_units, edit) if overlap else None
     t0 = time.perf_counter()
     dirty_cache = dirty(lm, edit)
     dirty_ms = _ms(t0)
     t0 = time.perf_counter()
     shift_cache = shift(lm, dirty_cache, edit)
-    return PreparedEdit(edit, dirty_cache, shift_cache, dirty_ms, _ms(t0))
+    shift_ms = _ms(t0)
+    units = pending.result() if pending is not None else None
+    return PreparedEdit(edit, dirty_cache, shift_cache, dirty_ms, shift_ms, units)
 
 
 @dataclass(frozen=True)
@@ -89,6 +125,8 @@ class RepairResult:
         selection: the allocator's selection (``None`` for reference methods and for B = 0 / B = S endpoints).
         timings_ms: ``select``, ``shift``, ``refresh`` (ms); Re-prefill's rebuild is its ``refresh``.
         allowance: B, positions refreshed (S for Replay and Re-prefill, 0 for Shift and Dirty).
+        shift_cache: the Shift cache this repair started from, set by :func:`recover` only when it is not the output
+            (``inplace=False``); ``None`` otherwise.
     """
 
     cache: DynamicCache
@@ -97,6 +135,7 @@ class RepairResult:
     selection: Selection | None
     timings_ms: dict[str, float] = field(default_factory=dict)
     allowance: int = 0
+    shift_cache: DynamicCache | None = field(default=None, repr=False, compare=False)
 
     @property
     def support(self) -> Support | None:
@@ -112,12 +151,13 @@ def repair(
     executor: str = "sequential",
     seed: int = 0,
     options: dict | None = None,
+    inplace: bool = False,
 ) -> RepairResult:
     """Repair ``prepared.edit`` with ``method`` at budget ``budget_pct`` (Algorithm 1).
 
     Args:
         lm: the model.
-        prepared: output of :func:`prepare` (its caches are not modified).
+        prepared: output of :func:`prepare` (its caches are not modified unless ``inplace``).
         method: ``"Dirty"``, ``"Shift"``, ``"Replay"``, ``"Re-prefill"`` or a registered allocator name (``"SUR"``).
         budget_pct: b in [0, 100] (ignored by reference methods). B = 0 returns Shift; B = S returns Replay.
         executor: registered executor name for sparse refresh (``"sequential"`` reference); checked for every
@@ -125,12 +165,20 @@ def repair(
         seed: case-fixed seed passed to randomized allocators.
         options: allocator-specific options. ``"dirty_cache"`` defaults to ``prepared.dirty_cache`` (Cache-Craft-Adapted
             reads the deleted span's keys from it instead of re-running the span).
+        inplace: the caller gives up the prepared cache the method starts from, which is consumed: the refresh
+            writes into ``prepared.shift_cache`` itself through the executor's in-place form
+            (``get_executor(executor, inplace=True)``), with no output clone; Dirty, Shift and B = 0 return the
+            prepared cache itself instead of a clone. The consumed attribute of ``prepared`` is set to ``None``
+            (a later repair that needs it raises). Results are bitwise those of ``inplace=False``. Replay and
+            Re-prefill consume nothing.
 
     Returns:
         RepairResult with a timing breakdown in ms.
 
     Raises:
-        ValueError: for a budget outside [0, 100], an unknown method or executor — before any model call.
+        ValueError: for a budget outside [0, 100], an unknown method or executor, an executor without an in-place
+            form (``inplace=True``), or a prepared cache already consumed by an in-place repair — before any model
+            call.
     """
     edit = prepared.edit
     # Looked up first so that every method, the reference ones included, refuses an unknown executor name.
@@ -139,12 +187,15 @@ def repair(
         nan = float("nan")
         t0 = time.perf_counter()
         if method == "Dirty":
-            return RepairResult(clone_cache(prepared.dirty_cache), method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": 0.0}, 0)
+            cache = _take(prepared, "dirty_cache", inplace)
+            return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": 0.0}, 0)
         if method == "Shift":
             return RepairResult(
-                clone_cache(prepared.shift_cache), method, nan, None,
+                _take(prepared, "shift_cache", inplace), method, nan, None,
                 {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
             )
+        if method == "Replay":
+            _owned(prepared, "dirty_cache")
         if method == "Replay":
             cache = replay(lm, prepared.dirty_cache, edit)
             return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, edit.suffix_len)
@@ -157,18 +208,21 @@ def repair(
             f"unknown method={method!r}; allowed: {', '.join(REFERENCE_METHODS)} or an allocator "
             f"({', '.join(sorted(ALLOCATORS))})"
         )
+    run = get_executor(executor, inplace=inplace)
     S = edit.suffix_len
     B = allowance(S, budget_pct)
     if B == S and S > 0:
+        _owned(prepared, "dirty_cache")
         # Algorithm 1, step 2: a full budget is Replay from the valid prefix (no Shift needed).
         t0 = time.perf_counter()
         cache = replay(lm, prepared.dirty_cache, edit)
         sel = Selection(Support.full(S))
         return RepairResult(cache, method, budget_pct, sel, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, S)
+    _owned(prepared, "shift_cache")
     if B == 0:
         sel = Selection(Support(np.zeros(0, dtype=np.int64), S))
         return RepairResult(
-            clone_cache(prepared.shift_cache), method, budget_pct, sel,
+            _take(prepared, "shift_cache", inplace), method, budget_pct, sel,
             {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
         )
     # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
@@ -185,4 +239,117 @@ def repair(
     t0 = time.perf_counter()
     cache = run(lm, prepared.shift_cache, edit, selection.support)
     timings = {"select": selection.select_ms, "shift": prepared.shift_ms, "refresh": _ms(t0)}
+    if inplace:
+        prepared.shift_cache = None  # consumed: it is now the output
     return RepairResult(cache, method, budget_pct, selection, timings, B)
+
+
+def _owned(prepared: PreparedEdit, name: str) -> DynamicCache:
+    cache = getattr(prepared, name)
+    if cache is None:
+        raise ValueError(f"prepared.{name} was consumed by an earlier repair(..., inplace=True); call prepare() again")
+    return cache
+
+
+def _take(prepared: PreparedEdit, name: str, inplace: bool) -> DynamicCache:
+    """The prepared cache itself (consumed: the attribute is cleared) when ``inplace``, else a clone."""
+    cache = _owned(prepared, name)
+    if not inplace:
+        return clone_cache(cache)
+    setattr(prepared, name, None)
+    return cache
+
+
+def recover(
+    lm: LoadedModel,
+    edit: EditedContext,
+    dirty_cache: DynamicCache,
+    method: str = "SUR",
+    budget_pct: float = 5.0,
+    *,
+    executor: str = "packed",
+    overlap: bool = False,
+    inplace: bool = False,
+    seed: int = 0,
+    options: dict | None = None,
+) -> RepairResult:
+    """Post-edit recovery from the Dirty cache in one call: Shift, selection and refresh (appendix 13.1, 13.3).
+
+    Serial (``overlap=False``): Shift, then the allocator (relevance scoring, unit construction, allocation), then
+    the executor. Overlapped (``overlap=True``, appendix 13.3 "Preparation overlap"): unit construction and the
+    allocation (with its relevance scoring) run on the reusable worker thread (:func:`preparation_worker`) while
+    Shift runs on the calling thread; the refresh starts when both are done. Both give bitwise the same support,
+    Shift cache, output cache and query logits: the same functions run on the same inputs, only their order in time
+    differs (the allocators of :data:`OVERLAP_METHODS` do not read the Shift cache).
+
+    Args:
+        lm: the model.
+        edit: the edit.
+        dirty_cache: prefill of ``p ⊕ e ⊕ s`` (N rows); not modified unless ``inplace``.
+        method: a registered allocator name; with ``overlap=True`` one of :data:`OVERLAP_METHODS`.
+        budget_pct: b in [0, 100]. B = 0 returns Shift; B = S returns Replay from the valid prefix.
+        executor: registered executor name (default ``"packed"``).
+        overlap: run unit construction and allocation concurrently with Shift (off by default).
+        inplace: consume ``dirty_cache``: Shift in place (:func:`sur_lab.executors.shift_inplace`, one compaction
+            copy per layer) and refresh in place (the executor's in-place form): no cache is allocated. The result's
+            cache is ``dirty_cache`` itself. Bitwise equal to ``inplace=False``.
+        seed: case-fixed seed for randomized allocators.
+        options: allocator-specific options.
+
+    Returns:
+        RepairResult with ``timings_ms`` ``select`` (allocator wall time, ms; on the worker when overlapped),
+        ``shift``, ``refresh`` and ``recovery`` (the wall time of the whole call, its critical path, ms), and
+        ``shift_cache`` (the Shift cache; ``None`` when ``inplace``, where it became the output).
+
+    Raises:
+        ValueError: naming ``budget_pct`` (outside [0, 100]), ``method`` (not an allocator, or not in
+            :data:`OVERLAP_METHODS` with ``overlap=True``), ``executor`` (unknown, or without an in-place form when
+            ``inplace``), or ``dirty_cache`` (not the edit's N rows) — before any work.
+    """
+    from sur_lab.cache_ops import cache_length
+
+    budget_pct = check_budget(budget_pct)
+    if method not in ALLOCATORS:
+        raise ValueError(f"unknown method={method!r}; recover takes an allocator ({', '.join(sorted(ALLOCATORS))})")
+    if overlap and method not in OVERLAP_METHODS:
+        raise ValueError(
+            f"overlap=True needs an allocator that does not read the Shift cache ({', '.join(OVERLAP_METHODS)}); "
+            f"got method={method!r}"
+        )
+    run = get_executor(executor, inplace=inplace)
+    if cache_length(dirty_cache) != edit.num_tokens:
+        raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the edit's context has {edit.num_tokens}")
+    S = edit.suffix_len
+    B = allowance(S, budget_pct)
+    do_shift = shift_inplace if inplace else shift
+    worker = preparation_worker() if overlap else None  # created outside the timed region
+    t_start = time.perf_counter()
+    if B == S and S > 0:  # Algorithm 1, step 2: Replay from the valid prefix, no Shift
+        cache = replay(lm, dirty_cache, edit)
+        ms = _ms(t_start)
+        timings = {"select": 0.0, "shift": 0.0, "refresh": ms, "recovery": ms}
+        return RepairResult(cache, method, budget_pct, Selection(Support.full(S)), timings, S)
+    request = AllocationRequest(lm, edit, budget_pct, shift_cache=None, seed=seed, options=dict(options or {}))
+
+    def select() -> Selection:
+        if B == 0:
+            return Selection(Support(np.zeros(0, dtype=np.int64), S))
+        return allocate(method, request)  # unit construction, relevance scoring and allocation (timed together)
+
+    if overlap:
+        pending = worker.submit(select)
+        t0 = time.perf_counter()
+        shift_cache = do_shift(lm, dirty_cache, edit)
+        shift_ms = _ms(t0)
+        selection = pending.result()
+    else:
+        t0 = time.perf_counter()
+        shift_cache = do_shift(lm, dirty_cache, edit)
+        shift_ms = _ms(t0)
+        request.shift_cache = shift_cache
+        selection = select()
+    t0 = time.perf_counter()
+    cache = run(lm, shift_cache, edit, selection.support) if B else shift_cache
+    refresh_ms = _ms(t0)
+    timings = {"select": selection.select_ms, "shift": shift_ms, "refresh": refresh_ms, "recovery": _ms(t_start)}
+    return RepairResult(cache, method, budget_pct, selection, timings, B, None if inplace else shift_cache)

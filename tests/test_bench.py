@@ -22,7 +22,7 @@ from conftest import make_tiny_model  # noqa: E402
 from sur_lab import load_model  # noqa: E402,F401
 from sur_lab.studies import bench, validation  # noqa: E402
 from sur_lab.budget import Support  # noqa: E402
-from sur_lab.cache_ops import clone_cache  # noqa: E402
+from sur_lab.cache_ops import caches_equal, clone_cache  # noqa: E402
 from sur_lab.executors import dirty, shift  # noqa: E402
 from sur_lab.executors.packed import causal_pair_count  # noqa: E402
 
@@ -74,8 +74,19 @@ def test_time_interleaved_calls_every_task_once_per_round():
         bench.time_interleaved(tasks, warmups=0, repeats=0)
 
 
+def test_time_interleaved_setup_runs_before_each_call():
+    made, seen = [], []
+
+    def setup():
+        made.append(len(made))
+        return made[-1]
+
+    df = bench.time_interleaved({("a",): (setup, seen.append)}, warmups=1, repeats=3)
+    assert seen == made == [0, 1, 2, 3] and len(df) == 3
+
+
 def test_ratio_tables_from_hand_made_medians():
-    rows = []
+    rows = [{"context_len": 8192, "num_intervals": 1, "executor": bench.APPEND_FORWARD, "ms": 7.0}]
     for r, seq, pk in ((1, 10.0, 8.0), (16, 160.0, 10.0)):
         rows += [{"context_len": 8192, "num_intervals": r, "executor": "sequential", "ms": seq},
                  {"context_len": 8192, "num_intervals": r, "executor": "packed-sdpa", "ms": pk}]
@@ -93,12 +104,15 @@ def test_ratio_tables_from_hand_made_medians():
     assert packed_row.fraction_of_replay == pytest.approx(0.1)
     assert packed_row.token_fraction == pytest.approx(409 / 8176)
     assert packed_row.pair_bound == pytest.approx(2 * 409 / 8176)
-    targets = bench.target_ratios(medians, replay).set_index("ratio")
+    overlap = pd.DataFrame({"mode": ["serial", "overlap"], "median_ms": [50.0, 45.0]})
+    targets = bench.target_ratios(medians, replay, packed="packed-sdpa", overlap=overlap).set_index("ratio")
     assert targets.loc["packed_R16_over_R1", "value"] == pytest.approx(1.25)
     assert targets.loc["sequential_over_packed_R16", "value"] == pytest.approx(16.0)
+    assert targets.loc["packed_R1_over_append_forward", "value"] == pytest.approx(8.0 / 7.0)
     assert targets.loc["packed_5pct_over_replay", "value"] == pytest.approx(0.1)
-    assert targets["met"].tolist() == [True, True, True]
-    missing = bench.target_ratios(medians, None).set_index("ratio")
+    assert targets.loc["overlap_over_serial_recovery", "value"] == pytest.approx(0.9)
+    assert targets["met"].tolist() == [True, False, True, False, None]
+    missing = bench.target_ratios(medians, None, packed="packed-sdpa").set_index("ratio")
     assert np.isnan(missing.loc["packed_5pct_over_replay", "value"])
     assert missing.loc["packed_5pct_over_replay", "met"] is None
 
@@ -117,6 +131,27 @@ def test_refresh_grid_and_replay_sweep_on_a_tiny_model():
     sweep = bench.replay_sweep(lm, ctx, budgets=[5, 50], warmups=0, repeats=1, num_intervals=4)
     assert sorted(sweep["method"]) == ["Replay"] + ["packed-sdpa"] * 2 + ["packed-sdpa-split"] * 2
     assert sorted(sweep["num_selected"]) == [5, 5, 44, 44, 88]
+
+
+def test_inplace_executors_floor_and_overlap_on_a_tiny_model():
+    lm = make_tiny_model("qwen3")
+    ctx = bench.prepare_context(lm, 96, prefix_len=8)
+    before = clone_cache(ctx.shift)
+    executors = ["sequential", "packed-inplace", "direct-sequential-inplace", bench.APPEND_FORWARD]
+    timings, checks = bench.refresh_grid(lm, [ctx], num_selected=8, num_intervals=[1, 4], executors=executors,
+                                         warmups=1, repeats=2)
+    assert caches_equal(ctx.shift, before)  # in-place executors got copies
+    assert checks["unselected_identical"].all() and (checks["selected_max_abs"] <= 1e-9).all()
+    assert set(checks["executor"]) == {"sequential", "packed-inplace", "direct-sequential-inplace"}
+    floor = timings[timings.executor == bench.APPEND_FORWARD]
+    assert len(floor) == 2 and (floor["num_intervals"] == 1).all()
+    assert (floor["pairs"] == sum(range(96 - 8 + 1, 96 + 1))).all()
+    sweep = bench.replay_sweep(lm, ctx, budgets=[5], warmups=0, repeats=1, executors=["packed-inplace"])
+    assert sorted(sweep["method"]) == ["Replay", "packed-inplace"]
+    assert caches_equal(ctx.shift, before)
+    timings, summary = bench.overlap_recovery(lm, ctx.edit, budget_pct=10, warmups=1, repeats=2)
+    assert sorted(summary["mode"]) == ["overlap", "serial"] and summary["identical"].all()
+    assert len(timings) == 4 and timings[["select_ms", "shift_ms", "refresh_ms"]].notna().all().all()
 
 
 def test_validation_helpers_on_a_tiny_model():

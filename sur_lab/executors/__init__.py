@@ -1,4 +1,5 @@
-"""Executors recompute a support of the Shift cache; every executor leaves its input cache unchanged.
+"""Executors recompute a support of the Shift cache; every executor leaves its input cache unchanged, except the
+in-place forms registered as ``"<name>-inplace"``, which consume it (:mod:`~sur_lab.executors.registry`).
 
 * :mod:`~sur_lab.executors.registry`: ``fn(lm, shift_cache, edit, support) -> DynamicCache`` registered by name.
 * :mod:`~sur_lab.executors.sequential`: the interval-wise reference (appendix 7.1) and Dirty / Shift / Replay /
@@ -9,8 +10,10 @@
 
 from sur_lab.executors.registry import (
     EXECUTORS,
+    INPLACE_SUFFIX,
     Executor,
     check_support,
+    executor_consumes_input,
     get_executor,
     register_executor,
 )
@@ -20,12 +23,15 @@ from sur_lab.executors.sequential import (
     replay,
     reprefill,
     shift,
+    shift_inplace,
 )
 
 __all__ = [
     "EXECUTORS",
+    "INPLACE_SUFFIX",
     "Executor",
     "check_support",
+    "executor_consumes_input",
     "dirty",
     "get_executor",
     "refresh_sequential",
@@ -33,4 +39,5 @@ __all__ = [
     "replay",
     "reprefill",
     "shift",
+    "shift_inplace",
 ]

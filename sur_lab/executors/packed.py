@@ -33,7 +33,11 @@ the duration of the traversal, nothing else:
                 the kernels were imported; otherwise the kernel module falls back to its PyTorch SDPA reference.
                 ``fused_scatter=True`` also writes K/V with the kernel module's indexed scatter.
 
-The input Shift cache is never modified; exactly one complete output clone is made. In real arithmetic the
+The input Shift cache is never modified; exactly one complete output clone is made. The in-place forms
+(``inplace=True``, registered as ``"<name>-inplace"``: ``"packed-inplace"``, ``"packed-sdpa-inplace"``, ...) are for a
+Shift cache the caller gives up: the fresh K/V are written at U into that cache itself, no output clone is made, every
+other row keeps its bits, and the result is bitwise that of the cloning path (the same arithmetic on the same
+values); the input is consumed and returned. In real arithmetic the
 layer-major schedule equals the interval-wise reference (``"sequential"`` in :mod:`sur_lab.executors`); in float64 the
 two agree to ~1e-15, in low precision they differ by reduction order (appendix 13.5).
 
@@ -77,7 +81,7 @@ from sur_lab.cache_ops import (
     to_tensors,
 )
 from sur_lab.edits import EditedContext
-from sur_lab.executors import check_support, register_executor
+from sur_lab.executors import INPLACE_SUFFIX, check_support, register_executor
 from sur_lab.models import (
     SUPPORTED_MODEL_TYPES,
     LoadedModel,
@@ -414,14 +418,17 @@ def _split_sdpa(
     out = lse = None
     for row, k0, k1, mask in segments:
         o, l = flash(folded[:, :, row * group :], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scale)
-        o, l = o.to(acc), l.to(acc)
+        if o.dtype != acc:  # CPU flash returns the query dtype and an FP32 log-sum-exp; cast only what differs
+            o = o.to(acc)
+        if l.dtype != acc:
+            l = l.to(acc)
         if out is None:  # the first segment starts at row 0 and initialises every row
             out, lse = o, l
             continue
         tail = slice(row * group, None)
         merged = torch.logaddexp(lse[:, :, tail], l)
         keep, add = (lse[:, :, tail] - merged).exp_(), (l - merged).exp_()
-        out[:, :, tail] = out[:, :, tail] * keep[..., None] + o * add[..., None]
+        out[:, :, tail].mul_(keep[..., None]).add_(o.mul_(add[..., None]))  # in place: same roundings, no temps
         lse[:, :, tail] = merged
     return out.to(query.dtype).reshape(1, num_kv, rows, group, dim).transpose(2, 3).reshape(1, num_heads, rows, dim)
 
@@ -545,9 +552,7 @@ def _make_attention(
             if len(segments) > 1:  # one segment is exactly the single masked call below
                 return _PackedAttention("sdpa", segments=_segment_masks(positions, segments, dtype, num_kv_groups))
         # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
-        allowed = packed_causal_mask(positions, kv_len)
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
-        return _PackedAttention("sdpa", mask=additive)
+        return _PackedAttention("sdpa", mask=_additive_mask(positions, 0, kv_len, dtype)[None, None])
     if backend == "flex":
         block_mask = flex_block_mask(positions, kv_len)
         return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
@@ -564,10 +569,18 @@ def _segment_masks(
         if int(rows[0]) >= k1 - 1:  # every row sees the whole segment
             out.append((row, k0, k1, None))
             continue
-        allowed = torch.arange(k0, k1, device=positions.device)[None, :] <= rows[:, None]
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill(~allowed, -math.inf)
+        additive = _additive_mask(rows, k0, k1, dtype)
         out.append((row, k0, k1, additive.repeat_interleave(group, dim=0)[None, None]))
     return tuple(out)
+
+
+def _additive_mask(positions: torch.Tensor, k0: int, k1: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, k1 - k0]`` additive mask of keys ``k0..k1-1``: 0 where ``j <= u_r``, -inf elsewhere (Eq. 22).
+
+    One comparison and one in-place fill (no boolean negation, no second buffer).
+    """
+    hidden = torch.arange(k0, k1, device=positions.device)[None, :] > positions[:, None]
+    return torch.zeros(hidden.shape, dtype=dtype, device=positions.device).masked_fill_(hidden, -math.inf)
 
 
 def _run_layers_(
@@ -603,8 +616,8 @@ def _run_layers_(
 
 def _index_copy_writer(positions: torch.Tensor) -> Callable[..., None]:
     def write(k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
-        k.index_copy_(2, positions, k_new.to(k.dtype))
-        v.index_copy_(2, positions, v_new.to(v.dtype))
+        k.index_copy_(2, positions, k_new if k_new.dtype == k.dtype else k_new.to(k.dtype))
+        v.index_copy_(2, positions, v_new if v_new.dtype == v.dtype else v_new.to(v.dtype))
 
     return write
 
@@ -640,6 +653,7 @@ def refresh_packed(
     fused_scatter: bool = False,
     flex_compile: bool = True,
     sdpa_split: bool = False,
+    inplace: bool = False,
 ) -> DynamicCache:
     """Packed refresh: recompute the selected suffix positions in one layer-major traversal (appendix 13.2).
 
@@ -656,11 +670,14 @@ def refresh_packed(
             segments attended only by the rows that can see them, so attention work follows M(U) (appendix 13.2)
             rather than ``B * (u_B + 1)``; see :func:`split_segments` and the module docstring. Equal to the single
             masked call up to the reduction order of the log-sum-exp merge.
+        inplace: write into ``shift`` itself, with no output clone: the input is consumed (its rows at U are
+            overwritten; every other row keeps its bits) and returned. Bitwise equal to ``inplace=False``.
 
     Returns:
-        A new cache of ``p + S`` rows: rows at ``p + positions`` recomputed with each selected position attending to
-        its full causal history (fresh K/V at selected positions, Shift K/V in the gaps); every other row bitwise
-        that of ``shift``. B = 0 returns a plain copy.
+        A new cache of ``p + S`` rows (``shift`` itself when ``inplace``): rows at ``p + positions`` recomputed with
+        each selected position attending to its full causal history (fresh K/V at selected positions, Shift K/V in
+        the gaps); every other row bitwise that of ``shift``. B = 0 returns a plain copy (``shift`` when
+        ``inplace``).
 
     Raises:
         UnsupportedModelError: see :func:`check_packed_model`.
@@ -674,7 +691,7 @@ def refresh_packed(
     check_packed_backend(lm, backend, fused_scatter=fused_scatter)
     if sdpa_split and backend != "sdpa":
         raise ValueError(f"sdpa_split=True needs backend='sdpa', got backend={backend!r}")
-    out = clone_cache(shift)  # the one output clone; everything below writes into it
+    out = shift if inplace else clone_cache(shift)  # the one output clone (none in place); written below
     if support.size == 0:
         return out
     device = lm.device
@@ -709,6 +726,8 @@ def refresh_direct_sequential(
     shift: DynamicCache,
     edit: EditedContext,
     positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+    *,
+    inplace: bool = False,
 ) -> DynamicCache:
     """Direct sequential control: one output clone refreshed in place, one traversal per interval (appendix 13.3).
 
@@ -717,13 +736,14 @@ def refresh_direct_sequential(
     earlier intervals' fresh rows are visible to later ones, as in the reference ``"sequential"`` executor, but no
     prefix copy is made and nothing is written back.
 
-    Args and Raises: as :func:`refresh_packed` (no backend).
+    Args and Raises: as :func:`refresh_packed` (no backend); ``inplace=True`` refreshes ``shift`` itself (consumed,
+    returned, no clone; bitwise equal to the cloning path).
 
     Returns:
         A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
     """
     support = _validate(lm, shift, edit, positions)
-    out = clone_cache(shift)
+    out = shift if inplace else clone_cache(shift)
     layers = to_tensors(out)
     device = lm.device
     ids = edit.edited_ids.to(device)
@@ -741,6 +761,8 @@ def refresh_one_shot(
     shift: DynamicCache,
     edit: EditedContext,
     positions: Support | np.ndarray | torch.Tensor | Sequence[int],
+    *,
+    inplace: bool = False,
 ) -> DynamicCache:
     """One-shot sparse control: all selected tokens in one ordinary model forward with a custom 4-D mask.
 
@@ -751,6 +773,7 @@ def refresh_one_shot(
 
     Args and Raises: as :func:`refresh_packed` (no backend); additionally ``UnsupportedModelError`` when the model's
     attention implementation is neither ``"sdpa"`` nor ``"eager"`` (the mask format is chosen for these two).
+    ``inplace=True`` scatters into ``shift`` itself (consumed, returned, no clone; bitwise equal to the cloning path).
 
     Returns:
         A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
@@ -761,7 +784,7 @@ def refresh_one_shot(
         raise UnsupportedModelError(
             f"one-shot builds masks for 'sdpa' or 'eager' attention; the model uses {implementation!r}"
         )
-    out = clone_cache(shift)
+    out = shift if inplace else clone_cache(shift)
     if support.size == 0:
         return out
     device = lm.device
@@ -770,7 +793,7 @@ def refresh_one_shot(
     keep = torch.ones(kv_end, dtype=torch.bool, device=device)
     keep[absolute] = False
     gathered_rows = keep.nonzero().squeeze(1)  # [kv_end - B], sorted
-    work = from_tensors([(k[:, :, gathered_rows], v[:, :, gathered_rows]) for k, v in to_tensors(shift)])
+    work = from_tensors([(k[:, :, gathered_rows], v[:, :, gathered_rows]) for k, v in to_tensors(out)])
     b = absolute.numel()
     visible_old = gathered_rows[None, :] < absolute[:, None]  # [B, kv_end - B]
     visible_new = torch.ones(b, b, dtype=torch.bool, device=device).tril()  # new row r' visible iff r' <= r
@@ -796,13 +819,19 @@ def refresh_one_shot(
     return out
 
 
-def _register(name: str, **options: Any) -> None:
-    def executor(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support) -> DynamicCache:
-        return refresh_packed(lm, shift, edit, support, **options)
+def _register(name: str, fn: Callable[..., DynamicCache] = None, **options: Any) -> None:
+    """Register ``name`` (input kept) and ``name + "-inplace"`` (input consumed) for ``fn`` with ``options``."""
+    fn = fn or refresh_packed
+    for suffix, inplace in (("", False), (INPLACE_SUFFIX, True)):
 
-    executor.__name__ = f"refresh_{name.replace('-', '_')}"
-    executor.__doc__ = f"Registered executor {name!r}: :func:`refresh_packed` with {options}."
-    register_executor(name)(executor)
+        def executor(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support, inplace=inplace):
+            return fn(lm, shift, edit, support, inplace=inplace, **options)
+
+        full = name + suffix
+        executor.__name__ = f"refresh_{full.replace('-', '_')}"
+        consumed = " in place (consumes the input cache)" if inplace else ""
+        executor.__doc__ = f"Registered executor {full!r}: :func:`{fn.__name__}` with {options}{consumed}."
+        register_executor(full)(executor)
 
 
 _register("packed", backend="sdpa", sdpa_split=True)  # the default: key split on a CPU, one masked call elsewhere
@@ -812,5 +841,5 @@ _register("packed-flex", backend="flex")
 _register("packed-flex-eager", backend="flex", flex_compile=False)
 _register("packed-triton", backend="triton")
 _register("packed-triton-fused", backend="triton", fused_scatter=True)
-register_executor("direct-sequential")(refresh_direct_sequential)
-register_executor("one-shot")(refresh_one_shot)
+_register("direct-sequential", refresh_direct_sequential)
+_register("one-shot", refresh_one_shot)

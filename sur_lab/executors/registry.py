@@ -1,8 +1,12 @@
 """The executor registry: an executor is ``fn(lm, shift_cache, edit, support) -> DynamicCache`` registered by name.
 
-Every executor leaves its input cache unchanged. The reference, ``"sequential"``, lives in
-:mod:`sur_lab.executors.sequential`; packed backends register themselves from :mod:`sur_lab.executors.packed`, imported
-on first lookup.
+Every executor registered under a plain name leaves its input cache unchanged (it returns a new cache). In-place
+forms, for a Shift cache the caller gives up, are registered beside them under ``"<name>-inplace"``
+(:data:`INPLACE_SUFFIX`): they write the refreshed rows into the input cache, return that same object and make no
+output clone; the input is consumed. ``get_executor(name, inplace=True)`` returns the in-place form of ``name`` and
+:func:`executor_consumes_input` tells which names consume their input (benchmarks hand those a fresh copy per call).
+The reference, ``"sequential"``, lives in :mod:`sur_lab.executors.sequential`; packed backends register themselves
+from :mod:`sur_lab.executors.packed`, imported on first lookup.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from sur_lab.models import LoadedModel
 
 Executor = Callable[[LoadedModel, DynamicCache, EditedContext, Support], DynamicCache]
 EXECUTORS: dict[str, Executor] = {}
+#: Name suffix of the in-place form of an executor (``"packed"`` -> ``"packed-inplace"``).
+INPLACE_SUFFIX = "-inplace"
 
 
 def register_executor(name: str) -> Callable[[Executor], Executor]:
@@ -31,17 +37,33 @@ def register_executor(name: str) -> Callable[[Executor], Executor]:
     return wrap
 
 
-def get_executor(name: str) -> Executor:
-    """Look up an executor by name.
+def get_executor(name: str, *, inplace: bool = False) -> Executor:
+    """Look up an executor by name; ``inplace=True`` returns its in-place form (``name + "-inplace"``).
 
     Raises:
-        ValueError: naming ``name`` and listing the registered executors.
+        ValueError: naming ``name`` and listing the registered executors, or (``inplace=True``) naming ``name`` when
+            it has no in-place form and listing those that have one.
     """
     _load_optional_executors()
+    if inplace and not name.endswith(INPLACE_SUFFIX):
+        if name + INPLACE_SUFFIX not in EXECUTORS:
+            forms = sorted(n[: -len(INPLACE_SUFFIX)] for n in EXECUTORS if n.endswith(INPLACE_SUFFIX))
+            raise ValueError(f"executor name={name!r} has no in-place form; in-place executors: {', '.join(forms)}")
+        name = name + INPLACE_SUFFIX
     try:
         return EXECUTORS[name]
     except KeyError:
         raise ValueError(f"unknown executor name={name!r}; registered: {', '.join(sorted(EXECUTORS))}") from None
+
+
+def executor_consumes_input(name: str) -> bool:
+    """Whether executor ``name`` writes into (consumes) its input cache: the ``"-inplace"`` forms.
+
+    Raises:
+        ValueError: for an unknown name (see :func:`get_executor`).
+    """
+    get_executor(name)
+    return name.endswith(INPLACE_SUFFIX)
 
 
 def _load_optional_executors() -> None:

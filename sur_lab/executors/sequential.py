@@ -13,6 +13,7 @@ from sur_lab.cache_ops import (
     cache_length,
     clone_cache,
     shift_cache,
+    shift_cache_,
     slice_rows,
     to_tensors,
     write_rows_,
@@ -24,7 +25,9 @@ from sur_lab.models import LoadedModel
 
 
 @register_executor("sequential")
-def refresh_sequential(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support) -> DynamicCache:
+def refresh_sequential(
+    lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support, *, inplace: bool = False
+) -> DynamicCache:
     """Interval-wise sparse refresh, the reference executor (appendix 7.1, "Sparse refresh").
 
     Starting from a clone of the Shift cache, for each maximal interval ``[a, b)`` of the support in order: copy the
@@ -34,18 +37,20 @@ def refresh_sequential(lm: LoadedModel, shift: DynamicCache, edit: EditedContext
 
     Args:
         lm: the model.
-        shift: Shift cache of ``p ⊕ s`` (``p + S`` rows); not modified.
+        shift: Shift cache of ``p ⊕ s`` (``p + S`` rows); not modified unless ``inplace``.
         edit: the edit.
         support: suffix-local positions to refresh.
+        inplace: refresh ``shift`` itself (no output clone; the input is consumed and returned). Registered as
+            ``"sequential-inplace"``. Bitwise equal to the cloning path.
 
     Returns:
-        A new cache of ``p + S`` rows.
+        A new cache of ``p + S`` rows (``shift`` itself when ``inplace``).
 
     Raises:
         ValueError: see :func:`check_support`.
     """
     check_support(edit, support, shift)
-    out = clone_cache(shift)
+    out = shift if inplace else clone_cache(shift)
     ids = edit.edited_ids
     p = edit.prefix_len
     for a, b in support.intervals:
@@ -71,6 +76,26 @@ def shift(lm: LoadedModel, dirty_cache: DynamicCache, edit: EditedContext) -> Dy
     if cache_length(dirty_cache) != edit.num_tokens:
         raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the edit's context has {edit.num_tokens}")
     return shift_cache(dirty_cache, edit.prefix_len, edit.deleted_len, lm.inv_freq)
+
+
+@register_executor("sequential-inplace")
+def refresh_sequential_inplace(lm: LoadedModel, shift: DynamicCache, edit: EditedContext, support: Support):
+    """Registered executor ``"sequential-inplace"``: :func:`refresh_sequential` with ``inplace=True`` (consumes
+    ``shift``)."""
+    return refresh_sequential(lm, shift, edit, support, inplace=True)
+
+
+def shift_inplace(lm: LoadedModel, dirty_cache: DynamicCache, edit: EditedContext) -> DynamicCache:
+    """In-place Shift of a Dirty cache the caller gives up (:func:`sur_lab.cache_ops.shift_cache_`): bitwise equal
+    to :func:`shift`, with one compaction copy per layer instead of a new cache. ``dirty_cache`` is consumed and
+    returned, now holding ``p + S`` rows.
+
+    Raises:
+        ValueError: if ``dirty_cache`` does not hold the edit's N rows (before anything is modified).
+    """
+    if cache_length(dirty_cache) != edit.num_tokens:
+        raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the edit's context has {edit.num_tokens}")
+    return shift_cache_(dirty_cache, edit.prefix_len, edit.deleted_len, lm.inv_freq)
 
 
 def replay(lm: LoadedModel, cache: DynamicCache, edit: EditedContext) -> DynamicCache:
