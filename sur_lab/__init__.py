@@ -26,8 +26,10 @@ from sur_lab.edits import (
     EditedContext,
     build_edit,
     chat_edit,
+    chat_prompt_ids,
     format_passages,
     render_chat,
+    segment_edit,
     token_edit,
 )
 from sur_lab.executors import (
@@ -79,6 +81,7 @@ __all__ = [
     "answer",
     "build_edit",
     "chat_edit",
+    "chat_prompt_ids",
     "coalesce",
     "continuation_nll",
     "dirty",
@@ -93,6 +96,7 @@ __all__ = [
     "repair",
     "replay",
     "reprefill",
+    "segment_edit",
     "segment_units",
     "shift",
     "token_edit",

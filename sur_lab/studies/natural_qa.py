@@ -62,8 +62,8 @@ from sur_lab.edits import (
     DEFAULT_INSTRUCTION,
     EditedContext,
     chat_edit,
+    chat_prompt_ids,
     format_passages,
-    render_chat,
 )
 from sur_lab.studies.datasets import (
     DATASETS,
@@ -361,10 +361,10 @@ def choose_passages(
 
 
 def clean_prompt_ids(tokenizer, source: Source, *, instruction: str = DEFAULT_INSTRUCTION) -> torch.Tensor:
-    """``[p + S + Q]`` int64: the clean prompt (clean document, question, template tail) tokenized directly."""
+    """``[p + S + Q]`` int64: the clean prompt (clean document, question, template tail) tokenized by segments (head,
+    one per passage, query) as :func:`sur_lab.edits.chat_prompt_ids` does."""
     documents, _ = format_passages(source.clean_passages)
-    text, query_text, _, _ = render_chat(tokenizer, documents, source.example.question, instruction=instruction)
-    return torch.tensor(tokenizer(text + query_text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    return chat_prompt_ids(tokenizer, documents, source.example.question, instruction=instruction)
 
 
 def build_case(

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
-from sur_lab.edits import EditedContext, build_edit, render_chat
+from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.runtime.sweep import REFERENCES
 
 #: RULER's multi-value NIAH instruction, placed before the documents.
@@ -310,9 +310,11 @@ def build_niah_case(
         query_text = query_text + ANSWER_PREFIX_TEMPLATE.format(key=key)
     del_block = needle_block[delete]
     span = (doc_start + spans[del_block][0], doc_start + spans[del_block][1])
-    edit = build_edit(tokenizer, text, query_text, span, question=question, containers=containers)
+    # Token segments (head, one per paragraph, query): the edit never relies on a BPE merge across a boundary.
+    edit = build_edit(tokenizer, text, query_text, span, question=question, containers=containers,
+                      cuts=chat_cuts(text, doc_start, documents))
 
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    offsets = edit.original_offsets
     needle_chars, needle_tokens = [], []
     block_starts = np.concatenate(([0], np.cumsum([len(b) + 2 for b in blocks])))
     for i in order:
