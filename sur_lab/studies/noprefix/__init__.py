@@ -46,6 +46,17 @@ budgeted KV-cache repair paper.
 """
 
 
+#: Study sizes of notebook 06 by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``n_sources`` pairs
+#: with ``num_docs`` (sources per dataset for each prompt size, nested).
+PRESETS = {
+    "smoke": {"datasets": ["hotpotqa"], "num_docs": [4], "n_sources": [2], "sweep_sources": 1, "max_doc_tokens": 40,
+              "max_new_tokens": 6},
+    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [6, 2],
+                "sweep_sources": 2, "max_doc_tokens": 48, "max_new_tokens": 8},
+    "paper": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [100, 100],
+              "sweep_sources": 20, "max_doc_tokens": 128, "max_new_tokens": 32},
+}
+
 from sur_lab.studies.noprefix.composition import (  # noqa: F401
     DOC_SEPARATOR,
     PLACEHOLDER_TOKEN,
