@@ -197,3 +197,31 @@ def test_tokenizer_that_adds_a_prefix_space_is_refused():
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
     with pytest.raises(ValueError, match="tokenizer does not reproduce"):
         tokenize_segments(fast, ["abc", "def"])
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    if not (QWEN_DIR / "tokenizer.json").is_file():
+        pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_DIR}")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(QWEN_DIR)
+
+
+def test_study_builders_work_with_the_qwen_tokenizer(qwen_tokenizer, data_dir):
+    """Quickstart, natural QA and NIAH cases build on Qwen's tokenizer, which merges '.\\n\\n' (issue 13)."""
+    from sur_lab.studies.datasets import load_qa
+    from sur_lab.studies.natural_qa import PanelConfig, build_cases, select_panel
+    from sur_lab.studies.niah import NEEDLE_TEMPLATE, build_niah_cases
+    from sur_lab.studies.quickstart import quickstart_edit
+
+    tok = qwen_tokenizer
+    example = next(e for e in load_qa("hotpotqa") if e.distractors and e.supporting)
+    edit = quickstart_edit(tok, example)
+    assert _decode(tok, edit.original_ids[edit.prefix_len : edit.prefix_len + edit.deleted_len]).startswith("Title: ")
+    cases = build_cases(tok, select_panel(("hotpotqa",), 2, PanelConfig()))  # checks the clean prompt token for token
+    assert len(cases) == 6
+    (case,) = build_niah_cases(tok, context_lens=(512,), depths=(0.3, 0.7), num_cases=1, seed=0)
+    for (ts, te), value in zip(case.needle_token_spans, case.values):
+        needle = NEEDLE_TEMPLATE.format(key=case.key, value=value)
+        assert _decode(tok, case.edit.original_ids[ts:te]) in (needle, needle + "\n\n")

@@ -235,9 +235,10 @@ def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
 
 
 def _char_to_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
-    """Tokens whose character span lies inside ``[start, end)`` (the sentence's own tokens)."""
-    first = next(i for i, (a, b) in enumerate(offsets) if a >= start and b > a)
-    last = max(i for i, (a, b) in enumerate(offsets) if b <= end and a >= start and b > a)
+    """Tokens that carry characters of ``[start, end)`` (the sentence's tokens; a token merged across its end, such as
+    Qwen's ``".\n\n"``, is included)."""
+    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
+    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
     return first, last + 1
 
 
