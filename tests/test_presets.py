@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from sur_lab.runtime.run_notebooks import NOTEBOOK_DIR, declared_parameters, smoke_parameters
+from sur_lab.runtime.run_notebooks import (
+    NOTEBOOK_DIR,
+    declared_parameters,
+    smoke_parameters,
+)
 from sur_lab.studies import natural_qa, niah, noprefix
-from sur_lab.studies.presets import EM_LEAD_MIN, PRESET_NAMES, lead_endpoint, resolve_preset
+from sur_lab.studies.presets import (
+    EM_LEAD_MIN,
+    PRESET_NAMES,
+    lead_endpoint,
+    resolve_preset,
+)
 
 STUDIES = {"02": niah.PRESETS, "03": natural_qa.PRESETS, "06": noprefix.PRESETS}
 

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_tiny_model
+
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, allocate
 from sur_lab.allocators.sur import (
     TIE_DECIMALS,
@@ -69,7 +69,6 @@ def test_context_idf_weights_by_hand():
     # edited context p ⊕ s = [7, 7, 7, 8 | 7, 9] (p = 4), deleted [5]; N = 6
     edit = token_edit([7, 7, 7, 8, 5, 7, 9], 4, 1, [9, 7])
     w = context_idf_weights(edit)
-    n = 6
     assert w.tolist() == pytest.approx([math.log(7 / 4) / math.log(7), math.log(7 / 1) / math.log(7)], rel=1e-15)
     assert edit.suffix_ids.tolist() == [7, 9]
 

@@ -4,6 +4,7 @@ and leave their size parameters at ``None`` unless the user overrides one (issue
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,4 +41,4 @@ def resolve_preset(presets: Mapping[str, Mapping[str, Any]], preset: str, **over
 
 def lead_endpoint(reprefill_em: float, *, em: str = "em", agreement: str = "agree_reprefill") -> str:
     """``em`` when Re-prefill's EM (fraction of cases) is at least :data:`EM_LEAD_MIN`, else ``agreement``."""
-    return em if reprefill_em == reprefill_em and reprefill_em >= EM_LEAD_MIN else agreement
+    return em if not math.isnan(reprefill_em) and reprefill_em >= EM_LEAD_MIN else agreement
