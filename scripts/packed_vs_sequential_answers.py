@@ -2,11 +2,14 @@
 
     PYTHONPATH=$PWD python scripts/packed_vs_sequential_answers.py
 """
-import time, tempfile
+import tempfile
+import time
 from pathlib import Path
+
 from sur_lab.models import load_model
-from sur_lab.studies.niah import build_niah_cases, niah_scorer, parse_niah_answer
 from sur_lab.runtime.sweep import run_sweep
+from sur_lab.studies.niah import build_niah_cases, niah_scorer, parse_niah_answer
+
 lm = load_model()
 niah = build_niah_cases(lm.tokenizer, context_lens=(512,), depths=(0.3, 0.7), num_cases=4, seed=0)
 cases = [c.sweep_case() for c in niah]
