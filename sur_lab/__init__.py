@@ -26,8 +26,10 @@ from sur_lab.edits import (
     EditedContext,
     build_edit,
     chat_edit,
+    chat_prompt_ids,
     format_passages,
     render_chat,
+    segment_edit,
     token_edit,
 )
 from sur_lab.executors import (
@@ -80,6 +82,7 @@ __all__ = [
     "answer",
     "build_edit",
     "chat_edit",
+    "chat_prompt_ids",
     "coalesce",
     "continuation_nll",
     "dirty",
@@ -95,6 +98,7 @@ __all__ = [
     "repair",
     "replay",
     "reprefill",
+    "segment_edit",
     "segment_units",
     "shift",
     "token_edit",

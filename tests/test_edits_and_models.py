@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model, tiny_config
-from sur_lab.edits import build_edit, chat_edit, format_passages, token_edit
+from sur_lab.edits import build_edit, chat_edit, chat_prompt_ids, format_passages, token_edit
 from sur_lab.models import UnsupportedModelError, check_supported, load_model, wrap_model
 from sur_lab.repair import prepare, repair
 
@@ -22,8 +22,10 @@ def test_chat_edit_token_spans_match_text(smol_tokenizer, victim):
     edit = chat_edit(smol_tokenizer, DOCS, "Which letter is first?", SPANS[victim])
     tok = smol_tokenizer
     assert tok.decode(edit.original_ids[edit.prefix_len : edit.prefix_len + edit.deleted_len]) == DOCS[slice(*SPANS[victim])]
-    full_edited = tok(edit.edited_text, add_special_tokens=False)["input_ids"]
-    assert full_edited == edit.edited_ids.tolist()
+    # Token segments (issue 13): the edited ids are the clean documents' segment tokenization, not a re-tokenization.
+    clean = chat_prompt_ids(tok, DOCS[: SPANS[victim][0]] + DOCS[SPANS[victim][1] :], "Which letter is first?")
+    assert edit.edited_ids.tolist() + edit.query_ids.tolist() == clean.tolist()
+    assert tok.decode(edit.edited_ids) == edit.edited_text
     assert edit.edited_text.endswith(DOCS[: SPANS[victim][0]] + DOCS[SPANS[victim][1] :])
     assert tok.decode(edit.query_ids).startswith("\n\nQuestion: Which letter is first?")
     assert edit.question_ids.tolist() == tok("Which letter is first?", add_special_tokens=False)["input_ids"]
@@ -38,8 +40,10 @@ def test_chat_edit_errors(smol_tokenizer):
         chat_edit(smol_tokenizer, DOCS, q, (-1, 4))
     with pytest.raises(ValueError, match="query"):
         chat_edit(smol_tokenizer, DOCS, q, (SPANS[2][0], len(DOCS) + 5))
-    with pytest.raises(ValueError, match="splits a token"):
-        chat_edit(smol_tokenizer, DOCS, q, (SPANS[1][0] + 1, SPANS[1][1]))
+    with pytest.raises(ValueError, match="documents must be a str"):
+        chat_edit(smol_tokenizer, [DOCS], q, SPANS[1])
+    with pytest.raises(ValueError, match="span=.*pair"):
+        chat_edit(smol_tokenizer, DOCS, q, (0, 4, 8))
     with pytest.raises(ValueError, match="empty query"):
         chat_edit(smol_tokenizer, DOCS, "  ", SPANS[1])
     text = "Context: a b c."

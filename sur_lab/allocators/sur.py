@@ -1,5 +1,15 @@
 """Semantic-Unit Refresh (SUR): frozen-embedding relevance, semantic units, whole-unit admission and a forward-envelope
 window for the remainder (section 3.2, appendix 7.3, Algorithm 1 steps 4–9).
+
+Ties. Appendix 7.3 ranks units by score "with earlier position breaking ties". Eq. 1's identical-token bonus makes
+ties common: every suffix token that also occurs in the query scores ``cos + 0.25 = 1.25``, stopwords included, so many
+units reach the top-4 mean of 1.25 and differ only by fp32 cosine rounding (~1e-7), which depends on the BLAS and the
+CPU. Unit scores are therefore compared after rounding to :data:`TIE_DECIMALS` decimal places (a 1e-5 grid, a hundred
+times the fp32 rounding of an O(1) score), and the earlier unit wins among equal rounded scores. The number of tied
+units is reported in the diagnostics (``tied_units``).
+
+Variant. ``"SUR-IDF"`` (not in the paper) keeps everything of SUR but weights the identical-token bonus by the token's
+inverse document frequency in the edited context itself, so common tokens no longer saturate the score.
 """
 
 from __future__ import annotations
@@ -19,19 +29,29 @@ ENVELOPE_DECAY = float(np.exp(-1.0 / 16.0))
 RELEVANCE_BLOCK = 1024
 #: Token scores averaged into a unit score (the four highest).
 UNIT_TOP_K = 4
+#: Unit scores are compared after rounding to this many decimal places; equal rounded scores are ties, broken by the
+#: earlier position (appendix 7.3). fp32 cosine rounding of an O(1) score is ~1e-7, far below the 1e-5 grid.
+TIE_DECIMALS = 5
 
 
 @torch.inference_mode()
 def token_relevance(
-    embedding: torch.Tensor, suffix_ids: torch.Tensor, query_ids: torch.Tensor, *, block: int = RELEVANCE_BLOCK
+    embedding: torch.Tensor,
+    suffix_ids: torch.Tensor,
+    query_ids: torch.Tensor,
+    *,
+    block: int = RELEVANCE_BLOCK,
+    bonus_weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    """SUR token scores r_i = max_j cos(E(s_i), E(q_j)) + 0.25·1[s_i ∈ q] (Eq. 1, Eq. 7).
+    """SUR token scores r_i = max_j cos(E(s_i), E(q_j)) + 0.25·w_i·1[s_i ∈ q] (Eq. 1, Eq. 7; w_i = 1 in the paper).
 
     Args:
         embedding: ``[V, H]`` the model's frozen input-embedding table (any float dtype; scored in FP32).
         suffix_ids: ``[S]`` int64 retained suffix tokens.
         query_ids: ``[Q]`` int64 query tokens (tokenized without special tokens), Q >= 1.
         block: suffix tokens per block (1,024 in the paper), bounds memory at ``block × Q`` floats.
+        bonus_weights: optional ``[S]`` weights w_i in [0, 1] of the identical-token bonus (``"SUR-IDF"``);
+            ``None`` is the paper's w_i = 1.
 
     Returns:
         float32 array ``[S]``.
@@ -41,6 +61,9 @@ def token_relevance(
     """
     if query_ids.numel() == 0:
         raise ValueError("query_ids is empty (empty query)")
+    if bonus_weights is not None and len(bonus_weights) != suffix_ids.numel():
+        raise ValueError(f"bonus_weights has {len(bonus_weights)} entries; the suffix has {suffix_ids.numel()}")
+    weights = torch.ones(suffix_ids.numel()) if bonus_weights is None else torch.as_tensor(bonus_weights).float()
     q = torch.nn.functional.normalize(embedding[query_ids].float(), dim=-1)  # (Q, H)
     q_set = torch.unique(query_ids)
     out = torch.empty(suffix_ids.numel(), dtype=torch.float32)
@@ -48,7 +71,8 @@ def token_relevance(
         ids = suffix_ids[lo : lo + block]
         s = torch.nn.functional.normalize(embedding[ids].float(), dim=-1)  # (b, H)
         cos = (s @ q.T).amax(dim=1)
-        out[lo : lo + block] = cos.cpu() + IDENTICAL_TOKEN_BONUS * torch.isin(ids, q_set).float().cpu()
+        bonus = IDENTICAL_TOKEN_BONUS * weights[lo : lo + block] * torch.isin(ids, q_set).float().cpu()
+        out[lo : lo + block] = cos.cpu() + bonus
     return out.numpy()
 
 
@@ -94,10 +118,22 @@ def best_window(scores: np.ndarray, width: int) -> int:
     return int(np.argmax(sums))
 
 
-def rank_units(scores: np.ndarray, units: list[Unit]) -> np.ndarray:
-    """Unit indices by decreasing score, earlier position first among ties."""
+def rounded_scores(scores: np.ndarray, decimals: int = TIE_DECIMALS) -> np.ndarray:
+    """Unit scores as compared by the ranking: float64, rounded half-to-even to ``decimals`` places."""
+    return np.round(np.asarray(scores, dtype=np.float64), decimals)
+
+
+def rank_units(scores: np.ndarray, units: list[Unit], decimals: int = TIE_DECIMALS) -> np.ndarray:
+    """Unit indices by decreasing score rounded to ``decimals`` places, earlier position first among ties (appendix
+    7.3); int64 ``[U]``."""
     starts = np.array([u.start for u in units], dtype=np.int64)
-    return np.lexsort((starts, -np.asarray(scores, dtype=np.float64)))
+    return np.lexsort((starts, -rounded_scores(scores, decimals)))
+
+
+def count_tied_units(scores: np.ndarray, decimals: int = TIE_DECIMALS) -> int:
+    """Number of units whose rounded score equals at least one other unit's (0 when every score is distinct)."""
+    _, counts = np.unique(rounded_scores(scores, decimals), return_counts=True)
+    return int(counts[counts > 1].sum())
 
 
 def allocate_units(
@@ -135,24 +171,34 @@ def allocate_units(
     return positions.astype(np.int64), admitted, partial
 
 
-def sur_token_scores(request: AllocationRequest) -> np.ndarray:
+def sur_token_scores(request: AllocationRequest, bonus_weights: np.ndarray | None = None) -> np.ndarray:
     """SUR's token scores for the request's suffix (Eq. 7), float32 ``[S]``."""
     edit = request.edit
     embedding = request.lm.model.get_input_embeddings().weight
-    return token_relevance(embedding, edit.suffix_ids.to(embedding.device), edit.relevance_ids.to(embedding.device))
+    return token_relevance(
+        embedding,
+        edit.suffix_ids.to(embedding.device),
+        edit.relevance_ids.to(embedding.device),
+        bonus_weights=bonus_weights,
+    )
 
 
-@register_allocator("SUR")
-def sur(request: AllocationRequest) -> Selection:
-    """Semantic-Unit Refresh (section 3.2, appendix 7.3, Algorithm 1 steps 4–9).
+def context_idf_weights(edit) -> np.ndarray:
+    """Identical-token bonus weights of ``"SUR-IDF"``: w_i = log((N + 1) / c(s_i)) / log(N + 1), float64 ``[S]``.
 
-    Diagnostics: ``token_scores`` ``[S]``, ``units`` (list of :class:`Unit`), ``unit_scores`` ``[U]``,
-    ``admitted`` (unit indices admitted whole, in rank order) and ``partial`` (the windowed unit or ``None``).
+    ``c(t)`` counts token t in the edited pre-query context ``p ⊕ s`` (N = p + S tokens), so a token that occurs once
+    gets w close to 1 and a token that makes up the whole context gets w = log((N+1)/N)/log(N+1), close to 0.
     """
+    ids = edit.edited_ids.cpu().numpy()
+    n = len(ids)
+    values, counts = np.unique(ids, return_counts=True)
+    suffix = edit.suffix_ids.cpu().numpy()
+    c = counts[np.searchsorted(values, suffix)].astype(np.float64)
+    return np.log((n + 1) / c) / np.log(n + 1)
+
+
+def _select(request: AllocationRequest, scores: np.ndarray, extra: dict) -> Selection:
     S, B = request.suffix_len, request.allowance
-    if B == 0:
-        return Selection(Support(np.zeros(0, dtype=np.int64), S))
-    scores = sur_token_scores(request)
     units = request.get_units()
     u_scores = unit_scores(scores, units)
     positions, admitted, partial = allocate_units(units, scores, u_scores, B)
@@ -164,5 +210,39 @@ def sur(request: AllocationRequest) -> Selection:
             "unit_scores": u_scores,
             "admitted": admitted,
             "partial": partial,
+            "tied_units": count_tied_units(u_scores),
+            "tie_decimals": TIE_DECIMALS,
+            **extra,
         },
     )
+
+
+@register_allocator("SUR")
+def sur(request: AllocationRequest) -> Selection:
+    """Semantic-Unit Refresh (section 3.2, appendix 7.3, Algorithm 1 steps 4–9).
+
+    Units are ranked by their score rounded to :data:`TIE_DECIMALS` places, earlier position first among ties.
+
+    Diagnostics: ``token_scores`` ``[S]``, ``units`` (list of :class:`Unit`), ``unit_scores`` ``[U]``,
+    ``admitted`` (unit indices admitted whole, in rank order), ``partial`` (the windowed unit or ``None``),
+    ``tied_units`` (units sharing their rounded score with another unit) and ``tie_decimals``.
+    """
+    if request.allowance == 0:
+        return Selection(Support(np.zeros(0, dtype=np.int64), request.suffix_len), diagnostics={"tied_units": 0})
+    return _select(request, sur_token_scores(request), {})
+
+
+@register_allocator("SUR-IDF")
+def sur_idf(request: AllocationRequest) -> Selection:
+    """SUR with an IDF-weighted identical-token bonus (a variant, not the paper's SUR; issue 13).
+
+    Eq. 1's bonus 0.25·1[s_i ∈ q] becomes 0.25·w_i·1[s_i ∈ q] with w_i from :func:`context_idf_weights` (the edited
+    context's own token counts), so query stopwords repeated across the context no longer lift every unit to the
+    saturated score 1.25. Units, ranking (with the same tie rule), admission and the window are SUR's.
+
+    Diagnostics: as :func:`sur`, plus ``bonus_weights`` ``[S]``.
+    """
+    if request.allowance == 0:
+        return Selection(Support(np.zeros(0, dtype=np.int64), request.suffix_len), diagnostics={"tied_units": 0})
+    weights = context_idf_weights(request.edit)
+    return _select(request, sur_token_scores(request, weights), {"bonus_weights": weights})

@@ -280,7 +280,7 @@ def _check_meta(case: SweepCase) -> None:
 _RECORD_FIELDS = frozenset(
     """case_id model model_weights dtype device seed case_seed executor max_new_tokens decoding options versions
     case_fingerprint method budget_pct allowance prefix_len
-    deleted_len suffix_len num_intervals positions intervals extra_forward_tokens extra_forward_layers answer
+    deleted_len suffix_len num_intervals positions intervals extra_forward_tokens extra_forward_layers tied_units answer
     prediction gold em agree_reprefill tv_reprefill tv_dirty_reprefill nr_tv nll_reprefill nll_tokens
     finished""".split()
     + list(TIMING_FIELDS)
@@ -331,7 +331,7 @@ def run_sweep(
         ``decoding``, ``options``, ``versions``); ``case_seed``, ``case_fingerprint``; ``method``, ``budget_pct`` (NaN for references), ``allowance`` (B),
         ``prefix_len``, ``deleted_len``, ``suffix_len`` (S); ``num_intervals`` (R), ``positions`` (suffix-local),
         ``intervals`` (half-open, suffix-local); ``extra_forward_tokens``, ``extra_forward_layers`` (selection
-        signal cost); timings in ms: ``dirty_ms`` (excluded from latency), ``select_ms``, ``shift_ms``,
+        signal cost); ``tied_units`` (SUR's units tied after rounding, appendix 7.3; None for other methods); timings in ms: ``dirty_ms`` (excluded from latency), ``select_ms``, ``shift_ms``,
         ``refresh_ms``, ``query_ms``, ``decode_ms``, ``answer_ms``, ``latency_ms`` (= select + shift + refresh +
         answer, Eq. 20); outputs: ``answer`` (text), ``prediction`` (parsed, JSON for non-strings), ``gold``,
         ``finished`` (EOS reached); scores: ``em`` (bool or None), ``agree_reprefill``, ``tv_reprefill``,
@@ -482,6 +482,8 @@ def _run_case(
             "intervals": [list(iv) for iv in support.intervals] if support is not None else [],
             "extra_forward_tokens": int(sel.extra_forward_tokens) if sel is not None else 0,
             "extra_forward_layers": int(sel.diagnostics.get("extra_forward_layers", 0)) if sel is not None else 0,
+            # SUR / SUR-IDF: units tied after rounding (appendix 7.3 tie rule); None for allocators without unit ranks.
+            "tied_units": sel.diagnostics.get("tied_units") if sel is not None else None,
             "dirty_ms": prepared.dirty_ms,
             "select_ms": t["select"],
             "shift_ms": t["shift"],

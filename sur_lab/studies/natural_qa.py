@@ -62,8 +62,8 @@ from sur_lab.edits import (
     DEFAULT_INSTRUCTION,
     EditedContext,
     chat_edit,
+    chat_prompt_ids,
     format_passages,
-    render_chat,
 )
 from sur_lab.studies.datasets import (
     DATASETS,
@@ -80,6 +80,20 @@ PLACEMENTS = ("before", "between", "after")
 PAPER_ALLOCATORS = ("SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted")
 #: Reference operators of the comparison, in table order.
 REFERENCES = ("Shift", "Replay", "Re-prefill")
+#: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default``: 12 sources per
+#: dataset, the bootstrap's minimum to separate SUR-5 % from Shift on the Qwen study model if the effect exists.
+PRESETS = {
+    "smoke": {"datasets": ["hotpotqa", "iirc"], "n_per_dataset": 1, "placements": ["after"], "allocators": ["SUR"],
+              "references": ["Shift", "Replay", "Re-prefill"], "budgets": [5], "max_new_tokens": 4, "n_boot": 200},
+    "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 12,
+                "placements": ["before", "between", "after"], "allocators": ["SUR"],
+                "references": ["Shift", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 16, "n_boot": 10_000},
+    "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 100,
+              "placements": ["before", "between", "after"],
+              "allocators": ["SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted"],
+              "references": ["Shift", "Replay", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 64,
+              "n_boot": 10_000},
+}
 #: Budgets of the comparison, % of the retained suffix.
 PAPER_BUDGETS = (2.0, 5.0)
 #: Column headings of Tables 10-11.
@@ -361,10 +375,10 @@ def choose_passages(
 
 
 def clean_prompt_ids(tokenizer, source: Source, *, instruction: str = DEFAULT_INSTRUCTION) -> torch.Tensor:
-    """``[p + S + Q]`` int64: the clean prompt (clean document, question, template tail) tokenized directly."""
+    """``[p + S + Q]`` int64: the clean prompt (clean document, question, template tail) tokenized by segments (head,
+    one per passage, query) as :func:`sur_lab.edits.chat_prompt_ids` does."""
     documents, _ = format_passages(source.clean_passages)
-    text, query_text, _, _ = render_chat(tokenizer, documents, source.example.question, instruction=instruction)
-    return torch.tensor(tokenizer(text + query_text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    return chat_prompt_ids(tokenizer, documents, source.example.question, instruction=instruction)
 
 
 def build_case(

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
-from sur_lab.edits import EditedContext, build_edit, render_chat
+from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.runtime.sweep import REFERENCES
 
 #: RULER's multi-value NIAH instruction, placed before the documents.
@@ -62,6 +62,20 @@ PAPER_ALLOCATORS = (
     "SpecCache-Adapted",
     "Clean-state oracle",
 )
+
+#: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
+#: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (24
+#: cases at 1K tokens), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls.
+PRESETS = {
+    "smoke": {"context_lens": [256], "num_cases": 1, "budgets": [2, 5], "max_new_tokens": 4,
+              "allocators": ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
+                             "Random semantic units", "CacheBlend-Adapted"]},
+    "default": {"context_lens": [1024], "num_cases": 24, "budgets": [2, 5], "max_new_tokens": 16,
+                "allocators": ["SUR", "SUR-IDF", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
+                               "Random semantic units"]},
+    "paper": {"context_lens": [1024, 2048, 4096, 8192, 16384, 32768], "num_cases": 96,
+              "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32, "allocators": list(PAPER_ALLOCATORS)},
+}
 #: The paper's NIAH budget grid, %.
 PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
 
@@ -221,9 +235,10 @@ def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
 
 
 def _char_to_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
-    """Tokens whose character span lies inside ``[start, end)`` (the sentence's own tokens)."""
-    first = next(i for i, (a, b) in enumerate(offsets) if a >= start and b > a)
-    last = max(i for i, (a, b) in enumerate(offsets) if b <= end and a >= start and b > a)
+    """Tokens that carry characters of ``[start, end)`` (the sentence's tokens; a token merged across its end, such as
+    Qwen's ``".\n\n"``, is included)."""
+    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
+    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
     return first, last + 1
 
 
@@ -310,9 +325,11 @@ def build_niah_case(
         query_text = query_text + ANSWER_PREFIX_TEMPLATE.format(key=key)
     del_block = needle_block[delete]
     span = (doc_start + spans[del_block][0], doc_start + spans[del_block][1])
-    edit = build_edit(tokenizer, text, query_text, span, question=question, containers=containers)
+    # Token segments (head, one per paragraph, query): the edit never relies on a BPE merge across a boundary.
+    edit = build_edit(tokenizer, text, query_text, span, question=question, containers=containers,
+                      cuts=chat_cuts(text, doc_start, documents))
 
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    offsets = edit.original_offsets
     needle_chars, needle_tokens = [], []
     block_starts = np.concatenate(([0], np.cumsum([len(b) + 2 for b in blocks])))
     for i in order:

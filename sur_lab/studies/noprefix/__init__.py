@@ -51,4 +51,15 @@ from sur_lab.studies.noprefix.selection import *  # noqa: F403
 from sur_lab.studies.noprefix.protocol import *  # noqa: F403
 from sur_lab.studies.noprefix.reporting import *  # noqa: F403
 
-__all__ = [*composition.__all__, *selection.__all__, *protocol.__all__, *reporting.__all__]
+#: Study sizes of notebook 06 by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``n_sources`` pairs
+#: with ``num_docs`` (sources per dataset for each prompt size, nested).
+PRESETS = {
+    "smoke": {"datasets": ["hotpotqa"], "num_docs": [4], "n_sources": [2], "sweep_sources": 1, "max_doc_tokens": 40,
+              "max_new_tokens": 6},
+    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [6, 2],
+                "sweep_sources": 2, "max_doc_tokens": 48, "max_new_tokens": 8},
+    "paper": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [100, 100],
+              "sweep_sources": 20, "max_doc_tokens": 128, "max_new_tokens": 32},
+}
+
+__all__ = ["PRESETS", *composition.__all__, *selection.__all__, *protocol.__all__, *reporting.__all__]
