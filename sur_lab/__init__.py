@@ -54,6 +54,7 @@ from sur_lab.repair import (
     prepare,
     repair,
 )
+from sur_lab.session import EditRecord, EditSession, repair_cache
 from sur_lab.units import Unit, segment_units
 
 __version__ = "0.1.0"
@@ -65,6 +66,8 @@ __all__ = [
     "REFERENCE_METHODS",
     "AllocationRequest",
     "Answer",
+    "EditRecord",
+    "EditSession",
     "EditedContext",
     "LoadedModel",
     "ModelSpec",
@@ -91,6 +94,7 @@ __all__ = [
     "register_executor",
     "render_chat",
     "repair",
+    "repair_cache",
     "replay",
     "reprefill",
     "segment_units",
