@@ -237,6 +237,20 @@ class EditSession:
         session._next_segment = 1
         return session
 
+    def fork(self, **defaults: Any) -> "EditSession":
+        """A new session starting from this one's state (tensors shared, never written) with other defaults.
+
+        The pending query is carried over; the history starts empty. Forking costs no tensor copy, so several repair
+        policies can follow the same edits from one prefill.
+
+        Raises:
+            ValueError: as the constructor, for invalid ``defaults``.
+        """
+        merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__}, **defaults}
+        other = EditSession(self.lm, **merged)
+        other._state, other._next_segment, other._query = self._state, self._next_segment, self._query
+        return other
+
     # ------------------------------------------------------------------------------------------------------------
     # Read-only views
 

@@ -335,3 +335,18 @@ def test_text_session_keeps_text_and_units(smol):
     assert record.allowance == -(-record.suffix_len * 20 // 100)
     units = record.selection.diagnostics["units"]
     assert units[0].start == 0 and units[-1].end == record.suffix_len
+
+
+def test_fork_follows_its_own_policy_without_touching_the_parent(tiny_lm):
+    rng = np.random.default_rng(10)
+    parent = EditSession(tiny_lm, method="Shift")
+    parent.append(rand_ids(rng, 30))
+    parent.set_query(torch.tensor([1, 2]))
+    snap = _snapshot(parent)
+    child = parent.fork(method="Replay")
+    child.delete(4, 9)
+    _assert_unchanged(parent, snap)
+    assert child.pending_query.tolist() == [1, 2] and child.history[-1].method == "Replay"
+    assert max(max_abs_diff(child.cache, prefill(tiny_lm, child.tokens)[0])) <= TOL
+    with pytest.raises(ValueError, match="budget_pct"):
+        parent.fork(budget_pct=-1)
