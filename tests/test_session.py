@@ -350,3 +350,19 @@ def test_fork_follows_its_own_policy_without_touching_the_parent(tiny_lm):
     assert max(max_abs_diff(child.cache, prefill(tiny_lm, child.tokens)[0])) <= TOL
     with pytest.raises(ValueError, match="budget_pct"):
         parent.fork(budget_pct=-1)
+
+
+@pytest.mark.parametrize("executor", ["packed", "packed-sdpa"])
+def test_packed_executors_follow_the_sequential_session(tiny_lm, executor):
+    program = [("delete", 0.3, 7), ("append", 9), ("replace", 0.5, 4, 3), ("delete", 0.1, 2), ("delete", 0.6, 5)]
+    sessions = {}
+    for name in ("sequential", executor):
+        session = EditSession(tiny_lm, method="SUR", budget_pct=30, executor=name, debt_pct=25)
+        session.set_query(torch.tensor([5, 6, 7]))
+        run_program(session, program, np.random.default_rng(11))
+        sessions[name] = session
+    ref, out = sessions["sequential"], sessions[executor]
+    assert torch.equal(ref.tokens, out.tokens) and np.array_equal(ref.staleness, out.staleness)
+    assert all(np.array_equal(a.refreshed_rows, b.refreshed_rows) for a, b in zip(ref.history, out.history))
+    assert max(max_abs_diff(ref.cache, out.cache)) <= TOL
+    assert any(r.debt_refreshed for r in ref.history) and any(r.allowance for r in ref.history)
