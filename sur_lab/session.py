@@ -202,7 +202,7 @@ class EditSession:
     # Construction from an existing cache
 
     @classmethod
-    def from_cache(cls, lm: LoadedModel, cache: DynamicCache, input_ids, **defaults: Any) -> "EditSession":
+    def from_cache(cls, lm: LoadedModel, cache: DynamicCache, input_ids, **defaults: Any) -> EditSession:
         """A session over an existing cache of ``input_ids`` (one segment; rows computed at positions ``0 .. n-1``).
 
         The cache is not modified and not copied: the session shares its tensors and never writes into them.
@@ -237,7 +237,7 @@ class EditSession:
         session._next_segment = 1
         return session
 
-    def fork(self, **defaults: Any) -> "EditSession":
+    def fork(self, **defaults: Any) -> EditSession:
         """A new session starting from this one's state (tensors shared, never written) with other defaults.
 
         The pending query is carried over; the history starts empty. Forking costs no tensor copy, so several repair
@@ -317,7 +317,9 @@ class EditSession:
         try:
             debt = check_budget(debt)
         except ValueError:
-            raise ValueError(f"debt_pct must be a number in [0, 100] (percent of the stale rows); got {debt!r}") from None
+            raise ValueError(
+                f"debt_pct must be a number in [0, 100] (percent of the stale rows); got {debt!r}"
+            ) from None
         return _Policy(method, budget, executor, debt, d.seed if seed is None else int(seed),
                        dict(d.options if options is None else options))
 
@@ -331,7 +333,9 @@ class EditSession:
             if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() > 2 or (
                 ids.dim() == 2 and ids.shape[0] != 1
             ):
-                raise ValueError(f"{name} must be integer token ids [L] or [1, L]; got {ids.dtype} {tuple(ids.shape)}")
+                raise ValueError(
+                    f"{name} must be integer token ids [L] or [1, L]; got {ids.dtype} {tuple(ids.shape)}"
+                )
             ids = ids.reshape(-1).to(torch.long).cpu()
         if ids.numel() == 0:
             raise ValueError(f"{name} is empty; need at least one token")
@@ -346,7 +350,7 @@ class EditSession:
         except TypeError:
             raise ValueError(f"span (start={start!r}, end={end!r}) must be integers") from None
         if isinstance(start, bool) or isinstance(end, bool):
-            raise ValueError(f"span (start={start!r}, end={end!r}) must be integers, not booleans")
+            raise ValueError(f"span (start={start!r}, end={end!r}) must be integers, not booleans")  # noqa: TRY004
         n = self._state.n
         if a >= b:
             raise ValueError(f"span [start={a}, end={b}) is empty; need start < end")
@@ -577,8 +581,8 @@ class EditSession:
         record = EditRecord(
             "delete" if ins is None else "replace", a, b, m, policy.method,
             nan if policy.method in SESSION_REFERENCE_METHODS else policy.budget_pct, S, B, selection, rows,
-            m + int(len(rows)) if policy.method != "Re-prefill" else state.n + len(debt_rows), timings,
-            debt_before, int((state.stale > 0).sum()), int(len(debt_rows)), state.n,
+            m + len(rows) if policy.method != "Re-prefill" else state.n + len(debt_rows), timings,
+            debt_before, int((state.stale > 0).sum()), len(debt_rows), state.n,
         )
         self._commit(state, record)
         return record
@@ -591,7 +595,7 @@ class EditSession:
         return {"query_ids": tail, "question": None, "question_ids": None}
 
     def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State) -> EditedContext:
-        """The edit as sur_lab's EditedContext: original ``p ⊕ e ⊕ s`` (p includes inserted tokens), edited ``p ⊕ s``."""
+        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes inserted tokens), edited ``p ⊕ s``."""
         text = {}
         if shifted.pieces is not None:
             lengths = np.fromiter((len(x) for x in shifted.pieces), dtype=np.int64, count=shifted.n)

@@ -17,10 +17,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import make_tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import make_tiny_model
 from sur_lab import EditSession, prepare, repair, repair_cache, token_edit
 from sur_lab.allocators import ALLOCATORS
 from sur_lab.cache_ops import clone_cache, layer_kv, max_abs_diff, to_tensors
@@ -31,7 +31,7 @@ VOCAB = 96
 TOL = 1e-12
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny(kind: str):
     return make_tiny_model(kind)
 
@@ -326,7 +326,7 @@ def test_text_session_keeps_text_and_units(smol):
     for turn in turns:
         session.append(turn)
     assert session.text == "".join(turns)
-    assert session.tokens.tolist() == sum((tok(t, add_special_tokens=False)["input_ids"] for t in turns), [])
+    assert session.tokens.tolist() == [i for t in turns for i in tok(t, add_special_tokens=False)["input_ids"]]
     n0 = len(tok(turns[0], add_special_tokens=False)["input_ids"])
     n1 = len(tok(turns[1], add_special_tokens=False)["input_ids"])
     session.set_query("<|im_start|>user\nWhich city?<|im_end|>\n<|im_start|>assistant\n", question="Which city?")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
@@ -330,7 +329,8 @@ def plot_quality_per_edit(table: pd.DataFrame):
     arms = list(dict.fromkeys(table["arm"]))
     style = _arm_styles(arms)
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharex=True)
-    for ax, col, label in ((axes[0], "agree_pct", "answer agreement with Re-prefill (%)"), (axes[1], "em_pct", "EM (%)")):
+    panels = ((axes[0], "agree_pct", "answer agreement with Re-prefill (%)"), (axes[1], "em_pct", "EM (%)"))
+    for ax, col, label in panels:
         for arm in arms:
             t = table[table["arm"] == arm]
             ax.plot(t["edit"], t[col], label=arm, lw=1.4, ms=5, **style[arm])
