@@ -57,6 +57,7 @@ from sur_lab.repair import (
     recover,
     repair,
 )
+from sur_lab.session import EditRecord, EditSession, repair_cache
 from sur_lab.units import Unit, segment_units
 
 __version__ = "0.1.0"
@@ -68,6 +69,8 @@ __all__ = [
     "REFERENCE_METHODS",
     "AllocationRequest",
     "Answer",
+    "EditRecord",
+    "EditSession",
     "EditedContext",
     "LoadedModel",
     "ModelSpec",
@@ -96,6 +99,7 @@ __all__ = [
     "register_executor",
     "render_chat",
     "repair",
+    "repair_cache",
     "replay",
     "reprefill",
     "segment_edit",

@@ -138,6 +138,43 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
     return torch.cat((rotated, keys[..., width:]), dim=-1)
 
 
+def rerotate_rows(keys: torch.Tensor, deltas: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move each post-RoPE key row by its own offset: ``K'[..., j, :] = R_{deltas[j]} K[..., j, :]`` (Eq. 2 per row).
+
+    Used to re-rotate keys from the position they were computed at (their recorded angle) straight to their current
+    position, so that a row moved by many successive edits is rotated once, not once per edit. Angles are formed in
+    float64; the rotation arithmetic runs in float32 (float64 for float64 keys) and the result is cast to the key
+    dtype once, so bfloat16 / float16 keys carry a single rounding (appendix 7.1). A zero offset returns the row
+    bitwise (cos 0 = 1, sin 0 = 0).
+
+    Args:
+        keys: ``[1, H_kv, L, d_h]`` post-RoPE keys, any float dtype.
+        deltas: ``[L]`` integer offsets in tokens (signed), one per row.
+        inv_freq: ``[d_h // 2]`` inverse frequencies (any float dtype; promoted to float64).
+
+    Returns:
+        New tensor, same shape and dtype as ``keys``.
+
+    Raises:
+        ValueError: if ``inv_freq`` does not have ``d_h // 2`` entries or ``deltas`` does not have one entry per row.
+    """
+    head_dim, rows = keys.shape[-1], keys.shape[-2]
+    if inv_freq.numel() * 2 != head_dim:
+        raise ValueError(f"inv_freq has {inv_freq.numel()} entries; keys need head_dim // 2 = {head_dim // 2}")
+    deltas = torch.as_tensor(deltas).reshape(-1)
+    if deltas.numel() != rows:
+        raise ValueError(f"deltas has {deltas.numel()} entries; keys have {rows} rows")
+    compute = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    # [L, d_h / 2] angles in float64: positions reach 1e5+ and float32 products would lose the low bits.
+    angles = deltas.to(device=keys.device, dtype=torch.float64)[:, None] * inv_freq.detach().to(
+        device=keys.device, dtype=torch.float64
+    )[None]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(compute), emb.sin().to(compute)
+    k = keys.to(compute)
+    return (k * cos + rotate_half(k) * sin).to(keys.dtype)
+
+
 def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq: torch.Tensor) -> DynamicCache:
     """Shift: drop rows ``[p, p + d)`` and re-rotate the suffix keys by ``-d`` positions; values are unchanged.
 

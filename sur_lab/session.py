@@ -1,0 +1,758 @@
+"""Edit sessions: one live KV cache kept usable across many appends, deletions and replacements (evolving contexts).
+
+An agent's context keeps changing: turns are appended, obsolete tool outputs are deleted or replaced. An
+:class:`EditSession` owns the live transformers ``DynamicCache`` of the current context and, per row, the token id,
+the position the row's keys were computed at (its *recorded angle*) and its *staleness*: how many context tokens
+before it were deleted or inserted since its state was computed. Each edit is the paper's repair (Algorithm 1) on an
+:class:`~sur_lab.edits.EditedContext` built for that edit: drop the span, Shift the suffix (Eq. 2), then refresh a
+support chosen by any allocator at budget b (Eq. 3) with any executor, or a reference method (Shift, Replay,
+Re-prefill).
+
+Re-rotation always starts from each row's *anchor*, the key as the model computed it at its recorded position, and
+rotates it once by ``current_pos - recorded_pos`` (float32 arithmetic or better, one cast). A row moved by forty
+edits therefore carries one rotation's rounding, not forty: keys re-rotated and stored again after every edit drift (on
+SmolLM2 in bfloat16, 40 Shifts of 2 positions leave about 8x the layer-0 key error of one Shift of 80;
+``scripts/session_drift.py``). Anchors cost one extra copy of the keys.
+
+:func:`repair_cache` applies one deletion repair to a user's own ``DynamicCache`` built from known ids, with no
+sur_lab types in its signature. The session's :attr:`EditSession.cache` works with ``model.generate`` (transformers
+5.x takes it as ``cache=``; ``past_key_values=`` is the deprecated alias).
+
+Source: section 3 (evolving contexts, Eq. 2, Eq. 3), Algorithm 1, appendix 7.1 (Shift, sparse refresh), appendix 14
+(stale causal predecessors).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
+from sur_lab.answer import Answer, greedy_answer
+from sur_lab.budget import Support, allowance, check_budget
+from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
+from sur_lab.edits import EditedContext
+from sur_lab.executors import get_executor, replay
+from sur_lab.forward import forward_tokens, prefill
+from sur_lab.models import LoadedModel, model_spec
+
+#: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
+SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
+#: Relevance fallback when no query is pending: the last this-many tokens of the edited context (tokens).
+FALLBACK_QUERY_TOKENS = 32
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _rerotate(keys: torch.Tensor, deltas: np.ndarray, inv_freq: torch.Tensor) -> torch.Tensor:
+    """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions."""
+    return rerotate_rows(keys, torch.from_numpy(np.ascontiguousarray(deltas, dtype=np.int64)), inv_freq)
+
+
+@dataclass(frozen=True)
+class EditRecord:
+    """What one edit did (a :class:`~sur_lab.repair.RepairResult`-style record without the cache).
+
+    Attributes:
+        kind: ``"append"``, ``"delete"`` or ``"replace"``.
+        start / end: the edited row span ``[start, end)`` of the context before the edit (``append``: the new rows).
+        inserted: tokens inserted (``append`` / ``replace``), 0 for ``delete``.
+        method: repair method (allocator name or a reference method); ``""`` for ``append``.
+        budget_pct: b in percent (NaN for reference methods and ``append``).
+        suffix_len: S, rows after the edit that were Shifted (tokens).
+        allowance: B, suffix positions refreshed by the repair (S for Replay and Re-prefill, 0 for Shift).
+        selection: the allocator's selection (``None`` for reference methods and the B = 0 / B = S endpoints).
+        refreshed_rows: int64 absolute rows of the new context recomputed by the repair and the debt pass (inserted
+            rows excluded).
+        forwarded_tokens: tokens run through the model by the edit: inserted + refreshed (Re-prefill: every row).
+        timings_ms: ``prefill`` (inserted tokens), ``shift``, ``select``, ``refresh``, ``debt`` (ms).
+        debt_before: stale rows right after the Shift, before any refresh (rows).
+        debt_after: stale rows after the edit (rows).
+        debt_refreshed: stale rows refreshed by the debt pass (rows).
+        num_tokens: context length after the edit (tokens).
+    """
+
+    kind: str
+    start: int
+    end: int
+    inserted: int
+    method: str
+    budget_pct: float
+    suffix_len: int
+    allowance: int
+    selection: Selection | None
+    refreshed_rows: np.ndarray = field(repr=False)
+    forwarded_tokens: int
+    timings_ms: dict[str, float]
+    debt_before: int
+    debt_after: int
+    debt_refreshed: int
+    num_tokens: int
+
+    @property
+    def support(self) -> Support | None:
+        """The suffix-local support of the repair (``None`` for reference methods and ``append``)."""
+        return self.selection.support if self.selection is not None else None
+
+    @property
+    def refresh_ms(self) -> float:
+        """Post-edit repair time, ms: select + shift + refresh + debt (Eq. 20 without the answer term)."""
+        return float(sum(self.timings_ms.get(k, 0.0) for k in ("select", "shift", "refresh", "debt")))
+
+
+@dataclass(frozen=True)
+class _Query:
+    ids: torch.Tensor
+    question: str | None
+    question_ids: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Policy:
+    method: str
+    budget_pct: float
+    executor: str
+    debt_pct: float
+    seed: int
+    options: dict
+
+
+@dataclass(frozen=True)
+class _State:
+    """An immutable snapshot of the session; edits build a new one and commit it only when they succeed.
+
+    ``keys`` / ``values`` / ``anchors`` are per-layer ``[1, H_kv, n, d_h]`` (``None`` before the first append);
+    ``angle_pos`` the position each anchor was computed at; ``stale`` the tokens deleted or inserted before each row
+    since its state was computed; ``segment`` the append/insert call each row came from (its message container);
+    ``pieces`` each row's text (``None`` without a tokenizer).
+    """
+
+    ids: torch.Tensor
+    keys: tuple[torch.Tensor, ...] | None
+    values: tuple[torch.Tensor, ...] | None
+    anchors: tuple[torch.Tensor, ...] | None
+    angle_pos: np.ndarray
+    stale: np.ndarray
+    segment: np.ndarray
+    pieces: tuple[str, ...] | None
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.numel())
+
+    def cache(self) -> DynamicCache:
+        return from_tensors(list(zip(self.keys, self.values))) if self.keys is not None else DynamicCache()
+
+
+class EditSession:
+    """A live KV cache of an evolving context, repaired after every edit (section 3, Algorithm 1 per edit).
+
+    Rows are kept in context order with contiguous positions ``0 .. n-1``. Keys in :attr:`cache` are always rotated
+    for their current position, so the cache can be passed to ``model.generate`` at any time. Every edit validates
+    its arguments before any work and builds a new state that replaces the old one only when the edit succeeds: after
+    any raised error the session is unchanged. No tensor the session holds is ever written in place.
+
+    Args:
+        lm: the model (any dtype; float64 tiny models give exact comparisons).
+        method: default repair method: an allocator name (``"SUR"``) or ``"Shift"``, ``"Replay"``, ``"Re-prefill"``.
+        budget_pct: default budget b in [0, 100], percent of each edit's suffix (Eq. 3).
+        executor: default executor name (``"sequential"`` reference, packed backends).
+        debt_pct: default staleness-debt budget in [0, 100], percent of the stale rows left after an edit's repair
+            that are refreshed too, stalest first (0: only the edit's own allowance is spent).
+        seed: case seed for randomized allocators.
+        options: allocator options (passed through).
+
+    Raises:
+        ValueError: naming ``method``, ``budget_pct``, ``executor`` or ``debt_pct`` when invalid.
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        *,
+        method: str = "SUR",
+        budget_pct: float = 5.0,
+        executor: str = "sequential",
+        debt_pct: float = 0.0,
+        seed: int = 0,
+        options: dict | None = None,
+    ) -> None:
+        self.lm = lm
+        self._defaults = _Policy(method, budget_pct, executor, debt_pct, seed, dict(options or {}))
+        self._defaults = self._policy()
+        self._state = _State(
+            ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
+            angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),
+            segment=np.zeros(0, dtype=np.int64), pieces=() if lm.tokenizer is not None else None,
+        )
+        self._next_segment = 0
+        self._query: _Query | None = None
+        self.history: list[EditRecord] = []
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Construction from an existing cache
+
+    @classmethod
+    def from_cache(cls, lm: LoadedModel, cache: DynamicCache, input_ids, **defaults: Any) -> EditSession:
+        """A session over an existing cache of ``input_ids`` (one segment; rows computed at positions ``0 .. n-1``).
+
+        The cache is not modified and not copied: the session shares its tensors and never writes into them.
+
+        Args:
+            lm: the model the cache was built with.
+            cache: ``DynamicCache`` of ``n`` rows per layer, ``[1, H_kv, n, d_h]``.
+            input_ids: ``[n]`` (or ``[1, n]``) token ids the cache was built from.
+            **defaults: session defaults (``method``, ``budget_pct``, ``executor``, ``debt_pct``, ``seed``,
+                ``options``).
+
+        Raises:
+            ValueError: naming ``input_ids`` when it is empty or not of the cache's length, ``cache`` when its layer
+                count or batch size does not match the model.
+        """
+        session = cls(lm, **defaults)
+        ids = session._as_ids(input_ids, "input_ids")
+        n = int(ids.numel())
+        if num_layers(cache) != lm.spec.num_layers:
+            raise ValueError(f"cache has {num_layers(cache)} layers; the model has {lm.spec.num_layers}")
+        if cache_length(cache) != n:
+            raise ValueError(f"input_ids has {n} tokens; the cache holds {cache_length(cache)} rows")
+        kv = to_tensors(cache)
+        if any(k.shape[0] != 1 for k, _ in kv):
+            raise ValueError("cache must have batch size 1")
+        keys = tuple(k for k, _ in kv)
+        session._state = _State(
+            ids=ids, keys=keys, values=tuple(v for _, v in kv), anchors=keys,
+            angle_pos=np.arange(n, dtype=np.int64), stale=np.zeros(n, dtype=np.int64),
+            segment=np.zeros(n, dtype=np.int64), pieces=session._decode_pieces(ids),
+        )
+        session._next_segment = 1
+        return session
+
+    def fork(self, **defaults: Any) -> EditSession:
+        """A new session starting from this one's state (tensors shared, never written) with other defaults.
+
+        The pending query is carried over; the history starts empty. Forking costs no tensor copy, so several repair
+        policies can follow the same edits from one prefill.
+
+        Raises:
+            ValueError: as the constructor, for invalid ``defaults``.
+        """
+        merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__}, **defaults}
+        other = EditSession(self.lm, **merged)
+        other._state, other._next_segment, other._query = self._state, self._next_segment, self._query
+        return other
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Read-only views
+
+    def __len__(self) -> int:
+        return self._state.n
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """``[n]`` int64 token ids of the current context (a copy)."""
+        return self._state.ids.clone()
+
+    @property
+    def text(self) -> str | None:
+        """The current context's text (``None`` without a tokenizer); appended text is kept verbatim."""
+        return "".join(self._state.pieces) if self._state.pieces is not None else None
+
+    @property
+    def cache(self) -> DynamicCache:
+        """The live cache: a new ``DynamicCache`` object over the session's tensors (no copy), ``n`` rows per layer.
+
+        Appending to it (``model.generate``, :func:`~sur_lab.forward.forward_tokens`) concatenates into new tensors
+        and leaves the session unchanged; writing into its tensors in place would not.
+        """
+        return self._state.cache()
+
+    @property
+    def pending_query(self) -> torch.Tensor | None:
+        """``[Q]`` int64 ids of the pending query (processed by :meth:`answer` and used for SUR's relevance)."""
+        return None if self._query is None else self._query.ids.clone()
+
+    @property
+    def recorded_positions(self) -> np.ndarray:
+        """int64 ``[n]``: the position each row's keys were computed at (its anchor's angle)."""
+        return self._state.angle_pos.copy()
+
+    @property
+    def staleness(self) -> np.ndarray:
+        """int64 ``[n]``: tokens deleted or inserted before each row since its K/V were computed (0: fresh)."""
+        return self._state.stale.copy()
+
+    @property
+    def debt(self) -> int:
+        """Staleness debt: rows whose states were computed with a context that has changed before them since."""
+        return int((self._state.stale > 0).sum())
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Validation helpers
+
+    def _policy(self, method=None, budget_pct=None, executor=None, debt_pct=None, seed=None, options=None) -> _Policy:
+        d = self._defaults
+        method = d.method if method is None else method
+        if method == "Dirty":
+            raise ValueError("method='Dirty' keeps the deleted rows, which an edit session cannot hold; use "
+                             f"{', '.join(SESSION_REFERENCE_METHODS)} or an allocator")
+        if method not in SESSION_REFERENCE_METHODS and method not in ALLOCATORS:
+            raise ValueError(
+                f"unknown method={method!r}; allowed: {', '.join(SESSION_REFERENCE_METHODS)} or an allocator "
+                f"({', '.join(sorted(ALLOCATORS))})"
+            )
+        budget = check_budget(d.budget_pct if budget_pct is None else budget_pct)
+        executor = d.executor if executor is None else executor
+        get_executor(executor)
+        debt = d.debt_pct if debt_pct is None else debt_pct
+        try:
+            debt = check_budget(debt)
+        except ValueError:
+            raise ValueError(
+                f"debt_pct must be a number in [0, 100] (percent of the stale rows); got {debt!r}"
+            ) from None
+        return _Policy(method, budget, executor, debt, d.seed if seed is None else int(seed),
+                       dict(d.options if options is None else options))
+
+    def _as_ids(self, content, name: str) -> torch.Tensor:
+        if isinstance(content, str):
+            if self.lm.tokenizer is None:
+                raise ValueError(f"{name} is text but the model has no tokenizer; pass token ids")
+            ids = torch.tensor(self.lm.tokenizer(content, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        else:
+            ids = torch.as_tensor(content)
+            if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() > 2 or (
+                ids.dim() == 2 and ids.shape[0] != 1
+            ):
+                raise ValueError(
+                    f"{name} must be integer token ids [L] or [1, L]; got {ids.dtype} {tuple(ids.shape)}"
+                )
+            ids = ids.reshape(-1).to(torch.long).cpu()
+        if ids.numel() == 0:
+            raise ValueError(f"{name} is empty; need at least one token")
+        vocab = self.lm.spec.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"{name} has ids outside [0, {vocab}) (the vocabulary)")
+        return ids
+
+    def _check_span(self, start, end) -> tuple[int, int]:
+        try:
+            a, b = operator.index(start), operator.index(end)
+        except TypeError:
+            raise ValueError(f"span (start={start!r}, end={end!r}) must be integers") from None
+        if isinstance(start, bool) or isinstance(end, bool):
+            raise ValueError(f"span (start={start!r}, end={end!r}) must be integers, not booleans")  # noqa: TRY004
+        n = self._state.n
+        if a >= b:
+            raise ValueError(f"span [start={a}, end={b}) is empty; need start < end")
+        if self._query is not None and a >= 0 and b > n and a < n + int(self._query.ids.numel()):
+            raise ValueError(
+                f"span [start={a}, end={b}) reaches into the pending query, which starts at row {n}; only the cached "
+                f"context [0, {n}) can be edited"
+            )
+        if a < 0 or b > n:
+            raise ValueError(f"span [start={a}, end={b}) is out of range; need 0 <= start < end <= {n}")
+        return a, b
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Text pieces
+
+    def _text_pieces(self, text: str, ids: torch.Tensor) -> tuple[str, ...]:
+        """Each token's share of ``text``: from its start offset to the next token's (the last runs to the end)."""
+        enc = self.lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts, prev = [], 0
+        for i, (s, _) in enumerate(enc["offset_mapping"]):
+            prev = 0 if i == 0 else max(prev, int(s))
+            starts.append(prev)
+        bounds = starts[1:] + [len(text)]
+        return tuple(text[s:e] for s, e in zip(starts, bounds))
+
+    def _decode_pieces(self, ids: torch.Tensor) -> tuple[str, ...] | None:
+        if self.lm.tokenizer is None:
+            return None
+        return tuple(self.lm.tokenizer.decode([int(t)], skip_special_tokens=False) for t in ids)
+
+    def _pieces(self, content, ids: torch.Tensor) -> tuple[str, ...] | None:
+        if self.lm.tokenizer is None:
+            return None
+        return self._text_pieces(content, ids) if isinstance(content, str) else self._decode_pieces(ids)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Queries and answers
+
+    def set_query(self, content, *, question=None) -> None:
+        """Set the pending query: the tokens :meth:`answer` processes after the context (not cached).
+
+        The pending query (or ``question``, when given) is also the relevance query SUR scores the suffix against
+        (Eq. 7). Without one, relevance is scored against the last :data:`FALLBACK_QUERY_TOKENS` context tokens.
+
+        Args:
+            content: query text (tokenized without special tokens; chat-template markers in it are kept) or ids.
+            question: the question alone (text or ids), for relevance scoring (defaults to the whole query).
+
+        Raises:
+            ValueError: naming ``content`` or ``question`` when empty or out of the vocabulary.
+        """
+        ids = self._as_ids(content, "content")
+        question_ids = None
+        if question is not None:
+            if isinstance(question, str) and not question.strip():
+                raise ValueError("question is empty (empty query)")
+            question_ids = self._as_ids(question, "question")
+        self._query = _Query(ids, question if isinstance(question, str) else None, question_ids)
+
+    def clear_query(self) -> None:
+        """Forget the pending query."""
+        self._query = None
+
+    def answer(self, query=None, *, max_new_tokens: int = 64, draft: Sequence[int] = ()) -> Answer:
+        """Greedy answer after the current context (:func:`~sur_lab.answer.greedy_answer`); the session is unchanged.
+
+        Args:
+            query: query text or ids; ``None`` uses the pending query.
+            max_new_tokens: decoding limit (tokens, >= 1).
+            draft: token ids to verify in one forward (e.g. Re-prefill's answer), see ``greedy_answer``.
+
+        Raises:
+            ValueError: naming ``query`` when there is neither a query nor a pending one, or it is empty; naming
+                ``max_new_tokens`` when < 1.
+        """
+        if query is None:
+            if self._query is None:
+                raise ValueError("query is None and no query is pending (set_query)")
+            ids = self._query.ids
+        else:
+            ids = self._as_ids(query, "query")
+        if draft:
+            return greedy_answer(self.lm, self.cache, ids, max_new_tokens=max_new_tokens, draft=draft, copy=True)
+        # A fresh cache object over the session's tensors: decoding concatenates into new tensors, no clone needed.
+        return greedy_answer(self.lm, self.cache, ids, max_new_tokens=max_new_tokens, copy=False)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Edits
+
+    def append(self, content) -> EditRecord:
+        """Prefill new tokens (a user or tool turn) at positions ``n .. n + L - 1``; they form one new container.
+
+        Args:
+            content: text (tokenized without special tokens; template markers in it are kept) or ``[L]`` ids.
+
+        Returns:
+            EditRecord with ``kind="append"`` and ``timings_ms["prefill"]``.
+
+        Raises:
+            ValueError: naming ``content`` when empty, not ids, or text without a tokenizer.
+        """
+        ids = self._as_ids(content, "content")
+        pieces = self._pieces(content, ids)
+        old = self._state
+        n, m = old.n, int(ids.numel())
+        t0 = time.perf_counter()
+        work = old.cache()
+        forward_tokens(self.lm, ids, work, logits="none")
+        prefill_ms = _ms(t0)
+        kv = to_tensors(work)
+        keys = tuple(k for k, _ in kv)
+        if old.anchors is None:
+            anchors = keys
+        else:
+            anchors = tuple(torch.cat((a, k[:, :, n:]), dim=2) for a, k in zip(old.anchors, keys))
+        new = _State(
+            ids=torch.cat((old.ids, ids)), keys=keys, values=tuple(v for _, v in kv), anchors=anchors,
+            angle_pos=np.concatenate((old.angle_pos, np.arange(n, n + m, dtype=np.int64))),
+            stale=np.concatenate((old.stale, np.zeros(m, dtype=np.int64))),
+            segment=np.concatenate((old.segment, np.full(m, self._next_segment, dtype=np.int64))),
+            pieces=None if old.pieces is None else old.pieces + pieces,
+        )
+        record = EditRecord(
+            "append", n, n + m, m, "", float("nan"), 0, 0, None, np.zeros(0, dtype=np.int64), m,
+            {"prefill": prefill_ms, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0},
+            self.debt, int((new.stale > 0).sum()), 0, new.n,
+        )
+        self._commit(new, record)
+        self._next_segment += 1
+        return record
+
+    def delete(
+        self, start: int, end: int, *, method: str | None = None, budget_pct: float | None = None,
+        executor: str | None = None, debt_pct: float | None = None, seed: int | None = None,
+        options: dict | None = None,
+    ) -> EditRecord:
+        """Delete rows ``[start, end)``, Shift the suffix and repair it (Algorithm 1 on this edit).
+
+        The suffix keys are re-rotated from their anchors (one rotation, float32 or better, one cast); the repair
+        refreshes the support that ``method`` chooses at ``budget_pct`` with ``executor``; then, with ``debt_pct`` >
+        0, the stalest remaining stale rows are refreshed too. Arguments left ``None`` take the session defaults.
+
+        Returns:
+            EditRecord (allowance, support, refreshed rows, timings in ms, debt).
+
+        Raises:
+            ValueError: before any work, naming the span (empty, out of range, reaching into the pending query),
+                ``method``, ``budget_pct``, ``executor`` or ``debt_pct``.
+        """
+        policy = self._policy(method, budget_pct, executor, debt_pct, seed, options)
+        a, b = self._check_span(start, end)
+        return self._edit(a, b, None, None, policy)
+
+    def replace(
+        self, start: int, end: int, content, *, method: str | None = None, budget_pct: float | None = None,
+        executor: str | None = None, debt_pct: float | None = None, seed: int | None = None,
+        options: dict | None = None,
+    ) -> EditRecord:
+        """Replace rows ``[start, end)`` by ``content``: delete, prefill the new tokens at their positions, repair.
+
+        The inserted tokens are computed against the (unchanged) prefix; the suffix after them is re-rotated to its
+        new positions and repaired under the same budget rules as :meth:`delete` (its allowance is a share of the
+        suffix, Eq. 3). The inserted rows join the container of the row they replace.
+
+        Raises:
+            ValueError: as :meth:`delete`, and naming ``content`` when empty.
+        """
+        policy = self._policy(method, budget_pct, executor, debt_pct, seed, options)
+        a, b = self._check_span(start, end)
+        ids = self._as_ids(content, "content")
+        return self._edit(a, b, ids, self._pieces(content, ids), policy)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The edit itself
+
+    def _edit(self, a: int, b: int, ins: torch.Tensor | None, ins_pieces, policy: _Policy) -> EditRecord:
+        lm, old = self.lm, self._state
+        n, d = old.n, b - a
+        m = 0 if ins is None else int(ins.numel())
+        p = a + m  # the repair's prefix: kept rows before the span plus the inserted rows
+        S = n - b
+        timings = {"prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+
+        # 1. Inserted rows: prefilled against the unchanged prefix rows [0, a), at positions a .. a + m - 1.
+        ins_kv: list = []
+        if m:
+            t0 = time.perf_counter()
+            work = from_tensors([(k[:, :, :a], v[:, :, :a]) for k, v in zip(old.keys, old.values)])
+            forward_tokens(lm, ins, work, logits="none")
+            ins_kv = [(k[:, :, a:], v[:, :, a:]) for k, v in to_tensors(work)]
+            timings["prefill"] = _ms(t0)
+
+        # 2. Shift: drop [a, b); re-rotate each suffix row once, from its anchor to its new position p + j.
+        t0 = time.perf_counter()
+        deltas = np.arange(p, p + S, dtype=np.int64) - old.angle_pos[b:]
+        keys, values, anchors = [], [], []
+        for layer, (k, v, anc) in enumerate(zip(old.keys, old.values, old.anchors)):
+            suffix_k = _rerotate(anc[:, :, b:], deltas, lm.inv_freq)
+            mid_k = [ins_kv[layer][0]] if m else []
+            mid_v = [ins_kv[layer][1]] if m else []
+            keys.append(torch.cat([k[:, :, :a], *mid_k, suffix_k], dim=2))
+            values.append(torch.cat([v[:, :, :a], *mid_v, v[:, :, b:]], dim=2))
+            anchors.append(torch.cat([anc[:, :, :a], *mid_k, anc[:, :, b:]], dim=2))
+        timings["shift"] = _ms(t0)
+        new_ids = torch.cat([old.ids[:a]] + ([ins] if m else []) + [old.ids[b:]])
+        seg_ins = old.segment[a] if a < n else self._next_segment
+        pieces = None
+        if old.pieces is not None:
+            pieces = old.pieces[:a] + (tuple(ins_pieces) if m else ()) + old.pieces[b:]
+        shifted = _State(
+            ids=new_ids, keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
+            angle_pos=np.concatenate((old.angle_pos[:a], np.arange(a, p, dtype=np.int64), old.angle_pos[b:])),
+            stale=np.concatenate((old.stale[:a], np.zeros(m, dtype=np.int64), old.stale[b:] + d + m)),
+            segment=np.concatenate((old.segment[:a], np.full(m, seg_ins, dtype=np.int64), old.segment[b:])),
+            pieces=pieces,
+        )
+        debt_before = int((shifted.stale > 0).sum())
+
+        # 3. Repair through the allocator + executor machinery, on the EditedContext of this edit.
+        original_ids = torch.cat([old.ids[:a]] + ([ins] if m else []) + [old.ids[a:]])
+        edit = self._edited_context(original_ids, p, d, shifted)
+        state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
+
+        # 4. Staleness debt: refresh the stalest remaining stale rows with the same executor.
+        state, debt_rows = self._pay_debt(state, policy, timings)
+        rows = np.union1d(refreshed, debt_rows).astype(np.int64)
+        nan = float("nan")
+        record = EditRecord(
+            "delete" if ins is None else "replace", a, b, m, policy.method,
+            nan if policy.method in SESSION_REFERENCE_METHODS else policy.budget_pct, S, B, selection, rows,
+            m + len(rows) if policy.method != "Re-prefill" else state.n + len(debt_rows), timings,
+            debt_before, int((state.stale > 0).sum()), len(debt_rows), state.n,
+        )
+        self._commit(state, record)
+        return record
+
+    def _query_fields(self, edited_ids: torch.Tensor, fallback: torch.Tensor) -> dict:
+        if self._query is not None:
+            q = self._query
+            return {"query_ids": q.ids, "question": q.question, "question_ids": q.question_ids}
+        tail = edited_ids[-FALLBACK_QUERY_TOKENS:] if edited_ids.numel() else fallback[-1:]
+        return {"query_ids": tail, "question": None, "question_ids": None}
+
+    def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State) -> EditedContext:
+        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes inserted tokens), edited ``p ⊕ s``."""
+        text = {}
+        if shifted.pieces is not None:
+            lengths = np.fromiter((len(x) for x in shifted.pieces), dtype=np.int64, count=shifted.n)
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            containers = []
+            seg = shifted.segment
+            breaks = np.flatnonzero(np.diff(seg)) + 1 if shifted.n else np.zeros(0, dtype=np.int64)
+            for r0, r1 in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [shifted.n]))):
+                if r1 > r0 and ends[r1 - 1] > starts[r0]:
+                    containers.append((int(starts[r0]), int(ends[r1 - 1]), "message"))
+            text = {
+                "edited_text": "".join(shifted.pieces),
+                "edited_offsets": tuple(zip(starts.tolist(), ends.tolist())),
+                "containers": tuple(containers),
+            }
+        return EditedContext(
+            original_ids=original_ids, prefix_len=p, deleted_len=d,
+            **self._query_fields(shifted.ids, original_ids), **text,
+        )
+
+    def _repair(self, shifted: _State, edit: EditedContext, policy: _Policy, timings: dict):
+        """Refresh ``shifted`` per ``policy``; returns ``(state, selection, B, refreshed absolute rows)``."""
+        lm = self.lm
+        p, S, n = edit.prefix_len, edit.suffix_len, shifted.n
+        shift_cache = shifted.cache()
+        method = policy.method
+        selection = None
+        if method == "Re-prefill":
+            t0 = time.perf_counter()
+            if n == 0:
+                return shifted, None, 0, np.zeros(0, dtype=np.int64)
+            cache = prefill(lm, edit.edited_ids)[0]
+            timings["refresh"] = _ms(t0)
+            return self._with_rows(shifted, cache, np.arange(n, dtype=np.int64)), None, S, np.arange(n)
+        if method == "Shift":
+            return shifted, None, 0, np.zeros(0, dtype=np.int64)
+        B = S if method == "Replay" else allowance(S, policy.budget_pct)
+        if B == 0:
+            if method != "Replay":
+                selection = Selection(Support(np.zeros(0, dtype=np.int64), S))
+            return shifted, selection, 0, np.zeros(0, dtype=np.int64)
+        if B == S:
+            # Algorithm 1, step 2: a full budget is Replay from the valid prefix rows.
+            t0 = time.perf_counter()
+            cache = replay(lm, shift_cache, edit)
+            timings["refresh"] = _ms(t0)
+            if method != "Replay":
+                selection = Selection(Support.full(S))
+            rows = np.arange(p, p + S, dtype=np.int64)
+            return self._with_rows(shifted, cache, rows), selection, S, rows
+        request = AllocationRequest(
+            lm, edit, policy.budget_pct, shift_cache=shift_cache, seed=policy.seed, options=dict(policy.options)
+        )
+        selection = allocate(method, request)
+        timings["select"] = selection.select_ms
+        t0 = time.perf_counter()
+        cache = get_executor(policy.executor)(lm, shift_cache, edit, selection.support)
+        timings["refresh"] = _ms(t0)
+        rows = selection.support.absolute(p)
+        return self._with_rows(shifted, cache, rows), selection, B, rows
+
+    def _with_rows(self, state: _State, cache: DynamicCache, rows: np.ndarray) -> _State:
+        """``state`` with ``cache`` as its live tensors; ``rows`` were recomputed at their current positions."""
+        kv = to_tensors(cache)
+        keys = tuple(k for k, _ in kv)
+        if len(rows) == state.n:
+            anchors = keys
+        else:
+            mask = torch.zeros(state.n, dtype=torch.bool)
+            mask[torch.from_numpy(np.asarray(rows, dtype=np.int64))] = True
+            mask = mask.to(keys[0].device)[None, None, :, None]
+            anchors = tuple(torch.where(mask, k, a) for k, a in zip(keys, state.anchors))
+        angle_pos, stale = state.angle_pos.copy(), state.stale.copy()
+        angle_pos[rows] = rows
+        stale[rows] = 0
+        return _State(state.ids, keys, tuple(v for _, v in kv), anchors, angle_pos, stale, state.segment, state.pieces)
+
+    def _pay_debt(self, state: _State, policy: _Policy, timings: dict) -> tuple[_State, np.ndarray]:
+        """Refresh ``⌈D · debt_pct / 100⌉`` of the D stale rows, stalest first (earlier first among ties)."""
+        stale_rows = np.flatnonzero(state.stale > 0)
+        k = allowance(len(stale_rows), policy.debt_pct)
+        if k == 0:
+            return state, np.zeros(0, dtype=np.int64)
+        order = np.lexsort((stale_rows, -state.stale[stale_rows]))
+        chosen = np.sort(stale_rows[order[:k]]).astype(np.int64)
+        j0 = int(chosen[0])
+        # A refresh-only edit: executors read the edited ids, the prefix length and the suffix; the one "deleted"
+        # placeholder token (a copy of row j0) only makes the context an EditedContext.
+        ids = state.ids
+        edit = EditedContext(
+            original_ids=torch.cat((ids[:j0], ids[j0 : j0 + 1], ids[j0:])), prefix_len=j0, deleted_len=1,
+            **self._query_fields(ids, ids),
+        )
+        t0 = time.perf_counter()
+        cache = get_executor(policy.executor)(self.lm, state.cache(), edit, Support(chosen - j0, state.n - j0))
+        timings["debt"] = _ms(t0)
+        return self._with_rows(state, cache, chosen), chosen
+
+    def _commit(self, state: _State, record: EditRecord) -> None:
+        self._state = state
+        self.history.append(record)
+
+
+def repair_cache(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    input_ids,
+    span: tuple[int, int],
+    *,
+    budget_pct: float = 5.0,
+    method: str = "SUR",
+    executor: str = "sequential",
+    query_ids=None,
+    tokenizer: Any = None,
+    seed: int = 0,
+) -> DynamicCache:
+    """Repair a user's own ``DynamicCache`` after deleting ``input_ids[span[0]:span[1]]`` (Algorithm 1, one edit).
+
+    For a cache built by an ordinary prefill (``model(input_ids, cache=...)``, keys rotated for positions
+    ``0 .. n-1``): the span's rows are dropped, the suffix is Shifted (Eq. 2) and a support of
+    ``B = ⌈S · budget_pct / 100⌉`` suffix positions (Eq. 3) is recomputed.
+
+    Args:
+        model: a transformers causal LM of a supported family (``sur_lab.models.check_supported``), in eval mode;
+            not modified.
+        cache: ``DynamicCache`` of ``n`` rows, ``[1, H_kv, n, d_h]`` per layer; not modified.
+        input_ids: ``[n]`` or ``[1, n]`` int64 ids the cache was built from.
+        span: ``(start, end)`` rows to delete, ``0 <= start < end <= n``.
+        budget_pct: b in [0, 100], percent of the suffix.
+        method: an allocator name (``"SUR"``) or ``"Shift"``, ``"Replay"``, ``"Re-prefill"``.
+        executor: executor name (``"sequential"``, packed backends).
+        query_ids: the next query's ids (SUR's relevance query, Eq. 7); ``None`` scores relevance against the last
+            :data:`FALLBACK_QUERY_TOKENS` tokens of the edited context.
+        tokenizer: optional; lets SUR build semantic units from text (otherwise fixed-size chunks).
+        seed: seed for randomized allocators.
+
+    Returns:
+        A new ``DynamicCache`` of ``n - (end - start)`` rows for ``input_ids`` without the span; pass it to
+        ``model.generate(input_ids=edited_ids ⊕ query, cache=...)``.
+
+    Raises:
+        ValueError: naming ``model`` (training mode), ``input_ids``, ``cache``, ``span``, ``budget_pct``, ``method``,
+            ``executor`` or ``query_ids`` — before any model call.
+        UnsupportedModelError: for a model family or configuration repair does not cover.
+    """
+    if model.training:
+        raise ValueError("model is in training mode (dropout); call model.eval() first")
+    lm = LoadedModel(model=model, tokenizer=tokenizer, spec=model_spec(model))
+    session = EditSession.from_cache(
+        lm, cache, input_ids, method=method, budget_pct=budget_pct, executor=executor, seed=seed
+    )
+    if query_ids is not None:
+        session.set_query(query_ids if isinstance(query_ids, str) else torch.as_tensor(query_ids))
+    try:
+        start, end = span
+    except (TypeError, ValueError):
+        raise ValueError(f"span must be a (start, end) pair; got {span!r}") from None
+    session.delete(start, end)
+    return session.cache
