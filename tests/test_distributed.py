@@ -248,3 +248,26 @@ def test_resume_after_a_worker_dies(ray_session, args, cases, serial, tmp_path):
     for part in (tmp_path / "out" / "parts").glob("*.jsonl"):
         lines = [json.loads(x) for x in part.read_text().splitlines()]
         assert len(lines) == RECORDS_PER_CASE  # the victim's first two records were kept, not redone
+
+
+def test_natural_qa_latency_table_refuses_mixed_concurrency():
+    from sur_lab.studies.natural_qa import aggregate_trials, quality_latency_table, results_table
+    from test_natural_qa import _records
+
+    records = _records()
+    one = results_table(records.assign(workers=1, threads=2))
+    assert len(quality_latency_table(one)) == 6  # one setting: pooled as before
+    mixed = results_table(records.assign(workers=np.where(records["dataset"] == "iirc", 2, 1), threads=1))
+    with pytest.raises(ValueError, match="2 concurrency settings"):
+        quality_latency_table(mixed)
+    with pytest.warns(UserWarning) as caught:
+        summary = quality_latency_table(mixed, mixed_concurrency="warn")
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "2 concurrency settings" in messages and "2 workers sharing the machine" in messages
+    assert len(summary) == 6
+    with pytest.raises(ValueError, match="mixed_concurrency"):
+        quality_latency_table(one, mixed_concurrency="ignore")
+    trials = _records(trials=2)
+    trials = results_table(trials.assign(workers=1, threads=np.where(trials["trial"] == 0, 1, 2)))
+    with pytest.raises(ValueError, match="trial timings"):
+        aggregate_trials(trials)

@@ -13,7 +13,7 @@ Lustre, a mounted bucket with POSIX appends) on a cluster. Every node needs sur_
 
 Timing honesty: every record carries ``workers`` (concurrent actors) and ``threads`` (torch intra-op threads of the
 process that made it). Latency studies should run with one worker; :func:`check_concurrency` refuses to pool timings
-made under different settings.
+made under different settings (it lives in :mod:`sur_lab.analysis.stats`).
 
 Ray is an optional dependency (``pip install -e '.[distributed]'``; ``make install`` includes it). Importing this
 module does not import Ray; only running with ``workers > 1`` or an ``address`` does.
@@ -30,8 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-#: Record fields describing the concurrency a record was measured under (not timings, but not results either).
-CONCURRENCY_FIELDS = ("workers", "threads")
+from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency  # noqa: F401 - re-exported
 #: How often the driver refreshes the progress bar while waiting for cases, seconds.
 POLL_S = 0.5
 #: How many times one case is re-queued after the actor running it died, before the sweep gives up on it.
@@ -382,38 +381,6 @@ def run_sweep_distributed(
     df.to_parquet(tmp, index=False)
     os.replace(tmp, out_dir / "records.parquet")
     return df
-
-
-def check_concurrency(records: pd.DataFrame, *, what: str = "timings", strict: bool = True) -> None:
-    """Refuse (or warn about) pooling timings measured under different concurrency.
-
-    Records made by several workers sharing a machine, or with different torch thread counts, time different things;
-    averaging them into one latency table mixes conditions. Records without the ``workers``/``threads`` fields (made
-    before they existed) count as unknown and are treated as one setting.
-
-    Args:
-        records: sweep records (``workers``, ``threads`` columns when present).
-        what: what is being pooled, for the message.
-        strict: raise (``True``) or only warn (``False``).
-
-    Raises:
-        ValueError: when ``strict`` and the records mix settings; the message lists them and how to filter.
-    """
-    import warnings
-
-    cols = [c for c in CONCURRENCY_FIELDS if c in records.columns]
-    if not cols or records.empty:
-        return
-    settings = records[cols].astype("object").where(records[cols].notna(), None).drop_duplicates()
-    if len(settings) <= 1:
-        return
-    listed = "; ".join(", ".join(f"{c}={row[c]}" for c in cols) for _, row in settings.iterrows())
-    msg = (f"these records were measured under {len(settings)} concurrency settings ({listed}); pooling their {what} "
-           f"mixes conditions. Filter to one setting (e.g. records[records.workers == 1]) or rerun the latency study "
-           f"with workers=1")
-    if strict:
-        raise ValueError(msg)
-    warnings.warn(msg, UserWarning, stacklevel=2)
 
 
 def records_per_minute(records: pd.DataFrame, seconds: float) -> float:
