@@ -127,9 +127,11 @@ class _CaseRunner:
 
     def __init__(self, model_args: Mapping, threads: int, workers: int) -> None:
         import torch
+        from transformers.utils import logging as hf_logging
 
         from sur_lab.models import load_model
 
+        hf_logging.disable_progress_bar()  # the driver draws the one progress bar
         torch.set_num_threads(int(threads))
         self.lm = load_model(**dict(model_args))
         self.workers = int(workers)

@@ -23,6 +23,7 @@ from typing import Any
 
 #: Annotations this module checks; parameters annotated otherwise are left alone.
 CHECKED_TYPES = (bool, int, float, str, list, dict, tuple)
+_BY_NAME = {t.__name__: t for t in CHECKED_TYPES}
 
 
 class ParameterError(TypeError):
@@ -63,6 +64,13 @@ def _parse_container(name: str, text: str, kind: type) -> Any:
 
 def _allowed(annotation: Any) -> tuple[tuple[type, ...], bool] | None:
     """The checkable types of an annotation and whether None is allowed; None when the annotation is not checked."""
+    if isinstance(annotation, str):  # postponed annotations (``from __future__ import annotations``)
+        if annotation.replace(" ", "").endswith("|None"):
+            inner = _allowed(annotation.replace(" ", "")[: -len("|None")])
+            return (inner[0], True) if inner else None
+        annotation = _BY_NAME.get(annotation.split("[")[0].strip())
+        if annotation is None:
+            return None
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         members = typing.get_args(annotation)
