@@ -36,7 +36,16 @@ POLL_S = 0.5
 #: How many times one case is re-queued after the actor running it died, before the sweep gives up on it.
 MAX_CASE_RETRIES = 2
 
+#: Process ids of the actors of the sweep running in this driver (diagnostics, e.g. a benchmark that kills one).
+_WORKER_PIDS: list[int] = []
+
 INSTALL_HINT = "pip install -e '.[distributed]' (or pip install ray; make install includes it)"
+
+
+def worker_pids() -> list[int]:
+    """Process ids of the Ray actors started by the sweep now running in this process (empty when none): for
+    diagnostics and fault-injection benchmarks (``scripts/bench_sweep_workers.py`` kills one)."""
+    return list(_WORKER_PIDS)
 
 
 def require_ray():
@@ -300,7 +309,7 @@ def run_sweep_distributed(
     # Longest first: the case with the most work (context tokens x records left) starts first.
     queue = sorted((c for c in cases if todo[c.case_id]), key=lambda c: -len(c.edit.original_ids) * todo[c.case_id])
     total = len(cases) * len(grid)
-    done_before = {cid: len(keys) - n for cid, n in todo.items()}
+    seen = {cid: len(keys) - n for cid, n in todo.items()}  # finished records per case, never decreasing
 
     bar = tqdm(total=total, initial=total - sum(todo.values()), disable=not progress, desc="sweep", unit="record")
     started = False
@@ -320,6 +329,7 @@ def run_sweep_distributed(
 
             actors = [new_actor() for _ in range(min(workers, len(queue)))]
             for info in ray.get([a.describe.remote() for a in actors]):
+                _WORKER_PIDS.append(info["pid"])
                 if info["model"] != config["model"]:
                     raise ValueError(
                         f"model_args load a model named {info['model']!r}, but records are keyed by "
@@ -354,18 +364,19 @@ def run_sweep_distributed(
                     except ray.exceptions.RayTaskError as err:
                         raise err.as_instanceof_cause() from None
                     else:
-                        done_before[cid] = len(keys)
+                        seen[cid] = len(keys)
                     idle.append(actor)
-                in_flight = sum(min(len(keys), _count_records(part_of[cid])) - done_before[cid]
-                                for _, cid in running.values())
-                now = sum(done_before.values()) + max(0, in_flight)
-                if now != finished:
+                for _, cid in running.values():  # records of cases in flight (a re-queued case keeps its count)
+                    seen[cid] = max(seen[cid], min(len(keys), _count_records(part_of[cid])))
+                now = sum(seen.values())
+                if now > finished:
                     bar.update(now - finished)
                     finished = now
                 if running:
                     bar.set_postfix_str(f"{len(running)} running, {len(queue)} queued")
     finally:
         bar.close()
+        _WORKER_PIDS.clear()
         for actor in actors:
             try:
                 ray.kill(actor)
@@ -392,5 +403,5 @@ def records_per_minute(records: pd.DataFrame, seconds: float) -> float:
 
 __all__ = [
     "CONCURRENCY_FIELDS", "INSTALL_HINT", "MAX_CASE_RETRIES", "check_concurrency", "check_workers", "default_threads",
-    "model_args_of", "model_label", "records_per_minute", "require_ray", "run_sweep_distributed",
+    "model_args_of", "model_label", "records_per_minute", "require_ray", "run_sweep_distributed", "worker_pids",
 ]
