@@ -749,10 +749,8 @@ def transition_table(table: pd.DataFrame, reference: str = "Shift", *, metric_co
         (% of ``n``).
 
     Raises:
-        ValueError: naming ``reference`` when it is not a condition of ``table``, ``mixed_concurrency`` when not
-            "raise"/"warn", or (``"raise"``) listing the concurrency settings the timings mix.
+        ValueError: naming ``reference`` when it is not a condition of ``table``.
     """
-    _check_timing_concurrency(table, mixed_concurrency, "latency table")
     conditions = _ordered_conditions(table)
     if reference not in conditions:
         raise ValueError(f"reference={reference!r} is not a condition of the table ({conditions})")
