@@ -14,7 +14,7 @@ Run 1 and run 2 use different thread counts, so their float32 reductions may rou
 how many records agree in answer and the largest TV/NLL difference instead of asserting equality.
 
     .venv/bin/python scripts/bench_sweep_workers.py                          # 8 cases x 6 records, ~10 min on 2 cores
-    .venv/bin/python scripts/bench_sweep_workers.py --cases 16 --kill-after 10
+    .venv/bin/python scripts/bench_sweep_workers.py --cases 16 --kill-after 10 --also-serial-threads 1
 
 Timings on a machine shared with other jobs are contaminated: compare the two rows of one run, not runs on different
 days, and rerun on a quiet machine before quoting a ratio.
@@ -46,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2, help="total torch threads (serial run: all; Ray: split)")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--also-serial-threads", type=int, nargs="*", default=[],
+                   help="extra serial runs with these thread counts (e.g. 1: separates threading from the runner)")
     p.add_argument("--kill-after", type=int, default=0, help="run 3: SIGKILL one worker after K records (0: skip)")
     p.add_argument("--out", default=None, help="where the three sweep directories go (default: a temp dir)")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
@@ -115,6 +117,13 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0 + serial_load
     rows.append({"run": f"1 worker x {args.threads} threads", "records": len(serial), "wall_s": wall,
                  "records_per_min": distributed.records_per_minute(serial, wall)})
+    for extra in args.also_serial_threads:
+        torch.set_num_threads(extra)
+        t0 = time.perf_counter()
+        again = run_sweep(lm, cases, args.methods, args.budgets, root / f"serial_{extra}t", **kw)
+        wall = time.perf_counter() - t0 + serial_load
+        rows.append({"run": f"1 worker x {extra} thread(s)", "records": len(again), "wall_s": wall,
+                     "records_per_min": distributed.records_per_minute(again, wall)})
     del lm
 
     per = max(1, args.threads // args.workers)
@@ -125,12 +134,13 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     rows.append({"run": f"{args.workers} workers x {per} thread(s)", "records": len(multi), "wall_s": wall,
                  "records_per_min": distributed.records_per_minute(multi, wall)})
+    ray_row = rows[-1]
 
     a, b = _results(serial), _results(multi)
     agree = float((a["answer"] == b["answer"]).mean())
     summary = {
         "runs": rows,
-        "ratio": rows[1]["records_per_min"] / rows[0]["records_per_min"],
+        "ratio": ray_row["records_per_min"] / rows[0]["records_per_min"],
         "answers_equal_serial_vs_ray": agree,
         "max_abs_diff_tv_reprefill": float(np.nanmax(np.abs(a["tv_reprefill"] - b["tv_reprefill"]))),
         "max_abs_diff_nll_reprefill": float(np.nanmax(np.abs(a["nll_reprefill"] - b["nll_reprefill"]))),

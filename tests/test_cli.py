@@ -175,3 +175,4 @@ def test_notebooks_validate_right_after_the_parameters_cell(name):
     annotations = namespace["__annotations__"]
     assert annotations and all(a in CHECKED_TYPES for a in annotations.values()), annotations
     validate_parameters(namespace)  # the defaults pass their own annotations
+    validate_parameters({**namespace, **nb.metadata["sur_lab"]["smoke_parameters"]})  # and so do the smoke values
