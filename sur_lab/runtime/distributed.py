@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency  # noqa: F401 - re-exported
+from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency  # re-exported
 #: How often the driver refreshes the progress bar while waiting for cases, seconds.
 POLL_S = 0.5
 #: How many times one case is re-queued after the actor running it died, before the sweep gives up on it.
@@ -77,7 +77,7 @@ def check_workers(workers: Any, address: Any = None, threads: Any = None) -> Non
         return
     if not isinstance(address, str):
         raise ValueError(f"address must be None, 'auto', 'local', 'ray://host:port' or 'host:port'; got {address!r}")
-    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    rest = address.removeprefix("ray://")
     host, sep, port = rest.rpartition(":")
     if "://" in rest or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
@@ -124,7 +124,7 @@ def default_threads(workers: int, cores: int) -> int:
 class _NullBar:
     """Stands in for the tqdm bar inside an actor (the driver draws the one bar)."""
 
-    def update(self, n: int = 1) -> None:  # noqa: D401 - tqdm protocol
+    def update(self, n: int = 1) -> None:
         pass
 
     def set_postfix_str(self, s: str = "") -> None:
