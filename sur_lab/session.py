@@ -570,9 +570,13 @@ class EditSession:
         debt_before = int((shifted.stale > 0).sum())
 
         # 3. Repair through the allocator + executor machinery, on the EditedContext of this edit.
-        original_ids = torch.cat([old.ids[:a]] + ([ins] if m else []) + [old.ids[a:]])
-        edit = self._edited_context(original_ids, p, d, shifted)
-        state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
+        if shifted.n == 0:
+            # The whole context was deleted: nothing is left to repair (an EditedContext must keep one token).
+            state, selection, B, refreshed = shifted, None, 0, np.zeros(0, dtype=np.int64)
+        else:
+            original_ids = torch.cat([old.ids[:a]] + ([ins] if m else []) + [old.ids[a:]])
+            edit = self._edited_context(original_ids, p, d, shifted)
+            state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
 
         # 4. Staleness debt: refresh the stalest remaining stale rows with the same executor.
         state, debt_rows = self._pay_debt(state, policy, timings)

@@ -98,11 +98,21 @@ def test_sweep_presets():
 
 def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
     from conftest import make_tiny_model
-    from test_allocators import char_tokenizer
+    from test_allocators import CHAT_TEMPLATE
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
+    # A byte-level tokenizer with no merges (one id per byte): every segment of real corpus text round-trips, as
+    # segment edits require, and the tiny model's vocabulary stays at 256.
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.chat_template = CHAT_TEMPLATE
     model_dir = tmp_path / "tiny"
-    make_tiny_model("llama").model.save_pretrained(model_dir)
-    char_tokenizer().save_pretrained(model_dir)
+    make_tiny_model("llama", vocab_size=len(alphabet)).model.save_pretrained(model_dir)
+    fast.save_pretrained(model_dir)
     out = tmp_path / "sweep"
     code, stdout, err = _run(capsys, "sweep", "niah", "--preset", "smoke", "--model", str(model_dir), "--dtype",
                              "float64", "--context-lens", "400", "--budgets", "5", "--out", str(out), "--no-progress")

@@ -122,11 +122,15 @@ def test_repair_inplace_equals_cloning_and_consumes(case, executor):
     assert repair(lm, prepared, "SUR", 0.0, executor=executor, inplace=True).cache is own
 
 
-def test_repair_inplace_refuses_executor_without_inplace_form(case):
+def test_repair_inplace_refuses_executor_without_inplace_form(case, monkeypatch):
+    from sur_lab.executors import EXECUTORS, refresh_sequential
+
     lm, edit, _, _ = case
     prepared = prepare(lm, edit)
+    # A registered executor with no "-inplace" form (every built-in one has one).
+    monkeypatch.setitem(EXECUTORS, "copy-only", refresh_sequential)
     with pytest.raises(ValueError, match="no in-place form"):
-        repair(lm, prepared, "SUR", 20.0, executor="nonexistent", inplace=True)
+        repair(lm, prepared, "SUR", 20.0, executor="copy-only", inplace=True)
     assert prepared.shift_cache is not None
 
 

@@ -111,10 +111,11 @@ def model_args_of(lm: Any) -> dict:
 
 def model_label(model_args: Mapping) -> str:
     """The ``model`` field a model loaded from ``model_args`` will have (``ModelSpec.name``)."""
-    from sur_lab.models import _EMBEDDED_ALIASES, EMBEDDED_MODEL
+    from sur_lab.models import embedded_model
 
     name = model_args.get("name")
-    return EMBEDDED_MODEL if name in _EMBEDDED_ALIASES else str(name)
+    em = embedded_model(name)
+    return em.label if em is not None else str(name)
 
 
 def default_threads(workers: int, cores: int) -> int:

@@ -118,7 +118,12 @@ def check_parameter(name: str, value: Any, annotation: Any) -> Any:
     )
 
 
-def validate_parameters(namespace: MutableMapping[str, Any], annotations: Mapping[str, Any] | None = None) -> None:
+def validate_parameters(
+    namespace: MutableMapping[str, Any],
+    annotations: Mapping[str, Any] | None = None,
+    *,
+    optional: tuple[str, ...] | list[str] = (),
+) -> None:
     """Check every annotated parameter in ``namespace`` (a notebook's ``globals()``) once, after the parameters cell.
 
     Values are replaced in ``namespace`` when a string given for a list/dict/tuple is parsed (JSON, then YAML) or an
@@ -128,6 +133,8 @@ def validate_parameters(namespace: MutableMapping[str, Any], annotations: Mappin
         namespace: the notebook's globals (papermill's injected values already applied).
         annotations: name -> annotation; default ``namespace["__annotations__"]`` (the parameters cell's annotated
             assignments).
+        optional: parameters that may also be ``None`` (e.g. "from the preset"). papermill's parameter parser reads
+            only plain annotations (``budgets: list = None``, not ``list | None``), so a notebook names them here.
 
     Raises:
         ParameterError: listing every parameter whose value does not match its annotation (all are checked before
@@ -138,6 +145,8 @@ def validate_parameters(namespace: MutableMapping[str, Any], annotations: Mappin
     errors: list[str] = []
     for name, annotation in annotations.items():
         if name not in namespace:
+            continue
+        if name in optional and namespace[name] is None:
             continue
         try:
             checked[name] = check_parameter(name, namespace[name], annotation)
