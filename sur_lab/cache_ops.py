@@ -175,6 +175,17 @@ def rerotate_rows(keys: torch.Tensor, deltas: torch.Tensor, inv_freq: torch.Tens
     return (k * cos + rotate_half(k) * sin).to(keys.dtype)
 
 
+def _check_shift_args(cache: DynamicCache, prefix_len: int, deleted_len: int) -> int:
+    """Check a Shift's span against the cache; return the cache length N (tokens). Raises ValueError naming both."""
+    n = cache_length(cache)
+    if prefix_len < 0 or deleted_len < 1 or prefix_len + deleted_len > n:
+        raise ValueError(
+            f"need 0 <= prefix_len ({prefix_len}) and 1 <= deleted_len ({deleted_len}) with "
+            f"prefix_len + deleted_len <= cache length {n}"
+        )
+    return n
+
+
 def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq: torch.Tensor) -> DynamicCache:
     """Shift: drop rows ``[p, p + d)`` and re-rotate the suffix keys by ``-d`` positions; values are unchanged.
 
@@ -193,12 +204,7 @@ def shift_cache(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_freq
     Raises:
         ValueError: if ``prefix_len < 0``, ``deleted_len < 1`` or ``prefix_len + deleted_len > N``.
     """
-    n = cache_length(cache)
-    if prefix_len < 0 or deleted_len < 1 or prefix_len + deleted_len > n:
-        raise ValueError(
-            f"need 0 <= prefix_len ({prefix_len}) and 1 <= deleted_len ({deleted_len}) with "
-            f"prefix_len + deleted_len <= cache length {n}"
-        )
+    _check_shift_args(cache, prefix_len, deleted_len)
     end = prefix_len + deleted_len
     layers = []
     for k, v in to_tensors(cache):
@@ -237,12 +243,7 @@ def shift_cache_(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_fre
 
     Source: appendix 7.1 (Shift, Eq. 2); issue 17 (in-place form for owned caches).
     """
-    n = cache_length(cache)
-    if prefix_len < 0 or deleted_len < 1 or prefix_len + deleted_len > n:
-        raise ValueError(
-            f"need 0 <= prefix_len ({prefix_len}) and 1 <= deleted_len ({deleted_len}) with "
-            f"prefix_len + deleted_len <= cache length {n}"
-        )
+    n = _check_shift_args(cache, prefix_len, deleted_len)
     end = prefix_len + deleted_len
     kept = n - deleted_len
     for entry in cache.layers:

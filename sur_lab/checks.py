@@ -7,6 +7,7 @@ A float span is not truncated, a batch of sequences is not flattened, a boolean 
 from __future__ import annotations
 
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -94,3 +95,17 @@ def check_batch_one(cache, name: str = "cache") -> None:
     if num_layers(cache) and layer_kv(cache, 0)[0].shape[0] != 1:
         shape = tuple(layer_kv(cache, 0)[0].shape)
         raise ValueError(f"{name} holds a batch of {shape[0]} sequences (keys shaped {shape}); repair needs batch size 1")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this machine (used to tell a dead writer's leftovers from a live one's).
+
+    A process owned by another user counts as alive (``PermissionError``); no signal is sent (``os.kill(pid, 0)``).
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

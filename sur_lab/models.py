@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from sur_lab.checks import pid_alive as _pid_alive
+
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 #: The second embedded model, the study model of notebooks 02, 03 and 06 (issue 13).
 QWEN_MODEL = "Qwen2.5-Coder-0.5B-Instruct"
@@ -456,16 +458,6 @@ def cache_problem(folder: Path, required: tuple[str, ...] = CACHE_REQUIRED_FILES
         if _sha256_file(path) != entry["sha256"]:
             return f"{name}: sha256 mismatch (overwritten bytes)"
     return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _clean_leftovers(root: Path, key: str) -> None:

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from conftest import make_tiny_model
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, allocate, top_b
 from sur_lab.allocators import controls, prior, signals
-from sur_lab.allocators.sur import sur_token_scores
 from sur_lab.budget import allowance
 from sur_lab.cache_ops import clone_cache, layer_kv, num_layers
 from sur_lab.edits import chat_edit, token_edit

@@ -173,7 +173,6 @@ def test_sur_support_is_exact_sorted_unique_and_deterministic(S, b, q, seed):
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_units_partition_real_text(smol_tokenizer, data_dir, data):
-    from sur_lab.studies.datasets import load_corpus
     from sur_lab.edits import chat_edit, format_passages
 
     corpus = _corpus(data_dir)

@@ -30,7 +30,6 @@ from sur_lab.studies.natural_qa import (
     select_panel,
     transition_table,
 )
-from sur_lab.analysis.scoring import normalize_answer
 
 SUP = (Passage("Alpha", "Alpha was founded in 1901 by Ada.", True), Passage("Beta", "Beta lies in Gamma.", True))
 

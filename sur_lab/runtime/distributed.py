@@ -280,21 +280,12 @@ def run_sweep_distributed(
     """
     from tqdm.auto import tqdm
 
-    from sur_lab.analysis.evaluate import method_grid
-    from sur_lab.executors import get_executor
     from sur_lab.runtime import sweep
 
     check_workers(workers, address, threads)
     model_args = model_args_of(lm)
-    grid = method_grid(methods, budgets)
-    get_executor(executor)
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    grid = sweep.check_sweep_args(cases, methods, budgets, executor, max_new_tokens)
     ids = [c.case_id for c in cases]
-    if len(set(ids)) != len(ids):
-        raise ValueError("cases must have unique case_id values")
-    for case in cases:
-        sweep._check_meta(case)
     ray = require_ray()
 
     out_dir = Path(out_dir)

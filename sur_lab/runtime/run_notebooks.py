@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from sur_lab.runtime.paths import REPO_ROOT, outputs_dir
+from sur_lab.checks import pid_alive as _pid_alive
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 _RUNNING = ".running.ipynb"
@@ -102,16 +103,6 @@ def _mark_failed(source: Path, dest: Path, message: str) -> Path:
         if source != dest:
             source.unlink()
     return dest
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _recover_killed(target: Path) -> None:

@@ -294,6 +294,27 @@ def _concurrency() -> dict:
     return {"workers": 1, "threads": torch.get_num_threads()}
 
 
+def check_sweep_args(cases, methods, budgets, executor: str, max_new_tokens: int) -> list:
+    """Check a sweep's arguments before any work; return the (method, budget) grid.
+
+    Shared by the serial (``run_sweep``) and the Ray (``run_sweep_distributed``) drivers.
+
+    Raises:
+        ValueError: naming ``methods``/``budgets`` (unknown method, budget outside (0, 100] %), ``executor`` (unknown),
+            ``max_new_tokens`` (not an integer >= 1), or ``cases`` (duplicate ``case_id``, missing metadata).
+    """
+    grid = method_grid(methods, budgets)
+    get_executor(executor)
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    ids = [c.case_id for c in cases]
+    if len(set(ids)) != len(ids):
+        raise ValueError("cases must have unique case_id values")
+    for case in cases:
+        _check_meta(case)
+    return grid
+
+
 def run_sweep(
     lm: LoadedModel,
     cases: Sequence[SweepCase],
@@ -369,15 +390,8 @@ def run_sweep(
             max_new_tokens=max_new_tokens, executor=executor, scorer=scorer, parser=parser, seed=seed,
             progress=progress, options=options,
         )
-    grid = method_grid(methods, budgets)
-    get_executor(executor)
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+    grid = check_sweep_args(cases, methods, budgets, executor, max_new_tokens)
     ids = [c.case_id for c in cases]
-    if len(set(ids)) != len(ids):
-        raise ValueError("cases must have unique case_id values")
-    for case in cases:
-        _check_meta(case)
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
     config = sweep_config(lm, seed=seed, executor=executor, max_new_tokens=max_new_tokens, options=options)
