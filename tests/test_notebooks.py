@@ -3,6 +3,8 @@ own smoke parameters, writing at least one figure (PNG and PDF) and one table.""
 
 from __future__ import annotations
 
+import json
+
 import nbformat
 import pytest
 
@@ -20,6 +22,8 @@ def test_notebook_is_clean_and_parameterized(path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit without outputs"
+    raw = json.loads(path.read_text())  # nbformat.read fills missing ids in (with a warning): check the file itself
+    assert all(c.get("id") for c in raw["cells"]), "every cell needs an id (nbformat 4.5; nbformat.validator.normalize)"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
     declared = declared_parameters(path)
