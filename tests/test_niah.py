@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_allocators import char_tokenizer
 
-from sur_lab.studies.datasets import Passage
 from sur_lab.edits import passage_cuts, render_chat, tokenize_segments
+from sur_lab.studies.datasets import Passage
 from sur_lab.studies.niah import (
     ANSWER_PREFIX_TEMPLATE,
     NEEDLE_TEMPLATE,
@@ -20,7 +22,6 @@ from sur_lab.studies.niah import (
     niah_scorer,
     parse_niah_answer,
 )
-from test_allocators import char_tokenizer
 
 CORPUS = [
     Passage(f"Topic {chr(65 + i % 26)}{i}", f"This paragraph describes subject {i}. It has a second sentence.", False)
@@ -190,3 +191,49 @@ def test_builder_on_the_embedded_tokenizer_and_wikipedia_filler(smol_tokenizer):
                 key=case.key, value=value
             )
         assert 1024 <= edit.num_tokens <= 1024 + 400
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Paired differences (notebook 02)
+
+
+def _paired_records(sur_em, shift_em, reprefill_em):
+    rows = []
+    for i, (a, s, r) in enumerate(zip(sur_em, shift_em, reprefill_em)):
+        case = {"case_id": f"c{i}", "context_len": 1024}
+        rows.append({**case, "method": "Shift", "budget_pct": float("nan"), "em": bool(s)})
+        rows.append({**case, "method": "Re-prefill", "budget_pct": float("nan"), "em": bool(r)})
+        rows.append({**case, "method": "SUR", "budget_pct": 5.0, "em": bool(a)})
+    return pd.DataFrame(rows)
+
+
+def test_paired_differences_values_and_separation():
+    from sur_lab.studies.niah import paired_differences
+
+    # SUR right on every case Shift got wrong: +50 pp over Shift with every replicate positive-or-zero;
+    # equal to Re-prefill on every case: 0 pp exactly, interval [0, 0].
+    records = _paired_records([1, 1, 1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1, 0, 1], [1] * 8)
+    table = paired_differences(records, n_boot=500, seed=1).set_index("baseline")
+    assert list(table.index) == ["Shift", "Re-prefill"]
+    assert table.loc["Shift", "diff_pp"] == pytest.approx(50.0)
+    assert table.loc["Shift", "n_cases"] == 8
+    assert 0.0 <= table.loc["Shift", "ci_low_pp"] <= 50.0 <= table.loc["Shift", "ci_high_pp"] <= 100.0
+    assert table.loc["Re-prefill", ["diff_pp", "ci_low_pp", "ci_high_pp"]].tolist() == [0.0, 0.0, 0.0]
+    assert not table.loc["Re-prefill", "separates"]
+    # Every case better by exactly one: the interval is the point 100 pp and separates.
+    all_better = paired_differences(_paired_records([1] * 6, [0] * 6, [1] * 6), baselines=("Shift",), n_boot=200)
+    assert all_better[["diff_pp", "ci_low_pp", "ci_high_pp"]].iloc[0].tolist() == [100.0, 100.0, 100.0]
+    assert bool(all_better["separates"].iloc[0])
+
+
+def test_paired_differences_refuses_unknown_metric_and_unpaired_cases():
+    from sur_lab.studies.niah import paired_differences
+
+    records = _paired_records([1, 0], [0, 0], [1, 1])
+    with pytest.raises(ValueError, match="metric='agree'"):
+        paired_differences(records, metric="agree")
+    # A case with a Shift row but no SUR row is dropped from the pair (the SUR arm defines the cases);
+    # a SUR case without its Shift row is an unpaired case and refused.
+    unpaired = records[~((records.case_id == "c1") & (records.method == "Shift"))]
+    with pytest.raises(ValueError, match="lacks rows"):
+        paired_differences(unpaired, baselines=("Shift",), n_boot=10)
