@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """Packed-refresh benchmark (section 4.4, appendix 13.3): the Table 18 analogue, packed vs Replay, and the targets.
 
-Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.studies.bench``). Defaults follow the issues: the
-embedded model, N in {2048, 8192}, B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot,
+Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.studies.bench``). N is the edited context (the
+Shift cache's rows: a 16-token prefix and the suffix); its Dirty prefill also holds the 8 deleted tokens, N + 8 in all,
+which must fit the model's max_position_embeddings (8192 for SmolLM2; a larger N is refused before any prefill).
+Defaults follow the issues: the embedded model, N in {2040, 8184} (original contexts of 2048 and 8192 tokens), B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot,
 packed-sdpa, packed-sdpa-split, packed-flex, the in-place forms packed-inplace and direct-sequential-inplace (a fresh
 copy of the Shift cache per call, untimed) and the arithmetic floor append-forward (packed-triton added and timed on
 CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then packed executors against Replay for budgets
-1-20 % of the 8K suffix (fewer repetitions: one Replay of 8K tokens takes tens of seconds on 2 CPU cores); then
+1-20 % of the suffix at N = 8184 (fewer repetitions: one Replay of 8K tokens takes tens of seconds on 2 CPU cores); then
 serial vs overlapped recovery (appendix 13.3) on a 2,412-token natural-text edit; then the targets of issue 17.
 
     .venv/bin/python scripts/bench_packed_refresh.py --threads 1         # full default grid (about 30 min, 2 cores)
@@ -24,15 +26,65 @@ import time
 import pandas as pd
 import torch
 
+from sur_lab.studies.bench import DELETED_LEN, PREFIX_LEN
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+#: Smallest natural-text edit of the overlap comparison (``sur_lab.studies.bench.text_edit``).
+MIN_OVERLAP_TOKENS = 64
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _int_at_least(name: str, low: int, *, zero: bool = False):
+    """An argparse ``type=``: an integer >= ``low`` (or exactly 0 when ``zero``); the message names ``name``."""
+    allowed = f"0 or an integer >= {low}" if zero else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}") from None
+        if value < low and not (zero and value == 0):
+            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}")
+        return value
+
+    return parse
+
+
+def _budget(name: str):
+    """An argparse ``type=``: a budget b in (0, 100], % of the suffix; the message names ``name``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be numbers in (0, 100] (%); got {text!r}") from None
+        if not 0 < value <= 100:
+            raise argparse.ArgumentTypeError(f"{name} must be numbers in (0, 100] (%); got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options (``--help``); every range is checked while parsing (:func:`parse_args`)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0]
+        + f" N is the edited context (the Shift cache's rows, prefix {PREFIX_LEN} + suffix); the Dirty prefill has "
+        f"N + {DELETED_LEN} tokens (the deleted span), which must not exceed the model's max_position_embeddings "
+        f"(8192 for SmolLM2: N <= {8192 - DELETED_LEN}); larger N is refused before any prefill."
+    )
+    min_n = PREFIX_LEN + 1
     parser.add_argument("--model", default=None, help="hub id or path; default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    parser.add_argument("--context-lengths", type=int, nargs="+", default=[2048, 8192], help="N, tokens")
-    parser.add_argument("--num-selected", type=int, default=64, help="B, positions")
-    parser.add_argument("--intervals", type=int, nargs="+", default=[1, 4, 16], help="R values")
+    parser.add_argument("--dtype", default=None, choices=DTYPES, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--context-lengths", type=_int_at_least("--context-lengths", min_n), nargs="+",
+                        default=[2048 - DELETED_LEN, 8192 - DELETED_LEN],
+                        help=f"N, tokens of the edited context (>= {min_n}); default 2040 and 8184, so that the "
+                             f"original context N + {DELETED_LEN} is 2048 / 8192 tokens (the 2K / 8K rows of "
+                             "Table 18)")
+    parser.add_argument("--num-selected", type=_int_at_least("--num-selected", 1), default=64,
+                        help="B, positions (a multiple of every --intervals value, placed inside the suffix of every N)")
+    parser.add_argument("--intervals", type=_int_at_least("--intervals", 1), nargs="+", default=[1, 4, 16],
+                        help="R values (each divides B)")
     parser.add_argument(
         "--executors",
         nargs="+",
@@ -41,36 +93,109 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="registered executor names (packed-triton* are skipped off CUDA; *-inplace get an untimed fresh copy "
              "per call; append-forward is the plain-forward floor)",
     )
-    parser.add_argument("--warmups", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--budgets", type=float, nargs="*", default=[1, 2, 5, 10, 20],
-                        help="Replay sweep budgets, %% (none: skip the sweep)")
-    parser.add_argument("--replay-context-length", type=int, default=8192, help="N of the Replay sweep")
-    parser.add_argument("--sweep-intervals", type=int, default=16, help="R of the sweep's supports")
+    parser.add_argument("--warmups", type=_int_at_least("--warmups", 0), default=10, help="untimed rounds (>= 0)")
+    parser.add_argument("--repeats", type=_int_at_least("--repeats", 1), default=20, help="timed rounds (>= 1)")
+    parser.add_argument("--budgets", type=_budget("--budgets"), nargs="*", default=[1, 2, 5, 10, 20],
+                        help="Replay sweep budgets, %% of the suffix, in (0, 100] (none: skip the sweep)")
+    parser.add_argument("--replay-context-length", type=_int_at_least("--replay-context-length", min_n),
+                        default=8192 - DELETED_LEN,
+                        help=f"N of the Replay sweep, edited-context tokens (>= {min_n}; default 8184: an original "
+                             f"context of 8192)")
+    parser.add_argument("--sweep-intervals", type=_int_at_least("--sweep-intervals", 1), default=16,
+                        help="R of the sweep's supports (>= 1)")
     parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa", "packed-sdpa-split", "packed-inplace"],
                         help="packed executors timed beside Replay")
-    parser.add_argument("--replay-warmups", type=int, default=1)
-    parser.add_argument("--replay-repeats", type=int, default=5)
-    parser.add_argument("--overlap-context-length", type=int, default=2412,
-                        help="tokens of the natural-text edit of the overlap comparison (0: skip it)")
-    parser.add_argument("--overlap-budget", type=float, default=5.0, help="b of the overlap comparison, %%")
-    parser.add_argument("--overlap-executor", default="packed", help="executor of the overlap comparison (in place)")
-    parser.add_argument("--overlap-warmups", type=int, default=10)
-    parser.add_argument("--overlap-repeats", type=int, default=20)
+    parser.add_argument("--replay-warmups", type=_int_at_least("--replay-warmups", 0), default=1)
+    parser.add_argument("--replay-repeats", type=_int_at_least("--replay-repeats", 1), default=5)
+    parser.add_argument("--overlap-context-length", type=_int_at_least("--overlap-context-length", MIN_OVERLAP_TOKENS,
+                                                                       zero=True), default=2412,
+                        help=f"tokens of the natural-text edit of the overlap comparison (0: skip it; else >= "
+                             f"{MIN_OVERLAP_TOKENS})")
+    parser.add_argument("--overlap-budget", type=_budget("--overlap-budget"), default=5.0,
+                        help="b of the overlap comparison, %% in (0, 100]")
+    parser.add_argument("--overlap-executor", default="packed",
+                        help="executor of the overlap comparison (its in-place form is used)")
+    parser.add_argument("--overlap-warmups", type=_int_at_least("--overlap-warmups", 0), default=10)
+    parser.add_argument("--overlap-repeats", type=_int_at_least("--overlap-repeats", 1), default=20)
     parser.add_argument("--target-executor", default="packed-inplace",
                         help="the packed executor whose ratios the targets are about")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--threads", type=_int_at_least("--threads", 0), default=0,
+                        help="torch CPU threads (0: torch's default)")
     parser.add_argument("--save", action="store_true", help="also write the tables to outputs/tables")
-    return parser.parse_args(argv)
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The first cross-argument problem that can be decided without the model, as a message naming the arguments,
+    or ``None``: every (N, R) of the grid must admit a matched support of B positions inside the suffix
+    (``sur_lab.studies.bench.matched_support``), and every executor name must be registered (in-place form for
+    ``--overlap-executor``)."""
+    from sur_lab.executors import get_executor
+    from sur_lab.studies import bench
+
+    for n in args.context_lengths:
+        suffix = n - PREFIX_LEN
+        if args.num_selected > suffix:
+            return (f"--num-selected {args.num_selected} exceeds the suffix of --context-lengths {n} "
+                    f"({n} - prefix {PREFIX_LEN} = {suffix} positions); use B <= {suffix} or N >= "
+                    f"{args.num_selected + PREFIX_LEN}")
+    for r in args.intervals:
+        if args.num_selected % r:
+            return (f"--num-selected {args.num_selected} must be a multiple of every --intervals value; "
+                    f"{r} does not divide it")
+    for n in args.context_lengths:
+        for r in args.intervals:
+            try:
+                bench.matched_support(n, PREFIX_LEN, args.num_selected, r)
+            except ValueError as err:
+                return f"--context-lengths {n} with --num-selected {args.num_selected}, --intervals {r}: {err}"
+    names = [("--executors", e) for e in args.executors if e != bench.APPEND_FORWARD]
+    names += [("--sweep-executors", e) for e in args.sweep_executors] + [("--target-executor", args.target_executor)]
+    for option, name in names:
+        try:
+            get_executor(name)
+        except ValueError as err:
+            return f"{option}: {err}"
+    try:
+        get_executor(args.overlap_executor, inplace=True)
+    except ValueError as err:
+        return f"--overlap-executor: {err}"
+    return None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and check ``argv`` before any work: a bad value exits with code 2 and a message naming the argument."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = check_args(args)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def check_model_limit(args: argparse.Namespace, max_positions: int | None) -> str | None:
+    """A message naming the argument whose context exceeds the model's ``max_position_embeddings`` (the Dirty prefill
+    of N + :data:`DELETED_LEN` tokens; the overlap edit's own length), or ``None``; ``max_positions`` ``None``: no
+    limit known."""
+    if not max_positions:
+        return None
+    top = max_positions - DELETED_LEN
+    for option, lengths in (("--context-lengths", args.context_lengths),
+                            ("--replay-context-length", [args.replay_context_length] if args.budgets else [])):
+        for n in lengths:
+            if n > top:
+                return (f"{option} {n}: the Dirty prefill has N + {DELETED_LEN} = {n + DELETED_LEN} tokens, beyond the "
+                        f"model's max_position_embeddings={max_positions}; use N <= {top}")
+    return None
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm.auto import tqdm
 
-    from sur_lab.studies import bench
     from sur_lab.models import load_model
+    from sur_lab.studies import bench
 
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
@@ -80,6 +205,17 @@ def main(argv=None) -> int:
     lm = load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
     print(f"model {lm.spec.name} ({lm.spec.num_layers} layers, {lm.spec.num_heads}/{lm.spec.num_kv_heads} heads, "
           f"d_h {lm.spec.head_dim}), {dtype} on {args.device}, torch threads {torch.get_num_threads()}")
+    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    problem = check_model_limit(args, limit)
+    overlap_edit = None
+    if args.overlap_context_length and not problem:  # tokenization only: checked before any prefill
+        overlap_edit = bench.text_edit(lm, args.overlap_context_length, seed=args.seed)
+        if limit and overlap_edit.num_tokens > limit:
+            problem = (f"--overlap-context-length {args.overlap_context_length}: the natural-text edit has "
+                       f"{overlap_edit.num_tokens} tokens before the deletion, beyond the model's "
+                       f"max_position_embeddings={limit}")
+    if problem:
+        build_parser().error(problem)
     timed, skipped = bench.timed_executors(args.executors, lm.device)
     if skipped:
         print(f"not timed on {args.device}: {', '.join(skipped)} (Triton is timed on CUDA only)")
@@ -129,8 +265,8 @@ def main(argv=None) -> int:
         print(replay.to_string(index=False, float_format="{:.3f}".format))
 
     overlap = None
-    if args.overlap_context_length:
-        edit = bench.text_edit(lm, args.overlap_context_length, seed=args.seed)
+    if overlap_edit is not None:
+        edit = overlap_edit
         _, overlap = bench.overlap_recovery(
             lm, edit, budget_pct=args.overlap_budget, executor=args.overlap_executor,
             warmups=args.overlap_warmups, repeats=args.overlap_repeats, seed=args.seed,

