@@ -415,6 +415,25 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _follow_umask(folder: Path) -> None:
+    """Give every file under ``folder`` the permissions a plain ``open(path, "w")`` gets (``0o666 & ~umask``).
+
+    safetensors writes ``model.safetensors`` through a private temporary file (mode 0600) and renames it, so without
+    this the weights of a shared ``$SUR_LAB_CACHE`` would be readable by their writer only, unlike every other file.
+    The mode is read from a probe file rather than from ``os.umask``, which can only be read by changing it
+    (process-wide, racing other threads). A model folder holds no executables.
+    """
+    probe = folder / f".umask-probe-{uuid.uuid4().hex[:8]}"
+    probe.touch()
+    try:
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def _write_manifest(folder: Path, source: dict[str, Any]) -> None:
     files = {
         str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256_file(p)}
@@ -483,7 +502,8 @@ def cached_model_dir(
     On every call the directory is verified against its checksum manifest (:func:`cache_problem`). When it is missing
     or fails (overwritten bytes, truncated or missing files, no manifest), ``build(tmp)`` writes a fresh copy into a
     private temporary folder ``root/.{key}.tmp-{pid}-{random}``; the manifest (size and sha256 of every file) is
-    written and fsynced, then the folder is renamed into place atomically. An invalid old copy is first moved aside
+    written and fsynced, then the folder is renamed into place atomically. Every file gets the mode the umask gives a
+    new file (``0o666 & ~umask``, usually 0644), so a shared cache is readable by its group and others as usual. An invalid old copy is first moved aside
     and deleted. A writer that loses the rename race to a concurrent writer keeps the winner's copy when it is valid
     (success, its own copy is deleted). Temporary folders of dead writers are deleted on the next call.
 
@@ -516,6 +536,7 @@ def cached_model_dir(
     try:
         tmp.mkdir()
         build(tmp)
+        _follow_umask(tmp)
         _write_manifest(tmp, dict(source or {}))
         fresh = cache_problem(tmp, required)
         if fresh is not None:
