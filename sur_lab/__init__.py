@@ -21,7 +21,7 @@ from sur_lab.allocators import (
     register_allocator,
 )
 from sur_lab.answer import Answer, answer, continuation_nll
-from sur_lab.budget import Support, allowance, coalesce
+from sur_lab.budget import BudgetFractionWarning, Support, allowance, coalesce, fractions_expected
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -69,6 +69,7 @@ __all__ = [
     "REFERENCE_METHODS",
     "AllocationRequest",
     "Answer",
+    "BudgetFractionWarning",
     "EditRecord",
     "EditSession",
     "EditedContext",
@@ -90,6 +91,7 @@ __all__ = [
     "continuation_nll",
     "dirty",
     "format_passages",
+    "fractions_expected",
     "get_allocator",
     "get_executor",
     "load_model",

@@ -8,11 +8,70 @@ positions in the edited context.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import os
+import sys
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+
+
+class BudgetFractionWarning(UserWarning):
+    """A budget in (0, 1) percent, which is usually a fraction meant as a percentage (0.05 for 5 %)."""
+
+
+#: Within a ``fractions_expected()`` block (or a call that already warned) budgets below 1 % raise no warning.
+_FRACTIONS_EXPECTED: contextvars.ContextVar[bool] = contextvars.ContextVar("sur_lab_fractions_expected", default=False)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+@contextlib.contextmanager
+def fractions_expected() -> Iterator[None]:
+    """Budgets below 1 % are meant inside this block: no :class:`BudgetFractionWarning`.
+
+    For a caller who does mean, e.g., 0.5 % of the suffix; the library also wraps its own nested budget checks in it,
+    so one user call warns once. (``warnings.filterwarnings("ignore", category=BudgetFractionWarning)`` silences the
+    warning everywhere.)
+    """
+    token = _FRACTIONS_EXPECTED.set(True)
+    try:
+        yield
+    finally:
+        _FRACTIONS_EXPECTED.reset(token)
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` of the first frame outside sur_lab (the user's call), so the warning names the user's line."""
+    frame, level, previous = sys._getframe(1), 1, ""  # the caller, warn_if_fraction, is stacklevel 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        # A dataclass's generated __init__ ("<string>") runs __post_init__: it belongs to the library too.
+        if not (name.startswith(_PACKAGE_DIR) or (name.startswith("<") and previous == "__post_init__")):
+            break
+        previous, frame, level = frame.f_code.co_name, frame.f_back, level + 1
+    return level
+
+
+def warn_if_fraction(budget_pct: float) -> None:
+    """Warn (:class:`BudgetFractionWarning`, a ``UserWarning``) when 0 < ``budget_pct`` < 1.
+
+    b is a percentage of the suffix (Eq. 3): ``budget_pct=0.05`` is 0.05 %, an allowance of 1 position on any suffix
+    up to 2,000 tokens, not 5 %. No warning inside :func:`fractions_expected`. Called by the public entry points
+    (``repair``, ``recover``, ``AllocationRequest``, ``EditSession``) after :func:`check_budget`.
+    """
+    if 0.0 < budget_pct < 1.0 and not _FRACTIONS_EXPECTED.get():
+        b, pct = f"{budget_pct:g}", f"{budget_pct * 100:g}"
+        warnings.warn(
+            f"budget_pct is a percentage of the suffix; {b} means {b} %, not {pct} % (pass budget_pct={pct} for "
+            f"that; wrap the call in sur_lab.budget.fractions_expected() when {b} % is meant)",
+            BudgetFractionWarning,
+            stacklevel=_caller_stacklevel(),
+        )
 
 
 def check_budget(budget_pct: float) -> float:

@@ -415,6 +415,25 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _follow_umask(folder: Path) -> None:
+    """Give every file under ``folder`` the permissions a plain ``open(path, "w")`` gets (``0o666 & ~umask``).
+
+    safetensors writes ``model.safetensors`` through a private temporary file (mode 0600) and renames it, so without
+    this the weights of a shared ``$SUR_LAB_CACHE`` would be readable by their writer only, unlike every other file.
+    The mode is read from a probe file rather than from ``os.umask``, which can only be read by changing it
+    (process-wide, racing other threads). A model folder holds no executables.
+    """
+    probe = folder / f".umask-probe-{uuid.uuid4().hex[:8]}"
+    probe.touch()
+    try:
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def _write_manifest(folder: Path, source: dict[str, Any]) -> None:
     files = {
         str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256_file(p)}
@@ -483,7 +502,8 @@ def cached_model_dir(
     On every call the directory is verified against its checksum manifest (:func:`cache_problem`). When it is missing
     or fails (overwritten bytes, truncated or missing files, no manifest), ``build(tmp)`` writes a fresh copy into a
     private temporary folder ``root/.{key}.tmp-{pid}-{random}``; the manifest (size and sha256 of every file) is
-    written and fsynced, then the folder is renamed into place atomically. An invalid old copy is first moved aside
+    written and fsynced, then the folder is renamed into place atomically. Every file gets the mode the umask gives a
+    new file (``0o666 & ~umask``, usually 0644), so a shared cache is readable by its group and others as usual. An invalid old copy is first moved aside
     and deleted. A writer that loses the rename race to a concurrent writer keeps the winner's copy when it is valid
     (success, its own copy is deleted). Temporary folders of dead writers are deleted on the next call.
 
@@ -516,6 +536,7 @@ def cached_model_dir(
     try:
         tmp.mkdir()
         build(tmp)
+        _follow_umask(tmp)
         _write_manifest(tmp, dict(source or {}))
         fresh = cache_problem(tmp, required)
         if fresh is not None:
@@ -691,8 +712,17 @@ def _check_device(device) -> torch.device:
     return dev
 
 
+def embedded_names() -> list[str]:
+    """Every name that selects an embedded model in :func:`load_model` (labels and aliases, ``None`` aside)."""
+    names = []
+    for em in EMBEDDED_MODELS.values():
+        names += [em.label] + [a for a in em.aliases if a and a != em.label.lower()]
+    return names
+
+
 def _check_name(name):
-    """Refuse a local path that does not exist before transformers reports it as an invalid hub id."""
+    """Refuse a local path that does not exist, and a name that is neither an embedded alias, a local path nor an
+    ``owner/name`` hub id, before transformers spends tens of seconds in hub retries and reports an offline error."""
     if name is None:
         return name
     if not isinstance(name, (str, os.PathLike)):
@@ -709,6 +739,12 @@ def _check_name(name):
         if not path.exists():
             raise FileNotFoundError(f"model path {text!r} does not exist (resolved to {path.resolve()})")
         return str(path)
+    if "/" not in text and not Path(text).exists():
+        # Hub model ids without an owner are legacy (gpt2, bert-base-uncased), none of a supported family.
+        raise ValueError(
+            f"name={text!r} is not an embedded model ({', '.join(map(repr, embedded_names()))}; None selects "
+            f"{EMBEDDED_MODEL}), not an existing local directory, and not a Hugging Face hub id 'owner/name'"
+        )
     return name
 
 
@@ -726,8 +762,8 @@ def load_model(
         name: ``None`` (or ``"embedded"``, ``"SmolLM2-135M-Instruct"``) for the embedded SmolLM2-135M-Instruct GGUF
             (Llama architecture, 30 layers, GQA 9/3 heads, head dim 64, RoPE theta 1e5); ``"qwen2.5-coder-0.5b"``
             for the embedded Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2, 24 layers, GQA 14/2 heads, head dim 64,
-            RoPE theta 1e6; six PyPI chunk packages, see :data:`EMBEDDED_MODELS`); otherwise a hub id or a local
-            directory passed to ``AutoModelForCausalLM.from_pretrained``. Embedded models are dequantized once into
+            RoPE theta 1e6; six PyPI chunk packages, see :data:`EMBEDDED_MODELS`); otherwise a hub id
+            ``"owner/name"`` or a local directory passed to ``AutoModelForCausalLM.from_pretrained``. Embedded models are dequantized once into
             a checksummed cache (:func:`embedded_local_dir`).
         dtype: parameter dtype: ``torch.float32`` (default), ``torch.bfloat16``, ``torch.float16``, ``torch.float64``,
             or one of the names in :data:`DTYPE_NAMES` (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``
@@ -745,7 +781,11 @@ def load_model(
         FileNotFoundError: if an embedded model's package is missing (the message gives the install command), or
             ``name`` looks like a local path (starts with ``/``, ``.`` or ``~``, or has two or more ``/``) and does
             not exist (named in the message, not sent to the hub).
-        ValueError: naming ``dtype`` (not a floating dtype or one of :data:`DTYPE_NAMES`: ``"Float32"``,
+        OSError: when a hub id or local directory cannot be loaded (offline, misspelt, no ``config.json``); the
+            message names ``name`` and lists the embedded models.
+        ValueError: naming ``name`` when it has no ``/`` and is neither an embedded model's name or alias
+            (:func:`embedded_names`, listed in the message) nor an existing local path (refused at once, not sent to
+            the hub); naming ``dtype`` (not a floating dtype or one of :data:`DTYPE_NAMES`: ``"Float32"``,
             ``"cuda"`` are refused) or ``device`` (unparsable or unavailable), before anything is loaded; or if an
             embedded model's GGUF fails its size or sha256 check.
     """
@@ -759,7 +799,16 @@ def load_model(
         source, label = embedded_local_dir(em.label), em.label
     else:
         source, label = name, str(name)
-        check_supported(AutoConfig.from_pretrained(source, **from_pretrained_kwargs))
+        try:
+            config = AutoConfig.from_pretrained(source, **from_pretrained_kwargs)
+        except OSError as err:  # offline, a misspelt hub id, no config.json: transformers' message alone is terse
+            local = "a local directory without a usable config.json" if Path(source).exists() else (
+                "not an existing local path")
+            raise OSError(
+                f"name={source!r} could not be loaded ({local}; as a hub id: {err}). Embedded models need no "
+                f"network: {', '.join(map(repr, embedded_names()))}"
+            ) from err
+        check_supported(config)
     tokenizer = AutoTokenizer.from_pretrained(source, **from_pretrained_kwargs)
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs

@@ -22,7 +22,7 @@ import numpy as np
 from transformers import DynamicCache
 
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
-from sur_lab.budget import Support, allowance, check_budget
+from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import clone_cache
 from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
@@ -179,6 +179,11 @@ def repair(
         ValueError: for a budget outside [0, 100], an unknown method or executor, an executor without an in-place
             form (``inplace=True``), or a prepared cache already consumed by an in-place repair — before any model
             call.
+
+    Warns:
+        BudgetFractionWarning: (a ``UserWarning``, once per call) when 0 < ``budget_pct`` < 1: b is a percentage,
+            so 0.05 is 0.05 %, not 5 % (:func:`sur_lab.budget.warn_if_fraction`; silence it with
+            :func:`sur_lab.budget.fractions_expected` when a sub-1 % budget is meant).
     """
     edit = prepared.edit
     # Looked up first so that every method, the reference ones included, refuses an unknown executor name.
@@ -203,6 +208,7 @@ def repair(
         return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, edit.suffix_len)
 
     budget_pct = check_budget(budget_pct)
+    warn_if_fraction(budget_pct)
     if method not in ALLOCATORS:
         raise ValueError(
             f"unknown method={method!r}; allowed: {', '.join(REFERENCE_METHODS)} or an allocator "
@@ -230,9 +236,10 @@ def repair(
     # Algorithm 1 starts from the Dirty cache: allocators that read it (Cache-Craft-Adapted takes the deleted span's
     # keys from it) must not re-run the span.
     options.setdefault("dirty_cache", prepared.dirty_cache)
-    request = AllocationRequest(
-        lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=None, seed=seed, options=options
-    )
+    with fractions_expected():  # warned above, once per call
+        request = AllocationRequest(
+            lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=None, seed=seed, options=options
+        )
     selection = allocate(method, request)
     if prepared.units is None and request.units is not None:
         prepared.units = request.units
@@ -305,10 +312,14 @@ def recover(
         ValueError: naming ``budget_pct`` (outside [0, 100]), ``method`` (not an allocator, or not in
             :data:`OVERLAP_METHODS` with ``overlap=True``), ``executor`` (unknown, or without an in-place form when
             ``inplace``), or ``dirty_cache`` (not the edit's N rows) — before any work.
+
+    Warns:
+        BudgetFractionWarning: as :func:`repair`, when 0 < ``budget_pct`` < 1.
     """
     from sur_lab.cache_ops import cache_length
 
     budget_pct = check_budget(budget_pct)
+    warn_if_fraction(budget_pct)
     if method not in ALLOCATORS:
         raise ValueError(f"unknown method={method!r}; recover takes an allocator ({', '.join(sorted(ALLOCATORS))})")
     if overlap and method not in OVERLAP_METHODS:
@@ -329,7 +340,8 @@ def recover(
         ms = _ms(t_start)
         timings = {"select": 0.0, "shift": 0.0, "refresh": ms, "recovery": ms}
         return RepairResult(cache, method, budget_pct, Selection(Support.full(S)), timings, S)
-    request = AllocationRequest(lm, edit, budget_pct, shift_cache=None, seed=seed, options=dict(options or {}))
+    with fractions_expected():  # warned above, once per call
+        request = AllocationRequest(lm, edit, budget_pct, shift_cache=None, seed=seed, options=dict(options or {}))
 
     def select() -> Selection:
         if B == 0:

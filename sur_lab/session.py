@@ -36,7 +36,7 @@ from transformers import DynamicCache
 
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from sur_lab.answer import Answer, greedy_answer
-from sur_lab.budget import Support, allowance, check_budget
+from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor, replay
@@ -173,6 +173,10 @@ class EditSession:
 
     Raises:
         ValueError: naming ``method``, ``budget_pct``, ``executor`` or ``debt_pct`` when invalid.
+
+    Warns:
+        BudgetFractionWarning: (a ``UserWarning``) when a default or per-edit ``budget_pct`` is in (0, 1), usually
+            a fraction meant as a percentage (:func:`sur_lab.budget.warn_if_fraction`).
     """
 
     def __init__(
@@ -189,6 +193,7 @@ class EditSession:
         self.lm = lm
         self._defaults = _Policy(method, budget_pct, executor, debt_pct, seed, dict(options or {}))
         self._defaults = self._policy()
+        warn_if_fraction(self._defaults.budget_pct)
         self._state = _State(
             ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
             angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),
@@ -311,6 +316,8 @@ class EditSession:
                 f"({', '.join(sorted(ALLOCATORS))})"
             )
         budget = check_budget(d.budget_pct if budget_pct is None else budget_pct)
+        if budget_pct is not None:  # the session default warned in __init__
+            warn_if_fraction(budget)
         executor = d.executor if executor is None else executor
         get_executor(executor)
         debt = d.debt_pct if debt_pct is None else debt_pct
@@ -651,9 +658,10 @@ class EditSession:
                 selection = Selection(Support.full(S))
             rows = np.arange(p, p + S, dtype=np.int64)
             return self._with_rows(shifted, cache, rows), selection, S, rows
-        request = AllocationRequest(
-            lm, edit, policy.budget_pct, shift_cache=shift_cache, seed=policy.seed, options=dict(policy.options)
-        )
+        with fractions_expected():  # the session warned when the budget was given
+            request = AllocationRequest(
+                lm, edit, policy.budget_pct, shift_cache=shift_cache, seed=policy.seed, options=dict(policy.options)
+            )
         selection = allocate(method, request)
         timings["select"] = selection.select_ms
         t0 = time.perf_counter()

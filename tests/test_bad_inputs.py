@@ -21,7 +21,7 @@ from sur_lab.cache_ops import from_tensors, to_tensors
 from sur_lab.edits import EditedContext, token_edit
 from sur_lab.executors import refresh_sequential, replay, shift
 from sur_lab.forward import prefill
-from sur_lab.models import _check_dtype, load_model
+from sur_lab.models import _check_dtype, embedded_names, load_model
 from sur_lab.repair import REFERENCE_METHODS, prepare, repair
 from sur_lab.studies.noprefix import compose_tokens
 from sur_lab.studies.theory import traversals
@@ -296,6 +296,35 @@ def test_load_model_names_a_missing_local_path(path):
 def test_load_model_refuses_a_name_that_is_not_a_string_or_path(name):
     with pytest.raises(ValueError, match="name="):
         load_model(name)
+
+
+@pytest.mark.parametrize("name", ["qwen-0.5b", "smollm", "Qwen2.5-0.5B-Instruct"])
+def test_load_model_refuses_an_unknown_name_without_an_owner_at_once(name, monkeypatch):
+    import transformers
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the hub must not be asked")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_hub)
+    with pytest.raises(ValueError, match=f"name='{name}' is not an embedded model") as err:
+        load_model(name)
+    for alias in ("'SmolLM2-135M-Instruct'", "'embedded'", "'qwen2.5-coder-0.5b'", "'Qwen2.5-Coder-0.5B-Instruct'"):
+        assert alias in str(err.value)
+    assert "not an existing local directory" in str(err.value) and "'owner/name'" in str(err.value)
+    assert embedded_names() == ["SmolLM2-135M-Instruct", "embedded", "huggingfacetb/smollm2-135m-instruct",
+                                "smollm2-135m", "Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b"]
+
+
+def test_load_model_wraps_a_hub_failure_with_the_embedded_names(monkeypatch):
+    import transformers
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(OSError, match=r"name='Qwen/qwen-0\.5b' could not be loaded \(not an existing local path; "
+                                      r"as a hub id: We couldn't connect.*'qwen2\.5-coder-0\.5b'"):
+        load_model("Qwen/qwen-0.5b")
 
 
 def test_load_model_names_a_missing_pathlike(tmp_path):

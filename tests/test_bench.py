@@ -112,9 +112,25 @@ def test_ratio_tables_from_hand_made_medians():
     assert targets.loc["packed_5pct_over_replay", "value"] == pytest.approx(0.1)
     assert targets.loc["overlap_over_serial_recovery", "value"] == pytest.approx(0.9)
     assert targets["met"].tolist() == [True, False, True, False, None]
+    assert (targets["note"] == "").all()  # every ratio measured
     missing = bench.target_ratios(medians, None, packed="packed-sdpa").set_index("ratio")
     assert np.isnan(missing.loc["packed_5pct_over_replay", "value"])
     assert missing.loc["packed_5pct_over_replay", "met"] is None
+    assert missing.loc["packed_5pct_over_replay", "note"] == "not measured: no packed-vs-Replay sweep"
+    assert missing.loc["overlap_over_serial_recovery", "note"] == "not measured: no overlap comparison"
+    # A smoke grid times R = 1 and 4 only: the R = 16 ratios are NaN and say why; the R = 1 ratio is measured.
+    smoke = bench.target_ratios(medians[medians.num_intervals != 16], replay, packed="packed-sdpa").set_index("ratio")
+    for name in ("sequential_over_packed_R16", "packed_R16_over_R1"):
+        assert np.isnan(smoke.loc[name, "value"]) and smoke.loc[name, "met"] is None
+        assert smoke.loc[name, "note"] == "not measured: R = 16 not in num_intervals"
+    assert smoke.loc["packed_R1_over_append_forward", "note"] == ""
+    other = bench.target_ratios(medians, replay, context_len=2048, packed="packed-inplace", target_budget=2)
+    assert other.set_index("ratio")["note"].tolist() == [
+        "not measured: N = 2048 not in context_lengths"] * 3 + [
+        "not measured: b = 2 % not in the sweep's budgets", "not measured: no overlap comparison"]
+    unpacked = bench.target_ratios(medians, replay, packed="packed-inplace").set_index("ratio")
+    assert unpacked.loc["packed_R16_over_R1", "note"] == "not measured: packed-inplace not timed"
+    assert unpacked.loc["packed_5pct_over_replay", "note"] == "not measured: packed-inplace not in the sweep's executors"
 
 
 def test_refresh_grid_and_replay_sweep_on_a_tiny_model():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import make_tiny_model
 from sur_lab.allocators import AllocationRequest, allocate, allocate_units, best_window, forward_envelope, token_relevance, unit_scores
-from sur_lab.budget import Support, allowance, coalesce
+from sur_lab.budget import BudgetFractionWarning, Support, allowance, coalesce, fractions_expected
 from sur_lab.edits import token_edit
 from sur_lab.units import Unit, merge_short, segment_units, split_balanced
 
@@ -161,12 +162,51 @@ def test_sur_support_is_exact_sorted_unique_and_deterministic(S, b, q, seed):
     assert sum(len(u) for u in units) == S
     assert all(units[i].end == units[i + 1].start for i in range(len(units) - 1))
     assert (units[0].start == 0 and units[-1].end == S) if S else units == []
-    sel = allocate("SUR", AllocationRequest(_tiny(), edit, b))
+    with fractions_expected():  # budgets below 1 % are drawn on purpose
+        sel = allocate("SUR", AllocationRequest(_tiny(), edit, b))
+        again = allocate("SUR", AllocationRequest(_tiny(), edit, b))
     pos = sel.support.positions
     assert len(pos) == allowance(S, b) and len(np.unique(pos)) == len(pos)
     assert np.all(np.diff(pos) > 0) and (len(pos) == 0 or (pos[0] >= 0 and pos[-1] < S))
-    again = allocate("SUR", AllocationRequest(_tiny(), edit, b))
     assert np.array_equal(again.support.positions, pos)
+
+
+FRACTION_MESSAGE = (r"budget_pct is a percentage of the suffix; 0\.05 means 0\.05 %, not 5 % \(pass budget_pct=5 "
+                    r"for that; wrap the call in sur_lab\.budget\.fractions_expected\(\) when 0\.05 % is meant\)")
+
+
+def _fraction_warnings(record):
+    return [w for w in record if issubclass(w.category, BudgetFractionWarning)]
+
+
+def test_a_budget_below_one_percent_warns_once_at_the_callers_line():
+    from sur_lab import EditSession, prepare, repair
+
+    lm = _tiny()
+    edit = token_edit(torch.arange(3, 63) % 96, 5, 3, [7, 8])  # S = 52: 0.05 % is B = 1, 5 % is B = 3
+    with pytest.warns(UserWarning, match=FRACTION_MESSAGE) as record:
+        request = AllocationRequest(lm, edit, 0.05)
+    assert request.allowance == 1 == allowance(52, 0.05) and allowance(52, 5) == 3
+    [w] = _fraction_warnings(record)
+    assert w.filename == __file__  # the user's line, not the library's
+    prepared = prepare(lm, edit)
+    with pytest.warns(BudgetFractionWarning) as record:
+        result = repair(lm, prepared, "SUR", budget_pct=0.05)
+    assert result.allowance == 1
+    assert [w.filename for w in _fraction_warnings(record)] == [__file__]  # once, though AllocationRequest checks too
+    with pytest.warns(BudgetFractionWarning, match="0.5 means 0.5 %, not 50 %") as record:
+        EditSession(lm, budget_pct=0.5)
+    assert [w.filename for w in _fraction_warnings(record)] == [__file__]
+    # Percent budgets, 0, and sub-1 % budgets inside fractions_expected() do not warn.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for b in (0, 1, 5, 100):
+            AllocationRequest(lm, edit, b)
+        assert repair(lm, prepare(lm, edit), "SUR", budget_pct=1).allowance == 1
+        with fractions_expected():
+            assert AllocationRequest(lm, edit, 0.05).allowance == 1
+            EditSession(lm, budget_pct=0.5)
+        EditSession(lm, budget_pct=5)
 
 
 @pytest.mark.slow

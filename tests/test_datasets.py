@@ -4,6 +4,7 @@ source resolution, and fixed-seed source selection (appendix 7.5)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -263,6 +264,18 @@ def test_hub_without_datasets_package(monkeypatch):
         load_qa("someone/hotpot_like")
 
 
+@pytest.mark.parametrize("name", ["hotpot", "HotpotQA", "hotpot_qa:distractor", "2wiki"])
+def test_unknown_names_without_an_owner_are_refused_before_the_hub(monkeypatch, name):
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("the hub must not be asked")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(ValueError, match=re.escape(f"source={name!r} is not a dataset key (one of hotpotqa, "
+                                                   "2wikimultihopqa, musique, iirc)")) as err:
+        load_qa(name)
+    assert "owner/name[:config]" in str(err.value)
+
+
 def test_hub_columnar_hotpot_rows(monkeypatch):
     row = {
         "id": "hub1",
@@ -280,8 +293,8 @@ def test_hub_columnar_hotpot_rows(monkeypatch):
         return [row, {**row, "id": "hub2"}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    examples = load_qa("hotpot_qa:distractor", "hotpotqa", limit=1)
-    assert calls == [("hotpot_qa", "distractor", "validation")]
+    examples = load_qa("hotpotqa/hotpot_qa:distractor", "hotpotqa", limit=1)
+    assert calls == [("hotpotqa/hotpot_qa", "distractor", "validation")]
     assert [ex.id for ex in examples] == ["hub1"]
     assert examples[0].supporting == (Passage("A", "A is. Yes.", True),)
 

@@ -337,6 +337,28 @@ def test_figures_and_tables_are_written_atomically(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
 
 
+def test_tables_with_multiindex_columns_are_written_with_one_header_row(tmp_path):
+    import pandas as pd
+
+    from sur_lab.analysis.plotting import flat_columns, save_table
+
+    # Table 12's shape: metrics x budgets, then reset_index(names="rule") adds the column ("rule", "").
+    block = pd.DataFrame({"2%": [50.0, 25.0], "5%": [75.0, 100.0]}, index=["SUR", "Dense"])
+    t12 = pd.concat({"agreement (%)": block, "mean R": block / 100}, axis=1).reset_index(names="rule")
+    csv, parquet = save_table(t12, "t12", outputs=tmp_path, parquet=True)
+    names = ["rule", "agreement (%) / 2%", "agreement (%) / 5%", "mean R / 2%", "mean R / 5%"]
+    for back in (pd.read_csv(csv), pd.read_parquet(parquet)):
+        assert list(back.columns) == names
+        assert back["rule"].tolist() == ["SUR", "Dense"]
+        assert back["agreement (%) / 5%"].tolist() == [75.0, 100.0] and back["mean R / 2%"].tolist() == [0.5, 0.25]
+    assert list(t12.columns)[0] == ("rule", "")  # the caller's frame is not modified
+    plain = pd.DataFrame({"a": [1]})
+    assert flat_columns(plain) is plain
+    clash = pd.DataFrame([[1, 2]], columns=pd.MultiIndex.from_tuples([("a", ""), ("a", "")]))
+    with pytest.raises(ValueError, match=r"df: .*duplicate names \['a'\]"):
+        flat_columns(clash)
+
+
 # =====================================================================================================================
 # Kind 4: data accepted when it should not be
 

@@ -60,6 +60,27 @@ def test_first_call_builds_and_records_checksums(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_cached_files_follow_the_umask(tmp_path, umask):
+    # safetensors writes through a private temporary file: its output is 0600 whatever the umask.
+    import torch
+    from safetensors.torch import save_file
+
+    def build(folder):
+        FakeBuild()(folder)
+        save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+
+    old = os.umask(umask)
+    try:
+        target = cached_model_dir(KEY, build, root=tmp_path)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in target.iterdir()}
+    assert sorted(modes) == sorted([*FILES, CACHE_MANIFEST])
+    assert set(modes.values()) == {0o666 & ~umask}  # 0o644 / 0o664, the weights included
+    assert _leftovers(tmp_path) == []  # the umask probe is gone
+
+
 def _overwrite(path):
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF

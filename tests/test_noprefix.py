@@ -17,6 +17,8 @@ from sur_lab.answer import greedy_answer
 from sur_lab.budget import Support
 from sur_lab.studies.noprefix import build_caches, compose_tokens, composition_edit
 from sur_lab.studies.noprefix import (
+    SPEC_PARAMETER_COLUMNS,
+    RagRequest,
     RepairSpec,
     adaptive_suffix_support,
     answers_agree,
@@ -34,10 +36,12 @@ from sur_lab.studies.noprefix import (
     risk_components,
     risk_scores,
     run_protocol,
+    run_requests,
     start_candidates,
     suffix_support,
     summarize,
     support_for,
+    sweep_specs,
     window_support,
 )
 
@@ -299,6 +303,21 @@ def test_evaluate_prompt_records():
         evaluate_prompt(lm, prompt, specs, protocols=("copy",))
     with pytest.raises(ValueError, match="executor"):
         evaluate_prompt(lm, prompt, specs, executor="nope")
+
+
+def test_run_requests_keeps_spec_parameter_columns_only_where_a_spec_has_them(tiny_lm):
+    requests = [RagRequest(tiny_prompt(), {"source_id": "a", "slot": 0})]
+    sweep = run_requests(tiny_lm, requests, sweep_specs(), max_new_tokens=2, progress=False)
+    # The position sweep has no window and no budgeted spec: no all-NaN width / budget_pct columns.
+    assert SPEC_PARAMETER_COLUMNS == ("width", "budget_pct")
+    assert "width" not in sweep and "budget_pct" not in sweep
+    assert sweep["label"].tolist() == ["Full prefill", "Prefix composition", "Doc K2 · oracle", "Suffix K1 · oracle"]
+    assert sweep["slot"].tolist() == [0] * 4
+    specs = [RepairSpec("none"), RepairSpec("window", "risk", 1, width=3)]
+    windows = run_requests(tiny_lm, requests, specs, max_new_tokens=2, progress=False)
+    assert "budget_pct" not in windows
+    assert windows["unit"].tolist() == ["full", "none", "window"]
+    assert windows["width"].tolist()[2:] == [3.0] and np.isnan(windows["width"].tolist()[:2]).all()
 
 
 def test_forward_and_donor_agree_when_the_start_is_the_first_stale_document():

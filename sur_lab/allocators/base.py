@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sur_lab.budget import Support, allowance, check_budget
+from sur_lab.budget import Support, allowance, check_budget, warn_if_fraction
 from sur_lab.edits import EditedContext
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
@@ -35,6 +35,10 @@ class AllocationRequest:
 
     Raises:
         ValueError: (at construction) if ``budget_pct`` is outside [0, 100].
+
+    Warns:
+        BudgetFractionWarning: (a ``UserWarning``, at construction) when 0 < ``budget_pct`` < 1, usually a fraction
+            meant as a percentage (:func:`sur_lab.budget.warn_if_fraction`).
     """
 
     lm: LoadedModel
@@ -47,6 +51,7 @@ class AllocationRequest:
 
     def __post_init__(self) -> None:
         self.budget_pct = check_budget(self.budget_pct)
+        warn_if_fraction(self.budget_pct)
 
     @property
     def suffix_len(self) -> int:

@@ -46,9 +46,42 @@ def save_figure(fig, name: str, *, tag: str = "", outputs: Path | None = None) -
     return paths
 
 
+#: Separator between the levels of a MultiIndex column name in a written table ("agreement (%) / 2%").
+LEVEL_SEPARATOR = " / "
+
+
+def flat_columns(df):
+    """``df`` with MultiIndex columns joined into one header row, e.g. ``("agreement (%)", "2%")`` ->
+    ``"agreement (%) / 2%"``; empty levels are left out (``("rule", "")`` -> ``"rule"``, as ``reset_index`` makes).
+
+    A two-row CSV header reads back with ``pd.read_csv`` as ``agreement (%).1`` columns and a NaN first row, and
+    Parquet refuses non-string column names, so every written table has one level of string names. A frame whose
+    columns are not a MultiIndex is returned unchanged (the same object).
+
+    Raises:
+        ValueError: naming ``df`` when two flattened names coincide.
+    """
+    import pandas as pd
+
+    if not isinstance(df.columns, pd.MultiIndex):
+        return df
+    names = [LEVEL_SEPARATOR.join(str(level) for level in col if str(level) != "") for col in df.columns]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"df: flattening its MultiIndex columns gives duplicate names {duplicates}")
+    out = df.copy()
+    out.columns = names
+    return out
+
+
 def save_table(df, name: str, *, tag: str = "", outputs: Path | None = None, parquet: bool = False) -> list[Path]:
     """Write ``df`` as ``tables/{name}[_{tag}].csv`` (and ``.parquet`` when asked), each atomically; returns the
-    paths."""
+    paths.
+
+    The index is not written (reset it first when it holds data). MultiIndex columns are flattened to one header
+    row (:func:`flat_columns`), so ``pd.read_csv`` and ``pd.read_parquet`` read the table back as written.
+    """
+    df = flat_columns(df)
     folder = (outputs or outputs_dir()) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_{tag}" if tag else name

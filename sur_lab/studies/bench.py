@@ -529,14 +529,31 @@ def target_ratios(
       (reported, no bound).
 
     Returns:
-        Rows ``ratio, value, target, met`` (``value`` NaN and ``met`` None when a needed cell was not measured;
-        ``met`` None for a reported-only ratio).
+        Rows ``ratio, value, target, met, note``: ``value`` NaN, ``met`` None and ``note`` saying which cell is
+        missing when a needed cell was not measured (e.g. ``"not measured: R = 16 not in num_intervals"`` for a
+        smoke run timing R = 1 and 4 only); ``met`` None for a reported-only ratio; ``note`` empty when measured.
     """
+    def missing_cell(executor: str, r: int) -> str:
+        """Why the grid has no median for (``executor``, R = ``r``) at ``context_len``; "" when it has one."""
+        at_n = medians[medians.context_len == context_len]
+        if not len(at_n):
+            return f"N = {context_len} not in context_lengths"
+        if not (at_n.num_intervals == r).any():
+            return f"R = {r} not in num_intervals"
+        if not (at_n.executor == executor).any():
+            return f"{executor} not timed"
+        if not ((at_n.num_intervals == r) & (at_n.executor == executor)).any():
+            return f"{executor} not timed at R = {r}"
+        return ""
+
     def cell(executor: str, r: int) -> float:
         sel = medians[
             (medians.context_len == context_len) & (medians.num_intervals == r) & (medians.executor == executor)
         ]
         return float(sel["median_ms"].iloc[0]) if len(sel) else float("nan")
+
+    def grid_note(*cells: tuple[str, int]) -> str:
+        return "; ".join(dict.fromkeys(m for c in cells if (m := missing_cell(*c))))
 
     nan = float("nan")
     values = {
@@ -546,23 +563,38 @@ def target_ratios(
         "packed_5pct_over_replay": nan,
         "overlap_over_serial_recovery": nan,
     }
+    notes = {
+        "sequential_over_packed_R16": grid_note(("sequential", 16), (packed, 16)),
+        "packed_R16_over_R1": grid_note((packed, 16), (packed, 1)),
+        "packed_R1_over_append_forward": grid_note((packed, 1), (APPEND_FORWARD, 1)),
+        "packed_5pct_over_replay": "no packed-vs-Replay sweep",
+        "overlap_over_serial_recovery": "no overlap comparison",
+    }
     if replay is not None:
         sel = replay[(replay.method == packed) & (replay.budget_pct == float(target_budget))]
         if len(sel):
             values["packed_5pct_over_replay"] = float(sel["fraction_of_replay"].iloc[0])
+        elif not (replay.budget_pct == float(target_budget)).any():
+            notes["packed_5pct_over_replay"] = f"b = {target_budget:g} % not in the sweep's budgets"
+        else:
+            notes["packed_5pct_over_replay"] = f"{packed} not in the sweep's executors"
     if overlap is not None and len(overlap):
         by_mode = overlap.set_index("mode")["median_ms"]
         if {"serial", "overlap"} <= set(by_mode.index):
             values["overlap_over_serial_recovery"] = float(by_mode["overlap"] / by_mode["serial"])
+        else:
+            notes["overlap_over_serial_recovery"] = "the overlap comparison lacks the serial or the overlap mode"
     rows = []
     for name, value in values.items():
         measured = value == value  # NaN when a needed cell was not measured
+        note = "" if measured else f"not measured: {notes[name] or 'a needed median is NaN'}"
         if TARGETS[name] is None:
-            rows.append({"ratio": name, "value": value, "target": "reported", "met": None})
+            rows.append({"ratio": name, "value": value, "target": "reported", "met": None, "note": note})
             continue
         op, bound = TARGETS[name]
         met = bool(value <= bound) if op == "<=" else bool(value >= bound)
-        rows.append({"ratio": name, "value": value, "target": f"{op} {bound:g}", "met": met if measured else None})
+        rows.append({"ratio": name, "value": value, "target": f"{op} {bound:g}", "met": met if measured else None,
+                     "note": note})
     return pd.DataFrame(rows)
 
 

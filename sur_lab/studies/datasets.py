@@ -160,8 +160,10 @@ def load_qa(
     1. an existing file path (``.json`` list or ``.jsonl``); the format is detected from the records' fields;
     2. a dataset key in :data:`DATASETS`, resolving to ``DATA_FILES[key][split]`` under
        :func:`sur_lab.runtime.paths.default_data_dir`;
-    3. a hub name (``"hotpot_qa:distractor"``, ``"name:config"``), loaded with ``datasets.load_dataset`` when the
-       ``datasets`` package and a network are available.
+    3. a hub dataset id ``"owner/name"`` or ``"owner/name:config"`` (``"hotpotqa/hotpot_qa:distractor"``), loaded
+       with ``datasets.load_dataset`` when the ``datasets`` package and a network are available. A name with no
+       ``/`` that is neither a file nor a key (a misspelt key such as ``"hotpot"``) is refused at once rather than
+       sent to the hub, whose retries take tens of seconds before an offline error.
 
     Warning:
         ``split="test"`` returns the held-out files marked "final evaluation only" in the data README. Never choose
@@ -169,7 +171,7 @@ def load_qa(
         both roles, so its ``"dev"`` and ``"test"`` are the same file.)
 
     Args:
-        source: file path, dataset key or hub name.
+        source: file path, dataset key or hub dataset id (``"owner/name[:config]"``).
         dataset: dataset name to record (one of :data:`DATASETS`); inferred from the content when ``None``.
             It also selects the scorer in :func:`sur_lab.analysis.scoring.score_example`.
         split: ``"dev"`` (default), ``"test"`` (held out) or ``"train"`` (prompt examples); used for dataset keys
@@ -180,12 +182,13 @@ def load_qa(
         Examples in file order.
 
     Raises:
-        ValueError: naming ``source`` when its format is unknown or a record is malformed; naming ``dataset`` when
+        ValueError: naming ``source`` when its format is unknown or a record is malformed, or when it is neither an
+            existing file, a dataset key, nor a hub id with a ``/`` (the message lists the keys); naming ``dataset`` when
             it is not one of :data:`DATASETS` or cannot be inferred; naming ``split`` when the dataset has no such
             shipped split; naming ``limit`` when it is negative.
         FileNotFoundError: when ``source`` looks like a file path (a ``Path``, a ``.json``/``.jsonl`` suffix, an
             absolute path, or an existing directory) but is not a file, or when the data directory is missing.
-        ImportError: when ``source`` is neither a file nor a key and the ``datasets`` package is not installed.
+        ImportError: when ``source`` is a hub id and the ``datasets`` package is not installed.
     """
     if dataset is not None and dataset not in DATASETS:
         raise ValueError(f"dataset={dataset!r} is not one of {DATASETS}")
@@ -212,6 +215,11 @@ def load_qa(
         return _parse_records(_read_records(file), source=str(file), dataset=key, limit=limit)
     if isinstance(source, Path) or path.suffix in {".json", ".jsonl"} or path.is_absolute() or path.exists():
         raise FileNotFoundError(f"source={key!r} is neither an existing file nor a dataset key {DATASETS}")
+    if "/" not in key.partition(":")[0]:
+        raise ValueError(
+            f"source={key!r} is not a dataset key (one of {', '.join(DATASETS)}), not an existing file, and not a "
+            "Hugging Face hub dataset id 'owner/name[:config]' (e.g. 'hotpotqa/hotpot_qa:distractor')"
+        )
     return _load_hub(key, dataset=dataset, split=split, limit=limit)
 
 

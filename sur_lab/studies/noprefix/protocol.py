@@ -153,6 +153,10 @@ def document_drift(prompt: ComposedPrompt, cache: DynamicCache, full: DynamicCac
     return np.sqrt(num / den)
 
 
+#: Record columns of :func:`evaluate_prompt` that only some repair units have (NaN for the others).
+SPEC_PARAMETER_COLUMNS = ("width", "budget_pct")
+
+
 def default_specs(budgets: Sequence[float] = (50,)) -> list[RepairSpec]:
     """The SAFE-KV comparison used by the notebook.
 
@@ -377,6 +381,11 @@ def run_requests(lm: LoadedModel, requests: Sequence[RagRequest], specs: Sequenc
                  keep_drift: bool = False, progress: bool = True, desc: str = "requests") -> pd.DataFrame:
     """Run :func:`evaluate_prompt` over requests and return one long DataFrame (records plus ``meta`` columns).
 
+    The spec parameters that apply to some units only (:data:`SPEC_PARAMETER_COLUMNS`: ``width`` for windows,
+    ``budget_pct`` for adaptive suffixes and SUR) are dropped when no spec of ``specs`` has them (e.g. the position
+    sweep's :func:`sweep_specs`), so a table never carries an all-NaN column; where some specs have them, the other
+    rows hold NaN.
+
     The prefix cache is shared by every request with the same prefix ids; document caches are kept in a store while
     consecutive requests share a ``meta["source_id"]`` (e.g. the same example at several evidence slots or document
     counts) and dropped when it changes, which bounds memory.
@@ -401,7 +410,8 @@ def run_requests(lm: LoadedModel, requests: Sequence[RagRequest], specs: Sequenc
                                max_new_tokens=max_new_tokens, scorer=req.scorer, prefix_kv=prefixes[key],
                                doc_store=store, keep_drift=keep_drift)
         rows.extend({**req.meta, **r} for r in recs)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    return df.drop(columns=[c for c in SPEC_PARAMETER_COLUMNS if c in df and df[c].isna().all()])
 
 
 def place_evidence(passages: Sequence, slot: int) -> list:
@@ -429,6 +439,7 @@ def workload_name(dataset: str, num_docs: int) -> str:
 __all__ = [
     "DATASET_NAMES",
     "RagRequest",
+    "SPEC_PARAMETER_COLUMNS",
     "answers_agree",
     "build_request",
     "default_specs",
