@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from conftest import make_tiny_model
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, allocate, top_b
 from sur_lab.allocators import controls, prior, signals
-from sur_lab.budget import allowance
+from sur_lab.budget import allowance, fractions_expected
 from sur_lab.cache_ops import clone_cache, layer_kv, num_layers
 from sur_lab.edits import chat_edit, token_edit
 from sur_lab.executors import reprefill
@@ -402,7 +402,8 @@ def test_legolink_ranks_by_depth_then_chunk_index():
 
 def test_legolink_allocator_takes_the_first_b_ranked(llama):
     edit = random_edit(10, 3, 2, 1100)
-    sel = allocate("LegoLink-Adapted", AllocationRequest(llama, edit, 0.5))
+    with fractions_expected():  # 0.5 % is meant: B = ceil(1100 * 0.5 / 100) = 6
+        sel = allocate("LegoLink-Adapted", AllocationRequest(llama, edit, 0.5))
     assert sel.support.positions.tolist() == [0, 1, 512, 513, 1024, 1025]  # B = ceil(5.5) = 6
 
 
