@@ -176,6 +176,38 @@ def test_preset_parameters_come_from_the_notebook(tmp_path):
     assert cli.preset_parameters(path, "default", {}) == {}
     assert cli.preset_parameters(path, "paper", {"preset": "default"}) == {"preset": "paper"}
     assert [p.name for p in cli.resolve_notebooks(["00", str(path)])] == ["00_quickstart.ipynb"]
+    niah = REPO / "notebooks" / "02_allocation_geometry.ipynb"
+    assert cli.preset_parameters(niah, "default", {}) == {"workers": 2}  # the suite fans the quality study out
+
+
+def test_suite_parameters_only_set_how_a_notebook_runs():
+    """Suite parameters may change how a notebook runs, never what it measures: only `workers`, only on notebooks
+    without timing endpoints (02), each a declared parameter whose own default stays 1 (issue 14)."""
+    from sur_lab.runtime.run_notebooks import declared_parameters, notebooks, suite_parameters
+
+    seen = {}
+    for path in notebooks("*"):
+        params = suite_parameters(path)
+        declared = declared_parameters(path)
+        for name, value in params.items():
+            assert name == "workers" and isinstance(value, int) and value >= 1, (path.name, name, value)
+            assert declared[name]["default"] == "1", path.name
+        if params:
+            seen[path.name] = params
+    assert seen == {"02_allocation_geometry.ipynb": {"workers": 2}}
+
+
+def test_runner_applies_suite_parameters_and_p_overrides_them(monkeypatch, capsys):
+    from sur_lab.runtime import run_notebooks as rn
+
+    calls = []
+    monkeypatch.setattr(rn, "run_notebook", lambda path, params, **kw: calls.append((path.name, dict(params))) or path)
+    assert rn.main(["--only", "02_*"]) == 0
+    assert calls == [("02_allocation_geometry.ipynb", {"workers": 2})]
+    assert rn.main(["--only", "02_*", "-p", "workers", "1"]) == 0
+    assert calls[-1] == ("02_allocation_geometry.ipynb", {"workers": 1})
+    assert rn.main(["--only", "02_*", "--smoke"]) == 0
+    assert "workers" not in calls[-1][1]  # smoke runs keep one process
 
 
 def test_sweep_presets():

@@ -272,18 +272,18 @@ def resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def preset_parameters(path: Path, preset: str, declared: dict) -> dict:
-    """Parameters of ``preset`` for one notebook: smoke = its ``sur_lab.smoke_parameters`` metadata, default = none,
-    paper = its ``sur_lab.paper_parameters`` metadata or, when it declares a ``preset`` parameter, ``preset="paper"``.
+    """Parameters of ``preset`` for one notebook: smoke = its ``sur_lab.smoke_parameters`` metadata, default = its
+    ``sur_lab.suite_parameters`` metadata (how the suite runs it, e.g. notebook 02 on two Ray workers; often none), paper = its ``sur_lab.paper_parameters`` metadata or, when it declares a ``preset`` parameter, ``preset="paper"``.
 
     Raises:
         CliError: naming ``--preset`` when the notebook has no paper preset.
     """
     import nbformat
 
-    from sur_lab.runtime.run_notebooks import smoke_parameters
+    from sur_lab.runtime.run_notebooks import smoke_parameters, suite_parameters
 
     if preset == "default":
-        return {}
+        return suite_parameters(path)
     if preset == "smoke":
         return smoke_parameters(path)
     meta = nbformat.read(path, as_version=4).metadata.get("sur_lab", {})

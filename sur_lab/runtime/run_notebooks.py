@@ -7,8 +7,11 @@ Usage::
     python -m sur_lab.runtime.run_notebooks --only 00_* -p max_new_tokens 16
 
 Notebooks are found by glob, not a hand-kept list. Each notebook's smoke parameters live in its own metadata under
-``sur_lab.smoke_parameters``. Parameters given with ``-p`` are passed only to notebooks that declare them; a ``-p``
-NAME that no selected notebook declares is an error before anything runs.
+``sur_lab.smoke_parameters``. A default (non-smoke) suite run also applies each notebook's ``sur_lab.suite_parameters``
+metadata: how the suite runs it on a dedicated machine, without changing what it computes (notebook 02, a quality
+study whose records do not depend on concurrency, fans its sweep out over two Ray workers; its own default stays one).
+Parameters given with ``-p`` are passed only to notebooks that declare them and override both (``-p workers 1`` runs
+02 in one process); a ``-p`` NAME that no selected notebook declares is an error before anything runs.
 
 Nothing good is ever overwritten by a failure:
 
@@ -58,12 +61,23 @@ def notebooks(pattern: str = "*", folder: Path | None = None) -> list[Path]:
     return sorted(p for p in folder.glob("*.ipynb") if fnmatch.fnmatch(p.name, glob) and not p.name.startswith("."))
 
 
-def smoke_parameters(path: Path) -> dict:
-    """The ``sur_lab.smoke_parameters`` dict from a notebook's metadata (empty when absent)."""
+def _metadata_parameters(path: Path, key: str) -> dict:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    return dict(nb.metadata.get("sur_lab", {}).get("smoke_parameters", {}))
+    return dict(nb.metadata.get("sur_lab", {}).get(key, {}))
+
+
+def smoke_parameters(path: Path) -> dict:
+    """The ``sur_lab.smoke_parameters`` dict from a notebook's metadata (empty when absent)."""
+    return _metadata_parameters(path, "smoke_parameters")
+
+
+def suite_parameters(path: Path) -> dict:
+    """The ``sur_lab.suite_parameters`` dict from a notebook's metadata (empty when absent): what a default suite run
+    (``make notebooks``, ``sur-lab run --preset default``) passes on top of the notebook's own defaults. Only settings
+    that change how a notebook runs, never what it measures, belong there (e.g. ``workers`` of a quality study)."""
+    return _metadata_parameters(path, "suite_parameters")
 
 
 def declared_parameters(path: Path) -> dict:
@@ -221,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failures = []
     for path in paths:
-        params = smoke_parameters(path) if args.smoke else {}
+        params = smoke_parameters(path) if args.smoke else suite_parameters(path)
         params.update({k: v for k, v in overrides.items() if k in declared[path]})
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
         t0 = time.perf_counter()
