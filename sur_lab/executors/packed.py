@@ -22,7 +22,8 @@ the duration of the traversal, nothing else:
                 folded into the query rows so each K/V segment is read once per KV head, and the per-segment
                 outputs are merged exactly by their log-sum-exp. Attention work follows M(U) instead of
                 ``B * (u_B + 1)``; the segment boundaries minimise work plus a per-call cost
-                (:func:`split_segments`), so a compact support runs as one call.
+                (:func:`split_segments`), so a compact support runs as one call
+                (``scripts/attention_paths.py`` times the paths on one layer's shapes).
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
