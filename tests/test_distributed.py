@@ -153,6 +153,19 @@ def test_good_addresses_and_threads():
     assert distributed.default_threads(2, 16) == 8 and distributed.default_threads(4, 2) == 1
 
 
+def test_more_cuda_actors_than_local_gpus_refused_before_any_work(args, cases, tmp_path):
+    """Each CUDA actor reserves one GPU: workers > GPUs would leave actors waiting forever, so it is refused first."""
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"workers=2 with device='cuda'.* this machine has 0; use workers <= 1"):
+        run_sweep({**args, "device": "cuda"}, cases, METHODS, BUDGETS, out, workers=2)
+    assert not out.exists()
+    distributed.check_local_gpus({"device": "cuda:0"}, 2, None, available=2)  # enough GPUs
+    distributed.check_local_gpus({"device": "cuda"}, 8, "auto", available=0)  # a cluster: Ray schedules the GPUs
+    distributed.check_local_gpus({"device": "cpu"}, 8, None, available=0)
+    with pytest.raises(ValueError, match="workers=3"):
+        distributed.check_local_gpus({"device": "cuda"}, 3, "local", available=2)
+
+
 def test_model_args_of_a_loaded_model(args):
     from sur_lab.models import load_model
 

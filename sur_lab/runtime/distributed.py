@@ -86,6 +86,32 @@ def check_workers(workers: Any, address: Any = None, threads: Any = None) -> Non
         )
 
 
+def check_local_gpus(model_args: Mapping, workers: int, address: str | None, available: int | None = None) -> None:
+    """Refuse a local CUDA sweep with more actors than GPUs (each actor reserves one; the rest would wait forever).
+
+    Args:
+        model_args: :func:`model_args_of` result; only ``device`` is read.
+        workers: Ray actors.
+        address: as in :func:`run_sweep_distributed`; a cluster (``"auto"``, ``ray://...``) is not checked here.
+        available: GPUs on this machine (default ``torch.cuda.device_count()``).
+
+    Raises:
+        ValueError: naming ``workers``, the device and the GPU count, before Ray starts.
+    """
+    device = str(model_args.get("device", "cpu"))
+    if not device.startswith("cuda") or address not in (None, "local"):
+        return
+    if available is None:
+        import torch
+
+        available = torch.cuda.device_count()
+    if workers > available:
+        raise ValueError(
+            f"workers={workers} with device={device!r}: each Ray actor reserves one GPU and this machine has "
+            f"{available}; use workers <= {max(available, 1)} (e.g. -p workers 1 for a notebook on one GPU)"
+        )
+
+
 def model_args_of(lm: Any) -> dict:
     """The :func:`sur_lab.models.load_model` keyword arguments that reload ``lm`` in another process.
 
@@ -284,6 +310,7 @@ def run_sweep_distributed(
 
     check_workers(workers, address, threads)
     model_args = model_args_of(lm)
+    check_local_gpus(model_args, workers, address)
     grid = sweep.check_sweep_args(cases, methods, budgets, executor, max_new_tokens)
     ids = [c.case_id for c in cases]
     ray = require_ray()
@@ -410,6 +437,6 @@ def records_per_minute(records: pd.DataFrame, seconds: float) -> float:
 
 
 __all__ = [
-    "CONCURRENCY_FIELDS", "INSTALL_HINT", "MAX_CASE_RETRIES", "check_concurrency", "check_workers", "default_threads",
-    "model_args_of", "model_label", "records_per_minute", "require_ray", "run_sweep_distributed", "worker_pids",
+    "CONCURRENCY_FIELDS", "INSTALL_HINT", "MAX_CASE_RETRIES", "check_concurrency", "check_local_gpus", "check_workers",
+    "default_threads", "model_args_of", "model_label", "records_per_minute", "require_ray", "run_sweep_distributed", "worker_pids",
 ]
