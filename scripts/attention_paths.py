@@ -7,8 +7,9 @@ d]`` keys, four ways, interleaved, and prints medians in ms:
 
 - ``single-gqa``: one masked ``F.scaled_dot_product_attention(enable_gqa=True)`` call over keys ``[0, u_B]``
   (``packed-sdpa``);
-- ``split``: the key-split path (:func:`sur_lab.executors.packed.split_segments` segments, GQA folded into the query
-  rows, one CPU flash call per segment, log-sum-exp merge; ``packed-sdpa-split``);
+- ``split``: what ``packed-sdpa-split`` runs: the key split (:func:`sur_lab.executors.packed.split_segments`
+  segments, GQA folded into the query rows, one CPU flash call per segment, log-sum-exp merge), or the single masked
+  call when the support needs one segment;
 - ``split-1``: the same folded flash op as a single call over ``[0, u_B]``;
 - ``pairs``: the row-key pairs each path computes, against M(U).
 
@@ -76,14 +77,17 @@ def main(argv=None) -> int:
         support = matched_support(n, PREFIX_LEN, b, r)
         u = torch.as_tensor(np.asarray(support.positions) + PREFIX_LEN)
         kv_len = int(u[-1]) + 1
-        segments = packed.split_segments(u.numpy(), call_cost=packed.SPLIT_CALL_COST)
-        split = packed._segment_masks(u, segments, torch.float32, hq // hkv)
-        whole = packed._segment_masks(u, [(0, 0, kv_len)], torch.float32, hq // hkv)
-        mask = packed._additive_mask(u, 0, kv_len, torch.float32)[None, None]
+        group = hq // hkv
+        # What packed-sdpa and packed-sdpa-split run (the split keeps one masked call for a single segment).
+        single = packed._make_attention("sdpa", u, kv_len, torch.float32, flex_compile=False, num_kv_groups=group)
+        split = packed._make_attention("sdpa", u, kv_len, torch.float32, flex_compile=False, sdpa_split=True,
+                                       num_kv_groups=group)
+        segments = [seg[:3] for seg in split.segments] if split.segments is not None else [(0, 0, kv_len)]
+        whole = packed._segment_masks(u, [(0, 0, kv_len)], torch.float32, group)
         kk, vv = k[:, :, :kv_len], v[:, :, :kv_len]
-        timings = {"single-gqa": lambda: packed._sdpa(q, kk, vv, mask, scale),
-                   "split": lambda: packed._split_sdpa(q, k, v, split, scale),
-                   "split-1": lambda: packed._split_sdpa(q, k, v, whole, scale)}
+        timings = {"single-gqa": lambda: single.attend(q, kk, vv, scale),
+                   "split": lambda: split.attend(q, kk, vv, scale),
+                   "split-1": lambda: packed._split_sdpa(q, kk, vv, whole, scale)}
         medians = {name: [] for name in timings}
         for _ in range(3):  # interleaved rounds
             for name, fn in timings.items():

@@ -26,42 +26,12 @@ import time
 import pandas as pd
 import torch
 
+from sur_lab.runtime.cli import budget_arg, int_arg
 from sur_lab.studies.bench import DELETED_LEN, PREFIX_LEN
 
 #: Smallest natural-text edit of the overlap comparison (``sur_lab.studies.bench.text_edit``).
 MIN_OVERLAP_TOKENS = 64
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def _int_at_least(name: str, low: int, *, zero: bool = False):
-    """An argparse ``type=``: an integer >= ``low`` (or exactly 0 when ``zero``); the message names ``name``."""
-    allowed = f"0 or an integer >= {low}" if zero else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}") from None
-        if value < low and not (zero and value == 0):
-            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}")
-        return value
-
-    return parse
-
-
-def _budget(name: str):
-    """An argparse ``type=``: a budget b in (0, 100], % of the suffix; the message names ``name``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be numbers in (0, 100] (%); got {text!r}") from None
-        if not 0 < value <= 100:
-            raise argparse.ArgumentTypeError(f"{name} must be numbers in (0, 100] (%); got {text!r}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,14 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="hub id or path; default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    parser.add_argument("--context-lengths", type=_int_at_least("--context-lengths", min_n), nargs="+",
+    parser.add_argument("--context-lengths", type=int_arg("--context-lengths", min_n), nargs="+",
                         default=[2048 - DELETED_LEN, 8192 - DELETED_LEN],
                         help=f"N, tokens of the edited context (>= {min_n}); default 2040 and 8184, so that the "
                              f"original context N + {DELETED_LEN} is 2048 / 8192 tokens (the 2K / 8K rows of "
                              "Table 18)")
-    parser.add_argument("--num-selected", type=_int_at_least("--num-selected", 1), default=64,
+    parser.add_argument("--num-selected", type=int_arg("--num-selected", 1), default=64,
                         help="B, positions (a multiple of every --intervals value, placed inside the suffix of every N)")
-    parser.add_argument("--intervals", type=_int_at_least("--intervals", 1), nargs="+", default=[1, 4, 16],
+    parser.add_argument("--intervals", type=int_arg("--intervals", 1), nargs="+", default=[1, 4, 16],
                         help="R values (each divides B)")
     parser.add_argument(
         "--executors",
@@ -93,34 +63,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="registered executor names (packed-triton* are skipped off CUDA; *-inplace get an untimed fresh copy "
              "per call; append-forward is the plain-forward floor)",
     )
-    parser.add_argument("--warmups", type=_int_at_least("--warmups", 0), default=10, help="untimed rounds (>= 0)")
-    parser.add_argument("--repeats", type=_int_at_least("--repeats", 1), default=20, help="timed rounds (>= 1)")
-    parser.add_argument("--budgets", type=_budget("--budgets"), nargs="*", default=[1, 2, 5, 10, 20],
+    parser.add_argument("--warmups", type=int_arg("--warmups", 0), default=10, help="untimed rounds (>= 0)")
+    parser.add_argument("--repeats", type=int_arg("--repeats", 1), default=20, help="timed rounds (>= 1)")
+    parser.add_argument("--budgets", type=budget_arg("--budgets"), nargs="*", default=[1, 2, 5, 10, 20],
                         help="Replay sweep budgets, %% of the suffix, in (0, 100] (none: skip the sweep)")
-    parser.add_argument("--replay-context-length", type=_int_at_least("--replay-context-length", min_n),
+    parser.add_argument("--replay-context-length", type=int_arg("--replay-context-length", min_n),
                         default=8192 - DELETED_LEN,
                         help=f"N of the Replay sweep, edited-context tokens (>= {min_n}; default 8184: an original "
                              f"context of 8192)")
-    parser.add_argument("--sweep-intervals", type=_int_at_least("--sweep-intervals", 1), default=16,
+    parser.add_argument("--sweep-intervals", type=int_arg("--sweep-intervals", 1), default=16,
                         help="R of the sweep's supports (>= 1)")
     parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa", "packed-sdpa-split", "packed-inplace"],
                         help="packed executors timed beside Replay")
-    parser.add_argument("--replay-warmups", type=_int_at_least("--replay-warmups", 0), default=1)
-    parser.add_argument("--replay-repeats", type=_int_at_least("--replay-repeats", 1), default=5)
-    parser.add_argument("--overlap-context-length", type=_int_at_least("--overlap-context-length", MIN_OVERLAP_TOKENS,
+    parser.add_argument("--replay-warmups", type=int_arg("--replay-warmups", 0), default=1)
+    parser.add_argument("--replay-repeats", type=int_arg("--replay-repeats", 1), default=5)
+    parser.add_argument("--overlap-context-length", type=int_arg("--overlap-context-length", MIN_OVERLAP_TOKENS,
                                                                        zero=True), default=2412,
                         help=f"tokens of the natural-text edit of the overlap comparison (0: skip it; else >= "
                              f"{MIN_OVERLAP_TOKENS})")
-    parser.add_argument("--overlap-budget", type=_budget("--overlap-budget"), default=5.0,
+    parser.add_argument("--overlap-budget", type=budget_arg("--overlap-budget"), default=5.0,
                         help="b of the overlap comparison, %% in (0, 100]")
     parser.add_argument("--overlap-executor", default="packed",
                         help="executor of the overlap comparison (its in-place form is used)")
-    parser.add_argument("--overlap-warmups", type=_int_at_least("--overlap-warmups", 0), default=10)
-    parser.add_argument("--overlap-repeats", type=_int_at_least("--overlap-repeats", 1), default=20)
+    parser.add_argument("--overlap-warmups", type=int_arg("--overlap-warmups", 0), default=10)
+    parser.add_argument("--overlap-repeats", type=int_arg("--overlap-repeats", 1), default=20)
     parser.add_argument("--target-executor", default="packed-inplace",
                         help="the packed executor whose ratios the targets are about")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=_int_at_least("--threads", 0), default=0,
+    parser.add_argument("--threads", type=int_arg("--threads", 0), default=0,
                         help="torch CPU threads (0: torch's default)")
     parser.add_argument("--save", action="store_true", help="also write the tables to outputs/tables")
     return parser

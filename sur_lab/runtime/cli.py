@@ -273,7 +273,8 @@ def resolve_notebooks(names: list[str]) -> list[Path]:
 
 def preset_parameters(path: Path, preset: str, declared: dict) -> dict:
     """Parameters of ``preset`` for one notebook: smoke = its ``sur_lab.smoke_parameters`` metadata, default = its
-    ``sur_lab.suite_parameters`` metadata (how the suite runs it, e.g. notebook 02 on two Ray workers; often none), paper = its ``sur_lab.paper_parameters`` metadata or, when it declares a ``preset`` parameter, ``preset="paper"``.
+    ``sur_lab.suite_parameters`` metadata (how the suite runs it, e.g. notebook 02 on two Ray workers; often none),
+    paper = its ``sur_lab.paper_parameters`` metadata or, when it declares a ``preset`` parameter, ``preset="paper"``.
 
     Raises:
         CliError: naming ``--preset`` when the notebook has no paper preset.
@@ -429,27 +430,40 @@ def lab_cmd(args) -> int:
 # parser
 
 
-def _positive_int(name: str):
+def int_arg(name: str, low: int = 1, *, zero: bool = False):
+    """An argparse ``type=``: an integer >= ``low`` (or exactly 0 when ``zero``); the message names ``name``.
+
+    Shared by the ``sur-lab`` subcommands and the scripts (``scripts/bench_packed_refresh.py``).
+    """
+    allowed = f"0 or an integer >= {low}" if zero else f"an integer >= {low}"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1; got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1; got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}") from None
+        if value < low and not (zero and value == 0):
+            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}")
         return value
 
     return parse
 
 
-def _budget(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"budgets must be numbers in [0, 100] (%); got {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"budgets must be numbers in [0, 100] (%); got {text!r}")
-    return value
+def budget_arg(name: str, *, zero: bool = False):
+    """An argparse ``type=``: a budget b in (0, 100] % of the suffix (``[0, 100]`` when ``zero``: Shift's 0 % allowed);
+    the message names ``name``."""
+    allowed = "[0, 100]" if zero else "(0, 100]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be numbers in {allowed} (%); got {text!r}") from None
+        if not (0 <= value <= 100 if zero else 0 < value <= 100):
+            raise argparse.ArgumentTypeError(f"{name} must be numbers in {allowed} (%); got {text!r}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -480,12 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--preset", choices=PRESETS, default="default",
                     help="study size, from the study module's PRESETS (as the notebooks' preset parameter): smoke "
                          "(minutes, SmolLM2), default (the notebook's defaults, Qwen), paper (the paper's grid, Qwen)")
-    sw.add_argument("--workers", type=_positive_int("--workers"), default=1,
+    sw.add_argument("--workers", type=int_arg("--workers"), default=1,
                     help="Ray actors, each with its own model copy (default 1: run here, no Ray)")
     sw.add_argument("--address", default=None,
                     help="Ray cluster: auto (the cluster this machine belongs to), ray://HOST:10001 or HOST:6379; "
                          "--out must then be a shared filesystem path")
-    sw.add_argument("--threads", type=_positive_int("--threads"), default=None,
+    sw.add_argument("--threads", type=int_arg("--threads"), default=None,
                     help="torch threads per worker (default: cores // workers)")
     sw.add_argument("--model", default=None,
                     help="an embedded model name, hub id or local path (default: the preset's, as in the notebooks: "
@@ -496,14 +510,15 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", default=None, help="sweep directory (default: outputs/sweeps/cli_<study>_<tag>)")
     sw.add_argument("--executor", default="sequential", help="sparse-refresh executor")
     sw.add_argument("--seed", type=int, default=0, help="roster / source selection and allocator seed")
-    sw.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=None,
+    sw.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=None,
                     help="greedy decoding limit, tokens (default: the preset's)")
-    sw.add_argument("--num-cases", type=_positive_int("--num-cases"), default=None, help="NIAH cases")
-    sw.add_argument("--context-lens", type=_positive_int("--context-lens"), nargs="+", default=None,
+    sw.add_argument("--num-cases", type=int_arg("--num-cases"), default=None, help="NIAH cases")
+    sw.add_argument("--context-lens", type=int_arg("--context-lens"), nargs="+", default=None,
                     help="NIAH context lengths, tokens")
-    sw.add_argument("--n-per-dataset", type=_positive_int("--n-per-dataset"), default=None,
+    sw.add_argument("--n-per-dataset", type=int_arg("--n-per-dataset"), default=None,
                     help="natural-QA sources per dataset")
-    sw.add_argument("--budgets", type=_budget, nargs="+", default=None, help="budgets, %% of the suffix")
+    sw.add_argument("--budgets", type=budget_arg("--budgets", zero=True), nargs="+", default=None,
+                    help="budgets, %% of the suffix")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sub.add_parser("bench", add_help=False, help="the packed-refresh benchmark (sur-lab bench --help for its options)",

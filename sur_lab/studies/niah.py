@@ -582,14 +582,13 @@ def paired_differences(
     budgeted = records[~is_ref]
     if methods is None:
         methods = list(dict.fromkeys(budgeted["method"]))
+    refs = {base: records[is_ref & (records["method"] == base)] for base in baselines}
+    refs = {base: ref for base, ref in refs.items() if not ref.empty}
     rows = []
     for method in methods:
         for budget in sorted(budgeted.loc[budgeted["method"] == method, "budget_pct"].unique()):
             arm = budgeted[(budgeted["method"] == method) & (budgeted["budget_pct"] == budget)]
-            for base in baselines:
-                ref = records[is_ref & (records["method"] == base)]
-                if ref.empty or arm.empty:
-                    continue
+            for base, ref in refs.items():
                 ref = ref[ref["case_id"].isin(arm["case_id"])]
                 label = f"{method} {budget:g}%"
                 pair = pd.concat([arm.assign(method=label), ref])
