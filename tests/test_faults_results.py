@@ -255,6 +255,23 @@ RUN_FAULTS = [
 ]
 
 
+# The signal cases run the notebook from a child process, which the kernel signals: a signal handler that raises in
+# pytest's own process can land inside an ``ast.parse`` (pytest's assertion rewriting of a lazily imported module),
+# which on CPython 3.11.7 leaves the AST recursion counter corrupted and every later ``ast.parse`` in that process
+# failing with "SystemError: AST constructor recursion depth mismatch" (seen here after the SIGTERM case).
+_RUN_IN_CHILD = """
+import json, sys
+from pathlib import Path
+from sur_lab.runtime.run_notebooks import run_notebook
+try:
+    run_notebook(Path(sys.argv[1]), json.loads(sys.argv[2]), outputs=Path(sys.argv[3]), progress=False)
+except BaseException as error:
+    print("RAISED", type(error).__name__, isinstance(error, KeyboardInterrupt), flush=True)
+    sys.exit(3)
+print("RETURNED", flush=True)
+"""
+
+
 @pytest.mark.parametrize("label,params,exc,marker", RUN_FAULTS, ids=[r[0] for r in RUN_FAULTS])
 def test_failed_or_interrupted_run_keeps_the_last_good_notebook(good_run, label, params, exc, marker):
     from sur_lab.runtime.run_notebooks import failed_path, run_notebook
@@ -262,9 +279,19 @@ def test_failed_or_interrupted_run_keeps_the_last_good_notebook(good_run, label,
     path, target = good_run
     before = _text(target)
     assert "result ok 1" in before
-    with pytest.raises(BaseException) as info:
-        run_notebook(path, params, outputs=target.parent, progress=False)
-    assert type(info.value).__name__ == exc or (exc == "KeyboardInterrupt" and isinstance(info.value, KeyboardInterrupt))
+    if params["mode"] == "fail":
+        with pytest.raises(BaseException) as info:
+            run_notebook(path, params, outputs=target.parent, progress=False)
+        assert type(info.value).__name__ == exc
+    else:
+        child = subprocess.run(
+            [sys.executable, "-c", _RUN_IN_CHILD, str(path), json.dumps(params), str(target.parent)],
+            capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+        )
+        raised = [line.split() for line in child.stdout.splitlines() if line.startswith("RAISED")]
+        assert child.returncode == 3 and raised, (child.returncode, child.stdout, child.stderr[-2000:])
+        name, is_keyboard_interrupt = raised[0][1], raised[0][2] == "True"
+        assert name == exc or (exc == "KeyboardInterrupt" and is_keyboard_interrupt), raised
     assert _text(target) == before  # the last good copy is untouched
     failed = nbformat.read(failed_path(target), as_version=4)
     assert failed.metadata["sur_lab"]["run_error"].startswith(marker)
