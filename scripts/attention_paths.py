@@ -8,8 +8,7 @@ d]`` keys, four ways, interleaved, and prints medians in ms:
 - ``single-gqa``: one masked ``F.scaled_dot_product_attention(enable_gqa=True)`` call over keys ``[0, u_B]``
   (``packed-sdpa``);
 - ``split``: what ``packed-sdpa-split`` runs: the key split (:func:`sur_lab.executors.packed.split_segments`
-  segments, GQA folded into the query rows, one CPU flash call per segment, log-sum-exp merge), or the single masked
-  call when the support needs one segment;
+  segments, GQA folded into the query rows, one CPU flash call per segment, log-sum-exp merge);
 - ``split-1``: the same folded flash op as a single call over ``[0, u_B]``;
 - ``pairs``: the row-key pairs each path computes, against M(U).
 
@@ -78,12 +77,12 @@ def main(argv=None) -> int:
         u = torch.as_tensor(np.asarray(support.positions) + PREFIX_LEN)
         kv_len = int(u[-1]) + 1
         group = hq // hkv
-        # What packed-sdpa and packed-sdpa-split run (the split keeps one masked call for a single segment).
+        # What packed-sdpa and packed-sdpa-split (= packed on a CPU) run.
         single = packed._make_attention("sdpa", u, kv_len, torch.float32, flex_compile=False, num_kv_groups=group)
         split = packed._make_attention("sdpa", u, kv_len, torch.float32, flex_compile=False, sdpa_split=True,
                                        num_kv_groups=group)
-        segments = [seg[:3] for seg in split.segments] if split.segments is not None else [(0, 0, kv_len)]
-        whole = packed._segment_masks(u, [(0, 0, kv_len)], torch.float32, group)
+        segments = [seg for seg, _ in split.segments]
+        whole = packed._segment_masks(u, [packed.KeySegment(0, 0, kv_len, 0)], torch.float32, group)
         kk, vv = k[:, :, :kv_len], v[:, :, :kv_len]
         timings = {"single-gqa": lambda: single.attend(q, kk, vv, scale),
                    "split": lambda: split.attend(q, kk, vv, scale),
@@ -93,7 +92,7 @@ def main(argv=None) -> int:
             for name, fn in timings.items():
                 medians[name].append(_median_ms(fn, args.repeats))
         m_u = int(torch.sum(u + 1))
-        pairs = sum((b - a) * (k1 - k0) for a, k0, k1 in segments)
+        pairs = sum((b - seg.call_row) * (seg.key_end - seg.key_start) for seg in segments)  # padding rows too
         rows.append({"R": r, "segments": len(segments), "u_B + 1": kv_len,
                      **{f"{name} (ms)": round(float(np.median(v)), 2) for name, v in medians.items()},
                      "split pairs / M(U)": round(pairs / m_u, 3), "single pairs / M(U)": round(b * kv_len / m_u, 3)})

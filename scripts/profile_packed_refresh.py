@@ -1,10 +1,17 @@
 #!/usr/bin/env python
 """Profile one packed refresh with torch.profiler (issue 17, lean per-layer path): the top CPU operators.
 
-Embedded SmolLM2-135M by default, N = 8192, B = 64 in R = 16 matched intervals (``sur_lab.studies.bench``), one
-thread. Prints the profiler's operator table sorted by self CPU time; on a shared machine compare percentages, not ms.
+Embedded SmolLM2-135M by default, N = 8184 (an 8,192-token original context), B = 64 in R = 16 matched intervals
+(``sur_lab.studies.bench``), one thread. Prints the profiler's operator table sorted by self CPU time; on a shared
+machine compare percentages, not ms.
 
-    .venv/bin/python scripts/profile_packed_refresh.py --executor packed-sdpa-split-inplace --threads 1
+    .venv/bin/python scripts/profile_packed_refresh.py --executor packed-inplace --threads 1
+
+An older commit is profiled by putting its checkout first on the path (the script also runs on the pre-layout
+package, e.g. 1af7246, the state when issue 17 was filed):
+
+    git worktree add /tmp/before 1af7246
+    PYTHONPATH=/tmp/before .venv/bin/python scripts/profile_packed_refresh.py --executor packed --threads 1
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import torch
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="hub id or path; default: the embedded SmolLM2-135M-Instruct")
-    parser.add_argument("--context-length", type=int, default=8192, help="N, tokens")
+    parser.add_argument("--context-length", type=int, default=8184, help="N, tokens of the edited context")
     parser.add_argument("--num-selected", type=int, default=64, help="B, positions")
     parser.add_argument("--intervals", type=int, default=16, help="R")
     parser.add_argument("--executor", default="packed-sdpa-split", help="registered executor name")
@@ -32,9 +39,17 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from sur_lab.cache_ops import clone_cache
-    from sur_lab.executors import executor_consumes_input, get_executor
+    from sur_lab.executors import get_executor
     from sur_lab.models import load_model
-    from sur_lab.studies import bench
+
+    try:
+        from sur_lab.executors import executor_consumes_input
+        from sur_lab.studies import bench
+    except ImportError:  # a commit before the package layout (issue 11), for "before" profiles: no in-place forms
+        from sur_lab import bench
+
+        def executor_consumes_input(name: str) -> bool:
+            return False
 
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)

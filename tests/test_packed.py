@@ -246,79 +246,109 @@ SPREAD = list(range(0, 16)) + list(range(400, 416)) + list(range(800, 816)) + li
 
 
 def test_split_segments_hand_cases():
-    # Free calls: a boundary at every candidate row (multiples of 8 and interval starts); keys [u_{a-1}+1, u_{b-1}+1).
+    seg = packed.KeySegment
+    # Free calls: a boundary wherever the attending rows change and at each interval's first position (the gap before
+    # an interval runs unmasked, its own keys masked; ties keep the longer segment); 64 packed rows never reach a
+    # larger flash query block, so no call is padded.
     assert packed.split_segments(SPREAD, call_cost=0) == [
-        (0, 0, 8), (8, 8, 16), (16, 16, 408), (24, 408, 416), (32, 416, 808), (40, 808, 816), (48, 816, 1208),
-        (56, 1208, 1216),
+        seg(0, 0, 8, 0), seg(8, 8, 16, 8), seg(16, 16, 400, 16), seg(16, 400, 408, 16), seg(24, 408, 416, 24),
+        seg(32, 416, 800, 32), seg(32, 800, 808, 32), seg(40, 808, 816, 40), seg(48, 816, 1200, 48),
+        seg(48, 1200, 1208, 48), seg(56, 1208, 1216, 56),
     ]
-    # Expensive calls or a compact support: the single masked call.
-    assert packed.split_segments(SPREAD, call_cost=10**9) == [(0, 0, 1216)]
-    assert packed.split_segments(np.arange(600, 664)) == [(0, 0, 664)]
-    # Default cost: 4 spread intervals of 16 rows split where the work saved pays for the call (hand DP).
-    assert packed.split_segments(SPREAD) == [(0, 0, 416), (32, 416, 1216)]
+    # Expensive calls or a compact support: one call.
+    assert packed.split_segments(SPREAD, call_cost=10**9) == [seg(0, 0, 1216, 0)]
+    assert packed.split_segments(np.arange(600, 664)) == [seg(0, 0, 664, 0)]
+    # Default cost, GQA group 3 (192 folded rows, flash query blocks of 64): per key, 192 rows + 3 blocks x 32 =
+    # 288; 96 rows + 3 x 32 = 192; 48 rows + 2 x 32 = 112; all three calls masked (x 1.12); so 3 calls cost
+    # 3 x 16384 + 1.12 x (416 x 288 + 400 x 192 + 400 x 112) = 319,528.96 < one call's 16384 + 1.12 x 1216 x 288
+    # = 408,605.44 (hand DP).
+    three = [seg(0, 0, 416, 0), seg(32, 416, 816, 32), seg(48, 816, 1216, 48)]
+    assert packed.split_segments(SPREAD, group=3) == three
+    assert packed.split_cost(SPREAD, three, group=3) == pytest.approx(319_528.96, rel=1e-12)
+    # Padding: 48 packed rows (144 folded, 5 blocks of 32: 144 + 160 = 304 per key) cost more than 64 (192 + 3
+    # blocks of 64 x 32 = 288), so the gap keys 16..399 run with rows 0..63; with 100 rows, keys 40..999 (60 rows,
+    # 180 folded: 372 per key) run as rows 36..99 (288 per key).
+    assert seg(16, 16, 400, 0) in packed.split_segments(SPREAD, group=3, call_cost=0)
+    assert seg(40, 40, 1000, 36) in packed.split_segments(list(range(40)) + list(range(1000, 1060)), group=3,
+                                                           call_cost=0)
+    # Long compact runs are cut near SPLIT_LONG_KEYS (CPU flash slows down past it).
+    long = packed.split_segments(np.arange(4060, 4124), group=3)
+    assert len(long) > 1 and all(s.key_end - s.key_start <= packed.SPLIT_LONG_KEYS for s in long)
     for bad in ([], [3, 3], [5, 2], [-1, 4]):
         with pytest.raises(ValueError, match="positions"):
             packed.split_segments(bad)
     with pytest.raises(ValueError, match="call_cost"):
         packed.split_segments([1], call_cost=-1)
-    with pytest.raises(ValueError, match="granule"):
-        packed.split_segments([1], granule=0)
-
-
-def _segment_cost(positions, segments, call_cost):
-    b = len(positions)
-    return sum(call_cost + (b - a) * (k1 - k0) for a, k0, k1 in segments)
+    for name in ("granule", "group", "key_step"):
+        with pytest.raises(ValueError, match=name):
+            packed.split_segments([1], **{name: 0})
 
 
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(
-    positions=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=5).map(
+    positions=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=4).map(
         lambda runs: [s + i for s, n in zip(np.cumsum([g + 12 for g, _ in runs]) - 13, [n for _, n in runs])
                       for i in range(n)]
     ),
-    call_cost=st.integers(0, 2000),
+    call_cost=st.integers(0, 20_000),
+    group=st.sampled_from([1, 3, 7]),
 )
-def test_split_segments_cover_keys_exactly_and_minimise_cost(positions, call_cost):
-    segments = packed.split_segments(positions, call_cost=call_cost, granule=8)
+def test_split_segments_cover_keys_exactly_and_minimise_cost(positions, call_cost, group):
     u = np.asarray(positions)
-    assert segments[0][:2] == (0, 0) and segments[-1][2] == u[-1] + 1
-    for (a, k0, k1), (a2, k2, _) in zip(segments, segments[1:]):
-        assert a < a2 and k1 == k2 and k0 < k1
-    for a, k0, k1 in segments:
-        # Rows before a cannot see any key of the segment; row a sees its first key.
-        assert (a == 0 or u[a - 1] < k0) and u[a] >= k0
-    # Optimal over every subset of the candidate rows (brute force).
-    cand = sorted(set(range(0, len(u), 8)) | {r for r in range(1, len(u)) if u[r] > u[r - 1] + 1})
-    inner = cand[1:]
-    key_at = lambda r: 0 if r == 0 else int(u[r - 1]) + 1  # noqa: E731
+    segments = packed.split_segments(u, group=group, call_cost=call_cost, granule=8, key_step=100)
+    assert segments[0][:2] == (0, 0) and segments[-1].key_end == u[-1] + 1
+    for s, t in zip(segments, segments[1:]):
+        assert s.row <= t.row and s.key_end == t.key_start and s.key_start < s.key_end
+    for row, k0, _, call_row in segments:
+        # Exactly the rows that see a key of the segment attend it; padding only moves the call's first row back.
+        assert (row == 0 or u[row - 1] < k0) and u[row] >= k0 and 0 <= call_row <= row
+    # Optimal over every subset of the candidate boundaries (brute force).
+    keys = packed._split_candidates(u, 8, 100)
+    inner = keys[1:-1]
+    hypothesis.assume(inner.size <= 11)
+
+    def as_segments(cuts):
+        edges = [0, *cuts, int(u[-1]) + 1]
+        return [(int(np.searchsorted(u, k0)), k0, k1) for k0, k1 in zip(edges, edges[1:])]
+
     best = min(
-        _segment_cost(u, [(a, key_at(a), key_at(b) if b < len(u) else int(u[-1]) + 1)
-                          for a, b in zip([0, *chosen], [*chosen, len(u)])], call_cost)
-        for n in range(len(inner) + 1) for chosen in itertools.combinations(inner, n)
+        packed.split_cost(u, as_segments(chosen), group=group, call_cost=call_cost)
+        for n in range(inner.size + 1) for chosen in itertools.combinations(inner.tolist(), n)
     )
-    assert _segment_cost(u, segments, call_cost) == best
+    assert packed.split_cost(u, segments, group=group, call_cost=call_cost) == pytest.approx(best, rel=1e-12)
+
+
+PADDED = list(range(40)) + list(range(1000, 1060))  # group 3, free calls: keys 40..1023 run as rows 36..99
 
 
 @pytest.mark.parametrize("group", [1, 3])
 def test_split_attention_equals_single_masked_call(group, monkeypatch):
     gen = torch.Generator().manual_seed(3)
-    positions = torch.tensor(SPREAD)
-    q = torch.randn(1, 2 * group, 64, 16, generator=gen, dtype=torch.float64)
-    k, v = torch.randn(2, 1, 2, 1216, 16, generator=gen, dtype=torch.float64)
-    single = packed._make_attention("sdpa", positions, 1216, torch.float64, flex_compile=False)
+    positions = torch.tensor(SPREAD if group == 1 else PADDED)
+    rows, kv_len = positions.numel(), int(positions[-1]) + 1
+    q = torch.randn(1, 2 * group, rows, 16, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, kv_len, 16, generator=gen, dtype=torch.float64)
+    single = packed._make_attention("sdpa", positions, kv_len, torch.float64, flex_compile=False)
     assert single.segments is None
     monkeypatch.setattr(packed, "SPLIT_CALL_COST", 0)
     split = packed._make_attention(
-        "sdpa", positions, 1216, torch.float64, flex_compile=False, sdpa_split=True, num_kv_groups=group
+        "sdpa", positions, kv_len, torch.float64, flex_compile=False, sdpa_split=True, num_kv_groups=group
     )
-    assert len(split.segments) == 8 and split.segments[1][3].shape == (1, 1, 56 * group, 8)
+    if group == 1:
+        second, mask = split.segments[1]
+        assert len(split.segments) == 11 and second == (8, 8, 16, 8) and mask.shape == (1, 1, 56, 8)
+        assert split.segments[2] == ((16, 16, 400, 16), None)  # a gap every attending row sees whole: no mask
+    else:  # a padded masked call: rows 36..39 run with keys they cannot see (mask 0), their outputs are dropped
+        padded, mask = split.segments[6]
+        assert padded == (40, 1000, 1008, 36) and mask.shape == (1, 1, 64 * 3, 8)
+        assert torch.all(mask[0, 0, :12] == 0) and torch.isinf(mask[0, 0, 12:]).any()
     torch.testing.assert_close(split.attend(q, k, v, 0.25), single.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
     # FP32: the merge may not cost more than the single call's own error against FP64 (twice it, plus 1 ulp).
     q32, k32, v32 = q.float(), k.float(), v.float()
     split32 = packed._make_attention(
-        "sdpa", positions, 1216, torch.float32, flex_compile=False, sdpa_split=True, num_kv_groups=group
+        "sdpa", positions, kv_len, torch.float32, flex_compile=False, sdpa_split=True, num_kv_groups=group
     )
-    single32 = packed._make_attention("sdpa", positions, 1216, torch.float32, flex_compile=False)
+    single32 = packed._make_attention("sdpa", positions, kv_len, torch.float32, flex_compile=False)
     oracle = single.attend(q32.double(), k32.double(), v32.double(), 0.25)
     err_split = (split32.attend(q32, k32, v32, 0.25).double() - oracle).abs().max().item()
     err_single = (single32.attend(q32, k32, v32, 0.25).double() - oracle).abs().max().item()

@@ -16,14 +16,15 @@ the duration of the traversal, nothing else:
                 once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
                 ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
                 call would fall back to the math kernel (transformers does the same). ``sdpa_split=True``
-                (registered as ``"packed-sdpa-split"``, CPU only) splits the keys instead: key segment
-                ``[u_{a-1} + 1, u_{b-1} + 1)`` is attended by packed rows ``a..B-1`` only (the rows that can see
-                any of it; a segment is a complete-prefix tile for every later row, Eq. 23-24), with the GQA group
-                folded into the query rows so each K/V segment is read once per KV head, and the per-segment
-                outputs are merged exactly by their log-sum-exp. Attention work follows M(U) instead of
-                ``B * (u_B + 1)``; the segment boundaries minimise work plus a per-call cost
-                (:func:`split_segments`), so a compact support runs as one call
-                (``scripts/attention_paths.py`` times the paths on one layer's shapes).
+                (registered as ``"packed-sdpa-split"`` and as the default ``"packed"``, CPU only) splits the keys
+                instead: key segment ``[k0, k1)`` is attended only by the packed rows with ``u_r >= k0`` (the rows
+                that can see any of it; a segment is a complete-prefix tile for every later row, Eq. 23-24), with
+                the GQA group folded into the query rows so each K/V segment is read once per KV head and query
+                block, and the per-segment outputs are merged exactly by their log-sum-exp. Attention work follows
+                M(U) instead of ``B * (u_B + 1)``; the boundaries minimise a cost model of torch's CPU flash kernel
+                (:func:`split_segments`: work, calls, the kernel's per-query-block key re-reads, long calls), so
+                a compact support runs as a few calls of at most ~1.5K keys and a call may take extra rows to
+                reach a larger flash query block (``scripts/attention_paths.py`` times the paths on one layer).
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
@@ -63,7 +64,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -102,20 +103,43 @@ PACKED_BACKENDS = ("sdpa", "flex", "triton")
 ATTENTION_IMPLEMENTATION = "sur_lab_packed"
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
 FLEX_BLOCK_SIZE = 128
-#: Cost of one extra SDPA call in the key-split path, in causal (row, key) pairs: measured on 2 CPU cores with
-#: SmolLM2's heads (9/3, d_h 64, FP32), one extra call costs ~0.12 ms and one pair ~17 ns (all heads), i.e. ~7,100
-#: pairs; rounded up to 8,192 so that near-ties keep fewer calls.
-SPLIT_CALL_COST = 8192
-#: Segment boundaries of the key split are considered at multiples of this many packed rows and at interval starts.
+#: Cost model of the key-split path (:func:`split_segments`), in units of one folded query row times one key (all KV
+#: heads; the GQA group is folded into the rows). Calibrated on this project's 2-core CPU with SmolLM2's heads (9/3,
+#: d_h 64, FP32, one thread; 20th percentiles of ``scripts/attention_paths.py``-style timings): one row-key costs
+#: ~5 ns, one extra flash call plus its log-sum-exp merge ~0.08 ms (:data:`SPLIT_CALL_COST`), and CPU flash
+#: re-reads every key of a call once per block of query rows at ~32 row-keys per key (:data:`SPLIT_BLOCK_COST`).
+SPLIT_CALL_COST = 16384
+#: Cost of one key in one query-row block of the CPU flash kernel (its K/V block packing), in row-keys.
+SPLIT_BLOCK_COST = 32
+#: Keys per call beyond which CPU flash slows down (its K/V no longer stay in cache): each key past it costs
+#: :data:`SPLIT_LONG_EXTRA` more, so long segments are cut at :data:`SPLIT_KEY_STEP` multiples.
+SPLIT_LONG_KEYS = 1536
+SPLIT_LONG_EXTRA = 0.25
+#: Extra cost of a call with a mask (some attending row cannot see all its keys): CPU flash adds the mask to every
+#: score, ~9-15 % of the call; so an interval's own keys can go to a small masked call of their own.
+SPLIT_MASK_EXTRA = 0.12
+#: Segment boundaries of the key split are considered just after every this many packed rows, at each interval's
+#: first position and just after its last, and at multiples of :data:`SPLIT_KEY_STEP` keys.
 SPLIT_GRANULE = 8
+SPLIT_KEY_STEP = 512
+#: Query-row blocks of torch's CPU flash kernel, by query length, largest first: (minimum rows, block rows, cost of a
+#: row relative to smaller blocks). Its 256-row blocks run ~1.3x slower per row-key (their score tile leaves cache).
+FLASH_Q_BLOCKS = ((768, 256, 1.3), (192, 64, 1.0), (0, 32, 1.0))
 
 __all__ = [
     "ATTENTION_IMPLEMENTATION",
     "FLEX_BLOCK_SIZE",
     "PACKED_BACKENDS",
     "PACKED_MODEL_TYPES",
+    "FLASH_Q_BLOCKS",
+    "SPLIT_BLOCK_COST",
     "SPLIT_CALL_COST",
     "SPLIT_GRANULE",
+    "SPLIT_KEY_STEP",
+    "SPLIT_LONG_EXTRA",
+    "SPLIT_LONG_KEYS",
+    "SPLIT_MASK_EXTRA",
+    "KeySegment",
     "IndexedWriteCache",
     "as_support",
     "check_packed_model",
@@ -126,6 +150,7 @@ __all__ = [
     "refresh_direct_sequential",
     "refresh_one_shot",
     "refresh_packed",
+    "split_cost",
     "split_segments",
 ]
 
@@ -362,7 +387,7 @@ class _PackedAttention:
 
     backend: str
     mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
-    segments: tuple[tuple[int, int, int, torch.Tensor | None], ...] | None = None  # split sdpa: (row, k0, k1, mask)
+    segments: tuple[tuple[KeySegment, torch.Tensor | None], ...] | None = None  # split sdpa: (segment, mask)
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
     plan: Any = None  # triton: IndexedAttentionPlan
@@ -401,14 +426,17 @@ def _split_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    segments: Sequence[tuple[int, int, int, torch.Tensor | None]],
+    segments: Sequence[tuple[KeySegment, torch.Tensor | None]],
     scale: float,
 ) -> torch.Tensor:
     """Key-split packed attention on a CPU: one flash call per key segment, merged by log-sum-exp.
 
     The GQA group is folded into the query rows in (row, group) order, ``[1, H_kv, B * g, d]``, so rows ``a..B-1``
-    of every query head sharing a KV head form one contiguous block and each K/V segment is read once per KV head.
-    Partial outputs are merged in FP32 (FP64 for FP64 inputs): ``o = sum_s exp(lse_s - lse) o_s``.
+    of every query head sharing a KV head form one contiguous block and each K/V segment is read once per KV head
+    and query block. A segment's call starts at its ``call_row`` (rows before its ``row`` are padding that puts the
+    call in a larger flash query block; their outputs are dropped). Partial outputs are merged in FP32 (FP64 for
+    FP64 inputs): with ``w = sigmoid(lse_s - lse) = exp(lse_s - logaddexp(lse, lse_s))``, ``o <- o + w (o_s - o)``
+    (one ``lerp_``) and ``lse <- logaddexp(lse, lse_s)``, the exact log-sum-exp merge of two normalised partials.
     """
     _, num_heads, rows, dim = query.shape
     num_kv = key.shape[1]
@@ -417,8 +445,12 @@ def _split_sdpa(
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out = lse = None
-    for row, k0, k1, mask in segments:
-        o, l = flash(folded[:, :, row * group :], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scale)
+    last = len(segments) - 1
+    for index, ((row, k0, k1, call_row), mask) in enumerate(segments):
+        o, l = flash(folded[:, :, call_row * group :], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask,
+                     scale=scale)
+        if call_row != row:  # drop the padding rows
+            o, l = o[:, :, (row - call_row) * group :], l[:, :, (row - call_row) * group :]
         if o.dtype != acc:  # CPU flash returns the query dtype and an FP32 log-sum-exp; cast only what differs
             o = o.to(acc)
         if l.dtype != acc:
@@ -426,69 +458,156 @@ def _split_sdpa(
         if out is None:  # the first segment starts at row 0 and initialises every row
             out, lse = o, l
             continue
-        tail = slice(row * group, None)
-        merged = torch.logaddexp(lse[:, :, tail], l)
-        keep, add = (lse[:, :, tail] - merged).exp_(), (l - merged).exp_()
-        out[:, :, tail].mul_(keep[..., None]).add_(o.mul_(add[..., None]))  # in place: same roundings, no temps
-        lse[:, :, tail] = merged
+        tail = lse[:, :, row * group :]
+        out[:, :, row * group :].lerp_(o, (l - tail).sigmoid_()[..., None])
+        if index != last:
+            torch.logaddexp(tail, l, out=tail)
     return out.to(query.dtype).reshape(1, num_kv, rows, group, dim).transpose(2, 3).reshape(1, num_heads, rows, dim)
+
+
+class KeySegment(NamedTuple):
+    """One call of the key-split path: keys ``[key_start, key_end)`` attended by packed rows ``row..B-1``.
+
+    ``call_row <= row``: the call runs rows ``call_row..B-1`` (the extra rows put it in a larger CPU flash query
+    block, which reads each key fewer times; their outputs are discarded).
+    """
+
+    row: int
+    key_start: int
+    key_end: int
+    call_row: int
+
+
+def _per_key_cost(rows: np.ndarray) -> np.ndarray:
+    """Cost of one key for calls of ``rows`` folded query rows: the rows (weighted by their flash block size's
+    factor) plus :data:`SPLIT_BLOCK_COST` per query block (:data:`FLASH_Q_BLOCKS`)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    block = np.full(rows.shape, FLASH_Q_BLOCKS[-1][1], dtype=np.int64)
+    factor = np.full(rows.shape, FLASH_Q_BLOCKS[-1][2])
+    for minimum, size, weight in reversed(FLASH_Q_BLOCKS[:-1]):
+        block, factor = np.where(rows >= minimum, size, block), np.where(rows >= minimum, weight, factor)
+    return rows * factor + SPLIT_BLOCK_COST * -(-rows // block)
+
+
+def _call_rows(rows: np.ndarray, total: int, group: int) -> np.ndarray:
+    """The cheapest call size >= ``rows`` (folded, multiples of ``group``): ``rows`` itself or the first multiple of
+    ``group`` at or above a larger flash block threshold, when that is <= ``total``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    best, best_cost = rows, _per_key_cost(rows)
+    for minimum, _, _ in FLASH_Q_BLOCKS[:-1]:
+        padded = np.where(rows < minimum, -(-minimum // group) * group, rows)
+        ok = padded <= total
+        cost = np.where(ok, _per_key_cost(np.where(ok, padded, rows)), np.inf)
+        better = cost < best_cost
+        best, best_cost = np.where(better, padded, best), np.where(better, cost, best_cost)
+    return best
+
+
+def _split_candidates(u: np.ndarray, granule: int, key_step: int) -> np.ndarray:
+    """Candidate segment boundaries (keys), ``0`` first and ``u_B + 1`` last (:func:`split_segments`)."""
+    b, end = u.size, int(u[-1]) + 1
+    starts = np.flatnonzero(np.diff(u) > 1) + 1  # interval starts after the first
+    rows = np.union1d(np.arange(granule, b, granule), starts)
+    keys = np.concatenate(
+        ([0, u[0]], u[rows[(rows > 0) & (rows < b)] - 1] + 1, u[starts], np.arange(key_step, end, key_step))
+    )
+    keys = np.unique(keys[keys < end])
+    if keys.size > 256:  # keep the DP cheap for huge supports: 256 evenly spread candidates, key 0 included
+        keys = np.unique(keys[np.linspace(0, keys.size - 1, 256).round().astype(np.int64)])
+    return np.append(keys, end)
+
+
+def _segment_cost(u: np.ndarray, k0: np.ndarray, k1: np.ndarray, group: int, call_cost: float) -> np.ndarray:
+    """Modelled cost of calls over keys ``[k0, k1)`` (arrays), each run by the rows that see ``k0`` (padded)."""
+    first = np.searchsorted(u, k0, side="left")
+    rows = (u.size - first) * group
+    length = k1 - k0
+    effective = length + SPLIT_LONG_EXTRA * np.maximum(0, length - SPLIT_LONG_KEYS)
+    masked = u[np.minimum(first, u.size - 1)] < k1 - 1  # the first attending row misses some key of the call
+    effective = effective * np.where(masked, 1 + SPLIT_MASK_EXTRA, 1.0)
+    return call_cost + effective * _per_key_cost(_call_rows(rows, u.size * group, group))
+
+
+def split_cost(
+    positions: Sequence[int] | np.ndarray,
+    segments: Sequence[KeySegment | tuple[int, int, int]],
+    *,
+    group: int = 1,
+    call_cost: float = SPLIT_CALL_COST,
+) -> float:
+    """Modelled cost of a key split (what :func:`split_segments` minimises), in folded row-keys.
+
+    Per call: ``call_cost`` plus, per key (keys past :data:`SPLIT_LONG_KEYS` weighted ``1 + SPLIT_LONG_EXTRA``,
+    all keys of a masked call ``1 + SPLIT_MASK_EXTRA`` more), the call's folded query rows plus
+    :data:`SPLIT_BLOCK_COST` per CPU flash query block (:data:`FLASH_Q_BLOCKS`); a call's rows are those that see
+    its first key, padded to a flash block threshold when that is cheaper.
+    """
+    u = np.asarray(positions, dtype=np.int64)
+    k0 = np.asarray([seg[1] for seg in segments], dtype=np.int64)
+    k1 = np.asarray([seg[2] for seg in segments], dtype=np.int64)
+    return float(np.sum(_segment_cost(u, k0, k1, group, call_cost)))
 
 
 def split_segments(
     positions: Sequence[int] | np.ndarray,
     *,
-    call_cost: int = SPLIT_CALL_COST,
+    group: int = 1,
+    call_cost: float = SPLIT_CALL_COST,
     granule: int = SPLIT_GRANULE,
-) -> list[tuple[int, int, int]]:
-    """Key segments of the key-split SDPA path: ``(row, key_start, key_end)`` triples covering keys ``[0, u_B]``.
+    key_step: int = SPLIT_KEY_STEP,
+) -> list[KeySegment]:
+    """Key segments of the key-split SDPA path, covering keys ``[0, u_B]`` (Eq. 22-24 on a CPU).
 
-    Segment ``(a, k0, k1)`` is attended by packed rows ``a..B-1``; ``k0 = u_{a-1} + 1`` (0 for ``a = 0``) and
-    ``k1 = u_{b-1} + 1`` where ``b`` is the next segment's row, so every key ``j`` is attended by exactly the rows
-    with ``u_r >= j`` plus, inside its own segment, the rows ``a..b-1`` that the mask then hides from it. The rows
-    ``a`` are chosen among 0, multiples of ``granule`` and interval starts (``u_r > u_{r-1} + 1``) by dynamic
-    programming to minimise ``sum over segments of (call_cost + (B - a) * (k1 - k0))`` (row-key pairs); a compact
-    support gives one segment. O(C^2) in the C candidate rows (at most 256, evenly thinned beyond that).
+    Segment ``(row, k0, k1, call_row)`` is attended by packed rows ``row..B-1``, the rows with ``u_r >= k0`` (every
+    row that can see any of its keys); rows whose ``u_r < k1 - 1`` are masked inside it. Its call runs rows
+    ``call_row..B-1`` (see :class:`KeySegment`). Boundaries are chosen among the keys just after every
+    ``granule``-th selected position, each interval's first position and the key after its last, and multiples of
+    ``key_step``, by dynamic programming to minimise :func:`split_cost` (calls, row-keys, query-block re-reads,
+    long calls, masks; so an interval's own keys often get a small masked call and the gap before it an unmasked
+    one). A compact support gives one segment per ~:data:`SPLIT_LONG_KEYS` keys. O(C^2) in the C candidates (at
+    most 256, evenly thinned beyond that).
 
     Args:
         positions: ``[B]`` sorted unique absolute positions U (tokens), B >= 1.
-        call_cost: cost of one SDPA call in row-key pairs (:data:`SPLIT_CALL_COST`).
+        group: query heads per KV head (the folded rows per packed row), >= 1.
+        call_cost: cost of one call in folded row-keys (:data:`SPLIT_CALL_COST`), >= 0.
         granule: candidate row spacing (rows), >= 1.
+        key_step: candidate key spacing (keys), >= 1.
 
     Returns:
         Segments in key order; the first has ``row = 0`` and ``key_start = 0``, the last ends at ``u_B + 1``.
 
     Raises:
         ValueError: naming ``positions`` when empty, not 1-D, or not strictly increasing non-negative integers,
-            ``call_cost`` when negative, ``granule`` when < 1.
+            ``group``, ``granule`` or ``key_step`` when < 1, ``call_cost`` when negative.
     """
     u = np.asarray(positions, dtype=np.int64)
     if u.ndim != 1 or u.size == 0 or u[0] < 0 or np.any(np.diff(u) <= 0):
         raise ValueError("positions must be a non-empty 1-D strictly increasing array of non-negative positions")
+    for name, value in (("group", group), ("granule", granule), ("key_step", key_step)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
     if call_cost < 0:
         raise ValueError(f"call_cost={call_cost} must be >= 0")
-    if granule < 1:
-        raise ValueError(f"granule={granule} must be >= 1")
-    b = u.size
-    starts = np.flatnonzero(np.diff(u) > 1) + 1  # interval starts after the first
-    cand = np.union1d(np.arange(0, b, granule), starts)  # row 0 included
-    if cand.size > 256:  # keep the DP cheap for huge supports: 256 evenly spread candidates, row 0 included
-        cand = np.unique(cand[np.linspace(0, cand.size - 1, 256).round().astype(np.int64)])
-    cand = np.append(cand, b)  # the end sentinel
-    key_at = np.concatenate(([0], u + 1))[cand]  # key where a segment starting at candidate row c begins
-    best = np.full(cand.size, np.inf)
-    prev = np.zeros(cand.size, dtype=np.int64)
+    keys = _split_candidates(u, granule, key_step)
+    pair_cost = _segment_cost(u, keys[:, None], keys[None, :], group, call_cost)  # [i, j]: a call over keys i..j
+    best = np.full(keys.size, np.inf)
+    prev = np.zeros(keys.size, dtype=np.int64)
     best[0] = 0.0
-    for j in range(1, cand.size):
-        costs = best[:j] + call_cost + (b - cand[:j]) * (key_at[j] - key_at[:j])
+    for j in range(1, keys.size):
+        costs = best[:j] + pair_cost[:j, j]
         i = int(np.argmin(costs))
         best[j], prev[j] = costs[i], i
-    chain, j = [], cand.size - 1
+    chain, j = [], keys.size - 1
     while j:
         chain.append(j)
         j = int(prev[j])
     chain.append(0)
     chain.reverse()
-    return [(int(cand[i]), int(key_at[i]), int(key_at[j])) for i, j in zip(chain[:-1], chain[1:])]
+    starts = keys[chain[:-1]]
+    rows = np.searchsorted(u, starts, side="left")
+    call = u.size - _call_rows((u.size - rows) * group, u.size * group, group) // group
+    return [KeySegment(int(r), int(k0), int(keys[j]), int(c)) for r, k0, j, c in zip(rows, starts, chain[1:], call)]
 
 
 def _packed_attention_forward(
@@ -549,9 +668,9 @@ def _make_attention(
 ) -> _PackedAttention:
     if backend == "sdpa":
         if sdpa_split and positions.device.type == "cpu" and positions.numel() and _has_cpu_flash():
-            segments = split_segments(positions.numpy(), call_cost=SPLIT_CALL_COST)  # read here: tests lower it
-            if len(segments) > 1:  # one segment is exactly the single masked call below
-                return _PackedAttention("sdpa", segments=_segment_masks(positions, segments, dtype, num_kv_groups))
+            # Module attributes read at call time: tests lower the call cost to force several segments.
+            segments = split_segments(positions.numpy(), group=num_kv_groups, call_cost=SPLIT_CALL_COST)
+            return _PackedAttention("sdpa", segments=_segment_masks(positions, segments, dtype, num_kv_groups))
         # SDPA turns a boolean mask into an additive one on every call; doing it once here saves 2 ops per layer.
         return _PackedAttention("sdpa", mask=_additive_mask(positions, 0, kv_len, dtype)[None, None])
     if backend == "flex":
@@ -561,17 +680,21 @@ def _make_attention(
 
 
 def _segment_masks(
-    positions: torch.Tensor, segments: Sequence[tuple[int, int, int]], dtype: torch.dtype, group: int
-) -> tuple[tuple[int, int, int, torch.Tensor | None], ...]:
-    """Additive ``[1, 1, (B - a) * group, k1 - k0]`` masks in (row, group) order, built once per refresh."""
+    positions: torch.Tensor, segments: Sequence[KeySegment], dtype: torch.dtype, group: int
+) -> tuple[tuple[KeySegment, torch.Tensor | None], ...]:
+    """Each segment with its additive ``[1, 1, (B - call_row) * group, k1 - k0]`` mask in (row, group) order, or
+    None when every row of the call sees the whole segment; built once per refresh. Padding rows (before ``row``)
+    get 0 (their outputs are discarded; a finite row keeps the kernel off all-masked rows)."""
     out = []
-    for row, k0, k1 in segments:
-        rows = positions[row:]
-        if int(rows[0]) >= k1 - 1:  # every row sees the whole segment
-            out.append((row, k0, k1, None))
+    for seg in segments:
+        row, k0, k1, call_row = seg
+        if int(positions[row]) >= k1 - 1:  # every attending row sees the whole segment
+            out.append((seg, None))
             continue
-        additive = _additive_mask(rows, k0, k1, dtype)
-        out.append((row, k0, k1, additive.repeat_interleave(group, dim=0)[None, None]))
+        additive = _additive_mask(positions[row:], k0, k1, dtype)
+        if call_row < row:
+            additive = torch.cat((additive.new_zeros(row - call_row, k1 - k0), additive))
+        out.append((seg, additive.repeat_interleave(group, dim=0)[None, None]))
     return tuple(out)
 
 
