@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -260,9 +261,10 @@ RUN_FAULTS = [
 # which on CPython 3.11.7 leaves the AST recursion counter corrupted and every later ``ast.parse`` in that process
 # failing with "SystemError: AST constructor recursion depth mismatch" (seen here after the SIGTERM case).
 _RUN_IN_CHILD = """
-import json, sys
+import json, signal, sys
 from pathlib import Path
 from sur_lab.runtime.run_notebooks import run_notebook
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises here even if pytest runs under nohup
 try:
     run_notebook(Path(sys.argv[1]), json.loads(sys.argv[2]), outputs=Path(sys.argv[3]), progress=False)
 except BaseException as error:
@@ -284,12 +286,19 @@ def test_failed_or_interrupted_run_keeps_the_last_good_notebook(good_run, label,
             run_notebook(path, params, outputs=target.parent, progress=False)
         assert type(info.value).__name__ == exc
     else:
-        child = subprocess.run(
+        # Its own session, so that a hung run (and its kernel, which shares the pipes) can be killed as a group.
+        child = subprocess.Popen(
             [sys.executable, "-c", _RUN_IN_CHILD, str(path), json.dumps(params), str(target.parent)],
-            capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
         )
-        raised = [line.split() for line in child.stdout.splitlines() if line.startswith("RAISED")]
-        assert child.returncode == 3 and raised, (child.returncode, child.stdout, child.stderr[-2000:])
+        try:
+            stdout, stderr = child.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+        raised = [line.split() for line in stdout.splitlines() if line.startswith("RAISED")]
+        assert child.returncode == 3 and raised, (child.returncode, stdout, stderr[-2000:])
         name, is_keyboard_interrupt = raised[0][1], raised[0][2] == "True"
         assert name == exc or (exc == "KeyboardInterrupt" and is_keyboard_interrupt), raised
     assert _text(target) == before  # the last good copy is untouched

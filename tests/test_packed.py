@@ -259,12 +259,13 @@ def test_split_segments_hand_cases():
     assert packed.split_segments(SPREAD, call_cost=10**9) == [seg(0, 0, 1216, 0)]
     assert packed.split_segments(np.arange(600, 664)) == [seg(0, 0, 664, 0)]
     # Default cost, GQA group 3 (192 folded rows, flash query blocks of 64): per key, 192 rows + 3 blocks x 32 =
-    # 288; 96 rows + 3 x 32 = 192; 48 rows + 2 x 32 = 112; all three calls masked (x 1.12); so 3 calls cost
-    # 3 x 16384 + 1.12 x (416 x 288 + 400 x 192 + 400 x 112) = 319,528.96 < one call's 16384 + 1.12 x 1216 x 288
-    # = 408,605.44 (hand DP).
+    # 288; 96 rows + 3 x 32 = 192; 48 rows + 2 x 32 = 112; all three calls masked (x 1.12); so these 3 calls cost
+    # 3 x 16384 + 1.12 x (416 x 288 + 400 x 192 + 400 x 112) = 319,528.96, less than one call's
+    # 16384 + 1.12 x 1216 x 288 = 408,616.96 (the brute-force test below checks optimality).
     three = [seg(0, 0, 416, 0), seg(32, 416, 816, 32), seg(48, 816, 1216, 48)]
     assert packed.split_segments(SPREAD, group=3) == three
     assert packed.split_cost(SPREAD, three, group=3) == pytest.approx(319_528.96, rel=1e-12)
+    assert packed.split_cost(SPREAD, [seg(0, 0, 1216, 0)], group=3) == pytest.approx(408_616.96, rel=1e-12)
     # Padding: 48 packed rows (144 folded, 5 blocks of 32: 144 + 160 = 304 per key) cost more than 64 (192 + 3
     # blocks of 64 x 32 = 288), so the gap keys 16..399 run with rows 0..63; with 100 rows, keys 40..999 (60 rows,
     # 180 folded: 372 per key) run as rows 36..99 (288 per key).
@@ -282,6 +283,11 @@ def test_split_segments_hand_cases():
     for name in ("granule", "group", "key_step"):
         with pytest.raises(ValueError, match=name):
             packed.split_segments([1], **{name: 0})
+    for bad in ([], [seg(0, 0, 500, 0)], [seg(0, 0, 100, 0), seg(16, 200, 1216, 16)], [seg(0, 8, 1216, 0)]):
+        with pytest.raises(ValueError, match="segments"):
+            packed.split_cost(SPREAD, bad)
+    with pytest.raises(ValueError, match="group"):
+        packed.split_cost(SPREAD, three, group=0)
 
 
 @hypothesis.settings(max_examples=60, deadline=None)
@@ -299,9 +305,14 @@ def test_split_segments_cover_keys_exactly_and_minimise_cost(positions, call_cos
     assert segments[0][:2] == (0, 0) and segments[-1].key_end == u[-1] + 1
     for s, t in zip(segments, segments[1:]):
         assert s.row <= t.row and s.key_end == t.key_start and s.key_start < s.key_end
+    b = u.size
     for row, k0, _, call_row in segments:
-        # Exactly the rows that see a key of the segment attend it; padding only moves the call's first row back.
+        # Exactly the rows that see a key of the segment attend it; padding only moves the call's first row back, to
+        # the cheapest call size (the rows themselves or a flash query-block threshold, in whole packed rows).
         assert (row == 0 or u[row - 1] < k0) and u[row] >= k0 and 0 <= call_row <= row
+        sizes = [b - row] + [-(-m // group) for m, _, _ in packed.FLASH_Q_BLOCKS[:-1] if b - row < -(-m // group) <= b]
+        cheapest = min(sizes, key=lambda n: (packed._per_key_cost(np.asarray(n * group)), n))
+        assert b - call_row == cheapest
     # Optimal over every subset of the candidate boundaries (brute force).
     keys = packed._split_candidates(u, 8, 100)
     inner = keys[1:-1]
@@ -318,7 +329,29 @@ def test_split_segments_cover_keys_exactly_and_minimise_cost(positions, call_cos
     assert packed.split_cost(u, segments, group=group, call_cost=call_cost) == pytest.approx(best, rel=1e-12)
 
 
-PADDED = list(range(40)) + list(range(1000, 1060))  # group 3, free calls: keys 40..1023 run as rows 36..99
+PADDED = list(range(40)) + list(range(1000, 1060))  # group 3, free calls: keys 40..999 run as rows 36..99
+
+
+@pytest.mark.parametrize(
+    "positions,group",
+    [([0], 1), ([5], 7), ([0, 1, 2, 700, 701, 1500], 7), (list(range(3, 40)) + list(range(900, 950)), 7)],
+    ids=["B=1 at 0", "B=1", "group 7 spread", "group 7, 87 rows"],
+)
+def test_split_attention_edge_cases_equal_single_masked_call(positions, group, monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    u = torch.tensor(positions)
+    kv_len = int(u[-1]) + 1
+    q = torch.randn(1, 2 * group, u.numel(), 16, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, kv_len, 16, generator=gen, dtype=torch.float64)
+    single = packed._make_attention("sdpa", u, kv_len, torch.float64, flex_compile=False)
+    for cost in (0, packed.SPLIT_CALL_COST):
+        monkeypatch.setattr(packed, "SPLIT_CALL_COST", cost)
+        split = packed._make_attention(
+            "sdpa", u, kv_len, torch.float64, flex_compile=False, sdpa_split=True, num_kv_groups=group
+        )
+        out = split.attend(q, k, v, 0.25)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, single.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("group", [1, 3])

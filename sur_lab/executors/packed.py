@@ -108,6 +108,8 @@ FLEX_BLOCK_SIZE = 128
 #: d_h 64, FP32, one thread; 20th percentiles of ``scripts/attention_paths.py``-style timings): one row-key costs
 #: ~5 ns, one extra flash call plus its log-sum-exp merge ~0.08 ms (:data:`SPLIT_CALL_COST`), and CPU flash
 #: re-reads every key of a call once per block of query rows at ~32 row-keys per key (:data:`SPLIT_BLOCK_COST`).
+#: It models one torch thread (the benchmarks' setting); with more, each call also splits its query blocks over the
+#: threads, which the model does not see (the split stays exact, only possibly not the fastest one).
 SPLIT_CALL_COST = 16384
 #: Cost of one key in one query-row block of the CPU flash kernel (its K/V block packing), in row-keys.
 SPLIT_BLOCK_COST = 32
@@ -128,10 +130,10 @@ FLASH_Q_BLOCKS = ((768, 256, 1.3), (192, 64, 1.0), (0, 32, 1.0))
 
 __all__ = [
     "ATTENTION_IMPLEMENTATION",
+    "FLASH_Q_BLOCKS",
     "FLEX_BLOCK_SIZE",
     "PACKED_BACKENDS",
     "PACKED_MODEL_TYPES",
-    "FLASH_Q_BLOCKS",
     "SPLIT_BLOCK_COST",
     "SPLIT_CALL_COST",
     "SPLIT_GRANULE",
@@ -139,8 +141,8 @@ __all__ = [
     "SPLIT_LONG_EXTRA",
     "SPLIT_LONG_KEYS",
     "SPLIT_MASK_EXTRA",
-    "KeySegment",
     "IndexedWriteCache",
+    "KeySegment",
     "as_support",
     "check_packed_model",
     "check_packed_backend",
@@ -434,8 +436,9 @@ def _split_sdpa(
     The GQA group is folded into the query rows in (row, group) order, ``[1, H_kv, B * g, d]``, so rows ``a..B-1``
     of every query head sharing a KV head form one contiguous block and each K/V segment is read once per KV head
     and query block. A segment's call starts at its ``call_row`` (rows before its ``row`` are padding that puts the
-    call in a larger flash query block; their outputs are dropped). Partial outputs are merged in FP32 (FP64 for
-    FP64 inputs): with ``w = sigmoid(lse_s - lse) = exp(lse_s - logaddexp(lse, lse_s))``, ``o <- o + w (o_s - o)``
+    call in a larger flash query block; their outputs are dropped). CPU flash returns each partial output in the
+    query dtype (so BF16/FP16 partials are rounded before the merge; the split then errs up to ~2x the single
+    call) and its log-sum-exp in FP32. Partial outputs are merged in FP32 (FP64 for FP64 inputs): with ``w = sigmoid(lse_s - lse) = exp(lse_s - logaddexp(lse, lse_s))``, ``o <- o + w (o_s - o)``
     (one ``lerp_``) and ``lse <- logaddexp(lse, lse_s)``, the exact log-sum-exp merge of two normalised partials.
     """
     _, num_heads, rows, dim = query.shape
@@ -538,13 +541,41 @@ def split_cost(
     """Modelled cost of a key split (what :func:`split_segments` minimises), in folded row-keys.
 
     Per call: ``call_cost`` plus, per key (keys past :data:`SPLIT_LONG_KEYS` weighted ``1 + SPLIT_LONG_EXTRA``,
-    all keys of a masked call ``1 + SPLIT_MASK_EXTRA`` more), the call's folded query rows plus
-    :data:`SPLIT_BLOCK_COST` per CPU flash query block (:data:`FLASH_Q_BLOCKS`); a call's rows are those that see
-    its first key, padded to a flash block threshold when that is cheaper.
+    all keys of a masked call ``1 + SPLIT_MASK_EXTRA`` more), the call's folded query rows (weighted by their flash
+    query-block size) plus :data:`SPLIT_BLOCK_COST` per CPU flash query block (:data:`FLASH_Q_BLOCKS`). A call's
+    rows are implied by its keys: the rows that see its first key, padded to a flash block threshold when that is
+    cheaper (the ``row`` / ``call_row`` that :func:`split_segments` returns; given ones are not read). The model is
+    of one torch thread: with more, calls also split their work across threads.
+
+    Args:
+        positions: ``[B]`` sorted unique absolute positions U (tokens).
+        segments: ``(row, key_start, key_end[, call_row])`` in key order, covering keys ``[0, u_B]`` exactly.
+        group: query heads per KV head, >= 1.
+        call_cost: cost of one call in folded row-keys, >= 0.
+
+    Returns:
+        The summed modelled cost (folded row-keys; ~5 ns each on the calibration machine).
+
+    Raises:
+        ValueError: naming ``segments`` when they are empty, do not start at key 0, leave a gap, overlap, are
+            empty intervals, or do not end at ``u_B + 1``; ``group`` when < 1; ``call_cost`` when negative.
     """
     u = np.asarray(positions, dtype=np.int64)
+    if group < 1:
+        raise ValueError(f"group={group} must be >= 1")
+    if call_cost < 0:
+        raise ValueError(f"call_cost={call_cost} must be >= 0")
     k0 = np.asarray([seg[1] for seg in segments], dtype=np.int64)
     k1 = np.asarray([seg[2] for seg in segments], dtype=np.int64)
+    if (
+        k0.size == 0
+        or k0[0] != 0
+        or np.any(k1 <= k0)
+        or np.any(k0[1:] != k1[:-1])
+        or u.size == 0
+        or k1[-1] != int(u[-1]) + 1
+    ):
+        raise ValueError("segments must cover keys [0, u_B] in order, without gaps, overlaps or empty segments")
     return float(np.sum(_segment_cost(u, k0, k1, group, call_cost)))
 
 
