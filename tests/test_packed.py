@@ -351,7 +351,7 @@ def test_split_attention_edge_cases_equal_single_masked_call(positions, group, m
         )
         out = split.attend(q, k, v, 0.25)
         assert torch.isfinite(out).all()
-        torch.testing.assert_close(out, single.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
+        torch.testing.assert_close(out, single.attend(q, k, v, 0.25), atol=fp64_tol(v), rtol=0)
 
 
 @pytest.mark.parametrize("group", [1, 3])
@@ -375,7 +375,9 @@ def test_split_attention_equals_single_masked_call(group, monkeypatch):
         padded, mask = split.segments[6]
         assert padded == (40, 1000, 1008, 36) and mask.shape == (1, 1, 64 * 3, 8)
         assert torch.all(mask[0, 0, :12] == 0) and torch.isinf(mask[0, 0, 12:]).any()
-    torch.testing.assert_close(split.attend(q, k, v, 0.25), single.attend(q, k, v, 0.25), atol=1e-12, rtol=0)
+    # FP64: FP64_ULPS of max|v| (the outputs are convex combinations of v rows; measured worst 1.5 ulp over 20 seeds
+    # of every case here, against 64).
+    torch.testing.assert_close(split.attend(q, k, v, 0.25), single.attend(q, k, v, 0.25), atol=fp64_tol(v), rtol=0)
     # FP32: the merge may not cost more than the single call's own error against FP64 (twice it, plus 1 ulp).
     q32, k32, v32 = q.float(), k.float(), v.float()
     split32 = packed._make_attention(

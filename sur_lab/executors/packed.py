@@ -492,9 +492,9 @@ def _per_key_cost(rows: np.ndarray) -> np.ndarray:
     return rows * factor + SPLIT_BLOCK_COST * -(-rows // block)
 
 
-def _call_rows(rows: np.ndarray, total: int, group: int) -> np.ndarray:
+def _call_rows(rows: np.ndarray, total: int, group: int) -> tuple[np.ndarray, np.ndarray]:
     """The cheapest call size >= ``rows`` (folded, multiples of ``group``): ``rows`` itself or the first multiple of
-    ``group`` at or above a larger flash block threshold, when that is <= ``total``."""
+    ``group`` at or above a larger flash block threshold, when that is <= ``total``; with its per-key cost."""
     rows = np.asarray(rows, dtype=np.int64)
     best, best_cost = rows, _per_key_cost(rows)
     for minimum, _, _ in FLASH_Q_BLOCKS[:-1]:
@@ -503,17 +503,15 @@ def _call_rows(rows: np.ndarray, total: int, group: int) -> np.ndarray:
         cost = np.where(ok, _per_key_cost(np.where(ok, padded, rows)), np.inf)
         better = cost < best_cost
         best, best_cost = np.where(better, padded, best), np.where(better, cost, best_cost)
-    return best
+    return best, best_cost
 
 
 def _split_candidates(u: np.ndarray, granule: int, key_step: int) -> np.ndarray:
     """Candidate segment boundaries (keys), ``0`` first and ``u_B + 1`` last (:func:`split_segments`)."""
     b, end = u.size, int(u[-1]) + 1
     starts = np.flatnonzero(np.diff(u) > 1) + 1  # interval starts after the first
-    rows = np.union1d(np.arange(granule, b, granule), starts)
-    keys = np.concatenate(
-        ([0, u[0]], u[rows[(rows > 0) & (rows < b)] - 1] + 1, u[starts], np.arange(key_step, end, key_step))
-    )
+    rows = np.union1d(np.arange(granule, b, granule), starts)  # all in [1, B)
+    keys = np.concatenate(([0, u[0]], u[rows - 1] + 1, u[starts], np.arange(key_step, end, key_step)))
     keys = np.unique(keys[keys < end])
     if keys.size > 256:  # keep the DP cheap for huge supports: 256 evenly spread candidates, key 0 included
         keys = np.unique(keys[np.linspace(0, keys.size - 1, 256).round().astype(np.int64)])
@@ -528,7 +526,7 @@ def _segment_cost(u: np.ndarray, k0: np.ndarray, k1: np.ndarray, group: int, cal
     effective = length + SPLIT_LONG_EXTRA * np.maximum(0, length - SPLIT_LONG_KEYS)
     masked = u[np.minimum(first, u.size - 1)] < k1 - 1  # the first attending row misses some key of the call
     effective = effective * np.where(masked, 1 + SPLIT_MASK_EXTRA, 1.0)
-    return call_cost + effective * _per_key_cost(_call_rows(rows, u.size * group, group))
+    return call_cost + effective * _call_rows(rows, u.size * group, group)[1]
 
 
 def split_cost(
@@ -637,7 +635,7 @@ def split_segments(
     chain.reverse()
     starts = keys[chain[:-1]]
     rows = np.searchsorted(u, starts, side="left")
-    call = u.size - _call_rows((u.size - rows) * group, u.size * group, group) // group
+    call = u.size - _call_rows((u.size - rows) * group, u.size * group, group)[0] // group
     return [KeySegment(int(r), int(k0), int(keys[j]), int(c)) for r, k0, j, c in zip(rows, starts, chain[1:], call)]
 
 
@@ -722,9 +720,8 @@ def _segment_masks(
         if int(positions[row]) >= k1 - 1:  # every attending row sees the whole segment
             out.append((seg, None))
             continue
-        additive = _additive_mask(positions[row:], k0, k1, dtype)
-        if call_row < row:
-            additive = torch.cat((additive.new_zeros(row - call_row, k1 - k0), additive))
+        additive = _additive_mask(positions[call_row:], k0, k1, dtype)
+        additive[: row - call_row] = 0  # padding rows (their own positions would hide every key from some)
         out.append((seg, additive.repeat_interleave(group, dim=0)[None, None]))
     return tuple(out)
 
