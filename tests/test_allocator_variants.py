@@ -24,6 +24,7 @@ from sur_lab.allocators import (
     AllocationRequest,
     allocate,
     allocate_regions,
+    allowance_for,
     get_allocator,
     matched_token_selections,
     register_allocator,
@@ -224,6 +225,11 @@ def test_prompt_allowance_base(llama):
     assert AllocationRequest(llama, no_prefix, 10, allowance_base="prompt").allowance == allowance(30, 10)
     sel = allocate("SUR[allowance_base=prompt]", AllocationRequest(llama, edit, 10))
     assert sel.support.size == 10 and sel.diagnostics["options"]["allowance_base"] == "prompt"
+    # What a dispatcher reads before allocating: B of the method on this request.
+    suffix_request = AllocationRequest(llama, edit, 10)
+    assert allowance_for("SUR[allowance_base=prompt]", suffix_request) == 10
+    assert allowance_for("SUR", suffix_request) == 3 == allowance_for("SUR[aggregation=mean]", suffix_request)
+    assert allowance_for("SUR[allowance_base=prompt]", AllocationRequest(llama, edit, 10, allowance=4)) == 4
 
 
 @settings(max_examples=200)

@@ -396,6 +396,21 @@ def get_allocator(name: str) -> Allocator:
         raise ValueError(f"unknown allocator name={name!r}; registered: {', '.join(sorted(ALLOCATORS))}") from None
 
 
+def allowance_for(name: str, request: AllocationRequest) -> int:
+    """B that ``allocate(name, request)`` will select: ``request.allowance``, re-resolved when the method name binds
+    ``allowance_base`` (``"SUR[allowance_base=prompt]"``). For dispatchers that apply Algorithm 1's B = 0 / B = S
+    endpoints and record B before allocating.
+
+    Raises:
+        ValueError: for an unknown allocator name or a bad variant option.
+    """
+    get_allocator(name)
+    _, bound = resolve_method(name)
+    if "allowance_base" not in bound:
+        return request.allowance
+    return request.with_options({"allowance_base": bound["allowance_base"]}).allowance
+
+
 def allocate(name: str, request: AllocationRequest) -> Selection:
     """Run allocator ``name`` (a registered name or a variant name) on ``request``, time it, and check that it
     returned exactly B positions (Eq. 3, or the exact ``allowance``).
