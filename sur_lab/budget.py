@@ -229,7 +229,9 @@ def check_allowance(value, suffix_len: int) -> int:
             f"({type(value).__name__})"
         )
     if not 0 <= int(value) <= int(suffix_len):
-        raise ValueError(f"allowance must be in [0, {suffix_len}] (positions of the S={suffix_len} suffix); got {value}")
+        raise ValueError(
+            f"allowance must be in [0, {suffix_len}] (positions of the S={suffix_len} suffix); got {value}"
+        )
     return int(value)
 
 

@@ -322,7 +322,8 @@ def resolve_method(name: str) -> tuple[str, dict[str, Any]]:
         raise KeyError(name)
     outer = m["base"].strip()
     if not dict.__contains__(ALLOCATORS, outer):
-        raise ValueError(f"unknown allocator {outer!r} in variant name={name!r}; registered: {', '.join(sorted(ALLOCATORS))}")
+        registered = ", ".join(sorted(ALLOCATORS))
+        raise ValueError(f"unknown allocator {outer!r} in variant name={name!r}; registered: {registered}")
     base, bound = resolve_method(outer)
     declared = ALLOCATOR_OPTIONS.get(outer, {})
     seen: set[str] = set()

@@ -285,7 +285,8 @@ def fixed_blocks(suffix_len: int, num_blocks: int) -> list[Unit]:
 
 
 def block_count(request: AllocationRequest, block_len: int | str) -> int:
-    """Blocks for the request's suffix: ``ceil(S / block_len)``, or SUR's unit count for ``"units"`` (>= 1 if S >= 1)."""
+    """Blocks for the request's suffix: ``ceil(S / block_len)``, or SUR's unit count for ``"units"`` (>= 1 when
+    S >= 1)."""
     S = request.suffix_len
     if block_len == "units":
         return len(request.get_units())
