@@ -202,3 +202,55 @@ class Support:
 
     def __hash__(self) -> int:
         return hash((self.suffix_len, self.positions.tobytes()))
+
+
+#: Budget conventions (appendix 9.3): b percent of the retained suffix (Eq. 3, the paper's main sweep) or of the whole
+#: edited prompt ``p ⊕ s`` (the 9.3 design variant's "whole-prompt allowance"), capped at S either way.
+ALLOWANCE_BASES = ("suffix", "prompt")
+
+
+def check_allowance(value, suffix_len: int) -> int:
+    """Validate an exact allowance B (positions), given instead of a budget percentage.
+
+    Args:
+        value: B, an ``int`` or numpy integer (booleans, floats and strings are refused, not converted).
+        suffix_len: S >= 0, retained suffix tokens.
+
+    Returns:
+        B as a Python int.
+
+    Raises:
+        TypeError: naming ``allowance`` when ``value`` is not an integer (``3.0`` and ``True`` included).
+        ValueError: naming ``allowance`` and the allowed range ``[0, S]`` when ``value`` lies outside it.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"allowance must be an integer count of suffix positions in [0, {suffix_len}]; got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if not 0 <= int(value) <= int(suffix_len):
+        raise ValueError(
+            f"allowance must be in [0, {suffix_len}] (positions of the S={suffix_len} suffix); got {value}"
+        )
+    return int(value)
+
+
+def prompt_allowance(suffix_len: int, prompt_len: int, budget_pct: float) -> int:
+    """Whole-prompt allowance ``min(S, ceil(N⁻ · b / 100))`` (appendix 9.3 design variant).
+
+    The budget is a percentage of the whole edited pre-query prompt ``p ⊕ s`` (``N⁻ = p + S`` tokens, the rows of the
+    repaired cache) instead of the suffix (Eq. 3); only suffix positions are selectable, so B is capped at S. With
+    ``prompt_len == suffix_len`` (no prefix) it equals :func:`allowance`.
+
+    Args:
+        suffix_len: S >= 0, retained suffix tokens.
+        prompt_len: N⁻ >= S, tokens of the edited prompt.
+        budget_pct: b in [0, 100], percent of the prompt.
+
+    Raises:
+        ValueError: naming ``prompt_len`` when it is below ``suffix_len``; as :func:`allowance` otherwise.
+    """
+    allowance(suffix_len, budget_pct)  # validates S and b before prompt_len is compared with S
+    if isinstance(prompt_len, (bool, np.bool_)) or int(prompt_len) != prompt_len or prompt_len < suffix_len:
+        raise ValueError(f"prompt_len must be an integer >= suffix_len={suffix_len}; got {prompt_len!r}")
+    return min(int(suffix_len), allowance(int(prompt_len), budget_pct))

@@ -1,6 +1,8 @@
-"""The four matched controls of the allocation study (section 4.1, appendix 7.4, Table 12).
+"""The matched controls of the allocation study: the paper's four (section 4.1, appendix 7.4, Table 12) and two it
+lacked (appendix 9.3: "without matched fixed-block and multiple-local-window controls, these results do not establish
+a unique advantage for linguistic boundaries"; issue 28).
 
-All four spend no extra forward tokens and share SUR's inputs:
+All spend no extra forward tokens and share SUR's inputs:
 
 - ``"Dense tokens"``: the top-B individual positions by SUR's token score r_i (Eq. 7).
 - ``"Max-relevance contiguous"``: the width-B suffix window with the largest summed r_i, earliest tie.
@@ -9,8 +11,17 @@ All four spend no extra forward tokens and share SUR's inputs:
 - ``"Random semantic units"``: SUR's units in a case-fixed random order, with a random exact-width window in the last
   admitted unit.
 
+- ``"Fixed blocks"`` (beyond the paper): the suffix cut into equal token blocks instead of semantic units, scored,
+  ranked and allocated exactly like SUR's units (:func:`fixed_blocks`).
+- ``"Multiple local windows"`` (beyond the paper): k contiguous windows placed around the highest-scoring tokens, with
+  no text boundaries (:func:`local_windows`); by default k is the number of intervals SUR's support has on the same
+  request, so only the placement rule differs.
+
 Dense tokens, the single window and SUR compare support organization under one token score and allowance; random
-units test query direction; BM25 tests another relevance rule with the same units and allocator.
+units test query direction; BM25 tests another relevance rule with the same units and allocator; fixed blocks and
+multiple local windows test whether linguistic boundaries matter beyond regions of the same granularity or the same
+number of intervals. Every control takes the request's allowance, so with an exact ``allowance`` they are compared at
+matched token counts. Dense tokens, the single window and the two new controls read SUR's ``bonus`` option.
 """
 
 from __future__ import annotations
@@ -21,11 +32,20 @@ import numpy as np
 
 from sur_lab.allocators.base import (
     AllocationRequest,
+    AllocatorOption,
     Selection,
+    read_options,
     register_allocator,
     top_b,
 )
-from sur_lab.allocators.sur import allocate_units, sur_token_scores
+from sur_lab.allocators.sur import (
+    AGGREGATION_OPTION,
+    BONUS_OPTION,
+    PARTIAL_UNIT_OPTION,
+    allocate_units,
+    scores_with_bonus,
+    sur_selection,
+)
 from sur_lab.budget import Support
 from sur_lab.edits import EditedContext
 from sur_lab.units import Unit
@@ -42,16 +62,16 @@ def _empty(S: int) -> Selection:
     return Selection(Support(np.zeros(0, dtype=np.int64), S))
 
 
-@register_allocator("Dense tokens")
+@register_allocator("Dense tokens", options=(BONUS_OPTION,))
 def dense_tokens(request: AllocationRequest) -> Selection:
     """Top-B suffix positions by SUR's token score r_i (Eq. 7), earlier position first among ties (appendix 7.4).
 
-    Diagnostics: ``token_scores`` float32 ``[S]``.
+    Option ``bonus`` as SUR's. Diagnostics: ``token_scores`` float32 ``[S]``.
     """
     S, B = request.suffix_len, request.allowance
     if B == 0:
         return _empty(S)
-    scores = sur_token_scores(request)
+    scores, _ = scores_with_bonus(request, read_options(request, "Dense tokens")["bonus"])
     return Selection(Support(top_b(scores, B), S), diagnostics={"token_scores": scores})
 
 
@@ -70,16 +90,16 @@ def max_sum_window(scores: np.ndarray, width: int) -> int:
     return int(np.argmax(sums))
 
 
-@register_allocator("Max-relevance contiguous")
+@register_allocator("Max-relevance contiguous", options=(BONUS_OPTION,))
 def max_relevance_contiguous(request: AllocationRequest) -> Selection:
     """The single width-B suffix window maximizing the summed SUR token score, earliest tie (appendix 7.4).
 
-    Diagnostics: ``token_scores`` float32 ``[S]``, ``window_start`` (suffix-local).
+    Option ``bonus`` as SUR's. Diagnostics: ``token_scores`` float32 ``[S]``, ``window_start`` (suffix-local).
     """
     S, B = request.suffix_len, request.allowance
     if B == 0:
         return _empty(S)
-    scores = sur_token_scores(request)
+    scores, _ = scores_with_bonus(request, read_options(request, "Max-relevance contiguous")["bonus"])
     start = max_sum_window(scores, B)
     return Selection(
         Support(np.arange(start, start + B, dtype=np.int64), S),
@@ -204,3 +224,171 @@ def random_semantic_units(request: AllocationRequest) -> Selection:
         Support(positions, S),
         diagnostics={"units": units, "order": order, "admitted": admitted, "partial": partial, "window_start": window},
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Controls beyond the paper (appendix 9.3's missing controls; issue 28)
+
+
+def _block_len(value) -> int | str:
+    """Parse the ``block_len`` option: ``"units"`` or a positive integer (tokens)."""
+    if value == "units":
+        return "units"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"option block_len={value!r}; allowed: 'units' or an integer >= 1 (tokens)")
+    return int(value)
+
+
+def _window_count(value) -> int | str:
+    """Parse the ``windows`` option: ``"sur"`` or a positive integer."""
+    if value == "sur":
+        return "sur"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"option windows={value!r}; allowed: 'sur' or an integer >= 1")
+    return int(value)
+
+
+BLOCK_LEN_OPTION = AllocatorOption(
+    "block_len", "units", parse=_block_len,
+    doc="tokens per block, or 'units': as many equal blocks as SUR has units on the case (its mean unit length)",
+)
+WINDOWS_OPTION = AllocatorOption(
+    "windows", "sur", parse=_window_count,
+    doc="number of windows k, or 'sur': as many as SUR's support has intervals on the same request",
+)
+
+
+def fixed_blocks(suffix_len: int, num_blocks: int) -> list[Unit]:
+    """Cut ``[0, S)`` into ``num_blocks`` contiguous blocks whose lengths differ by at most one (longer first).
+
+    Returns:
+        Units (``container`` = block index, ``kind="block"``) partitioning the suffix; ``[]`` when S = 0.
+
+    Raises:
+        ValueError: if ``num_blocks`` is not in ``[1, S]`` (for S >= 1).
+    """
+    if suffix_len == 0:
+        return []
+    if not 1 <= num_blocks <= suffix_len:
+        raise ValueError(f"num_blocks={num_blocks} must be in [1, {suffix_len}]")
+    base, extra = divmod(suffix_len, num_blocks)
+    out, pos = [], 0
+    for i in range(num_blocks):
+        size = base + (1 if i < extra else 0)
+        out.append(Unit(pos, pos + size, i, "block"))
+        pos += size
+    return out
+
+
+def block_count(request: AllocationRequest, block_len: int | str) -> int:
+    """Blocks for the request's suffix: ``ceil(S / block_len)``, or SUR's unit count for ``"units"`` (>= 1 when
+    S >= 1)."""
+    S = request.suffix_len
+    if block_len == "units":
+        return len(request.get_units())
+    return -(-S // int(block_len))
+
+
+@register_allocator("Fixed blocks", options=(BLOCK_LEN_OPTION, AGGREGATION_OPTION, PARTIAL_UNIT_OPTION, BONUS_OPTION))
+def fixed_blocks_control(request: AllocationRequest) -> Selection:
+    """SUR with its semantic units replaced by equal token blocks (a matched control beyond the paper; appendix 9.3).
+
+    The suffix is cut into :func:`fixed_blocks` (by default as many as SUR has units on this case, so the mean region
+    length matches; ``block_len=L`` gives ``ceil(S / L)`` blocks of at most L tokens); blocks are scored, ranked, admitted
+    and windowed exactly like units (:func:`sur_lab.allocators.sur.sur_selection`, with SUR's ``aggregation``,
+    ``partial_unit`` and ``bonus`` options). Block boundaries ignore text, message and container boundaries.
+
+    Diagnostics: as SUR's (``units`` holds the blocks), plus ``block_len`` (the option) and ``num_blocks``.
+    """
+    options = read_options(request, "Fixed blocks")
+    S = request.suffix_len
+    if request.allowance == 0:
+        return _empty(S)
+    blocks = fixed_blocks(S, block_count(request, options["block_len"]))
+    sur_options = {k: options[k] for k in ("aggregation", "partial_unit", "bonus")}
+    selection = sur_selection(request, sur_options, regions=blocks)
+    selection.diagnostics.update(block_len=options["block_len"], num_blocks=len(blocks))
+    return selection
+
+
+def local_windows(scores: np.ndarray, budget: int, num_windows: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Place ``num_windows`` contiguous windows of ``budget`` positions in total around the highest-scoring tokens.
+
+    The widths are ``budget`` split into ``k = min(num_windows, budget)`` parts differing by at most one (larger
+    first). Each window in turn: its anchor is the highest-scoring position not yet chosen (earlier first among
+    ties); the window lies inside the maximal run of unchosen positions holding the anchor, centred on it (the anchor
+    at offset ``(w - 1) // 2``, so an even width reaches one token further forward) and shifted inward at the run's
+    ends. When the run is shorter than the width, the whole run is taken and the shortfall is added to the next
+    window's width (or to a further window after the last), so exactly ``budget`` positions are chosen.
+
+    Args:
+        scores: ``[S]`` token scores.
+        budget: positions to choose, ``0 <= budget <= S``.
+        num_windows: k >= 1.
+
+    Returns:
+        ``(positions sorted int64 [budget], windows)`` with ``windows`` the placed ``(start, end)`` in placement order.
+
+    Raises:
+        ValueError: if ``budget`` is outside ``[0, S]`` or ``num_windows`` < 1.
+    """
+    S = len(scores)
+    if not 0 <= budget <= S:
+        raise ValueError(f"budget={budget} must be in [0, {S}]")
+    if num_windows < 1:
+        raise ValueError(f"num_windows={num_windows} must be >= 1")
+    if budget == 0:
+        return np.zeros(0, dtype=np.int64), []
+    k = min(num_windows, budget)
+    base, extra = divmod(budget, k)
+    widths = [base + (1 if i < extra else 0) for i in range(k)]
+    order = np.lexsort((np.arange(S), -np.asarray(scores, dtype=np.float64)))  # best first, earlier among ties
+    chosen = np.zeros(S, dtype=bool)
+    windows: list[tuple[int, int]] = []
+    spent, carry, j, cursor = 0, 0, 0, 0
+    while spent < budget:
+        width = (widths[j] if j < k else 0) + carry
+        j += 1
+        while chosen[order[cursor]]:
+            cursor += 1
+        anchor = int(order[cursor])
+        lo, hi = anchor, anchor + 1
+        while lo > 0 and not chosen[lo - 1]:
+            lo -= 1
+        while hi < S and not chosen[hi]:
+            hi += 1
+        w = min(width, hi - lo)
+        start = min(max(anchor - (w - 1) // 2, lo), hi - w)
+        chosen[start : start + w] = True
+        windows.append((start, start + w))
+        spent += w
+        carry = width - w
+    return np.flatnonzero(chosen).astype(np.int64), windows
+
+
+@register_allocator("Multiple local windows", options=(WINDOWS_OPTION, BONUS_OPTION))
+def multiple_local_windows(request: AllocationRequest) -> Selection:
+    """k windows around the top-scoring tokens by SUR's token score (a matched control beyond the paper; appendix
+    9.3), :func:`local_windows`.
+
+    ``windows="sur"`` (default) sets k to the number of intervals of SUR's support on the same request (same
+    allowance and ``bonus``, SUR's other options at their defaults), so the control differs from SUR only in where
+    its contiguous regions are placed: around top tokens instead of along text boundaries.
+
+    Diagnostics: ``token_scores`` float32 ``[S]``, ``windows`` (placed ``(start, end)``), ``num_windows`` (k).
+    """
+    options = read_options(request, "Multiple local windows")
+    S, B = request.suffix_len, request.allowance
+    if B == 0:
+        return _empty(S)
+    scores, _ = scores_with_bonus(request, options["bonus"])
+    k = options["windows"]
+    if k == "sur":
+        sur_opts = {"aggregation": "top4", "partial_unit": "forward", "bonus": options["bonus"]}
+        k = sur_selection(request, sur_opts).support.num_intervals
+    positions, windows = local_windows(scores, B, int(k))
+    return Selection(Support(positions, S), diagnostics={"token_scores": scores, "windows": windows, "num_windows": k})

@@ -8,8 +8,21 @@ CPU. Unit scores are therefore compared after rounding to :data:`TIE_DECIMALS` d
 times the fp32 rounding of an O(1) score), and the earlier unit wins among equal rounded scores. The number of tied
 units is reported in the diagnostics (``tied_units``).
 
-Variant. ``"SUR-IDF"`` (not in the paper) keeps everything of SUR but weights the identical-token bonus by the token's
-inverse document frequency in the edited context itself, so common tokens no longer saturate the score.
+Variants are options of the one allocator (read from ``AllocationRequest.options`` or bound by a variant name such as
+``"SUR[aggregation=mean]"``); the defaults are the paper's SUR:
+
+- ``aggregation``: ``"top4"`` (a unit's score is the mean of its four highest token scores; section 3.2, appendix 7.3)
+  or ``"mean"`` (the mean of all its token scores; the "mean aggregation" variant of appendix 9.3);
+- ``partial_unit``: ``"forward"`` (the unit that does not fit gets the width-w window with the largest forward-envelope
+  sum, Eq. 8) or ``"prefix"`` (its first w tokens; the "prefix partial unit" of appendix 9.3);
+- ``bonus``: the identical-token bonus of Eq. 1 / Eq. 7: ``"paper"`` (0.25·1[s_i ∈ q]), ``"idf"`` (0.25·w_i·1[s_i ∈ q]
+  with the context IDF weight w_i of :func:`context_idf_weights`; not in the paper, issue 13) or ``"off"`` (no bonus:
+  the max cosine alone);
+- the allowance base (appendix 9.3's "whole-prompt allowance") is the request's ``allowance_base``
+  (:class:`~sur_lab.allocators.base.AllocationRequest`), bindable in a variant name (``"SUR[allowance_base=prompt]"``):
+  it sets B, which the dispatcher and the exact-allowance check must know, so it is not a ranking option.
+
+``"SUR-IDF"`` is registered as the variant ``SUR[bonus=idf]``.
 """
 
 from __future__ import annotations
@@ -17,7 +30,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sur_lab.allocators.base import AllocationRequest, Selection, register_allocator
+from sur_lab.allocators.base import (
+    AllocationRequest,
+    AllocatorOption,
+    Selection,
+    empty_selection,
+    read_options,
+    register_allocator,
+    register_variant,
+)
 from sur_lab.budget import Support
 from sur_lab.units import Unit
 
@@ -32,6 +53,28 @@ UNIT_TOP_K = 4
 #: Unit scores are compared after rounding to this many decimal places; equal rounded scores are ties, broken by the
 #: earlier position (appendix 7.3). fp32 cosine rounding of an O(1) score is ~1e-7, far below the 1e-5 grid.
 TIE_DECIMALS = 5
+
+#: Unit-score aggregations: the paper's top-four mean (appendix 7.3) and the mean of all token scores (appendix 9.3).
+AGGREGATIONS = ("top4", "mean")
+#: Partial-unit rules: the forward-envelope window (Eq. 8) and the unit's first tokens (appendix 9.3).
+PARTIAL_UNITS = ("forward", "prefix")
+#: Identical-token bonus rules: Eq. 1's, IDF-weighted (SUR-IDF, not in the paper), none.
+BONUSES = ("paper", "idf", "off")
+
+AGGREGATION_OPTION = AllocatorOption(
+    "aggregation", "top4", AGGREGATIONS,
+    doc="unit score: mean of the 4 highest token scores (appendix 7.3) or of all (mean aggregation, appendix 9.3)",
+)
+PARTIAL_UNIT_OPTION = AllocatorOption(
+    "partial_unit", "forward", PARTIAL_UNITS,
+    doc="unit that does not fit: best forward-envelope window (Eq. 8) or its first w tokens (prefix, appendix 9.3)",
+)
+BONUS_OPTION = AllocatorOption(
+    "bonus", "paper", BONUSES,
+    doc="identical-token bonus: 0.25 (Eq. 1), 0.25 x context IDF weight (SUR-IDF, issue 13) or none",
+)
+#: The options of SUR (and of the controls that score and allocate like it).
+SUR_OPTIONS = (AGGREGATION_OPTION, PARTIAL_UNIT_OPTION, BONUS_OPTION)
 
 
 @torch.inference_mode()
@@ -76,14 +119,26 @@ def token_relevance(
     return out.numpy()
 
 
-def unit_scores(token_scores: np.ndarray, units: list[Unit], k: int = UNIT_TOP_K) -> np.ndarray:
-    """Mean of each unit's ``k`` highest token scores (all of them when the unit is shorter); float64 ``[U]``."""
+def unit_scores(token_scores: np.ndarray, units: list[Unit], k: int | None = UNIT_TOP_K) -> np.ndarray:
+    """Mean of each unit's ``k`` highest token scores (all of them when the unit is shorter, or when ``k`` is
+    ``None``); float64 ``[U]``. Units must be non-empty."""
     out = np.empty(len(units), dtype=np.float64)
     for i, u in enumerate(units):
         vals = np.asarray(token_scores[u.start : u.end], dtype=np.float64)
-        top = np.sort(vals)[-k:] if len(vals) > k else vals
+        top = np.sort(vals)[-k:] if k is not None and len(vals) > k else vals
         out[i] = top.mean()
     return out
+
+
+def aggregate_units(token_scores: np.ndarray, units: list[Unit], aggregation: str = "top4") -> np.ndarray:
+    """Unit scores by ``aggregation``: ``"top4"`` (appendix 7.3) or ``"mean"`` (appendix 9.3); float64 ``[U]``.
+
+    Raises:
+        ValueError: naming ``aggregation`` when it is not one of :data:`AGGREGATIONS`.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}; got {aggregation!r}")
+    return unit_scores(token_scores, units, UNIT_TOP_K if aggregation == "top4" else None)
 
 
 def forward_envelope(scores: np.ndarray) -> np.ndarray:
@@ -137,19 +192,31 @@ def count_tied_units(scores: np.ndarray, decimals: int = TIE_DECIMALS) -> int:
 
 
 def allocate_units(
-    units: list[Unit], token_scores: np.ndarray, unit_score: np.ndarray, budget: int
+    units: list[Unit],
+    token_scores: np.ndarray,
+    unit_score: np.ndarray,
+    budget: int,
+    *,
+    partial_unit: str = "forward",
 ) -> tuple[np.ndarray, list[int], int | None]:
-    """Admit whole units in ranked order, then the best exact-width window of the next unit (Algorithm 1, 6–8).
+    """Admit whole units in ranked order, then an exact-width window of the next unit (Algorithm 1, 6–8).
 
     Args:
-        units: units partitioning the suffix.
+        units: disjoint non-empty units (partitioning the suffix, or the part of it being allocated).
         token_scores: ``[S]`` per-token scores (used by the window rule).
         unit_score: ``[U]`` unit scores used for ranking.
-        budget: B, positions to select (0 <= B <= S).
+        budget: B, positions to select (0 <= B <= the units' total length).
+        partial_unit: the window in the unit that does not fit: ``"forward"``, the best forward-envelope window
+            (:func:`best_window`, Eq. 8), or ``"prefix"``, its first tokens (appendix 9.3).
 
     Returns:
         ``(positions, admitted_unit_indices, partial_unit_index_or_None)`` with ``positions`` sorted int64 ``[B]``.
+
+    Raises:
+        ValueError: naming ``partial_unit`` when it is not one of :data:`PARTIAL_UNITS`.
     """
+    if partial_unit not in PARTIAL_UNITS:
+        raise ValueError(f"partial_unit must be one of {PARTIAL_UNITS}; got {partial_unit!r}")
     chosen: list[np.ndarray] = []
     admitted: list[int] = []
     partial = None
@@ -163,7 +230,7 @@ def allocate_units(
             admitted.append(int(idx))
             remaining -= len(u)
         else:
-            off = best_window(token_scores[u.start : u.end], remaining)
+            off = best_window(token_scores[u.start : u.end], remaining) if partial_unit == "forward" else 0
             chosen.append(np.arange(u.start + off, u.start + off + remaining))
             partial = int(idx)
             remaining = 0
@@ -172,7 +239,8 @@ def allocate_units(
 
 
 def sur_token_scores(request: AllocationRequest, bonus_weights: np.ndarray | None = None) -> np.ndarray:
-    """SUR's token scores for the request's suffix (Eq. 7), float32 ``[S]``."""
+    """SUR's token scores for the request's suffix (Eq. 7), float32 ``[S]``; ``bonus_weights`` as in
+    :func:`token_relevance` (``None``: the paper's bonus)."""
     edit = request.edit
     embedding = request.lm.model.get_input_embeddings().weight
     return token_relevance(
@@ -197,52 +265,111 @@ def context_idf_weights(edit) -> np.ndarray:
     return np.log((n + 1) / c) / np.log(n + 1)
 
 
-def _select(request: AllocationRequest, scores: np.ndarray, extra: dict) -> Selection:
+def bonus_weights(edit, bonus: str = "paper") -> np.ndarray | None:
+    """Weights w_i of the identical-token bonus ``0.25·w_i·1[s_i ∈ q]`` for rule ``bonus``.
+
+    Returns:
+        ``None`` for ``"paper"`` (w_i = 1, Eq. 1), :func:`context_idf_weights` for ``"idf"``, float64 zeros ``[S]``
+        for ``"off"`` (no bonus: r_i is the max cosine alone).
+
+    Raises:
+        ValueError: naming ``bonus`` when it is not one of :data:`BONUSES`.
+    """
+    if bonus not in BONUSES:
+        raise ValueError(f"bonus must be one of {BONUSES}; got {bonus!r}")
+    if bonus == "paper":
+        return None
+    if bonus == "idf":
+        return context_idf_weights(edit)
+    return np.zeros(edit.suffix_len, dtype=np.float64)
+
+
+def scores_with_bonus(request: AllocationRequest, bonus: str = "paper") -> tuple[np.ndarray, np.ndarray | None]:
+    """SUR's token scores under bonus rule ``bonus`` and the bonus weights used: ``(float32 [S], float64 [S] | None)``.
+
+    Raises:
+        ValueError: naming ``bonus`` when it is not one of :data:`BONUSES`.
+    """
+    weights = bonus_weights(request.edit, bonus)
+    return sur_token_scores(request, weights), weights
+
+
+def allocate_regions(
+    regions: list[Unit],
+    token_scores: np.ndarray,
+    budget: int,
+    *,
+    aggregation: str = "top4",
+    partial_unit: str = "forward",
+) -> tuple[np.ndarray, dict]:
+    """SUR's region allocation over ``regions``: aggregate, rank (tie rule), admit whole, window the next one.
+
+    Args:
+        regions: disjoint non-empty regions (SUR's units, fixed blocks, or units clipped to part of the suffix).
+        token_scores: ``[S]`` token scores.
+        budget: positions to select, ``0 <= budget <=`` the regions' total length.
+        aggregation: :func:`aggregate_units` rule.
+        partial_unit: :func:`allocate_units` rule.
+
+    Returns:
+        ``(positions sorted int64 [budget], diagnostics)`` with ``units``, ``unit_scores``, ``admitted``, ``partial``,
+        ``tied_units`` and ``tie_decimals``.
+    """
+    u_scores = aggregate_units(token_scores, regions, aggregation)
+    positions, admitted, partial = allocate_units(regions, token_scores, u_scores, budget, partial_unit=partial_unit)
+    return positions, {
+        "units": regions,
+        "unit_scores": u_scores,
+        "admitted": admitted,
+        "partial": partial,
+        "tied_units": count_tied_units(u_scores),
+        "tie_decimals": TIE_DECIMALS,
+    }
+
+
+def sur_selection(request: AllocationRequest, options: dict, regions: list[Unit] | None = None) -> Selection:
+    """SUR's selection with resolved ``options`` (``aggregation``, ``partial_unit``, ``bonus``) over ``regions``
+    (default: the request's semantic units); the shared body of :func:`sur` and the region controls.
+
+    Diagnostics: ``token_scores`` ``[S]``, ``units``, ``unit_scores`` ``[U]``, ``admitted`` (region indices admitted
+    whole, in rank order), ``partial`` (the windowed region or ``None``), ``tied_units``, ``tie_decimals``,
+    ``options`` (the resolved options and the request's ``allowance_base``), and ``bonus_weights`` ``[S]`` with the
+    IDF bonus.
+    """
     S, B = request.suffix_len, request.allowance
-    units = request.get_units()
-    u_scores = unit_scores(scores, units)
-    positions, admitted, partial = allocate_units(units, scores, u_scores, B)
+    if B == 0:
+        return empty_selection(S, tied_units=0)
+    scores, weights = scores_with_bonus(request, options["bonus"])
+    regions = request.get_units() if regions is None else regions
+    positions, diag = allocate_regions(
+        regions, scores, B, aggregation=options["aggregation"], partial_unit=options["partial_unit"]
+    )
+    extra = {"bonus_weights": weights} if options["bonus"] == "idf" else {}
     return Selection(
         Support(positions, S),
         diagnostics={
-            "token_scores": scores,
-            "units": units,
-            "unit_scores": u_scores,
-            "admitted": admitted,
-            "partial": partial,
-            "tied_units": count_tied_units(u_scores),
-            "tie_decimals": TIE_DECIMALS,
-            **extra,
+            "token_scores": scores, **diag, "options": {**options, "allowance_base": request.allowance_base}, **extra,
         },
     )
 
 
-@register_allocator("SUR")
+@register_allocator("SUR", options=SUR_OPTIONS)
 def sur(request: AllocationRequest) -> Selection:
-    """Semantic-Unit Refresh (section 3.2, appendix 7.3, Algorithm 1 steps 4–9).
+    """Semantic-Unit Refresh (section 3.2, appendix 7.3, Algorithm 1 steps 4–9), with the appendix 9.3 variants as
+    options (module docstring); the defaults are the paper's SUR.
 
     Units are ranked by their score rounded to :data:`TIE_DECIMALS` places, earlier position first among ties.
+    Diagnostics: as :func:`sur_selection`.
 
-    Diagnostics: ``token_scores`` ``[S]``, ``units`` (list of :class:`Unit`), ``unit_scores`` ``[U]``,
-    ``admitted`` (unit indices admitted whole, in rank order), ``partial`` (the windowed unit or ``None``),
-    ``tied_units`` (units sharing their rounded score with another unit) and ``tie_decimals``.
+    Raises:
+        ValueError: naming an option of ``request.options`` whose value is not allowed.
     """
-    if request.allowance == 0:
-        return Selection(Support(np.zeros(0, dtype=np.int64), request.suffix_len), diagnostics={"tied_units": 0})
-    return _select(request, sur_token_scores(request), {})
+    return sur_selection(request, read_options(request, "SUR"))
 
 
-@register_allocator("SUR-IDF")
-def sur_idf(request: AllocationRequest) -> Selection:
-    """SUR with an IDF-weighted identical-token bonus (a variant, not the paper's SUR; issue 13).
-
-    Eq. 1's bonus 0.25·1[s_i ∈ q] becomes 0.25·w_i·1[s_i ∈ q] with w_i from :func:`context_idf_weights` (the edited
-    context's own token counts), so query stopwords repeated across the context no longer lift every unit to the
-    saturated score 1.25. Units, ranking (with the same tie rule), admission and the window are SUR's.
-
-    Diagnostics: as :func:`sur`, plus ``bonus_weights`` ``[S]``.
-    """
-    if request.allowance == 0:
-        return Selection(Support(np.zeros(0, dtype=np.int64), request.suffix_len), diagnostics={"tied_units": 0})
-    weights = context_idf_weights(request.edit)
-    return _select(request, sur_token_scores(request, weights), {"bonus_weights": weights})
+#: ``"SUR-IDF"``: SUR with the IDF-weighted identical-token bonus (a variant, not the paper's SUR; issue 13). Eq. 1's
+#: bonus 0.25·1[s_i ∈ q] becomes 0.25·w_i·1[s_i ∈ q] with w_i from :func:`context_idf_weights` (the edited context's
+#: own token counts), so query stopwords repeated across the context no longer lift every unit to the saturated score
+#: 1.25. Units, ranking (with the same tie rule), admission and the window are SUR's. Diagnostics: as SUR's, with
+#: ``bonus_weights``.
+sur_idf = register_variant("SUR-IDF", "SUR", bonus="idf")
