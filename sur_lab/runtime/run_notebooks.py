@@ -147,6 +147,28 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def machine_stamp() -> dict:
+    """Where a run happened: ``cpus`` (``os.cpu_count()``), ``platform``, ``python`` and ``torch`` versions. Stored as
+    ``metadata.sur_lab.run`` of every executed copy, for the generated results page (:mod:`sur_lab.runtime.results_page`)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return {"cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(),
+            "torch": torch_version}
+
+
+def _stamp_machine(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.setdefault("sur_lab", {})["run"] = machine_stamp()
+    nbformat.write(nb, path)
+
+
 def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | None = None, progress: bool = True,
                  log_output: bool = False) -> Path:
     """Execute one notebook with papermill into ``outputs/<name>.ipynb``, atomically.
@@ -198,6 +220,7 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
             kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
             _mark_failed(tmp, failed_path(target), f"{kind}: {type(err).__name__}: {err}".strip())
             raise
+        _stamp_machine(tmp)
         os.replace(tmp, target)
         with contextlib.suppress(FileNotFoundError):
             failed_path(target).unlink()  # the last run succeeded: a stale failure marker would mislead
