@@ -26,7 +26,6 @@ from mkdocs.structure.files import File
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "sur_lab"
 NOTEBOOKS = REPO / "notebooks"
-STAGE = REPO / "build" / "docs-notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -51,10 +50,10 @@ def _static_outputs(nb: dict) -> dict:
     return nb
 
 
-def stage_notebooks(run: Path | None) -> list[Path]:
-    """Copy each notebook's page source (executed copy or committed notebook) into ``build/docs-notebooks/``."""
-    target = STAGE / "notebooks"
-    shutil.rmtree(STAGE, ignore_errors=True)
+def stage_notebooks(run: Path | None, stage: Path) -> list[Path]:
+    """Copy each notebook's page source (executed copy or committed notebook) into ``stage/notebooks/``."""
+    target = stage / "notebooks"
+    shutil.rmtree(stage, ignore_errors=True)
     target.mkdir(parents=True)
     staged = []
     for source in sorted(NOTEBOOKS.glob("*.ipynb")):
@@ -73,12 +72,13 @@ def on_files(files, config):
     from sur_lab.runtime.results_page import results_markdown
 
     run = run_folder()
-    for path in stage_notebooks(run):
+    stage = Path(config["site_dir"]).resolve().parent / "docs-notebooks"  # beside the site: build/docs-notebooks
+    for path in stage_notebooks(run, stage):
         src = f"notebooks/{path.name}"
         existing = files.get_file_from_path(src)
         if existing is not None:
             files.remove(existing)
-        files.append(File(src, str(STAGE), config["site_dir"], config["use_directory_urls"]))
+        files.append(File(src, str(stage), config["site_dir"], config["use_directory_urls"]))
     files.append(File.generated(config, "results.md", content=results_markdown(run, outputs_dir())))
     for name, content in api_pages().items():
         files.append(File.generated(config, name, content=content))
@@ -107,7 +107,6 @@ def api_pages() -> dict[str, str]:
              + block("sur_lab", package_doc=True) + "\n".join(block(f"sur_lab.{m}") for m in top)}
     for sub in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and not p.name.startswith("_")):
         names = modules(sub)
-        body = [block(names[0], package_doc=True)] + [block(m) for m in names[1:]]
         sub_packages = [m for m in names[1:] if (REPO / Path(*m.split("."), "__init__.py")).is_file()]
         body = [block(names[0], package_doc=True)] + [block(m, package_doc=m in sub_packages) for m in names[1:]]
         pages[f"api/{sub.name}.md"] = f"# sur_lab.{sub.name}\n\n" + "\n".join(body)

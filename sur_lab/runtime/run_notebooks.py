@@ -147,6 +147,24 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _static_outputs():
+    """Tell the kernel papermill starts that nobody will interact with it: views that offer an ipywidgets control
+    write static HTML instead (:data:`sur_lab.analysis.plotting.STATIC_OUTPUTS_ENV`; the kernel inherits the
+    environment)."""
+    from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
+
+    previous = os.environ.get(STATIC_OUTPUTS_ENV)
+    os.environ[STATIC_OUTPUTS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(STATIC_OUTPUTS_ENV, None)
+        else:
+            os.environ[STATIC_OUTPUTS_ENV] = previous
+
+
 def machine_stamp() -> dict:
     """Where a run happened: ``cpus`` (``os.cpu_count()``), ``platform``, ``python`` and ``torch`` versions. Stored as
     ``metadata.sur_lab.run`` of every executed copy, for the generated results page (:mod:`sur_lab.runtime.results_page`)."""
@@ -211,7 +229,7 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
         _recover_killed(target)
         tmp = out_dir / f".{path.stem}.{os.getpid()}{_RUNNING}"
         try:
-            with _sigterm_as_interrupt():
+            with _sigterm_as_interrupt(), _static_outputs():
                 pm.execute_notebook(
                     str(path), str(tmp), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
                     progress_bar=progress, log_output=log_output,
