@@ -189,6 +189,9 @@ def method_label(method: str, budget_pct) -> str:
 STATIC_OUTPUTS_ENV = "SUR_LAB_STATIC_OUTPUTS"
 #: Decades of K/V deviation below the largest one that the deviation shading spans (log scale; smaller is blank).
 DEVIATION_DECADES = 3.0
+#: Tokens of a longer deleted span shown (its first ones and the last :data:`DELETED_TAIL`); the middle is elided.
+MAX_DELETED_SHOWN = 60
+DELETED_TAIL = 10
 _RELEVANCE_RGB = "31,119,180"
 _DEVIATION_RGB = "214,39,40"
 
@@ -232,6 +235,8 @@ class TokenView:
         query: text shown after the context (the query that follows the repair), or None.
         title: heading line.
         methods: label -> ``(method, budget_pct)`` (budget NaN for reference operators), for the widget's controls.
+        max_deleted: deleted tokens shown; a longer span shows its first ``max_deleted - DELETED_TAIL`` and last
+            :data:`DELETED_TAIL` tokens around a count of the elided ones.
     """
 
     pieces: tuple[str, ...]
@@ -244,6 +249,7 @@ class TokenView:
     query: str | None = None
     title: str = ""
     methods: dict[str, tuple[str, float]] = field(default_factory=dict)
+    max_deleted: int = MAX_DELETED_SHOWN
 
     @property
     def labels(self) -> list[str]:
@@ -280,7 +286,7 @@ class TokenView:
         """Static HTML: every repair in one document, switched by radio buttons styled with CSS (no script).
 
         Args:
-            selected: the repair shown first (default: the first label).
+            selected: the repair shown first (default: the first label that recomputes any row).
             controls: draw the radio buttons (the widget hides them and switches ``selected`` instead).
 
         Returns:
@@ -288,14 +294,15 @@ class TokenView:
             shaded by relevance (blue background), rows refreshed by the selected repair are underlined (class
             ``r<i>`` for label ``i``), each row's K/V deviation from Re-prefill is a red bar above the token (CSS
             variable ``--d<i>``), unit boundaries are a grey bar before the unit's first token (class ``ub``) and the
-            deleted span is one ``<del>`` at its place.
+            deleted span is struck through (``<del>``) at its place, its middle elided when it is longer than
+            :attr:`max_deleted` tokens.
 
         Raises:
             ValueError: naming ``selected`` when it is not one of :attr:`labels`.
         """
         labels = self.labels
-        if selected is None:
-            selected = labels[0] if labels else None
+        if selected is None:  # the first repair that recomputes anything (Shift alone shows no underline)
+            selected = next((label for label in labels if len(self.refreshed[label])), labels[0])
         elif selected not in labels:
             raise ValueError(f"selected={selected!r} is not one of the repairs shown: {labels}")
         uid, p, d = self._uid(), self.prefix_len, self.deleted_len
@@ -309,12 +316,13 @@ class TokenView:
         starts = set(self.unit_starts)
         css = [
             f"#{uid}{{font-family:ui-monospace,monospace;font-size:12px;line-height:1.9}}",
-            f"#{uid} .body{{white-space:pre-wrap;border:1px solid #ddd;padding:6px;max-height:32em;overflow:auto}}",
+            f"#{uid} .body{{white-space:pre-wrap;border:1px solid #ddd;padding:6px;max-height:44em;overflow:auto}}",
             f"#{uid} .tok{{border-radius:2px}}",
             f"#{uid} .pre{{color:#666}}",
             f"#{uid} .ub{{border-left:2px solid #888;margin-left:1px}}",
             f"#{uid} del{{color:#b00;background:#fde8e8;text-decoration:line-through}}",
             f"#{uid} .q{{color:#555;font-style:italic}}",
+            f"#{uid} .skip{{color:#b00;font-style:italic}}",
             f"#{uid} .cap{{display:none;margin:4px 0}}",
             f"#{uid} input{{margin-left:10px}}",
         ]
@@ -353,10 +361,14 @@ class TokenView:
         for pos, piece in enumerate(self.pieces):
             text = _html.escape(piece)
             if p <= pos < p + d:
-                if pos == p:
+                k = pos - p
+                if k == 0:
                     body.append("<del>")
-                body.append(text)
-                if pos == p + d - 1:
+                if k < self.max_deleted - DELETED_TAIL or k >= d - DELETED_TAIL or d <= self.max_deleted:
+                    body.append(text)
+                elif k == self.max_deleted - DELETED_TAIL:
+                    body.append(f'</del><span class="skip"> … {d - self.max_deleted} more deleted tokens … </span><del>')
+                if k == d - 1:
                     body.append("</del>")
                 continue
             row = pos if pos < p else pos - d
