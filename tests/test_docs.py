@@ -61,8 +61,14 @@ def test_readme_is_a_front_page():
 @pytest.mark.parametrize("block_id, mode, code", [
     pytest.param(*b, marks=[pytest.mark.slow] if b[1] == "slow" else []) for b in BLOCKS], ids=[b[0] for b in BLOCKS])
 def test_code_block_runs(block_id, mode, code, tmp_path):
+    from sur_lab.runtime.paths import default_data_dir
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "SUR_LAB_OUTPUTS_DIR": str(tmp_path / "outputs")}
+    try:  # the block runs from an empty folder: hand it the data folder this checkout finds
+        env.setdefault("SUR_LAB_DATA_DIR", str(default_data_dir()))
+    except FileNotFoundError:
+        pass
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1200)
     assert proc.returncode == 0, f"{block_id} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

@@ -38,6 +38,10 @@ def spans(markup: str):
 def test_html_tokens_struck_span_and_underlined_rows(view_case):
     lm, edit, prepared, view = view_case
     p, d, S = edit.prefix_len, edit.deleted_len, edit.suffix_len
+    assert view.first_row_shown() == p - view.prefix_context > 0  # nothing in the prefix recomputed or stale
+    assert f"… {p - view.prefix_context} earlier tokens …" in view.html()
+    assert len(spans(view.html())) == view.prefix_context + S
+    view = dataclasses.replace(view, prefix_context=p)  # the whole prefix from here on
     markup = view.html()
     toks = spans(markup)
     assert len(toks) == p + S, "one span per kept token"

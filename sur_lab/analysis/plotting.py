@@ -192,6 +192,8 @@ DEVIATION_DECADES = 3.0
 #: Tokens of a longer deleted span shown (its first ones and the last :data:`DELETED_TAIL`); the middle is elided.
 MAX_DELETED_SHOWN = 60
 DELETED_TAIL = 10
+#: Prefix tokens shown before the deleted span when nothing earlier was recomputed or left stale.
+PREFIX_CONTEXT = 48
 _RELEVANCE_RGB = "31,119,180"
 _DEVIATION_RGB = "214,39,40"
 
@@ -237,6 +239,9 @@ class TokenView:
         methods: label -> ``(method, budget_pct)`` (budget NaN for reference operators), for the widget's controls.
         max_deleted: deleted tokens shown; a longer span shows its first ``max_deleted - DELETED_TAIL`` and last
             :data:`DELETED_TAIL` tokens around a count of the elided ones.
+        prefix_context: prefix tokens shown before the deletion; earlier ones are elided (with their count) unless a
+            repair recomputed them or left them deviating from Re-prefill (then the view starts a few tokens before
+            the first such row).
     """
 
     pieces: tuple[str, ...]
@@ -250,6 +255,7 @@ class TokenView:
     title: str = ""
     methods: dict[str, tuple[str, float]] = field(default_factory=dict)
     max_deleted: int = MAX_DELETED_SHOWN
+    prefix_context: int = PREFIX_CONTEXT
 
     @property
     def labels(self) -> list[str]:
@@ -358,7 +364,12 @@ class TokenView:
                        f"recomputed ({in_suffix} in the suffix of {self.suffix_len}), in {intervals} intervals</div>")
         body = ['<div class="body">']
         dev_cols = {i: levels[label] for i, label in enumerate(labels) if label in levels}
+        first = self.first_row_shown(levels)
+        if first:
+            body.append(f'<span class="skip pre"> … {first} earlier tokens … </span>')
         for pos, piece in enumerate(self.pieces):
+            if pos < first:
+                continue
             text = _html.escape(piece)
             if p <= pos < p + d:
                 k = pos - p
@@ -390,6 +401,15 @@ class TokenView:
         out.extend(body)
         out.append("</div>")
         return "".join(out)
+
+    def first_row_shown(self, levels: dict[str, np.ndarray] | None = None) -> int:
+        """The first prefix row the static view shows (see :attr:`prefix_context`)."""
+        p = self.prefix_len
+        levels = self._deviation_levels() if levels is None else levels
+        marked = [int(r[0]) for r in self.refreshed.values() if len(r) and r[0] < p]
+        marked += [int(np.argmax(v[:p] > 0)) for v in levels.values() if np.any(v[:p] > 0)]
+        start = min([p - self.prefix_context] + [m - DELETED_TAIL for m in marked])
+        return max(0, start)
 
     def _repr_html_(self) -> str:
         return self.html()

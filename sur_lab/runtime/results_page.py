@@ -23,7 +23,8 @@ HEADER = """# Measured times
 
 Generated from the executed notebooks' own records (papermill's timings and the runner's machine stamp) when the
 site was built; nothing on this page is typed by hand. Timings depend on the machine and on what else ran on it:
-read them as one run's wall times, not as benchmarks (the benchmarks are notebooks 04 and 05 and the scripts in
+read them as one run's wall times, not as benchmarks (the *load* column is the machine's 1-minute load average when
+each run finished: a load above its CPU count means other work shared the cores) (the benchmarks are notebooks 04 and 05 and the scripts in
 [Executors and performance](executors.md)).
 """
 
@@ -85,7 +86,8 @@ def notebook_record(path: Path) -> dict:
     Returns:
         ``notebook, suite, model, parameters`` (the injected ones, as text), ``status`` ("ok" or "failed"),
         ``wall_s`` (papermill's duration, seconds; None when absent), ``slowest_cell`` (its first line) and
-        ``slowest_s``, ``finished`` (ISO time), ``error`` (failed runs) and ``machine`` (the runner's stamp).
+        ``slowest_s``, ``finished`` (ISO time), ``error`` (failed runs), ``machine`` (the runner's stamp) and
+        ``load`` (the 1-minute load average when the run finished; None when not recorded).
     """
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     meta = nb.get("metadata", {})
@@ -113,7 +115,8 @@ def notebook_record(path: Path) -> dict:
         "slowest_s": slowest[0],
         "finished": pm.get("end_time"),
         "error": meta.get("sur_lab", {}).get("run_error", ""),
-        "machine": meta.get("sur_lab", {}).get("run", {}),
+        "machine": {k: v for k, v in meta.get("sur_lab", {}).get("run", {}).items() if k != "load_1min"},
+        "load": meta.get("sur_lab", {}).get("run", {}).get("load_1min"),
     }
 
 
@@ -144,15 +147,16 @@ def folder_markdown(title: str, records: list[dict]) -> str:
     failed = [r for r in records if r["status"] == "failed"]
     lines = [f"## {title}", "", _machine_line(records), ""]
     if ok:
-        lines += ["| notebook | suite | model | parameters | wall time | slowest cell | finished |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| notebook | suite | model | parameters | wall time | slowest cell | finished | load |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in ok:
             finished = r["finished"] or ""
             with_time = finished[:16].replace("T", " ") if finished else "–"
             cell = f"`{r['slowest_cell']}` ({format_seconds(r['slowest_s'])})" if r["slowest_cell"] else "–"
             params = r["parameters"].replace("|", "\\|")
             lines.append(f"| `{r['notebook']}` | {r['suite']} | {r['model']} | {params} | "
-                         f"{format_seconds(r['wall_s'])} | {cell.replace('|', chr(92) + '|')} | {with_time} |")
+                         f"{format_seconds(r['wall_s'])} | {cell.replace('|', chr(92) + '|')} | {with_time} | "
+                         f"{'–' if r['load'] is None else r['load']} |")
         total = sum(r["wall_s"] or 0.0 for r in ok)
         lines += ["", f"Total wall time of the {len(ok)} finished notebooks: {format_seconds(total)}."]
     if failed:

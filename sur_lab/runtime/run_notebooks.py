@@ -166,7 +166,8 @@ def _static_outputs():
 
 
 def machine_stamp() -> dict:
-    """Where a run happened: ``cpus`` (``os.cpu_count()``), ``platform``, ``python`` and ``torch`` versions. Stored as
+    """Where a run happened: ``cpus`` (``os.cpu_count()``), ``platform``, ``python`` and ``torch`` versions, and
+    ``load_1min`` (the 1-minute load average when the run finished: how busy the machine was). Stored as
     ``metadata.sur_lab.run`` of every executed copy, for the generated results page (:mod:`sur_lab.runtime.results_page`)."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -175,8 +176,9 @@ def machine_stamp() -> dict:
         torch_version = version("torch")
     except PackageNotFoundError:
         torch_version = "not installed"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(),
-            "torch": torch_version}
+            "torch": torch_version, "load_1min": None if load is None else round(load, 2)}
 
 
 def _stamp_machine(path: Path) -> None:
