@@ -10,7 +10,9 @@
   never typed by hand.
 * The API reference has one generated page per package (``api/<package>.md``: the core modules of ``sur_lab/``, then
   each subpackage), found by walking ``sur_lab/``, so a module added, moved or renamed is documented (and its
-  docstrings' cross-references checked) without editing the navigation.
+  docstrings' cross-references checked) without editing the navigation; the *Studies* section lists every page
+  under ``docs/studies/`` the same way. Any other page must be in ``nav`` (``validation.omitted_files: warn`` makes
+  a page left out of it fail the strict build).
 """
 
 from __future__ import annotations
@@ -115,8 +117,11 @@ def api_pages() -> dict[str, str]:
 
 @mkdocs.plugins.event_priority(100)
 def on_config(config):
-    """Replace the navigation's ``API`` entry with the generated per-package pages."""
+    """Replace the navigation's ``API`` entry with the generated per-package pages, and its ``Studies`` entry with
+    every page under ``docs/studies/`` (one per study, added by the studies' authors), index first."""
     pages = api_pages()
+    studies = sorted(str(p.relative_to(REPO / "docs")) for p in (REPO / "docs" / "studies").glob("*.md"))
+    studies = ["studies/index.md"] + [p for p in studies if p != "studies/index.md"]
 
     def patch(items):
         for i, item in enumerate(items):
@@ -124,6 +129,8 @@ def on_config(config):
                 (title, value), = item.items()
                 if title == "API":
                     items[i] = {"API": ["api/index.md"] + list(pages)}
+                elif title == "Studies":
+                    items[i] = {"Studies": studies}
                 elif isinstance(value, list):
                     patch(value)
 

@@ -122,3 +122,16 @@ def test_token_pieces_decode_each_id():
     tok = char_tokenizer()
     ids = tok("ab\nc", add_special_tokens=False).input_ids
     assert token_pieces(tok, ids) == ["a", "b", "\n", "c"]
+
+
+def test_widget_switches_method_and_budget(view_case):
+    widgets = pytest.importorskip("ipywidgets")
+    _, _, _, view = view_case
+    box = view.widget()
+    method, budget = box.children[0].children
+    shown = box.children[1]
+    assert isinstance(shown, widgets.HTML) and list(method.options) == ["Shift", "SUR", DENSE_TOKENS]
+    assert 'class="c0" checked' in shown.value and 'type="radio"' in shown.value  # hidden radios drive the CSS
+    method.value = DENSE_TOKENS
+    assert budget.value == "Dense tokens 10%" and [o[0] for o in budget.options] == ["10%"]
+    assert f'class="c{view.labels.index("Dense tokens 10%")}" checked' in shown.value
