@@ -361,7 +361,8 @@ class TokenView:
             in_suffix = int(np.sum(rows >= p))
             intervals = int(np.sum(np.diff(rows) != 1) + 1) if len(rows) else 0
             out.append(f'<div class="cap cap{i}">{_html.escape(label)}: {len(rows)} of {p + self.suffix_len} rows '
-                       f"recomputed ({in_suffix} in the suffix of {self.suffix_len}), in {intervals} intervals</div>")
+                       f"recomputed ({in_suffix} in the suffix of {self.suffix_len}), in {intervals} "
+                       f"interval{'' if intervals == 1 else 's'}</div>")
         body = ['<div class="body">']
         dev_cols = {i: levels[label] for i, label in enumerate(labels) if label in levels}
         first = self.first_row_shown(levels)

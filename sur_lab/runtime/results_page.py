@@ -22,10 +22,10 @@ from pathlib import Path
 HEADER = """# Measured times
 
 Generated from the executed notebooks' own records (papermill's timings and the runner's machine stamp) when the
-site was built; nothing on this page is typed by hand. Timings depend on the machine and on what else ran on it:
-read them as one run's wall times, not as benchmarks (the *load* column is the machine's 1-minute load average when
-each run finished: a load above its CPU count means other work shared the cores) (the benchmarks are notebooks 04 and 05 and the scripts in
-[Executors and performance](executors.md)).
+site was built; nothing on this page is typed by hand. Timings depend on the machine and on what else ran on it, so
+read them as one run's wall times, not as benchmarks; the benchmarks are notebooks 04 and 05 and the scripts in
+[Executors and performance](executors.md). The *load* column is the machine's 1-minute load average when each run
+finished: a load above the CPU count means that other work shared the cores.
 """
 
 
@@ -147,18 +147,18 @@ def folder_markdown(title: str, records: list[dict]) -> str:
     failed = [r for r in records if r["status"] == "failed"]
     lines = [f"## {title}", "", _machine_line(records), ""]
     if ok:
-        lines += ["| notebook | suite | model | parameters | wall time | slowest cell | finished | load |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["| notebook | suite | model | wall time | finished | load |", "|---|---|---|---|---|---|"]
         for r in ok:
-            finished = r["finished"] or ""
-            with_time = finished[:16].replace("T", " ") if finished else "–"
-            cell = f"`{r['slowest_cell']}` ({format_seconds(r['slowest_s'])})" if r["slowest_cell"] else "–"
-            params = r["parameters"].replace("|", "\\|")
-            lines.append(f"| `{r['notebook']}` | {r['suite']} | {r['model']} | {params} | "
-                         f"{format_seconds(r['wall_s'])} | {cell.replace('|', chr(92) + '|')} | {with_time} | "
-                         f"{'–' if r['load'] is None else r['load']} |")
+            finished = (r["finished"] or "")[:16].replace("T", " ") or "–"
+            load = "–" if r["load"] is None else f"{r['load']:g}"
+            lines.append(f"| `{r['notebook']}` | {r['suite']} | {r['model']} | {format_seconds(r['wall_s'])} | "
+                         f"{finished} | {load} |")
         total = sum(r["wall_s"] or 0.0 for r in ok)
-        lines += ["", f"Total wall time of the {len(ok)} finished notebooks: {format_seconds(total)}."]
+        lines += ["", f"Total wall time of the {len(ok)} finished notebooks: {format_seconds(total)}.", "",
+                  "Parameters given to each run (beside the notebook's defaults) and its slowest cell:", ""]
+        for r in ok:
+            cell = f"; slowest cell `{r['slowest_cell']}` ({format_seconds(r['slowest_s'])})" if r["slowest_cell"] else ""
+            lines.append(f"- `{r['notebook']}`: {r['parameters']}{cell}")
     if failed:
         lines += ["", "Failed or interrupted runs (their last good copy, if any, is in the table above):", ""]
         lines += [f"- `{r['notebook']}`: {r['error'] or 'no error recorded'}" for r in failed]
