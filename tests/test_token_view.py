@@ -135,3 +135,23 @@ def test_widget_switches_method_and_budget(view_case):
     method.value = DENSE_TOKENS
     assert budget.value == "Dense tokens 10%" and [o[0] for o in budget.options] == ["10%"]
     assert f'class="c{view.labels.index("Dense tokens 10%")}" checked' in shown.value
+
+
+def test_edit_token_view_of_an_agent_episode(data_dir):
+    from sur_lab.studies.agent_session import build_episodes, default_arms, edit_token_view
+    from sur_lab.studies.datasets import load_qa
+
+    lm = dataclasses.replace(make_tiny_model("llama"), tokenizer=char_tokenizer())
+    episode = build_episodes(lm.tokenizer, load_qa("hotpotqa", split="dev"), 1, 2, max_doc_tokens=12)[0]
+    arms = default_arms([5], debt_budget=5, debt_pct=10)
+    view = edit_token_view(lm, episode, arms)  # the last edit, after the first one left stale rows behind
+    assert view.labels == ["Shift", "SUR 5%", "SUR 5% + debt 10%", "Re-prefill"]
+    n = view.prefix_len + view.suffix_len
+    assert view.refreshed["Re-prefill"].tolist() == list(range(n)) and not view.deviation["Re-prefill"].any()
+    assert view.refreshed["Shift"].size == 0
+    assert view.deviation["Shift"][: view.prefix_len].max() > 0, "the first edit left stale rows before the second"
+    assert view.refreshed["SUR 5% + debt 10%"].size > view.refreshed["SUR 5%"].size, "the debt pass adds rows"
+    assert view.relevance is not None and len(view.relevance) == view.suffix_len
+    assert view.first_row_shown() < view.prefix_len - view.prefix_context  # stale prefix rows stay in view
+    with pytest.raises(ValueError, match="edit=3"):
+        edit_token_view(lm, episode, arms, edit=3)

@@ -213,15 +213,7 @@ def run_episode(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, execu
     Raises:
         ValueError: naming ``arms`` when Re-prefill is missing or labels repeat.
     """
-    labels = [a.label for a in arms]
-    if REFERENCE not in [a.method for a in arms] or len(set(labels)) != len(labels):
-        raise ValueError(f"arms must have unique labels and include {REFERENCE!r}; got {labels}")
-    base = EditSession(lm, method="Shift", executor=executor, seed=seed)
-    for turn in episode.turns:
-        base.append(turn.text)
-    rows_of = _turn_rows(base, episode)
-    sessions = {a.label: base.fork(method=a.method, budget_pct=0.0 if np.isnan(a.budget_pct) else a.budget_pct,
-                                   debt_pct=a.debt_pct) for a in arms}
+    sessions, rows_of = _start_arms(lm, episode, arms, executor=executor, seed=seed)
     ref_arm = next(a for a in arms if a.method == REFERENCE)
     order = [ref_arm] + [a for a in arms if a is not ref_arm]
     records = []
@@ -286,15 +278,7 @@ def edit_token_view(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, e
     edit = k if edit is None else edit
     if not 1 <= edit <= k:
         raise ValueError(f"edit={edit} must lie in [1, {k}] (the episode's edits)")
-    labels = [a.label for a in arms]
-    if REFERENCE not in [a.method for a in arms] or len(set(labels)) != len(labels):
-        raise ValueError(f"arms must have unique labels and include {REFERENCE!r}; got {labels}")
-    base = EditSession(lm, method="Shift", executor=executor, seed=seed)
-    for turn in episode.turns:
-        base.append(turn.text)
-    rows_of = _turn_rows(base, episode)
-    sessions = {a.label: base.fork(method=a.method, budget_pct=0.0 if np.isnan(a.budget_pct) else a.budget_pct,
-                                   debt_pct=a.debt_pct) for a in arms}
+    sessions, rows_of = _start_arms(lm, episode, arms, executor=executor, seed=seed)
     removed, records, before = 0, {}, None
     for i in range(edit):
         start, end = rows_of[i]
@@ -318,6 +302,24 @@ def edit_token_view(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, e
                       refreshed=refreshed, relevance=diag.get("token_scores"), units=diag.get("units", ()),
                       deviation=deviation, query=episode.queries[edit - 1],
                       title=f"episode {episode.id}, edit {edit} of {k}: outdated result {edit} deleted")
+
+
+def _start_arms(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, executor: str, seed: int):
+    """One prefill of the episode's turns forked into one session per arm; returns ``(sessions by label, row span
+    of each outdated result)``.
+
+    Raises:
+        ValueError: naming ``arms`` when Re-prefill is missing or labels repeat.
+    """
+    labels = [a.label for a in arms]
+    if REFERENCE not in [a.method for a in arms] or len(set(labels)) != len(labels):
+        raise ValueError(f"arms must have unique labels and include {REFERENCE!r}; got {labels}")
+    base = EditSession(lm, method="Shift", executor=executor, seed=seed)
+    for turn in episode.turns:
+        base.append(turn.text)
+    sessions = {a.label: base.fork(method=a.method, budget_pct=0.0 if np.isnan(a.budget_pct) else a.budget_pct,
+                                   debt_pct=a.debt_pct) for a in arms}
+    return sessions, _turn_rows(base, episode)
 
 
 def _turn_rows(session: EditSession, episode: Episode) -> list[tuple[int, int]]:
