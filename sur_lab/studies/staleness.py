@@ -24,7 +24,7 @@ from sur_lab.allocators.sur import sur_token_scores
 from sur_lab.budget import Support, allowance
 from sur_lab.cache_ops import cache_length, num_layers, to_tensors
 from sur_lab.edits import EditedContext
-from sur_lab.executors import get_executor, replay
+from sur_lab.executors import get_executor, replay, reprefill
 from sur_lab.models import LoadedModel
 
 #: The paper's name of the dense-token control (top-B tokens by SUR's token score, Table 6).
@@ -244,6 +244,76 @@ def residual_by_budget(
     return pd.DataFrame(rows)
 
 
+def row_deviation(cache: DynamicCache, reference: DynamicCache) -> np.ndarray:
+    """Relative K/V deviation of ``cache`` from ``reference`` per row, over all layers, KV heads and head dimensions.
+
+    Row j: ``sqrt(Σ_l ‖K_l[j] − K_l^ref[j]‖² + ‖V_l[j] − V_l^ref[j]‖²) / sqrt(Σ_l ‖K_l^ref[j]‖² + ‖V_l^ref[j]‖²)``,
+    computed in float64; neither cache is modified.
+
+    Args:
+        cache: an ``n``-row cache (Shift, a repaired cache, a session's live cache).
+        reference: a cache of the same ``n`` rows (Re-prefill's: a clean prefill of the same tokens).
+
+    Returns:
+        float64 ``[n]``.
+
+    Raises:
+        ValueError: naming ``cache`` when its row or layer count differs from ``reference``'s.
+    """
+    if cache_length(cache) != cache_length(reference) or num_layers(cache) != num_layers(reference):
+        raise ValueError(f"cache has {cache_length(cache)} rows and {num_layers(cache)} layers; reference has "
+                         f"{cache_length(reference)} and {num_layers(reference)}")
+    num = den = 0.0
+    for (k, v), (kr, vr) in zip(to_tensors(cache), to_tensors(reference)):
+        k, v, kr, vr = (t[0].double() for t in (k, v, kr, vr))  # [H_kv, n, d_h]
+        num = num + ((k - kr).pow(2) + (v - vr).pow(2)).sum(dim=(0, 2))
+        den = den + (kr.pow(2) + vr.pow(2)).sum(dim=(0, 2))
+    return (num / den).sqrt().cpu().numpy()
+
+
+def repair_token_view(lm: LoadedModel, prepared, repairs, *, executor: str = "sequential", seed: int = 0,
+                      title: str = ""):
+    """The token view (:func:`sur_lab.analysis.plotting.token_view`) of one prepared edit under several repairs.
+
+    Each repair's support is chosen as in :func:`method_support` (``"Shift"`` refreshes nothing) and recomputed by
+    ``executor``; each row's K/V deviation from Re-prefill's cache (:func:`row_deviation`) is the second shading.
+    Relevance is SUR's token score (Eq. 7) and the units are the edit's semantic units, whatever the repairs.
+
+    Args:
+        lm, prepared: the model and the prepared edit (:func:`sur_lab.repair.prepare`; not modified).
+        repairs: ``(method, budget_pct)`` pairs, e.g. ``[("Shift", None), ("SUR", 5), ("Dense tokens", 5)]``.
+        executor: executor of the sparse refreshes.
+        seed: allocator seed.
+        title: the view's heading.
+
+    Returns:
+        The :class:`~sur_lab.analysis.plotting.TokenView`.
+
+    Raises:
+        ValueError: for an unknown method or executor, or a budget outside [0, 100].
+    """
+    from sur_lab.analysis.plotting import token_pieces, token_view
+
+    edit = prepared.edit
+    S = edit.suffix_len
+    reference = reprefill(lm, edit)
+    run = get_executor(executor)
+    supports, deviation = {}, {}
+    for method, budget in repairs:
+        if method == "Shift":
+            support, cache = Support(np.zeros(0, dtype=np.int64), S), prepared.shift_cache
+        else:
+            support = method_support(lm, prepared, method, budget, seed=seed)
+            cache = run(lm, prepared.shift_cache, edit, support) if support.size else prepared.shift_cache
+        supports[(method, budget)] = support
+        deviation[(method, budget)] = row_deviation(cache, reference)
+    request = AllocationRequest(lm, edit, 0.0, shift_cache=prepared.shift_cache, units=prepared.get_units(), seed=seed)
+    query = lm.tokenizer.decode(edit.query_ids.tolist()) if lm.tokenizer is not None else None
+    return token_view(token_pieces(lm.tokenizer, edit.original_ids), prefix_len=edit.prefix_len,
+                      deleted_len=edit.deleted_len, refreshed=supports, relevance=sur_token_scores(request),
+                      units=prepared.get_units(), deviation=deviation, query=query, title=title)
+
+
 __all__ = [
     "DENSE_TOKENS",
     "KVDeviation",
@@ -252,5 +322,7 @@ __all__ = [
     "kv_deviation",
     "method_support",
     "pick_executor",
+    "repair_token_view",
     "residual_by_budget",
+    "row_deviation",
 ]

@@ -35,7 +35,7 @@ from the full-prefill cache, a diagnostic upper bound that needs the very cache 
 as such.
 
 Endpoints (per request): answer preservation (the generated answer equals full prefill's after normalization,
-:func:`answers_agree`), token exactness (identical generated ids), gold EM (:func:`sur_lab.scoring.score_example`),
+:func:`answers_agree`), token exactness (identical generated ids), gold EM (:func:`sur_lab.analysis.scoring.score_example`),
 changed-wrong (answer changed and gold-wrong), repair ratio ``B / S`` (fraction of the reused document context
 re-encoded) and time to first logit (TTFL: compose + select + refresh + query forward, ms) against full prefill's
 (forward of the S document tokens + query forward after the shared prefix). Operating rule: serve by full prefill when

@@ -1,0 +1,138 @@
+"""MkDocs hooks (``hooks:`` in mkdocs.yml): the notebook pages and the generated results page.
+
+* Notebook pages come from ``$SUR_LAB_DOCS_RUN`` when it is set (a folder of executed copies, as ``make docs`` writes
+  with ``python -m sur_lab.runtime.run_notebooks --smoke --outputs ...``), else from ``notebooks/`` (committed, without
+  outputs, as the CI test builds them). A notebook without an executed copy in the run folder is shown as committed.
+  Widget outputs (tqdm progress bars, the token view's control) have no state in an executed copy: their
+  widget-view data is dropped so that the static fallback (text or HTML) renders.
+* ``results.md`` is generated at build time from the same folder's records by
+  :mod:`sur_lab.runtime.results_page` (with the default suite's copies in ``outputs/`` when there are any); it is
+  never typed by hand.
+* The API reference has one generated page per package (``api/<package>.md``: the core modules of ``sur_lab/``, then
+  each subpackage), found by walking ``sur_lab/``, so a module added, moved or renamed is documented (and its
+  docstrings' cross-references checked) without editing the navigation; the *Studies* section lists every page
+  under ``docs/studies/`` the same way. Any other page must be in ``nav`` (``validation.omitted_files: warn`` makes
+  a page left out of it fail the strict build).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import mkdocs.plugins
+from mkdocs.structure.files import File
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "sur_lab"
+NOTEBOOKS = REPO / "notebooks"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def run_folder() -> Path | None:
+    """The executed-notebook folder named by ``$SUR_LAB_DOCS_RUN`` (None when unset)."""
+    value = os.environ.get("SUR_LAB_DOCS_RUN")
+    if not value:
+        return None
+    folder = Path(value).resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"SUR_LAB_DOCS_RUN={value!r} is not a folder of executed notebooks")
+    return folder
+
+
+def _static_outputs(nb: dict) -> dict:
+    """Drop widget-view data wherever the output carries a static fallback (the widgets have no saved state)."""
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if data and WIDGET_VIEW in data and len(data) > 1:
+                del data[WIDGET_VIEW]
+    return nb
+
+
+def stage_notebooks(run: Path | None, stage: Path) -> list[Path]:
+    """Copy each notebook's page source (executed copy or committed notebook) into ``stage/notebooks/``."""
+    target = stage / "notebooks"
+    shutil.rmtree(stage, ignore_errors=True)
+    target.mkdir(parents=True)
+    staged = []
+    for source in sorted(NOTEBOOKS.glob("*.ipynb")):
+        executed = run / source.name if run is not None else None
+        path = executed if executed is not None and executed.is_file() else source
+        nb = _static_outputs(json.loads(path.read_text(encoding="utf-8")))
+        out = target / source.name
+        out.write_text(json.dumps(nb, ensure_ascii=False), encoding="utf-8")
+        staged.append(out)
+    return staged
+
+
+@mkdocs.plugins.event_priority(100)  # before mkdocs-jupyter wraps the .ipynb files
+def on_files(files, config):
+    from sur_lab.runtime.paths import outputs_dir
+    from sur_lab.runtime.results_page import results_markdown
+
+    run = run_folder()
+    stage = Path(config["site_dir"]).resolve().parent / "docs-notebooks"  # beside the site: build/docs-notebooks
+    for path in stage_notebooks(run, stage):
+        src = f"notebooks/{path.name}"
+        existing = files.get_file_from_path(src)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File(src, str(stage), config["site_dir"], config["use_directory_urls"]))
+    files.append(File.generated(config, "results.md", content=results_markdown(run, outputs_dir())))
+    for name, content in api_pages().items():
+        files.append(File.generated(config, name, content=content))
+    return files
+
+
+def api_pages() -> dict[str, str]:
+    """``{"api/<name>.md": markdown}``: ``core`` (the modules directly under ``sur_lab/``), then one page per
+    subpackage with the package docstring and every public module below it (names starting with ``_`` are private)."""
+
+    def modules(folder: Path) -> list[str]:
+        found = []
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(REPO).with_suffix("")
+            if any(part.startswith("_") for part in rel.parts if part != "__init__") or "__pycache__" in rel.parts:
+                continue
+            found.append(".".join(rel.parts).removesuffix(".__init__"))
+        return found
+
+    def block(module: str, package_doc: bool = False) -> str:
+        options = "\n    options:\n      members: false\n      show_root_heading: true" if package_doc else ""
+        return f"::: {module}{options}\n"
+
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_"))
+    pages = {"api/core.md": "# sur_lab (core)\n\nThe public API (`import sur_lab`) and the core operators.\n\n"
+             + block("sur_lab", package_doc=True) + "\n".join(block(f"sur_lab.{m}") for m in top)}
+    for sub in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and not p.name.startswith("_")):
+        names = modules(sub)
+        sub_packages = [m for m in names[1:] if (REPO / Path(*m.split("."), "__init__.py")).is_file()]
+        body = [block(names[0], package_doc=True)] + [block(m, package_doc=m in sub_packages) for m in names[1:]]
+        pages[f"api/{sub.name}.md"] = f"# sur_lab.{sub.name}\n\n" + "\n".join(body)
+    return pages
+
+
+@mkdocs.plugins.event_priority(100)
+def on_config(config):
+    """Replace the navigation's ``API`` entry with the generated per-package pages, and its ``Studies`` entry with
+    every page under ``docs/studies/`` (one per study, added by the studies' authors), index first."""
+    pages = api_pages()
+    studies = sorted(str(p.relative_to(REPO / "docs")) for p in (REPO / "docs" / "studies").glob("*.md"))
+    studies = ["studies/index.md"] + [p for p in studies if p != "studies/index.md"]
+
+    def patch(items):
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                (title, value), = item.items()
+                if title == "API":
+                    items[i] = {"API": ["api/index.md"] + list(pages)}
+                elif title == "Studies":
+                    items[i] = {"Studies": studies}
+                elif isinstance(value, list):
+                    patch(value)
+
+    patch(config["nav"])
+    return config

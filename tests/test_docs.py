@@ -1,0 +1,115 @@
+"""The README is a front page whose code runs, and the documentation site builds with ``mkdocs build --strict``.
+
+- Every ``python`` block of README.md runs (in a fresh interpreter, from an empty folder), and so does every block of
+  ``docs/*.md`` whose info string says ``test="fast"`` or ``test="slow"`` (slow: it loads an embedded model).
+- The site builds from the committed notebooks (no outputs) in strict mode, so a broken link, an unknown page in the
+  navigation or a docstring cross-reference that does not resolve fails this test (the Sphinx roles in docstrings are
+  turned into checked links by ``docs/griffe_roles.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.M | re.S)
+#: Typed timings (a number with a time unit) and dates: a front page quotes neither (measured times are generated).
+TIMING = re.compile(r"\d[\d.,]*\s?(?:ms|s|sec|seconds?|min|minutes?|h|hours?)\b")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def code_blocks(path: Path, *, all_blocks: bool) -> list[tuple[str, str, str]]:
+    """``(id, mode, code)`` of the python blocks to run: ``mode`` is "fast", "slow" or "skip" (from ``test="..."``);
+    without a ``test=`` option a block runs (as slow) only when ``all_blocks``."""
+    out = []
+    for i, m in enumerate(FENCE.finditer(path.read_text(encoding="utf-8"))):
+        opt = re.search(r'test="(\w+)"', m.group(1))
+        mode = opt.group(1) if opt else ("slow" if all_blocks else "skip")
+        if mode not in ("fast", "slow", "skip"):
+            raise ValueError(f"{path.name} block {i}: test={mode!r} must be fast, slow or skip")
+        if mode != "skip":
+            out.append((f"{path.stem}-{i}", mode, m.group(2)))
+    return out
+
+
+BLOCKS = code_blocks(README, all_blocks=True) + [
+    b for page in sorted(DOCS.rglob("*.md")) for b in code_blocks(page, all_blocks=False)]
+
+
+def test_readme_is_a_front_page():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150, "README.md is a front page: move details to docs/"
+    assert "/work/" not in text and not re.search(r"(?<![\w.])/(?:home|root|tmp|Users)/", text), "absolute machine path"
+    assert not DATE.search(text), "dated measurement in README.md"
+    assert not TIMING.findall(text), f"typed timings in README.md: {TIMING.findall(text)}"
+    assert "make test" in (REPO / ".ci" / "run").read_text(), ".ci/run must call the README's test command"
+    for link in re.findall(r"\]\(((?:docs/|ARCHITECTURE)[^)#]*)", text):
+        assert (REPO / link).is_file(), f"README links to a missing file: {link}"
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        assert (REPO / image).is_file() and (REPO / image).stat().st_size < 300_000, f"README image {image}"
+    assert BLOCKS and any(b[0].startswith("README") for b in BLOCKS), "README.md has no python example to run"
+
+
+@pytest.mark.parametrize("block_id, mode, code", [
+    pytest.param(*b, marks=[pytest.mark.slow] if b[1] == "slow" else []) for b in BLOCKS], ids=[b[0] for b in BLOCKS])
+def test_code_block_runs(block_id, mode, code, tmp_path):
+    from sur_lab.runtime.paths import default_data_dir
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "SUR_LAB_OUTPUTS_DIR": str(tmp_path / "outputs")}
+    try:  # the block runs from an empty folder: hand it the data folder this checkout finds
+        env.setdefault("SUR_LAB_DATA_DIR", str(default_data_dir()))
+    except FileNotFoundError:
+        pass
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, f"{block_id} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+def test_sphinx_roles_resolve_to_checked_links():
+    griffe = pytest.importorskip("griffe")
+    sys.path.insert(0, str(DOCS))
+    try:
+        from griffe_roles import rewrite
+    finally:
+        sys.path.remove(str(DOCS))
+    loader = griffe.GriffeLoader(search_paths=[str(REPO)])
+    loader.load("sur_lab")
+    loader.resolve_aliases(implicit=False)
+    collection = loader.modules_collection
+    session = collection["sur_lab.session"]
+    assert rewrite(":class:`~sur_lab.budget.Support`", session, collection) == "[`Support`][sur_lab.budget.Support]"
+    # a name imported into the module resolves to where it is defined
+    assert rewrite(":func:`load_model`", collection["sur_lab.runtime.sweep"], collection) in (
+        "[`load_model`][sur_lab.models.load_model]", "[`load_model`][load_model]")
+    # outside the package: shown as code, unlinked; unknown inside: left as a link that fails the strict build
+    assert rewrite(":class:`torch.Tensor`", session, collection) == "`torch.Tensor`"
+    assert rewrite(":func:`sur_lab.no_such_function`", session, collection) == (
+        "[`sur_lab.no_such_function`][sur_lab.no_such_function]")
+
+
+def test_mkdocs_build_strict(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocs_jupyter")
+    env = {k: v for k, v in os.environ.items() if k != "SUR_LAB_DOCS_RUN"}
+    env.update({"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                "SUR_LAB_OUTPUTS_DIR": str(tmp_path / "outputs"), "SUR_LAB_DOCS_CACHE": str(tmp_path / "cache"),
+                "NO_MKDOCS_2_WARNING": "1"})
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for page in ("index.html", "results/index.html", "notebooks/00_quickstart/index.html", "api/core/index.html",
+                 "architecture/index.html", "reproducing/index.html"):
+        assert (site / page).is_file(), page
+    assert "No executed notebook was found" in (site / "results" / "index.html").read_text()
+    architecture = (site / "architecture" / "index.html").read_text()
+    assert "What each folder owns" in architecture, "ARCHITECTURE.md is included, not copied"
