@@ -83,39 +83,62 @@ def probe(lm, cases, max_new_tokens: int) -> None:
 
 
 def time_one_case(lm, case, budgets, max_new_tokens: int) -> None:
-    """Wall time of one case with the issue's method list (registered allocators only), one answer per method."""
-    from sur_lab.allocators import ALLOCATORS
+    """Wall and CPU time of one case with the issue's method list (registered allocators; the others at the median
+    allocator time), one answer and one continuation NLL per method (as a sweep record scores them).
 
-    t0 = time.perf_counter()
+    CPU time (``time.process_time``, all threads of this process) is what the case costs on an idle machine with
+    ``--threads`` threads' worth of cores when the machine is shared (wall time then includes waiting for a core).
+    """
+    from sur_lab.allocators import ALLOCATORS
+    from sur_lab.answer import continuation_nll
+
+    clocks = (time.perf_counter, time.process_time)
+
+    def now():
+        return np.array([c() for c in clocks])
+
+    t0 = now()
     prepared = prepare(lm, case.edit)
-    t_prepare = time.perf_counter() - t0
+    t_prepare = now() - t0
+    reference = greedy_answer(lm, repair(lm, prepared, "Re-prefill").cache, case.edit.query_ids,
+                              max_new_tokens=max_new_tokens).token_ids or (0,)
+    t_reference = now() - t0 - t_prepare
     rows = []
-    for method in ("Dirty", "Shift", "Replay", "Re-prefill"):
-        t = time.perf_counter()
-        cache = repair(lm, prepared, method).cache
+
+    def score(cache):
         greedy_answer(lm, cache, case.edit.query_ids, max_new_tokens=max_new_tokens)
-        rows.append((method, time.perf_counter() - t))
-    t = time.perf_counter()
+        continuation_nll(lm, cache, case.edit, list(reference)) if cache_rows(cache) <= case.num_tokens else None
+
+    from sur_lab.cache_ops import cache_length as cache_rows
+
+    for method in ("Dirty", "Shift", "Replay", "Re-prefill"):
+        t = now()
+        score(repair(lm, prepared, method).cache)
+        rows.append((method, now() - t))
+    t = now()
     before = prefill(lm, pre_edit_ids(case.edit, case.inserted_len))[0] if case.inserted_len else prepared.dirty_cache
     note = erratum_note_ids(lm.tokenizer, erratum_note(case.edit, inserted_len=case.inserted_len))
     greedy_answer(lm, erratum(lm, before, case.edit, note, inserted_len=case.inserted_len), case.edit.query_ids,
                   max_new_tokens=max_new_tokens)
-    rows.append(("Erratum", time.perf_counter() - t))
+    rows.append(("Erratum", now() - t))
     missing = [a for a in STUDY_ALLOCATORS if a not in ALLOCATORS]
     for method in [a for a in STUDY_ALLOCATORS if a in ALLOCATORS]:
         for b in budgets:
-            t = time.perf_counter()
-            cache = repair(lm, prepared, method, b).cache
-            greedy_answer(lm, cache, case.edit.query_ids, max_new_tokens=max_new_tokens)
-            rows.append((f"{method} {b:g}%", time.perf_counter() - t))
-    total = t_prepare + sum(r[1] for r in rows)
-    per_alloc = [r[1] for r in rows[5:]]
-    est = total + len(missing) * len(budgets) * (np.median(per_alloc) if per_alloc else 0.0)
-    print(f"\none case: N={case.num_tokens} tokens, S={case.edit.suffix_len}; prepare {t_prepare:.2f} s")
+            t = now()
+            score(repair(lm, prepared, method, b).cache)
+            rows.append((f"{method} {b:g}%", now() - t))
+    total = t_prepare + t_reference + sum(r[1] for r in rows)
+    per_alloc = np.array([r[1] for r in rows[5:]])
+    est = total + len(missing) * len(budgets) * (np.median(per_alloc, axis=0) if len(per_alloc) else 0.0)
+    print(f"\none case: N={case.num_tokens} tokens, S={case.edit.suffix_len}, {torch.get_num_threads()} threads; "
+          f"wall / CPU seconds")
+    print(f"  {'prepare (Dirty prefill + Shift)':34s} {t_prepare[0]:6.2f} {t_prepare[1]:6.2f}")
+    print(f"  {'Re-prefill reference answer':34s} {t_reference[0]:6.2f} {t_reference[1]:6.2f}")
     for name, sec in rows:
-        print(f"  {name:34s} {sec:6.2f} s")
-    print(f"measured {total:.1f} s for {len(rows)} methods; with {len(missing)} unregistered allocators "
-          f"({', '.join(missing)}) at the median allocator time: {est:.1f} s per case")
+        print(f"  {name:34s} {sec[0]:6.2f} {sec[1]:6.2f}")
+    print(f"measured {total[0]:.1f} s wall, {total[1]:.1f} s CPU for {len(rows)} methods; with {len(missing)} "
+          f"unregistered allocators ({', '.join(missing)}) at the median allocator time: {est[0]:.1f} s wall, "
+          f"{est[1]:.1f} s CPU per case")
 
 
 def main() -> None:

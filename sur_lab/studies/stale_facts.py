@@ -610,3 +610,25 @@ def pre_edit_context_ids(case: StaleCase) -> torch.Tensor:
     from sur_lab.executors.erratum import pre_edit_ids
 
     return pre_edit_ids(case.edit, case.inserted_len)
+
+
+#: Preset sizes that :func:`cases` reads (the others are sweep options: budgets, decoding limit, allocators).
+CASE_SIZES = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys")
+
+
+def cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence[Any] | None = None,
+          **overrides: Any) -> list[StaleCase]:
+    """The case roster of ``preset`` (:data:`PRESETS`; sizes overridden by any non-``None`` keyword of
+    :data:`CASE_SIZES`), built by :func:`build_stale_cases`.
+
+    Raises:
+        ValueError: naming ``preset`` when unknown or an override that is not a case size; as
+            :func:`build_stale_cases`.
+    """
+    from sur_lab.studies.presets import resolve_preset
+
+    bad = [k for k in overrides if k not in CASE_SIZES]
+    if bad:
+        raise ValueError(f"{bad[0]} is not a case size of this study; case sizes: {', '.join(CASE_SIZES)}")
+    sizes = resolve_preset(PRESETS, preset, **overrides)
+    return build_stale_cases(tokenizer, seed=seed, corpus=corpus, **{k: sizes[k] for k in CASE_SIZES})
