@@ -112,8 +112,9 @@ TOOL_CALLS = ("call 1", "call 2")
 LENGTH_SLACK = 0.05
 
 #: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``default`` runs the Qwen study model on
-#: 48 cases (16 per family) at 2 % and 5 %; its context length is sized from a one-case timing (docs/studies/
-#: stale_facts.md). ``paper`` is 432 cases over 1K-8K on Ray or a GPU.
+#: 48 cases (16 per family, two full factorial blocks) at 2 % and 5 %; its context length is sized from the CPU time
+#: of one case with the issue's method list (``scripts/stale_facts_probe.py --time``) to fit 40 min on 2 cores.
+#: ``paper`` is 432 cases (18 factorial blocks of 24) over 1K-8K at 2, 5 and 10 %, on Ray or a GPU.
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 3, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
               "budgets": [2, 5], "max_new_tokens": 6,
