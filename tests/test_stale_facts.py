@@ -136,7 +136,8 @@ def test_replacement_edit_text_layout(tokenizer):
     assert edit.edited_text == "Head.\n\nTitle: A\nAlpha.\n\nNew fact.\n\nTitle: B\nBeta."
     s, e = edit.deleted_char_span
     assert edit.original_text[s:e] == "Old fact.\n\n"
-    assert _decode(tokenizer, edit.original_ids[edit.prefix_len : edit.prefix_len + edit.deleted_len]) == "Old fact.\n\n"
+    deleted = edit.original_ids[edit.prefix_len : edit.prefix_len + edit.deleted_len]
+    assert _decode(tokenizer, deleted) == "Old fact.\n\n"
     with pytest.raises(ValueError, match="new"):
         replacement_edit(tokenizer, "a", "b", "", "c", "q")
 

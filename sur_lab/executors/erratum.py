@@ -13,8 +13,8 @@ The note is text built from :class:`ErratumTemplates` (documented, parameterised
   with the m inserted tokens): the note gives the new text, and so the new value.
 
 The cache Erratum extends is the cache of the context *before* the edit. For a deletion that is the Dirty cache
-``p ⊕ e ⊕ s`` (N rows), and the result has ``N + L`` rows (L note tokens). For a replacement an agent that appends an
-erratum never inserts the new text into its context: the cache before the edit holds
+``p ⊕ e ⊕ s`` (N rows), and the result has ``N + L`` rows (L note tokens). For a replacement an agent that appends
+an erratum never inserts the new text into its context: the cache before the edit holds
 :func:`pre_edit_ids` ``= ids[:p - m] ⊕ e ⊕ s`` (``N - m`` rows) and the result ``N - m + L`` rows. With
 ``inserted_len=0`` on a replacement edit the operator extends the layout's own Dirty cache (new text, then old text),
 which already contains the new value.
@@ -123,7 +123,7 @@ def erratum_note(
 
 
 def erratum_note_ids(tokenizer, note: str) -> torch.Tensor:
-    """``[L]`` int64: the note tokenized as its own segment (no special tokens; :func:`sur_lab.edits.tokenize_segments`).
+    """``[L]`` int64: the note tokenized as its own segment, no special tokens (:func:`~sur_lab.edits.tokenize_segments`)
 
     Raises:
         ValueError: naming ``note`` when it is empty or produces no token; naming ``tokenizer`` as

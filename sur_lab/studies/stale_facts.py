@@ -114,7 +114,8 @@ LENGTH_SLACK = 0.05
 #: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``default`` runs the Qwen study model on
 #: 48 cases (16 per family, two full factorial blocks) at 2 % and 5 %; its context length is sized from the CPU time
 #: of one case with the issue's method list (``scripts/stale_facts_probe.py --time``) to fit 40 min on 2 cores.
-#: ``paper`` is 432 cases (two replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray or a GPU.
+#: ``paper`` is 432 cases (two replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray
+#: or a GPU.
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 3, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
               "budgets": [2, 5], "max_new_tokens": 6,
@@ -554,8 +555,8 @@ def build_stale_cases(
 
     Case i has family ``families[i % F]``, asks the updated key when ``(i // F)`` is even (``multi_key``; the other
     families always ask it), edit depth ``edit_depths[(i // 2F) % D]``, distance ``distances[(i // 2FD) % R]`` and
-    context length ``context_lens[(i // 2FDR) % C]``: a full factorial design every 2FDRC cases. A distance that would put the
-    answer-bearing block past the end is reduced to ``1 - edit_depth``. Every random choice of case i comes from
+    context length ``context_lens[(i // 2FDR) % C]``: a full factorial design every 2FDRC cases. A distance that would
+    put the answer-bearing block past the end is reduced to ``1 - edit_depth``. Every random choice of case i comes from
     ``SeedSequence([seed, i])``, so a case does not depend on ``num_cases``.
 
     Args:
