@@ -201,6 +201,11 @@ def test_scorer_on_a_case(tokenizer, cases):
     assert sf.is_stale_answer(case, f" {case.old}.") and not sf.is_stale_answer(case, " nothing")
     swept = case.sweep_case()
     assert swept.gold == (case.gold,) and swept.meta["stale_value"] == case.old and swept.edit is case.edit
+    # The sweep hands the scorer its SweepCase: the same classes from the meta.
+    for other in cases:
+        for text in (f" {other.gold}.", f" {other.old}.", " nothing", f" {other.gold} or {other.new}"):
+            assert sf.answer_class(other.sweep_case(), text) == sf.answer_class(other, text)
+    assert sf.stale_fact_scorer(swept, f" {case.gold}.") and sf.is_stale_answer(swept, f" {case.old}")
 
 
 def test_presets_and_bad_arguments(tokenizer, corpus):

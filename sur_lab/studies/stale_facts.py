@@ -270,18 +270,30 @@ def classify_answer(text: str, gold: str, stale: str | None = None, distractors:
     return "distractor" if has_other else "wrong"
 
 
-def answer_class(case: StaleCase, text: str) -> str:
-    """:func:`classify_answer` of ``text`` with ``case``'s values."""
-    return classify_answer(text, case.gold, case.stale_value, case.distractors)
+def answer_class(case: Any, text: str) -> str:
+    """:func:`classify_answer` of ``text`` with the case's values.
+
+    Args:
+        case: a :class:`StaleCase`, or its :meth:`StaleCase.sweep_case` (a ``SweepCase``: the values are read from
+            its ``meta``: ``gold_value``, ``stale_value`` ("" for none) and ``distractor_values``, comma-separated).
+        text: the decoded answer.
+    """
+    if isinstance(case, StaleCase):
+        return classify_answer(text, case.gold, case.stale_value, case.distractors)
+    meta = case.meta
+    others = tuple(v for v in str(meta["distractor_values"]).split(",") if v)
+    return classify_answer(text, meta["gold_value"], meta["stale_value"] or None, others)
 
 
 def stale_fact_scorer(case: Any, text: str) -> bool:
-    """Sweep scorer (EM): ``True`` iff the answer names the gold value and no other case value."""
+    """Sweep scorer (EM; ``run_sweep(..., scorer=stale_fact_scorer)``): ``True`` iff the answer names the gold value
+    and no other case value. ``case`` is a :class:`StaleCase` or its ``SweepCase``."""
     return answer_class(case, text) == "correct"
 
 
-def is_stale_answer(case: StaleCase, text: str) -> bool:
-    """Whether the answer names the superseded value (and not the gold one): the stale-answer endpoint."""
+def is_stale_answer(case: Any, text: str) -> bool:
+    """Whether the answer names the superseded value (and not the gold one): the stale-answer endpoint. ``case`` is
+    a :class:`StaleCase` or its ``SweepCase``."""
     return answer_class(case, text) == "stale"
 
 
