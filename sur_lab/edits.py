@@ -308,6 +308,80 @@ def segment_edit(
     )
 
 
+def splice_replacement(ids, start: int, end: int, inserted) -> tuple[torch.Tensor, int, int]:
+    """The replacement layout: rows ``[start, end)`` of ``ids`` replaced by ``inserted``, as one deletion edit.
+
+    A replacement is a deletion whose prefix ends with the inserted tokens: the original ids are
+    ``ids[:start] ⊕ inserted ⊕ ids[start:]``, the prefix ``p = start + m`` (m inserted tokens, computed against the
+    unchanged ``ids[:start]``), the deleted span the old rows ``[start, end)`` (``d = end - start``) and the suffix
+    ``ids[end:]``. The edited ids ``p ⊕ s`` are ``ids[:start] ⊕ inserted ⊕ ids[end:]``. This is the one layout of a
+    replacement: :meth:`sur_lab.session.EditSession.replace` builds its :class:`EditedContext` with it and
+    :func:`replacement_edit` builds the same one from text segments.
+
+    Args:
+        ids: ``[n]`` int64 token ids of the context before the edit.
+        start, end: the replaced rows, ``0 <= start < end <= n`` (integers).
+        inserted: ``[m]`` int64 ids of the new content (m >= 0; an empty tensor is a plain deletion).
+
+    Returns:
+        ``(original_ids [n + m] int64, prefix_len, deleted_len)``.
+
+    Raises:
+        ValueError: naming ``start``/``end`` when the span is empty or out of ``[0, n]``; naming ``ids``/``inserted``
+            as :func:`sur_lab.checks.as_token_ids`.
+    """
+    ids = as_token_ids(ids, "ids", allow_empty=True)
+    inserted = as_token_ids(inserted, "inserted", allow_empty=True)
+    a, b = as_count(start, "start"), as_count(end, "end")
+    if not 0 <= a < b <= ids.numel():
+        raise ValueError(f"span [start={a}, end={b}) must satisfy 0 <= start < end <= {ids.numel()}")
+    m = int(inserted.numel())
+    return torch.cat((ids[:a], inserted, ids[a:])), a + m, b - a
+
+
+def replacement_edit(
+    tokenizer,
+    before: Sequence[str] | str,
+    old: str,
+    new: str,
+    after: Sequence[str] | str,
+    query_text: str,
+    *,
+    question: str | None = None,
+    containers: tuple[tuple[int, int, str], ...] = (),
+) -> EditedContext:
+    """The edit that replaces the text ``old`` by ``new`` between ``before`` and ``after`` (:func:`splice_replacement`
+    layout, from text segments).
+
+    Each segment is tokenized on its own (:func:`segment_edit` with ``prefix = before ⊕ [new]``, ``deleted = old``,
+    ``suffix = after``), so the original ids are ``tok(before) ⊕ tok(new) ⊕ tok(old) ⊕ tok(after)``, the prefix
+    ends with the inserted text and the deleted span is the old text: exactly what
+    :meth:`sur_lab.session.EditSession.replace` builds after a session holding ``tok(before) ⊕ tok(old) ⊕ tok(after)``
+    replaces the old rows by ``tok(new)`` (tested). ``original_text`` is ``before + new + old + after`` and
+    ``edited_text`` is ``before + new + after``; ``containers`` are character spans in ``original_text``.
+
+    Args:
+        tokenizer: a fast byte-level tokenizer (offsets required).
+        before: text before the replaced span (a str or a sequence of segments, e.g. the prompt head and passages).
+        old: the replaced (deleted) text; non-empty.
+        new: the inserted text; non-empty.
+        after: text after the replaced span (may be empty: S = 0).
+        query_text: text processed after the cache (question and template tail); non-empty.
+        question: relevance query for SUR (defaults to ``query_text``).
+        containers: ``(start, end, kind)`` spans of ``original_text`` (mapped to the edited text).
+
+    Returns:
+        EditedContext whose ``prefix_len`` counts the inserted tokens and whose ``deleted_len`` counts the old ones.
+
+    Raises:
+        ValueError: naming ``new`` when it is empty or not a str; otherwise as :func:`segment_edit`.
+    """
+    if not isinstance(new, str) or not new:
+        raise ValueError("new must be a non-empty str (a replacement inserts text; use segment_edit to delete)")
+    head = [before] if isinstance(before, str) else list(before)
+    return segment_edit(tokenizer, [*head, new], old, after, query_text, question=question, containers=containers)
+
+
 def _split(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[str]:
     """``text[lo:hi]`` split at the cuts strictly inside it."""
     inner = sorted({c for c in cuts if lo < c < hi})

@@ -38,7 +38,7 @@ from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocat
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
-from sur_lab.edits import EditedContext
+from sur_lab.edits import EditedContext, splice_replacement
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel, model_spec
@@ -581,7 +581,7 @@ class EditSession:
             # The whole context was deleted: nothing is left to repair (an EditedContext must keep one token).
             state, selection, B, refreshed = shifted, None, 0, np.zeros(0, dtype=np.int64)
         else:
-            original_ids = torch.cat([old.ids[:a]] + ([ins] if m else []) + [old.ids[a:]])
+            original_ids = splice_replacement(old.ids, a, b, ins if m else old.ids[:0])[0]
             edit = self._edited_context(original_ids, p, d, shifted)
             state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
 

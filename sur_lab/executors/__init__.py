@@ -4,10 +4,19 @@ in-place forms registered as ``"<name>-inplace"``, which consume it (:mod:`~sur_
 * :mod:`~sur_lab.executors.registry`: ``fn(lm, shift_cache, edit, support) -> DynamicCache`` registered by name.
 * :mod:`~sur_lab.executors.sequential`: the interval-wise reference (appendix 7.1) and Dirty / Shift / Replay /
   Re-prefill.
+* :mod:`~sur_lab.executors.erratum`: the Erratum reference operator (keep Dirty, append a correction note).
 * :mod:`~sur_lab.executors.packed`: layer-major packed refresh (appendix 13.2), registered on first lookup.
 * :mod:`~sur_lab.executors.kernels`: the Triton indexed-attention kernel, each beside its PyTorch reference.
 """
 
+from sur_lab.executors.erratum import (
+    DEFAULT_ERRATUM,
+    ErratumTemplates,
+    erratum,
+    erratum_note,
+    erratum_note_ids,
+    pre_edit_ids,
+)
 from sur_lab.executors.registry import (
     EXECUTORS,
     INPLACE_SUFFIX,
@@ -27,6 +36,12 @@ from sur_lab.executors.sequential import (
 )
 
 __all__ = [
+    "DEFAULT_ERRATUM",
+    "ErratumTemplates",
+    "erratum",
+    "erratum_note",
+    "erratum_note_ids",
+    "pre_edit_ids",
     "EXECUTORS",
     "INPLACE_SUFFIX",
     "Executor",

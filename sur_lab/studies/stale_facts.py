@@ -1,0 +1,648 @@
+"""Stale facts: agent-style edits that supersede a value, on real haystack text (issue 26; cases only).
+
+The edits agents make supersede a fact: a setting is updated, a tool output is replaced by a newer one. The retained
+suffix then carries the *old* fact in its states ("Models Take Notes at Prefill", arXiv 2606.17107), and an answer
+that gives the old value is *stale*, not merely wrong. Three task families, each a chat prompt whose documents are
+shuffled 2WikiMultiHopQA corpus paragraphs (``Title: ...`` blocks separated by blank lines, as in
+:mod:`sur_lab.studies.niah`) with record blocks placed at controlled depths:
+
+- ``value_update``: a fact block ``"The deploy target for service KEY is V1."`` is replaced by the same sentence with
+  V2. The edit is the replacement layout of :meth:`sur_lab.session.EditSession.replace`
+  (:func:`sur_lab.edits.splice_replacement`, built from text by :func:`sur_lab.edits.replacement_edit`): the
+  prefix ends with the inserted block, the deleted span is the old block, the suffix follows. The answer-bearing text
+  is the inserted block itself (distance 0).
+- ``superseded_tool_output``: an earlier tool-output block holding V1 is deleted; a later one holding V2 stays, a
+  controlled distance downstream of the edit. The answer-bearing text is the later block (in the suffix).
+- ``multi_key``: several keys, each with its own fact block; one key's block is replaced (as ``value_update``), the
+  others are distractors. The query asks for the updated key (answer-bearing text: the inserted block) or for an
+  untouched key whose block sits a controlled distance downstream of the edit.
+
+Every block holding the key or a value is its own passage segment; the key (``" " + KEY``) and every value
+(``" " + V``) are whole token spans in the prompt, tokenized exactly as on their own (checked at construction, with
+values redrawn until they are; tested on the SmolLM2 and Qwen tokenizers). The old value appears exactly once in the
+context before the edit (in the deleted span) and never in the edited context. The query ends with an answer prefix
+(``"The current deploy target for service KEY is"``, as RULER's NIAH prefix), so the first answer step predicts the
+value's first token: :func:`sur_lab.analysis.endpoints.gold_margin` reads it (``gold_token``).
+
+Depth and distance are fractions of the filler tokens (as NIAH depths): the edit sits at ``edit_depth``, the
+answer-bearing block (superseded tool output, an untouched key) at ``edit_depth + distance``. Both are recorded in
+tokens too (``edit_depth_tokens``, ``answer_distance_tokens``), so the edit-local claim of "Contiguity, Not
+Importance" (arXiv 2609.17983: a window right after the edit recovers the answer margin, less so when the
+answer-bearing text sits far downstream) can be tested where it is said to fade.
+
+Scoring (:func:`classify_answer`): every case value is searched in the answer as a whole word (case-insensitive).
+``correct`` (the gold value alone: EM), ``stale`` (the old value of the asked key, without the gold one), ``mixed``
+(the gold value and another case value), ``distractor`` (another key's value only) or ``wrong`` (none).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sur_lab.edits import (
+    EditedContext,
+    build_edit,
+    chat_cuts,
+    render_chat,
+    replacement_edit,
+    tokenize_segments,
+)
+from sur_lab.studies.niah import join_blocks
+
+#: Task families.
+FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
+#: Answer classes of :func:`classify_answer`.
+ANSWER_CLASSES = ("correct", "stale", "mixed", "distractor", "wrong")
+#: Reference operators of the study (issue 26): the four of the paper and Erratum.
+STUDY_REFERENCES = ("Dirty", "Shift", "Replay", "Re-prefill", "Erratum")
+#: Allocators of the study (issue 26). "Edit-local window" and "Edit-local + SUR" are registered by another module.
+STUDY_ALLOCATORS = (
+    "SUR", "SUR-IDF", "Max-relevance contiguous", "Edit-local window", "Edit-local + SUR", "Dense tokens",
+    "Random semantic units",
+)
+
+
+@dataclass(frozen=True)
+class StaleTemplates:
+    """The study's prompt wording (one source of defaults; every field is a ``str.format`` template).
+
+    Attributes:
+        instruction: placed before the documents (the user message's head).
+        fact: a fact block; fields ``{key}``, ``{value}``.
+        tool_output: a tool-output block (superseded tool output family); fields ``{key}``, ``{value}``, ``{call}``.
+        question: the question (SUR's relevance query); field ``{key}``.
+        answer_prefix: appended after the chat template's generation prompt; field ``{key}``. The value follows it
+            after one space, so the first answer token is the first token of ``" " + value``.
+    """
+
+    instruction: str = (
+        "You are an operations agent. Your notes below mix reference documents with service records and tool "
+        "outputs. Answer the question using the notes. Reply with the value only."
+    )
+    fact: str = "Service record: the deploy target for service {key} is {value}."
+    tool_output: str = "Tool output ({call}): get_deploy_target for service {key} returned the deploy target {value}."
+    question: str = "What is the current deploy target for service {key}?"
+    answer_prefix: str = "The current deploy target for service {key} is"
+
+
+#: The default wording.
+DEFAULT_TEMPLATES = StaleTemplates()
+
+#: Service names (keys) and deploy-target stems (values ``"{stem}-{NN}"``). Stems start with distinct words so that
+#: two values of a case rarely share a first token; construction checks it on the case's tokenizer.
+SERVICES = (
+    "billing", "checkout", "ledger", "inventory", "search", "payments", "gateway", "catalog", "identity", "shipping",
+    "pricing", "reporting", "scheduler", "telemetry", "notifier", "archive", "profile", "storage", "recommender",
+    "invoicing", "auth", "metrics", "orders", "wallet",
+)
+TARGET_STEMS = (
+    "atlas", "boreal", "cobalt", "dorado", "ember", "fjord", "granite", "helios", "indigo", "juniper", "krypton",
+    "lumen", "meridian", "nimbus", "onyx", "polaris", "quasar", "redwood", "sierra", "tundra", "umbra", "vertex",
+    "willow", "zenith",
+)
+#: Tool-call labels of the two tool outputs (earlier, later).
+TOOL_CALLS = ("call 1", "call 2")
+#: Filler paragraphs that would take the prompt past ``context_len · (1 + LENGTH_SLACK)`` are skipped.
+LENGTH_SLACK = 0.05
+
+#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``default`` runs the Qwen study model on
+#: 48 cases (16 per family, two full factorial blocks) at 2 % and 5 %; its context length is sized from the CPU time
+#: of one case with the issue's method list (``scripts/stale_facts_probe.py --time``) to fit 40 min on 2 cores.
+#: ``paper`` is 432 cases (two replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray
+#: or a GPU.
+PRESETS = {
+    "smoke": {"context_lens": [256], "num_cases": 3, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
+              "budgets": [2, 5], "max_new_tokens": 6,
+              "allocators": ["SUR", "Max-relevance contiguous", "Random semantic units"]},
+    "default": {"context_lens": [512], "num_cases": 48, "edit_depths": [0.2, 0.5], "distances": [0.1, 0.4],
+                "num_keys": 4, "budgets": [2, 5], "max_new_tokens": 8, "allocators": list(STUDY_ALLOCATORS)},
+    "paper": {"context_lens": [1024, 2048, 4096, 8192], "num_cases": 432, "edit_depths": [0.1, 0.3, 0.5],
+              "distances": [0.05, 0.2, 0.4], "num_keys": 4, "budgets": [2, 5, 10], "max_new_tokens": 8,
+              "allocators": list(STUDY_ALLOCATORS)},
+}
+
+
+@dataclass(frozen=True)
+class StaleCase:
+    """One stale-fact case.
+
+    Attributes:
+        case_id: stable identifier (``stale-{family}-{context_len}-{index:03d}``).
+        family: one of :data:`FAMILIES`.
+        key: the asked service (the query's key).
+        edited_key: the service whose value the edit supersedes (equals ``key`` except for a multi-key case that
+            asks an untouched key).
+        gold: the answer after the edit (the asked key's current value).
+        old: the superseded value of ``edited_key`` (V1); the stale answer when ``key == edited_key``.
+        new: the value that supersedes it (V2).
+        stale_value: the answer that counts as stale (``old`` when the query asks the edited key, else ``None``).
+        values: every value in the case, by key (keys of the case in order of appearance; the edited key maps to its
+            old value).
+        inserted_len: m, tokens at the end of the edit's prefix that the edit inserted (0 for a deletion); the
+            Erratum operator reads it (:func:`sur_lab.executors.erratum`).
+        context_len: requested pre-query length, tokens.
+        edit_depth: requested depth of the edit (fraction of the filler tokens before it).
+        distance: requested distance from the edit to the answer-bearing block (fraction of the filler tokens;
+            0 when the answer-bearing text is the inserted block).
+        answer_in: where the answer-bearing text is: ``"inserted"`` (the end of the prefix) or ``"suffix"``.
+        answer_token_span: the gold value's token span in ``edit.edited_ids`` (``" " + gold``).
+        old_token_span: the old value's token span in ``edit.original_ids`` (inside the deleted span).
+        key_token_spans: every token span of ``" " + key`` in ``edit.edited_ids``.
+        gold_token: the first token of ``" " + gold`` (the first answer step after the answer prefix).
+        old_token: the first token of ``" " + old``.
+        seed: the case's own seed.
+        edit: the edit (deletion or replacement layout), with the question as relevance query.
+    """
+
+    case_id: str
+    family: str
+    key: str
+    edited_key: str
+    gold: str
+    old: str
+    new: str
+    stale_value: str | None
+    values: dict[str, str]
+    inserted_len: int
+    context_len: int
+    edit_depth: float
+    distance: float
+    answer_in: str
+    answer_token_span: tuple[int, int]
+    old_token_span: tuple[int, int]
+    key_token_spans: tuple[tuple[int, int], ...]
+    gold_token: int
+    old_token: int
+    seed: int
+    edit: EditedContext = field(repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        """N, tokens of the original pre-query sequence (for a replacement: before ⊕ new ⊕ old ⊕ after)."""
+        return self.edit.num_tokens
+
+    @property
+    def edit_depth_tokens(self) -> int:
+        """Tokens before the edit in the edited context: the prefix ``p`` (inserted tokens included)."""
+        return self.edit.prefix_len
+
+    @property
+    def answer_distance_tokens(self) -> int:
+        """Tokens from the end of the edit (the suffix start ``p``) to the answer-bearing value in the edited ids;
+        negative when the value is in the prefix (the inserted block)."""
+        return self.answer_token_span[0] - self.edit.prefix_len
+
+    @property
+    def distractors(self) -> tuple[str, ...]:
+        """Every case value other than the gold and the stale one (other keys' values; for an untouched-key query,
+        the edited key's old and new values)."""
+        every = [*self.values.values(), self.new]
+        return tuple(dict.fromkeys(v for v in every if v not in (self.gold, self.stale_value)))
+
+    def meta(self) -> dict[str, Any]:
+        """Flat scalars for sweep records (the phase-2 record fields of this study)."""
+        return {
+            "dataset": "stale-facts",
+            "family": self.family,
+            "context_len": self.context_len,
+            "num_tokens": self.num_tokens,
+            "suffix_len": self.edit.suffix_len,
+            "edit_depth": self.edit_depth,
+            "edit_depth_tokens": self.edit_depth_tokens,
+            "distance": self.distance,
+            "answer_distance_tokens": self.answer_distance_tokens,
+            "answer_in": self.answer_in,
+            "asks_edited_key": self.key == self.edited_key,
+            "key": self.key,
+            "gold_value": self.gold,
+            "old_value": self.old,
+            "new_value": self.new,
+            "stale_value": self.stale_value or "",
+            "distractor_values": ",".join(self.distractors),
+            "gold_token": self.gold_token,
+            "old_token": self.old_token,
+            "inserted_len": self.inserted_len,
+            "deleted_len": self.edit.deleted_len,
+        }
+
+    def sweep_case(self):
+        """This case as a :class:`sur_lab.runtime.sweep.SweepCase` (gold = ``(gold,)``, meta = :meth:`meta`)."""
+        from sur_lab.runtime.sweep import SweepCase
+
+        return SweepCase(self.case_id, self.edit, (self.gold,), self.meta())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Scoring
+
+
+def _mentions(text: str, value: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text, re.IGNORECASE) is not None
+
+
+def classify_answer(text: str, gold: str, stale: str | None = None, distractors: Sequence[str] = ()) -> str:
+    """Classify a generated answer by the case values it names (each searched as a whole word, ignoring case).
+
+    Args:
+        text: the decoded answer (after the answer prefix); ``None`` is empty.
+        gold: the current value.
+        stale: the superseded value of the asked key (``None`` when the query asks an untouched key).
+        distractors: the case's other values.
+
+    Returns:
+        ``"correct"`` (gold only), ``"stale"`` (the stale value, not the gold), ``"mixed"`` (gold and another value),
+        ``"distractor"`` (another value only) or ``"wrong"`` (no case value).
+    """
+    text = text or ""
+    has_gold = _mentions(text, gold)
+    has_stale = stale is not None and _mentions(text, stale)
+    has_other = any(_mentions(text, v) for v in distractors if v not in (gold, stale))
+    if has_gold:
+        return "mixed" if has_stale or has_other else "correct"
+    if has_stale:
+        return "stale"
+    return "distractor" if has_other else "wrong"
+
+
+def answer_class(case: Any, text: str) -> str:
+    """:func:`classify_answer` of ``text`` with the case's values.
+
+    Args:
+        case: a :class:`StaleCase`, or its :meth:`StaleCase.sweep_case` (a ``SweepCase``: the values are read from
+            its ``meta``: ``gold_value``, ``stale_value`` ("" for none) and ``distractor_values``, comma-separated).
+        text: the decoded answer.
+    """
+    if isinstance(case, StaleCase):
+        return classify_answer(text, case.gold, case.stale_value, case.distractors)
+    meta = case.meta
+    others = tuple(v for v in str(meta["distractor_values"]).split(",") if v)
+    return classify_answer(text, meta["gold_value"], meta["stale_value"] or None, others)
+
+
+def stale_fact_scorer(case: Any, text: str) -> bool:
+    """Sweep scorer (EM; ``run_sweep(..., scorer=stale_fact_scorer)``): ``True`` iff the answer names the gold value
+    and no other case value. ``case`` is a :class:`StaleCase` or its ``SweepCase``."""
+    return answer_class(case, text) == "correct"
+
+
+def is_stale_answer(case: Any, text: str) -> bool:
+    """Whether the answer names the superseded value (and not the gold one): the stale-answer endpoint. ``case`` is
+    a :class:`StaleCase` or its ``SweepCase``."""
+    return answer_class(case, text) == "stale"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Construction
+
+
+def _token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """The token span whose characters are exactly ``[start, end)``, or ``None`` when a token crosses either end."""
+    first = next((i for i, (a, b) in enumerate(offsets) if b > start), None)
+    if first is None or offsets[first][0] != start:
+        return None
+    last = first
+    while last < len(offsets) and offsets[last][1] < end:
+        last += 1
+    if last >= len(offsets) or offsets[last][1] != end:
+        return None
+    return first, last + 1
+
+
+def _aligned(tokenizer, block: str, piece: str) -> bool:
+    """Whether ``piece`` occurs in ``block`` as whole tokens equal to ``piece`` tokenized on its own."""
+    ids, offsets = tokenize_segments(tokenizer, [block])
+    alone = tokenize_segments(tokenizer, [piece])[0][0]
+    start = block.find(piece)
+    while start >= 0:
+        span = _token_span(offsets, start, start + len(piece))
+        if span is None or ids[0][span[0] : span[1]] != alone:
+            return False
+        start = block.find(piece, start + 1)
+    return True
+
+
+def _first_token(tokenizer, text: str) -> int:
+    return tokenize_segments(tokenizer, [text])[0][0][0]
+
+
+def _draw_values(tokenizer, rng: np.random.Generator, n: int, templates: StaleTemplates, key: str) -> list[str]:
+    """``n`` values ``"{stem}-{NN}"`` with distinct stems and distinct first tokens of ``" " + value``, each a whole
+    token span in a fact block and a tool-output block."""
+    out: list[str] = []
+    firsts: set[int] = set()
+    for stem in rng.permutation(TARGET_STEMS):
+        value = f"{stem}-{int(rng.integers(10, 100))}"
+        first = _first_token(tokenizer, " " + value)
+        if first in firsts:
+            continue
+        blocks = (templates.fact.format(key=key, value=value),
+                  templates.tool_output.format(key=key, value=value, call=TOOL_CALLS[0]))
+        if all(_aligned(tokenizer, b, " " + value) for b in blocks):
+            out.append(value)
+            firsts.add(first)
+        if len(out) == n:
+            return out
+    raise ValueError(f"cannot draw {n} values with distinct first tokens that tokenize as whole spans")
+
+
+def _filler(tokenizer, corpus, rng, context_len: int, overhead: int, banned: Sequence[str]):
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    blocks, lengths, total = [], [], 0
+    ceiling = context_len * (1.0 + LENGTH_SLACK)
+    for idx in rng.permutation(len(corpus)):
+        if total + overhead >= context_len:
+            break
+        p = corpus[int(idx)]
+        block = f"Title: {p.title}\n{p.text.strip()}"
+        n = count(block) + 1
+        if total + overhead + n > ceiling or any(_mentions(block, b) for b in banned):
+            # Too long for the remaining room, or it names a case key or value (an ambiguous context).
+            continue
+        blocks.append(block)
+        lengths.append(n)
+        total += n
+    if total + overhead < context_len * (1.0 - LENGTH_SLACK) or not blocks:
+        raise ValueError(f"corpus has too few paragraphs ({len(corpus)}) for context_len={context_len}")
+    return blocks, np.asarray(lengths), total
+
+
+def build_stale_case(
+    tokenizer,
+    corpus: Sequence[Any],
+    *,
+    family: str,
+    context_len: int,
+    edit_depth: float,
+    distance: float = 0.0,
+    num_keys: int = 4,
+    ask_edited: bool = True,
+    seed: int,
+    case_id: str | None = None,
+    templates: StaleTemplates = DEFAULT_TEMPLATES,
+) -> StaleCase:
+    """Build one stale-fact case.
+
+    Args:
+        tokenizer: the target model's fast byte-level tokenizer with a chat template.
+        corpus: filler paragraphs with ``title`` and ``text`` (:func:`sur_lab.studies.datasets.load_corpus`).
+        family: one of :data:`FAMILIES`.
+        context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded order until
+            the prompt reaches it, skipping those that would overshoot it by more than :data:`LENGTH_SLACK` (the
+            chat template's head is not counted: the prompt is a few dozen tokens longer).
+        edit_depth: depth of the edited block, a fraction in [0, 1] of the filler tokens before it; the block goes to
+            the paragraph boundary nearest to it.
+        distance: the answer-bearing block's depth minus ``edit_depth`` (fraction of the filler tokens, > 0, with
+            ``edit_depth + distance <= 1``) for ``superseded_tool_output`` and for a ``multi_key`` case that asks an
+            untouched key; ignored (recorded as 0) when the answer-bearing text is the inserted block.
+        num_keys: keys of a ``multi_key`` case (>= 2); other families have one key.
+        ask_edited: for ``multi_key``, ask the updated key (True) or an untouched one (False).
+        seed: seed for keys, values and filler order.
+        case_id: identifier (default ``stale-{family}-{context_len}-s{seed}``).
+        templates: the prompt wording.
+
+    Returns:
+        StaleCase whose ``edit`` deletes the superseded block (``superseded_tool_output``) or replaces it by the new one
+        (``value_update``, ``multi_key``; :func:`sur_lab.edits.replacement_edit`).
+
+    Raises:
+        ValueError: naming ``family``, ``context_len``, ``edit_depth``, ``distance``, ``num_keys`` or ``corpus`` (too
+            small), before any tokenization.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r} is not one of {FAMILIES}")
+    if isinstance(context_len, bool) or int(context_len) != context_len or context_len < 128:
+        raise ValueError(f"context_len must be an integer >= 128 tokens; got {context_len!r}")
+    if not 0.0 <= float(edit_depth) <= 1.0:
+        raise ValueError(f"edit_depth must be a fraction in [0, 1]; got {edit_depth!r}")
+    downstream = family == "superseded_tool_output" or (family == "multi_key" and not ask_edited)
+    if downstream and not (0.0 < float(distance) and float(edit_depth) + float(distance) <= 1.0):
+        raise ValueError(
+            f"distance must be > 0 with edit_depth + distance <= 1 for an answer-bearing block downstream of the "
+            f"edit; got edit_depth={edit_depth!r}, distance={distance!r}"
+        )
+    if family == "multi_key" and (isinstance(num_keys, bool) or int(num_keys) != num_keys or num_keys < 2):
+        raise ValueError(f"num_keys must be an integer >= 2 for multi_key; got {num_keys!r}")
+    if len(corpus) == 0:
+        raise ValueError("corpus is empty")
+    rng = np.random.default_rng(seed)
+    k = int(num_keys) if family == "multi_key" else 1
+    keys = [f"{s}-api" for s in rng.choice(SERVICES, size=k, replace=False)]
+    edited_key = keys[0]
+    values = _draw_values(tokenizer, rng, k + 1, templates, edited_key)
+    old, new = values[0], values[1]
+    key_values = dict(zip(keys, [old, *values[2:]]))
+    asked = edited_key if (family != "multi_key" or ask_edited) else keys[1]
+
+    # Record blocks and their depths (fractions of the filler tokens).
+    if family == "superseded_tool_output":
+        old_block = templates.tool_output.format(key=edited_key, value=old, call=TOOL_CALLS[0])
+        new_block = templates.tool_output.format(key=edited_key, value=new, call=TOOL_CALLS[1])
+        records = [(float(edit_depth), old_block), (float(edit_depth) + float(distance), new_block)]
+    else:
+        old_block = templates.fact.format(key=edited_key, value=old)
+        new_block = templates.fact.format(key=edited_key, value=new)
+        records = [(float(edit_depth), old_block)]
+        if family == "multi_key":
+            others = [(key, key_values[key]) for key in keys[1:]]
+            depths = []
+            for j in range(len(others)):
+                if j == 0 and not ask_edited:
+                    depths.append(float(edit_depth) + float(distance))
+                else:
+                    depths.append(float(np.round(rng.uniform(0.0, 1.0), 3)))
+            records += [(d, templates.fact.format(key=key, value=v)) for d, (key, v) in zip(depths, others)]
+    question = templates.question.format(key=asked)
+    overhead = sum(len(tokenizer(b, add_special_tokens=False)["input_ids"]) + 1 for _, b in records)
+    overhead += len(tokenizer(templates.instruction, add_special_tokens=False)["input_ids"]) + 40
+    banned = [*keys, *values]
+    filler, lengths, total = _filler(tokenizer, corpus, rng, int(context_len), overhead, banned)
+    bounds = np.concatenate(([0], np.cumsum(lengths))) / max(1, total)
+    slots = [int(np.argmin(np.abs(bounds - d))) for d, _ in records]
+    # A passage follows the edited block, so its span is one whole passage segment (block and blank line).
+    slots[0] = min(slots[0], len(filler) - 1)
+    # Records at the same boundary keep their order in ``records`` (the edited block first).
+    order = sorted(range(len(records)), key=lambda i: (slots[i], records[i][0], i))
+    blocks = list(filler)
+    for i in reversed(order):
+        blocks.insert(slots[i], records[i][1])
+    position = {i: slots[i] + order.index(i) for i in range(len(records))}  # block index after insertion
+    documents, spans = join_blocks(blocks)
+
+    text, query_text, doc_start, containers = render_chat(
+        tokenizer, documents, question, instruction=templates.instruction
+    )
+    query_text = query_text + templates.answer_prefix.format(key=asked)
+    cuts = chat_cuts(text, doc_start, documents)
+    a, b = spans[position[0]]
+    start, end = doc_start + a, doc_start + b
+    if family == "superseded_tool_output":
+        edit = build_edit(tokenizer, text, query_text, (start, end), question=question, containers=containers,
+                          cuts=cuts)
+        inserted = ""
+    else:
+        old_text = text[start:end]
+        inserted = old_text.replace(old_block, new_block)
+        edit = replacement_edit(tokenizer, _pieces(text, cuts, 0, start), old_text, inserted,
+                                _pieces(text, cuts, end, len(text)), query_text, question=question,
+                                containers=containers)
+    m = len(tokenize_segments(tokenizer, [inserted])[0][0]) if inserted else 0
+
+    # Token spans of the values and keys.
+    gold = new if asked == edited_key else key_values[asked]
+    edited_text = edit.edited_text
+    gold_spans = _find_spans(edited_text, edit.edited_offsets, " " + gold)
+    old_spans = _find_spans(edit.original_text, edit.original_offsets, " " + old)
+    key_spans = _find_spans(edited_text, edit.edited_offsets, " " + asked)
+    if len(gold_spans) != 1 or len(old_spans) != 1:
+        raise ValueError(f"gold {gold!r} or old {old!r} value is not exactly one whole token span (seed={seed})")
+    answer_in = "suffix" if gold_spans[0][0] >= edit.prefix_len else "inserted"
+    if answer_in == "inserted" and asked == edited_key:
+        distance = 0.0
+    return StaleCase(
+        case_id=case_id or f"stale-{family}-{int(context_len)}-s{seed}",
+        family=family,
+        key=asked,
+        edited_key=edited_key,
+        gold=gold,
+        old=old,
+        new=new,
+        stale_value=old if asked == edited_key else None,
+        values=key_values,
+        inserted_len=m,
+        context_len=int(context_len),
+        edit_depth=float(edit_depth),
+        distance=float(distance) if downstream else 0.0,
+        answer_in=answer_in,
+        answer_token_span=gold_spans[0],
+        old_token_span=old_spans[0],
+        key_token_spans=tuple(key_spans),
+        gold_token=_first_token(tokenizer, " " + gold),
+        old_token=_first_token(tokenizer, " " + old),
+        seed=int(seed),
+        edit=edit,
+    )
+
+
+def _pieces(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[str]:
+    """``text[lo:hi]`` cut at the segment boundaries strictly inside it (one piece per passage)."""
+    inner = sorted({c for c in cuts if lo < c < hi})
+    bounds = [lo, *inner, hi]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _find_spans(text: str, offsets, piece: str) -> list[tuple[int, int]]:
+    """Token spans of every whole-word occurrence of ``piece`` in ``text`` (``None`` entries, a piece that is not a
+    whole token span, raise)."""
+    out = []
+    for m in re.finditer(rf"{re.escape(piece)}(?![\w-])", text):
+        span = _token_span(offsets, m.start(), m.end())
+        if span is None:
+            raise ValueError(f"{piece!r} at character {m.start()} is not a whole token span")
+        out.append(span)
+    return out
+
+
+def build_stale_cases(
+    tokenizer,
+    *,
+    context_lens: Sequence[int] = (512,),
+    num_cases: int = 6,
+    edit_depths: Sequence[float] = (0.2, 0.5),
+    distances: Sequence[float] = (0.1, 0.4),
+    num_keys: int = 4,
+    families: Sequence[str] = FAMILIES,
+    seed: int = 0,
+    corpus: Sequence[Any] | None = None,
+    templates: StaleTemplates = DEFAULT_TEMPLATES,
+) -> list[StaleCase]:
+    """A roster of stale-fact cases, balanced over families, edit depths, distances and context lengths.
+
+    Case i has family ``families[i % F]``, asks the updated key when ``(i // F)`` is even (``multi_key``; the other
+    families always ask it), edit depth ``edit_depths[(i // 2F) % D]``, distance ``distances[(i // 2FD) % R]`` and
+    context length ``context_lens[(i // 2FDR) % C]``: a full factorial design every 2FDRC cases. A distance that would
+    put the answer-bearing block past the end is reduced to ``1 - edit_depth``. Every random choice of case i comes from
+    ``SeedSequence([seed, i])``, so a case does not depend on ``num_cases``.
+
+    Args:
+        tokenizer: the target model's tokenizer.
+        context_lens: pre-query lengths, tokens (each >= 128).
+        num_cases: number of cases (>= 1).
+        edit_depths: edit depths in [0, 1].
+        distances: answer-bearing distances in (0, 1].
+        num_keys: keys per ``multi_key`` case (>= 2).
+        families: task families (a subset of :data:`FAMILIES`).
+        seed: roster seed.
+        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+        templates: the prompt wording.
+
+    Raises:
+        ValueError: naming ``num_cases``, ``context_lens``, ``edit_depths``, ``distances`` or ``families`` when empty
+            or out of range (before any work).
+    """
+    if isinstance(num_cases, bool) or int(num_cases) != num_cases or num_cases < 1:
+        raise ValueError(f"num_cases must be an integer >= 1; got {num_cases!r}")
+    if not context_lens or any(int(c) != c or c < 128 for c in context_lens):
+        raise ValueError(f"context_lens must be non-empty integers >= 128; got {context_lens!r}")
+    if not edit_depths or any(not 0.0 <= float(x) < 1.0 for x in edit_depths):
+        raise ValueError(f"edit_depths must be non-empty fractions in [0, 1); got {edit_depths!r}")
+    if not distances or any(not 0.0 < float(x) <= 1.0 for x in distances):
+        raise ValueError(f"distances must be non-empty fractions in (0, 1]; got {distances!r}")
+    if not families or any(f not in FAMILIES for f in families):
+        raise ValueError(f"families must be a non-empty subset of {FAMILIES}; got {families!r}")
+    if corpus is None:
+        from sur_lab.studies.datasets import load_corpus
+
+        corpus = load_corpus()
+    F, D, R = len(families), len(edit_depths), len(distances)
+    cases = []
+    for i in range(int(num_cases)):
+        family = families[i % F]
+        ask_edited = (i // F) % 2 == 0
+        depth = float(edit_depths[(i // (2 * F)) % D])
+        distance = min(float(distances[(i // (2 * F * D)) % R]), 1.0 - depth)
+        ctx = int(context_lens[(i // (2 * F * D * R)) % len(context_lens)])
+        case_seed = int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0])
+        cases.append(build_stale_case(
+            tokenizer, corpus, family=family, context_len=ctx, edit_depth=depth, distance=distance,
+            num_keys=num_keys, ask_edited=ask_edited, seed=case_seed, case_id=f"stale-{ctx}-{i:03d}",
+            templates=templates,
+        ))
+    return cases
+
+
+def pre_edit_context_ids(case: StaleCase) -> torch.Tensor:
+    """``[N - m]`` int64: the context an agent held before the edit (the inserted tokens removed); for a deletion,
+    ``edit.original_ids``. The Erratum operator extends a prefill of it (:func:`sur_lab.executors.pre_edit_ids`)."""
+    from sur_lab.executors.erratum import pre_edit_ids
+
+    return pre_edit_ids(case.edit, case.inserted_len)
+
+
+#: Preset sizes that :func:`cases` reads (the others are sweep options: budgets, decoding limit, allocators).
+CASE_SIZES = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys")
+
+
+def cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence[Any] | None = None,
+          **overrides: Any) -> list[StaleCase]:
+    """The case roster of ``preset`` (:data:`PRESETS`; sizes overridden by any non-``None`` keyword of
+    :data:`CASE_SIZES`), built by :func:`build_stale_cases`.
+
+    Raises:
+        ValueError: naming ``preset`` when unknown or an override that is not a case size; as
+            :func:`build_stale_cases`.
+    """
+    from sur_lab.studies.presets import resolve_preset
+
+    bad = [k for k in overrides if k not in CASE_SIZES]
+    if bad:
+        raise ValueError(f"{bad[0]} is not a case size of this study; case sizes: {', '.join(CASE_SIZES)}")
+    sizes = resolve_preset(PRESETS, preset, **overrides)
+    return build_stale_cases(tokenizer, seed=seed, corpus=corpus, **{k: sizes[k] for k in CASE_SIZES})

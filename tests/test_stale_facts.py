@@ -1,0 +1,239 @@
+"""Stale-fact case construction (issue 26) on the SmolLM2 and Qwen2.5 tokenizers and the shipped haystack corpus:
+the old value appears exactly once before the edit and never after it; the key and values are whole token spans
+tokenized as on their own; a value-update case is what ``EditSession.replace`` builds; the scorer tells a stale answer
+from a wrong one; depth and distance are controlled and recorded."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sur_lab.edits import replacement_edit, splice_replacement, tokenize_segments
+from sur_lab.studies import stale_facts as sf
+
+QWEN_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizers" / "qwen2.5-coder-0.5b-instruct"
+if not QWEN_DIR.is_dir():
+    QWEN_DIR = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
+def tokenizer(request):
+    from transformers import AutoTokenizer
+
+    if request.param == "qwen2.5":
+        if not (QWEN_DIR / "tokenizer.json").is_file():
+            pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_DIR}")
+        return AutoTokenizer.from_pretrained(QWEN_DIR)
+    from sur_lab.models import embedded_tokenizer
+
+    try:
+        return embedded_tokenizer()
+    except FileNotFoundError as err:
+        pytest.skip(f"SmolLM2 tokenizer unavailable: {err}")
+
+
+@pytest.fixture(scope="module")
+def corpus(data_dir):
+    from sur_lab.studies.datasets import load_corpus
+
+    return load_corpus()
+
+
+@pytest.fixture(scope="module")
+def cases(tokenizer, corpus):
+    # A full factorial block of 3 families x 2 asks x 2 depths x 2 distances at 256 tokens, and 6 cases at 512.
+    return sf.build_stale_cases(tokenizer, context_lens=[256, 512], num_cases=30, corpus=corpus, seed=3)
+
+
+def _count(text: str, value: str) -> int:
+    return len(re.findall(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text))
+
+
+def _decode(tok, ids) -> str:
+    return tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def test_old_value_once_before_the_edit_and_never_after(tokenizer, cases):
+    for case in cases:
+        edit = case.edit
+        before = _decode(tokenizer, sf.pre_edit_context_ids(case))
+        after = _decode(tokenizer, edit.edited_ids)
+        assert _count(before, case.old) == 1, case.case_id
+        assert _count(after, case.old) == 0, case.case_id
+        assert _count(after, case.gold) == 1, case.case_id
+        # The one occurrence is inside the deleted span.
+        s, e = edit.deleted_char_span
+        assert _count(edit.original_text[s:e], case.old) == 1
+        query = _decode(tokenizer, edit.query_ids)
+        assert case.old not in query and case.gold not in query and case.key in query
+
+
+def test_key_and_values_are_whole_token_spans_as_on_their_own(tokenizer, cases):
+    for case in cases:
+        edit = case.edit
+        alone = tokenize_segments(tokenizer, [" " + case.gold])[0][0]
+        a, b = case.answer_token_span
+        assert edit.edited_ids[a:b].tolist() == alone
+        assert _decode(tokenizer, edit.edited_ids[a:b]) == " " + case.gold
+        assert case.gold_token == alone[0]
+        old_alone = tokenize_segments(tokenizer, [" " + case.old])[0][0]
+        a, b = case.old_token_span
+        assert edit.original_ids[a:b].tolist() == old_alone
+        assert edit.prefix_len <= a and b <= edit.prefix_len + edit.deleted_len
+        assert case.old_token == old_alone[0] != case.gold_token
+        key_alone = tokenize_segments(tokenizer, [" " + case.key])[0][0]
+        assert case.key_token_spans
+        for a, b in case.key_token_spans:
+            assert edit.edited_ids[a:b].tolist() == key_alone
+        # Every value of the case has its own first token, so the first answer step tells them apart.
+        firsts = {tokenize_segments(tokenizer, [" " + v])[0][0][0] for v in (*case.values.values(), case.new)}
+        assert len(firsts) == len(case.values) + 1
+
+
+def test_value_update_is_what_edit_session_replace_builds(tokenizer, cases, monkeypatch):
+    """The case's edit equals the EditedContext that EditSession.replace builds from the context before the edit."""
+    from conftest import make_tiny_model
+    from sur_lab.session import EditSession
+
+    vocab = len(tokenizer)
+    lm = make_tiny_model("llama", vocab_size=vocab, layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8)
+    built = []
+    original = EditSession._edited_context
+
+    def spy(self, *args, **kwargs):
+        edit = original(self, *args, **kwargs)
+        built.append(edit)
+        return edit
+
+    monkeypatch.setattr(EditSession, "_edited_context", spy)
+    replaced = [c for c in cases if c.inserted_len][:3]
+    assert {c.family for c in replaced} == {"value_update", "multi_key"}
+    for case in replaced:
+        edit, m, p = case.edit, case.inserted_len, case.edit.prefix_len
+        before = sf.pre_edit_context_ids(case)
+        session = EditSession(lm, method="Shift")
+        session.append(before)
+        session.set_query(edit.query_ids)
+        session.replace(p - m, p - m + edit.deleted_len, edit.original_ids[p - m : p])
+        theirs = built[-1]
+        assert torch.equal(theirs.original_ids, edit.original_ids)
+        assert (theirs.prefix_len, theirs.deleted_len) == (edit.prefix_len, edit.deleted_len)
+        assert torch.equal(theirs.query_ids, edit.query_ids)
+        assert torch.equal(session.tokens, edit.edited_ids)
+        # The same layout from ids, and from text segments.
+        ids, pp, dd = splice_replacement(before, p - m, p - m + edit.deleted_len, edit.original_ids[p - m : p])
+        assert torch.equal(ids, edit.original_ids) and (pp, dd) == (p, edit.deleted_len)
+
+
+def test_replacement_edit_text_layout(tokenizer):
+    edit = replacement_edit(tokenizer, ["Head.\n\n", "Title: A\nAlpha.\n\n"], "Old fact.\n\n", "New fact.\n\n",
+                            ["Title: B\nBeta."], "\n\nQuestion: q?")
+    assert edit.original_text == "Head.\n\nTitle: A\nAlpha.\n\nNew fact.\n\nOld fact.\n\nTitle: B\nBeta."
+    assert edit.edited_text == "Head.\n\nTitle: A\nAlpha.\n\nNew fact.\n\nTitle: B\nBeta."
+    s, e = edit.deleted_char_span
+    assert edit.original_text[s:e] == "Old fact.\n\n"
+    deleted = edit.original_ids[edit.prefix_len : edit.prefix_len + edit.deleted_len]
+    assert _decode(tokenizer, deleted) == "Old fact.\n\n"
+    with pytest.raises(ValueError, match="new"):
+        replacement_edit(tokenizer, "a", "b", "", "c", "q")
+
+
+def test_families_depths_and_distances_are_controlled_and_recorded(cases):
+    assert {c.family for c in cases} == set(sf.FAMILIES)
+    multi = [c for c in cases if c.family == "multi_key"]
+    assert {c.key == c.edited_key for c in multi} == {True, False}
+    for case in cases:
+        meta = case.meta()
+        assert meta["family"] == case.family and meta["gold_value"] == case.gold and meta["old_value"] == case.old
+        assert meta["edit_depth_tokens"] == case.edit.prefix_len
+        assert meta["suffix_len"] == case.edit.suffix_len
+        if case.family == "superseded_tool_output":
+            assert case.inserted_len == 0 and case.answer_in == "suffix"
+            assert case.stale_value == case.old and case.distance > 0
+        elif case.key == case.edited_key:
+            assert case.inserted_len > 0 and case.answer_in == "inserted" and case.distance == 0.0
+            assert case.answer_distance_tokens < 0  # the new value ends the prefix
+        else:
+            assert case.stale_value is None and case.answer_in == "suffix" and case.distance > 0
+            assert case.old in case.distractors and case.new in case.distractors
+        if case.answer_in == "suffix":
+            assert case.answer_distance_tokens >= 0
+    # A larger requested distance puts the answer-bearing value farther from the edit (same length, family, depth).
+    by = {}
+    for c in cases:
+        if c.answer_in == "suffix":
+            by.setdefault((c.family, c.context_len, c.edit_depth), []).append((c.distance, c.answer_distance_tokens))
+    assert any(max(v)[1] > min(v)[1] for v in by.values() if len({d for d, _ in v}) > 1)
+    # Shallower edits leave longer suffixes.
+    assert {c.context_len for c in cases} == {256, 512}
+    for length in (256,):
+        shallow = [c.edit.suffix_len for c in cases if c.context_len == length and c.edit_depth == 0.2]
+        deep = [c.edit.suffix_len for c in cases if c.context_len == length and c.edit_depth == 0.5]
+        assert np.mean(shallow) > np.mean(deep)
+
+
+def test_cases_do_not_depend_on_the_roster_size(tokenizer, corpus, cases):
+    few = sf.build_stale_cases(tokenizer, context_lens=[256, 512], num_cases=5, corpus=corpus, seed=3)
+    for a, b in zip(few, cases):
+        assert a.case_id == b.case_id and torch.equal(a.edit.original_ids, b.edit.original_ids)
+
+
+def test_a_stale_answer_is_told_apart_from_a_wrong_one():
+    gold, old, others = "vega-31", "onyx-12", ("lumen-40",)
+    assert sf.classify_answer(" vega-31.", gold, old, others) == "correct"
+    assert sf.classify_answer(" Onyx-12.", gold, old, others) == "stale"
+    assert sf.classify_answer(" onyx-13", gold, old, others) == "wrong"
+    assert sf.classify_answer(" onyx", gold, old, others) == "wrong"
+    assert sf.classify_answer(" lumen-40", gold, old, others) == "distractor"
+    assert sf.classify_answer(" vega-31, formerly onyx-12", gold, old, others) == "mixed"
+    assert sf.classify_answer("", gold, old, others) == "wrong"
+    assert sf.classify_answer(" onyx-12", gold, None, ("onyx-12",)) == "distractor"  # an untouched-key query
+
+
+def test_scorer_on_a_case(tokenizer, cases):
+    case = next(c for c in cases if c.stale_value is not None)
+    assert sf.stale_fact_scorer(case, f" {case.gold}.")
+    assert not sf.stale_fact_scorer(case, f" {case.old}.")
+    assert sf.is_stale_answer(case, f" {case.old}.") and not sf.is_stale_answer(case, " nothing")
+    swept = case.sweep_case()
+    assert swept.gold == (case.gold,) and swept.meta["stale_value"] == case.old and swept.edit is case.edit
+    # The sweep hands the scorer its SweepCase: the same classes from the meta.
+    for other in cases:
+        for text in (f" {other.gold}.", f" {other.old}.", " nothing", f" {other.gold} or {other.new}"):
+            assert sf.answer_class(other.sweep_case(), text) == sf.answer_class(other, text)
+    assert sf.stale_fact_scorer(swept, f" {case.gold}.") and sf.is_stale_answer(swept, f" {case.old}")
+
+
+def test_presets_and_bad_arguments(tokenizer, corpus):
+    assert set(sf.PRESETS) == {"smoke", "default", "paper"}
+    assert sf.PRESETS["default"]["num_cases"] >= 48 and sf.PRESETS["paper"]["num_cases"] >= 400
+    assert min(sf.PRESETS["paper"]["context_lens"]) == 1024 and max(sf.PRESETS["paper"]["context_lens"]) == 8192
+    with pytest.raises(ValueError, match="family"):
+        sf.build_stale_case(tokenizer, corpus, family="x", context_len=256, edit_depth=0.2, seed=0)
+    with pytest.raises(ValueError, match="context_len"):
+        sf.build_stale_case(tokenizer, corpus, family="value_update", context_len=64, edit_depth=0.2, seed=0)
+    with pytest.raises(ValueError, match="distance"):
+        sf.build_stale_case(tokenizer, corpus, family="superseded_tool_output", context_len=256, edit_depth=0.8,
+                            distance=0.3, seed=0)
+    with pytest.raises(ValueError, match="num_keys"):
+        sf.build_stale_case(tokenizer, corpus, family="multi_key", context_len=256, edit_depth=0.2, num_keys=1,
+                            seed=0)
+    with pytest.raises(ValueError, match="num_cases"):
+        sf.build_stale_cases(tokenizer, num_cases=0, corpus=corpus)
+    with pytest.raises(ValueError, match="families"):
+        sf.build_stale_cases(tokenizer, families=("nope",), corpus=corpus)
+
+
+def test_smoke_preset_roster(tokenizer, corpus):
+    roster = sf.cases(tokenizer, "smoke", corpus=corpus)
+    assert len(roster) == sf.PRESETS["smoke"]["num_cases"]
+    assert [c.family for c in roster] == list(sf.FAMILIES)
+    assert len(sf.cases(tokenizer, "smoke", corpus=corpus, num_cases=1)) == 1
+    with pytest.raises(ValueError, match="budgets is not a case size"):
+        sf.cases(tokenizer, "smoke", corpus=corpus, budgets=[2])
+    with pytest.raises(ValueError, match="preset"):
+        sf.cases(tokenizer, "large", corpus=corpus)
