@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
 from sur_lab.checks import as_count, as_token_ids
 from sur_lab.edits import EditedContext
-from sur_lab.forward import decode_step, forward_tokens
+from sur_lab.forward import decode_step, forward_tokens, one_context_warning
 from sur_lab.models import LoadedModel
 
 
@@ -40,6 +40,7 @@ def _check_max_new_tokens(max_new_tokens: int) -> None:
     as_count(max_new_tokens, "max_new_tokens", minimum=1)
 
 
+@one_context_warning
 @torch.inference_mode()
 def greedy_answer(
     lm: LoadedModel,

@@ -27,6 +27,7 @@ from sur_lab.cache_ops import clone_cache
 from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import dirty, get_executor, replay, reprefill, shift, shift_inplace
+from sur_lab.forward import one_context_warning
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
 
@@ -82,6 +83,7 @@ class PreparedEdit:
         return self.units
 
 
+@one_context_warning
 def prepare(lm: LoadedModel, edit: EditedContext, *, overlap: bool = False) -> PreparedEdit:
     """Prefill the original context (Dirty) and Shift it; both are timed separately.
 
@@ -142,6 +144,7 @@ class RepairResult:
         return self.selection.support if self.selection is not None else None
 
 
+@one_context_warning
 def repair(
     lm: LoadedModel,
     prepared: PreparedEdit,
@@ -267,6 +270,7 @@ def _take(prepared: PreparedEdit, name: str, inplace: bool) -> DynamicCache:
     return cache
 
 
+@one_context_warning
 def recover(
     lm: LoadedModel,
     edit: EditedContext,

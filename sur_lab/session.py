@@ -40,7 +40,7 @@ from sur_lab.budget import Support, allowance, check_budget, fractions_expected,
 from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor, replay
-from sur_lab.forward import forward_tokens, prefill
+from sur_lab.forward import forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, model_spec
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
@@ -447,6 +447,7 @@ class EditSession:
     # ------------------------------------------------------------------------------------------------------------
     # Edits
 
+    @one_context_warning
     def append(self, content) -> EditRecord:
         """Prefill new tokens (a user or tool turn) at positions ``n .. n + L - 1``; they form one new container.
 
@@ -489,6 +490,7 @@ class EditSession:
         self._next_segment += 1
         return record
 
+    @one_context_warning
     def delete(
         self, start: int, end: int, *, method: str | None = None, budget_pct: float | None = None,
         executor: str | None = None, debt_pct: float | None = None, seed: int | None = None,
@@ -511,6 +513,7 @@ class EditSession:
         a, b = self._check_span(start, end)
         return self._edit(a, b, None, None, policy)
 
+    @one_context_warning
     def replace(
         self, start: int, end: int, content, *, method: str | None = None, budget_pct: float | None = None,
         executor: str | None = None, debt_pct: float | None = None, seed: int | None = None,
@@ -712,6 +715,7 @@ class EditSession:
         self.history.append(record)
 
 
+@one_context_warning
 def repair_cache(
     model: torch.nn.Module,
     cache: DynamicCache,

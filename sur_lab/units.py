@@ -11,8 +11,8 @@ oversized merged units are split again.
 from __future__ import annotations
 
 import bisect
-import functools
 import re
+import threading
 from dataclasses import dataclass
 
 from sur_lab.edits import EditedContext
@@ -38,11 +38,19 @@ class Unit:
         return self.end - self.start
 
 
-@functools.lru_cache(maxsize=1)
-def _segmenter():
-    import pysbd
+_LOCAL = threading.local()
 
-    return pysbd.Segmenter(language="en", clean=False, char_span=False)
+
+def _segmenter():
+    """This thread's pysbd segmenter. One per thread: ``Segmenter.segment`` keeps the text it is segmenting on the
+    instance (``self.original_text``) and reads it back to locate sentences, so a segmenter shared by two threads can
+    locate one thread's sentences in the other's text and silently drop them."""
+    segmenter = getattr(_LOCAL, "segmenter", None)
+    if segmenter is None:
+        import pysbd
+
+        segmenter = _LOCAL.segmenter = pysbd.Segmenter(language="en", clean=False, char_span=False)
+    return segmenter
 
 
 def _sentence_starts(line: str) -> list[int]:

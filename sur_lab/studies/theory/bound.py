@@ -20,7 +20,6 @@ Scaling: the paper writes logits as ``⟨q, k⟩ / √d_h``; the model's attenti
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from sur_lab.attention import attention_hook, native_implementation
 from sur_lab.budget import Support
 from sur_lab.cache_ops import layer_kv, slice_rows
 from sur_lab.edits import EditedContext
@@ -252,9 +252,9 @@ class CapturedRows:
 class AttentionCapture:
     """Context manager recording queries and attention outputs of sampled layers and heads during forwards.
 
-    While active, the model's attention function (``config._attn_implementation``: ``"sdpa"`` or ``"eager"``) is
-    wrapped through transformers' ``ALL_ATTENTION_FUNCTIONS`` (a local override on the shared instance, removed on
-    exit). The wrapper receives exactly what the model's attention computes with: queries after projection, Q/K
+    While active, the model's attention function (``"sdpa"`` or ``"eager"``) is wrapped by a hook of the model's
+    attention router (:func:`sur_lab.attention.attention_hook`) in the calling thread only: forwards of other threads,
+    and of other models, are neither recorded nor changed. The wrapper receives exactly what the model's attention computes with: queries after projection, Q/K
     normalization and RoPE ``[1, H_Q, L, d_h]``, and the cache's keys/values after this forward's update
     ``[1, H_KV, N, d_h]``; it calls the original function unchanged, so forwards are bitwise what they are without
     the capture. Query rows are at absolute positions ``N − L .. N − 1`` (forwards append at the cache end).
@@ -281,22 +281,18 @@ class AttentionCapture:
         self.heads = list(range(spec.num_heads)) if heads is None else [int(h) for h in heads]
         if any(not 0 <= h < spec.num_heads for h in self.heads):
             raise ValueError(f"heads={self.heads} must lie in [0, {spec.num_heads})")
-        self.impl = getattr(lm.model.config, "_attn_implementation", None) or "eager"
+        self.impl = native_implementation(lm.model.config) or "eager"
         if self.impl not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={self.impl!r}: the capture supports 'sdpa' and 'eager'")
         self._parts: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {x: [] for x in self.layers}
         self._scaling: dict[int, float] = {}
         self.records: dict[int, CapturedRows] = {}
-        self._saved: Any = None
+        self._hook: Any = None
 
-    def _wrapper(self, original: Callable | None) -> Callable:
+    def _wrapper(self) -> Callable:
         head_idx = torch.tensor(self.heads, dtype=torch.long)
 
-        def capture(module, query, key, value, attention_mask, **kwargs):
-            fn = original
-            if fn is None:
-                # "eager" is not in the registry: the modeling file's own eager function is the default.
-                fn = sys.modules[type(module).__module__].eager_attention_forward
+        def capture(fn, module, query, key, value, attention_mask, **kwargs):
             out, weights = fn(module, query, key, value, attention_mask, **kwargs)
             layer = int(module.layer_idx)
             if layer in self._parts:
@@ -313,22 +309,13 @@ class AttentionCapture:
         return capture
 
     def __enter__(self) -> "AttentionCapture":
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        local = ALL_ATTENTION_FUNCTIONS._local_mapping
-        self._saved = (self.impl in local, local.get(self.impl))
-        original = ALL_ATTENTION_FUNCTIONS[self.impl] if self.impl != "eager" else local.get("eager")
-        ALL_ATTENTION_FUNCTIONS[self.impl] = self._wrapper(original)
+        self._hook = attention_hook(self.lm.model, self._wrapper())
+        self._hook.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        had, previous = self._saved
-        if had:
-            ALL_ATTENTION_FUNCTIONS[self.impl] = previous
-        else:
-            del ALL_ATTENTION_FUNCTIONS[self.impl]
+        hook, self._hook = self._hook, None
+        hook.__exit__(*exc)
         for layer, parts in self._parts.items():
             if parts:
                 self.records[layer] = CapturedRows(
