@@ -40,7 +40,7 @@ from sur_lab.budget import Support, allowance, check_budget, fractions_expected,
 from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor, replay
-from sur_lab.forward import forward_tokens, one_context_warning, prefill
+from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, model_spec
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
@@ -543,6 +543,7 @@ class EditSession:
         p = a + m  # the repair's prefix: kept rows before the span plus the inserted rows
         S = n - b
         timings = {"prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+        check_context_length(lm, n - d + m)  # the suffix is re-rotated up to position n - d + m - 1
 
         # 1. Inserted rows: prefilled against the unchanged prefix rows [0, a), at positions a .. a + m - 1.
         ins_kv: list = []

@@ -8,6 +8,7 @@ the notebook runner's ``-p`` are tested with their owners' modules.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -403,3 +404,136 @@ def test_repair_does_not_rerun_the_deleted_span_for_cache_craft():
     # Independently counted: the signal forwards the dirty suffix (S tokens), the sequential refresh the B selected
     # tokens; the deleted span (d = 8) is never forwarded again.
     assert sum(forwarded) == S + B
+
+
+# =====================================================================================================================
+# Issue 24 (robust): positions past the trained range, on every growth path; one warning per public call.
+# =====================================================================================================================
+LIMIT = 32  # max_position_embeddings of the model below
+
+
+@pytest.fixture(scope="module")
+def short_lm():
+    lm = make_tiny_model("llama", seed=3)
+    lm.model.config.max_position_embeddings = LIMIT
+    return lm
+
+
+def _context_warnings(fn):
+    """Run ``fn`` recording warnings; return the ContextLengthWarning messages and ``fn``'s result."""
+    from sur_lab.forward import ContextLengthWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return [str(w.message) for w in caught if issubclass(w.category, ContextLengthWarning)], result
+
+
+def _ids(n, seed=0):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _long_edit(n=LIMIT + 8, p=4, d=3):
+    return token_edit(_ids(n), p, d, [1, 2, 3])
+
+
+def _prepared_long(lm):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return prepare(lm, _long_edit())
+
+
+def _session(lm, n):
+    from sur_lab.session import EditSession
+
+    session = EditSession(lm, budget_pct=50)
+    session.append(_ids(n, 1))
+    return session
+
+
+# (label, fn(lm) -> None, expected context length in the one warning)
+GROWTH_ROWS = [
+    ("prefill", lambda lm: prefill(lm, _ids(LIMIT + 1)), LIMIT + 1),
+    ("forward_tokens", lambda lm: __import__("sur_lab.forward", fromlist=["x"]).forward_tokens(
+        lm, _ids(5), prefill(lm, _ids(LIMIT - 2))[0]), LIMIT + 3),
+    ("decode_step", lambda lm: __import__("sur_lab.forward", fromlist=["x"]).decode_step(
+        lm, 7, prefill(lm, _ids(LIMIT))[0]), LIMIT + 1),
+    # the query ends at LIMIT: only decoding passes it, one warning for the whole answer
+    ("answer decoding", lambda lm: greedy_answer(lm, prefill(lm, _ids(LIMIT - 3))[0], torch.tensor([1, 2, 3]),
+                                                 max_new_tokens=6), LIMIT + 1),
+    ("EditSession.append", lambda lm: _session(lm, LIMIT - 2).append(_ids(6, 2)), LIMIT + 4),
+    ("EditSession.replace (longer content)", lambda lm: _session(lm, LIMIT - 1).replace(3, 5, _ids(6, 3)), LIMIT + 3),
+    ("EditSession.answer", lambda lm: _session(lm, LIMIT - 1).answer(_ids(4, 4), max_new_tokens=3), LIMIT + 3),
+    ("prepare (Dirty prefill)", lambda lm: prepare(lm, _long_edit()), LIMIT + 8),
+    ("repair sequential, 2 intervals", lambda lm: repair(lm, _prepared_long(lm), "Replay", None), LIMIT + 5),
+]
+
+
+@pytest.mark.parametrize("row", GROWTH_ROWS, ids=[r[0] for r in GROWTH_ROWS])
+def test_every_growth_path_warns_once_past_max_position_embeddings(short_lm, row):
+    _, fn, length = row
+    messages, _ = _context_warnings(lambda: fn(short_lm))
+    assert messages == [f"context of {length} tokens exceeds the model's max_position_embeddings={LIMIT}; positions "
+                        "beyond it were not trained and results may be meaningless"]
+
+
+EXECUTOR_NAMES = ["sequential", "packed", "packed-sdpa", "direct-sequential", "one-shot", "packed-inplace"]
+
+
+@pytest.mark.parametrize("name", EXECUTOR_NAMES)
+def test_executor_traversals_warn_once_when_they_compute_past_the_limit(short_lm, name):
+    from sur_lab.cache_ops import clone_cache
+    from sur_lab.executors import get_executor
+
+    prepared = _prepared_long(short_lm)
+    p, S = prepared.edit.prefix_len, prepared.edit.suffix_len  # p + S = LIMIT + 5
+    run = get_executor(name)
+    # Four intervals, the last two past the limit: one warning for the call (the interval-wise executors name the
+    # first interval that passes it, the packed ones their one traversal's last row).
+    past = Support(np.array([0, 1, 5, 6, S - 3, S - 1]), S)
+    messages, _ = _context_warnings(lambda: run(short_lm, clone_cache(prepared.shift_cache), prepared.edit, past))
+    assert len(messages) == 1
+    length = int(re.match(r"context of (\d+) tokens exceeds the model's max_position_embeddings=32", messages[0])[1])
+    assert length in (p + S - 2, p + S)
+    # Rows all below the limit: the traversal computes nothing past it, no warning.
+    within = Support(np.array([0, 1, 5]), S)
+    messages, _ = _context_warnings(lambda: run(short_lm, clone_cache(prepared.shift_cache), prepared.edit, within))
+    assert messages == []
+
+
+def test_no_context_warning_within_the_limit_on_any_path(short_lm):
+    edit = token_edit(_ids(LIMIT - 6), 4, 3, [1, 2, 3])
+    messages, _ = _context_warnings(lambda: [
+        answer(short_lm, repair(short_lm, prepare(short_lm, edit), "SUR", 50, executor=name).cache, edit,
+               max_new_tokens=3)
+        for name in EXECUTOR_NAMES if not name.endswith("inplace")
+    ])
+    assert messages == []
+
+
+def test_context_warnings_of_two_threads_do_not_share_one_scope(short_lm):
+    """The once-per-call scope is per thread: a call in another thread still warns."""
+    import threading
+
+    counts = []
+
+    def run():
+        counts.append(len(_context_warnings(lambda: prefill(short_lm, _ids(LIMIT + 2)))[0]))
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counts == [1, 1, 1]
+
+
+def test_context_warning_names_the_callers_line(short_lm):
+    """The warning points at the user's call, not at sur_lab's internals (or torch's decorator wrappers)."""
+    from sur_lab.forward import ContextLengthWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        greedy_answer(short_lm, prefill(short_lm, _ids(LIMIT - 1))[0], torch.tensor([1, 2]), max_new_tokens=3)
+    hits = [w for w in caught if issubclass(w.category, ContextLengthWarning)]
+    assert len(hits) == 1 and hits[0].filename == __file__
