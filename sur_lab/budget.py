@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import os
-import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+
+from sur_lab.checks import user_stacklevel
 
 
 class BudgetFractionWarning(UserWarning):
@@ -27,7 +27,6 @@ class BudgetFractionWarning(UserWarning):
 
 #: Within a ``fractions_expected()`` block (or a call that already warned) budgets below 1 % raise no warning.
 _FRACTIONS_EXPECTED: contextvars.ContextVar[bool] = contextvars.ContextVar("sur_lab_fractions_expected", default=False)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @contextlib.contextmanager
@@ -45,18 +44,6 @@ def fractions_expected() -> Iterator[None]:
         _FRACTIONS_EXPECTED.reset(token)
 
 
-def _caller_stacklevel() -> int:
-    """``stacklevel`` of the first frame outside sur_lab (the user's call), so the warning names the user's line."""
-    frame, level, previous = sys._getframe(1), 1, ""  # the caller, warn_if_fraction, is stacklevel 1
-    while frame is not None:
-        name = frame.f_code.co_filename
-        # A dataclass's generated __init__ ("<string>") runs __post_init__: it belongs to the library too.
-        if not (name.startswith(_PACKAGE_DIR) or (name.startswith("<") and previous == "__post_init__")):
-            break
-        previous, frame, level = frame.f_code.co_name, frame.f_back, level + 1
-    return level
-
-
 def warn_if_fraction(budget_pct: float) -> None:
     """Warn (:class:`BudgetFractionWarning`, a ``UserWarning``) when 0 < ``budget_pct`` < 1.
 
@@ -70,7 +57,7 @@ def warn_if_fraction(budget_pct: float) -> None:
             f"budget_pct is a percentage of the suffix; {b} means {b} %, not {pct} % (pass budget_pct={pct} for "
             f"that; wrap the call in sur_lab.budget.fractions_expected() when {b} % is meant)",
             BudgetFractionWarning,
-            stacklevel=_caller_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
 
 

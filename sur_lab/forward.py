@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length
-from sur_lab.checks import check_batch_one, check_vocab
+from sur_lab.checks import check_batch_one, check_vocab, user_stacklevel
 from sur_lab.models import LoadedModel
 
 
@@ -78,7 +78,7 @@ def check_context_length(lm: LoadedModel, num_tokens: int) -> None:
         f"context of {num_tokens} tokens exceeds the model's max_position_embeddings={limit}; positions beyond "
         "it were not trained and results may be meaningless",
         ContextLengthWarning,
-        stacklevel=_user_stacklevel(),
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -160,18 +160,3 @@ def decode_step(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tenso
         ContextLengthWarning: as :func:`forward_tokens`.
     """
     return forward_tokens(lm, torch.tensor([token], dtype=torch.long), cache)
-
-
-# Frames skipped when a warning names its caller: sur_lab itself and the decorators' wrappers around its functions.
-_WRAPPER_MODULES = ("sur_lab", "torch.utils._contextlib", "torch.autograd.grad_mode", "contextlib", "functools")
-
-
-def _user_stacklevel() -> int:
-    """``stacklevel`` (for a ``warnings.warn`` in the function calling this one) of the first frame outside sur_lab
-    and the decorator wrappers around it: the warning then names the user's line."""
-    import sys
-
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_WRAPPER_MODULES):
-        frame, level = frame.f_back, level + 1
-    return level

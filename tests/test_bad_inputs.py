@@ -512,20 +512,29 @@ def test_no_context_warning_within_the_limit_on_any_path(short_lm):
 
 
 def test_context_warnings_of_two_threads_do_not_share_one_scope(short_lm):
-    """The once-per-call scope is per thread: a call in another thread still warns."""
+    """The once-per-call scope is per thread: three threads' calls, each inside a one-warning scope of its own, warn
+    three times. (Recorded in the main thread: ``warnings.catch_warnings`` itself is process-global.)"""
     import threading
 
-    counts = []
+    from sur_lab.forward import one_context_warning
+
+    started = threading.Barrier(3)
+
+    @one_context_warning
+    def call():
+        started.wait(timeout=60)  # all three scopes are open at once
+        prefill(short_lm, _ids(LIMIT + 2))
+        prefill(short_lm, _ids(LIMIT + 3))  # same call: no second warning
 
     def run():
-        counts.append(len(_context_warnings(lambda: prefill(short_lm, _ids(LIMIT + 2)))[0]))
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert counts == [1, 1, 1]
+    messages, _ = _context_warnings(run)
+    assert len(messages) == 3 and all(f"context of {LIMIT + 2} tokens" in m for m in messages)
 
 
 def test_context_warning_names_the_callers_line(short_lm):
