@@ -611,28 +611,38 @@ def theory_edit(
         ``(edit, example)``.
 
     Raises:
-        ValueError: naming ``delete_at`` / ``deletion_width`` / ``num_passages`` when the deletion does not fit, or
-            ``source`` when it names a held-out split.
+        TypeError: naming ``example_index``, ``num_passages``, ``haystack_passages``, ``delete_at``,
+            ``deletion_width`` or ``seed`` when not an integer.
+        ValueError: before any file is read, naming ``example_index``, ``haystack_passages``, ``delete_at`` or
+            ``seed`` when negative, ``deletion_width`` when < 1, ``num_passages`` when < 2; then naming ``delete_at`` /
+            ``deletion_width`` / ``num_passages`` when the deletion does not fit, ``example_index`` when past the
+            last example (:func:`sur_lab.studies.datasets.load_example`), or ``source`` when it names a held-out
+            split.
     """
+    from sur_lab.checks import as_count
     from sur_lab.edits import chat_edit, format_passages
-    from sur_lab.studies.datasets import is_held_out, load_corpus, load_qa
+    from sur_lab.studies.datasets import is_held_out, load_corpus, load_example
 
-    if deletion_width < 1:
-        raise ValueError(f"deletion_width={deletion_width} must be >= 1 (passages)")
+    as_count(example_index, "example_index", minimum=0)
+    as_count(num_passages, "num_passages", minimum=2)
+    as_count(haystack_passages, "haystack_passages", minimum=0)
+    as_count(delete_at, "delete_at", minimum=0)
+    as_count(deletion_width, "deletion_width", minimum=1)
+    as_count(seed, "seed", minimum=0)
     if is_held_out(source):  # by the data README's file names (and pinned checksums), not any path with "test"
         raise ValueError(f"source={source!r}: held-out test files are for final evaluation only")
     rng = np.random.default_rng(seed)
     if source == "haystack":
-        example = load_qa("hotpotqa", limit=example_index + 1)[example_index]
+        example = load_example("hotpotqa", example_index)
         corpus = load_corpus()
         filler = [corpus[i] for i in rng.choice(len(corpus), size=haystack_passages, replace=False)]
         passages = list(example.supporting) + filler
     else:
-        example = load_qa(source, limit=example_index + 1)[example_index]
+        example = load_example(source, example_index)
         passages = list(example.supporting) + list(example.distractors)
     order = rng.permutation(len(passages))
-    passages = [passages[i] for i in order][: max(num_passages, 1)]
-    if not 0 <= delete_at or delete_at + deletion_width > len(passages) or len(passages) < 2:
+    passages = [passages[i] for i in order][:num_passages]
+    if delete_at + deletion_width > len(passages) or len(passages) < 2:
         raise ValueError(
             f"delete_at={delete_at}, deletion_width={deletion_width}: only {len(passages)} passages (num_passages)"
         )
