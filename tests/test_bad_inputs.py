@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from sur_lab.repair import REFERENCE_METHODS, prepare, repair
 from sur_lab.studies.noprefix import compose_tokens
 from sur_lab.studies.theory import traversals
 
+REPO = Path(__file__).resolve().parent.parent
 VOCAB = 96
 IDS = list(range(20))
 Q = [1, 2, 3]
@@ -546,3 +548,218 @@ def test_context_warning_names_the_callers_line(short_lm):
         greedy_answer(short_lm, prefill(short_lm, _ids(LIMIT - 1))[0], torch.tensor([1, 2]), max_new_tokens=3)
     hits = [w for w in caught if issubclass(w.category, ContextLengthWarning)]
     assert len(hits) == 1 and hits[0].filename == __file__
+
+
+# =====================================================================================================================
+# Issue 24 (robust): arguments accepted by type but not by range, at the public boundaries and notebook parameters.
+# Each refused before any work, with the argument and the allowed range in the message.
+# =====================================================================================================================
+def _hotpot_file(tmp_path, n=3):
+    import json
+
+    path = tmp_path / "mine_hotpot.json"
+    path.write_text(json.dumps([
+        {"_id": f"h{i}", "question": f"Who {i}?", "answer": "Ann", "supporting_facts": [["A", 0]],
+         "context": [["A", ["Ann did it."]], ["B", ["Bob did not."]]]} for i in range(n)]))
+    return path
+
+
+LOAD_QA_ROWS = [
+    # (label, kwargs over a valid call, error type, message pattern: the argument and its allowed range)
+    ("non-integer limit", dict(limit=2.5), TypeError, r"limit must be an integer >= 0; got 2.5"),
+    ("integral float limit", dict(limit=2.0), TypeError, r"limit must be an integer >= 0; got 2.0"),
+    ("boolean limit", dict(limit=True), TypeError, r"limit must be an integer >= 0; got True"),
+    ("string limit", dict(limit="2"), TypeError, r"limit must be an integer >= 0"),
+    ("negative limit", dict(limit=-1), ValueError, r"limit must be an integer >= 0; got -1"),
+    ("integer source", dict(source=5), TypeError, r"source must be a file path .* got int 5"),
+    ("None source", dict(source=None), TypeError, r"source must be a file path"),
+    ("bytes source", dict(source=b"hotpotqa"), TypeError, r"source must be a file path"),
+    ("empty source", dict(source=""), ValueError, r"source='' is empty"),
+    ("unknown split", dict(split="validation"), ValueError, r"split='validation' must be one of dev, test, train"),
+    ("non-string split", dict(split=1), ValueError, r"split=1 must be one of dev, test, train"),
+    ("unknown dataset", dict(dataset="hotpot"), ValueError, r"dataset='hotpot' is not one of"),
+]
+
+
+@pytest.mark.parametrize("row", LOAD_QA_ROWS, ids=[r[0] for r in LOAD_QA_ROWS])
+def test_load_qa_refuses(tmp_path, row):
+    from sur_lab.studies.datasets import load_qa
+
+    _, override, error, match = row
+    kwargs = dict(source=_hotpot_file(tmp_path), limit=2) | override
+    with pytest.raises(error, match=match):
+        load_qa(kwargs.pop("source"), **kwargs)
+
+
+def test_load_qa_takes_integer_limits_of_any_integer_type(tmp_path):
+    from sur_lab.studies.datasets import load_qa
+
+    path = _hotpot_file(tmp_path, 5)
+    assert [len(load_qa(path, limit=k)) for k in (0, 2, np.int64(3), 9)] == [0, 2, 3, 5]
+    assert len(load_qa(str(path))) == 5
+
+
+LOAD_CORPUS_ROWS = [
+    ("non-integer limit", dict(limit=1.5), TypeError, r"limit must be an integer >= 0"),
+    ("negative limit (used to drop the last paragraph)", dict(limit=-1), ValueError, r"limit must be an integer >= 0"),
+    ("integer source", dict(source=3), TypeError, r"source must be a file path"),
+]
+
+
+@pytest.mark.parametrize("row", LOAD_CORPUS_ROWS, ids=[r[0] for r in LOAD_CORPUS_ROWS])
+def test_load_corpus_refuses(tmp_path, row):
+    import json
+
+    from sur_lab.studies.datasets import load_corpus
+
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
+    _, override, error, match = row
+    kwargs = dict(source=path) | override
+    with pytest.raises(error, match=match):
+        load_corpus(**kwargs)
+    assert len(load_corpus(path, limit=1)) == 1 and len(load_corpus(path)) == 2
+
+
+SELECT_ROWS = [
+    ("non-integer n", dict(n=1.5), TypeError, r"n must be an integer >= 0; got 1.5"),
+    ("negative n", dict(n=-1), ValueError, r"n must be an integer >= 0; got -1"),
+    ("n past the pool", dict(n=4), ValueError, r"n=4 must lie in \[0, len\(examples\)=3\]"),
+    ("negative seed", dict(seed=-1), ValueError, r"seed must be an integer >= 0; got -1"),
+    ("float seed", dict(seed=0.5), TypeError, r"seed must be an integer >= 0"),
+    ("records that are not examples", dict(examples=[{"id": 1}]), TypeError, r"examples must be QAExample records"),
+]
+
+
+@pytest.mark.parametrize("row", SELECT_ROWS, ids=[r[0] for r in SELECT_ROWS])
+def test_select_sources_refuses(tmp_path, row):
+    from sur_lab.studies.datasets import load_qa, select_sources
+
+    _, override, error, match = row
+    kwargs = dict(examples=load_qa(_hotpot_file(tmp_path)), n=2, seed=0) | override
+    with pytest.raises(error, match=match):
+        select_sources(**kwargs)
+
+
+EXAMPLE_INDEX_ROWS = [
+    ("negative index (used to be the last example)", -1, ValueError, r"example_index must be an integer >= 0; got -1"),
+    ("index past the last example", 3, ValueError, r"example_index=3 must lie in \[0, 3\).*holds 3 examples"),
+    ("float index", 1.0, TypeError, r"example_index must be an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize("row", EXAMPLE_INDEX_ROWS, ids=[r[0] for r in EXAMPLE_INDEX_ROWS])
+def test_load_example_refuses(tmp_path, row):
+    from sur_lab.studies.datasets import load_example
+
+    _, index, error, match = row
+    path = _hotpot_file(tmp_path)
+    with pytest.raises(error, match=match):
+        load_example(path, index)
+    assert load_example(path, 2).id == "h2"
+
+
+THEORY_EDIT_ROWS = [
+    # theory_edit's counts are checked before any file is read (the tokenizer is never reached)
+    ("negative example_index", dict(example_index=-1), ValueError, "example_index must be an integer >= 0"),
+    ("one passage", dict(num_passages=1), ValueError, "num_passages must be an integer >= 2"),
+    ("zero passages (used to become one)", dict(num_passages=0), ValueError, "num_passages must be an integer >= 2"),
+    ("negative delete_at", dict(delete_at=-1), ValueError, "delete_at must be an integer >= 0"),
+    ("zero deletion_width", dict(deletion_width=0), ValueError, "deletion_width must be an integer >= 1"),
+    ("float haystack_passages", dict(haystack_passages=2.5), TypeError, "haystack_passages must be an integer"),
+    ("negative seed", dict(seed=-3), ValueError, "seed must be an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize("row", THEORY_EDIT_ROWS, ids=[r[0] for r in THEORY_EDIT_ROWS])
+def test_theory_edit_refuses(row):
+    from sur_lab.studies.theory import theory_edit
+
+    _, override, error, match = row
+    with pytest.raises(error, match=match):
+        theory_edit(None, "no-such-source", **override)
+
+
+# ---- notebook parameters: declared ranges --------------------------------------------------------------------------
+NOTEBOOK_RANGE_ROWS = [
+    # (notebook, -p overrides, message pattern naming the parameter, the range and the value)
+    ("00_quickstart", {"example_index": -1}, r"'example_index' must be >= 0 \(declared \{0..\}\); got -1"),
+    ("00_quickstart", {"distractor_index": -2}, r"'distractor_index' must be >= 0"),
+    ("00_quickstart", {"budgets": [5, 200]}, r"'budgets' must hold values in \[0, 100\].*got 200 \(item 1"),
+    ("00_quickstart", {"budgets": []}, r"'budgets' must hold a list with len >= 1"),
+    ("00_quickstart", {"max_new_tokens": 0}, r"'max_new_tokens' must be >= 1"),
+    ("01_theory_bound", {"num_passages": 1}, r"'num_passages' must be >= 2"),
+    ("01_theory_bound", {"deletion_width": 0}, r"'deletion_width' must be >= 1"),
+    ("02_allocation_geometry", {"preset": "huge"}, r"'preset' must be one of 'smoke', 'default', 'paper'"),
+    ("02_allocation_geometry", {"depths": [0.5, 1.5]}, r"'depths' must hold values in \[0, 1\]"),
+    ("02_allocation_geometry", {"workers": 0}, r"'workers' must be >= 1"),
+    ("02_allocation_geometry", {"references": ["Shift", "Reprefill"]}, r"'references' must hold values one of"),
+    ("03_natural_qa_latency", {"datasets": ["hotpot"]}, r"'datasets' must hold values one of 'hotpotqa'"),
+    ("03_natural_qa_latency", {"n_boot": 0}, r"'n_boot' must be >= 1"),
+    ("04_packed_refresh_benchmark", {"overlap_budget": 0.0}, r"'overlap_budget' must be in \(0, 100\]"),
+    ("04_packed_refresh_benchmark", {"num_intervals": [0, 4]}, r"'num_intervals' must hold values >= 1"),
+    ("05_kernel_numerical_validation", {"kernel_dtypes": ["float8"]}, r"'kernel_dtypes' must hold values one of"),
+    ("06_noprefix_reuse", {"required_preservation": 95.0}, r"'required_preservation' must be in \[0, 1\]"),
+    ("07_agent_session", {"k": 11}, r"'k' must be in \[1, 10\] \(declared \{1..10\}\); got 11"),
+    ("07_agent_session", {"debt_pct": 150.0}, r"'debt_pct' must be in \[0, 100\]"),
+    ("07_agent_session", {"seed": -1}, r"'seed' must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("row", NOTEBOOK_RANGE_ROWS, ids=[f"{r[0][:2]} {next(iter(r[1]))}" for r in NOTEBOOK_RANGE_ROWS])
+def test_notebook_parameters_outside_their_declared_range_are_refused(row):
+    from sur_lab.runtime.params import ParameterRangeError, check_notebook_parameters
+
+    name, overrides, match = row
+    path = REPO / "notebooks" / f"{name}.ipynb"
+    with pytest.raises(ParameterRangeError, match=match) as err:
+        check_notebook_parameters(path, overrides)
+    assert isinstance(err.value, ValueError) and str(err.value).startswith(f"{name}.ipynb: ")
+
+
+def test_notebook_defaults_and_presets_lie_in_their_declared_ranges():
+    import papermill as pm
+
+    from sur_lab.runtime.params import _annotated, check_notebook_parameters, parameters_cell, parse_ranges
+    from sur_lab.runtime.run_notebooks import smoke_parameters, suite_parameters
+
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        source = parameters_cell(path)
+        ranges = parse_ranges(source)
+        annotated = {node.target.id: ast_annotation(node) for node, _ in _annotated(source)}
+        # Every count, index, budget and size declares its range...
+        numeric = {n for n, a in annotated.items() if a in ("int", "float")}
+        assert numeric <= set(ranges), (path.name, sorted(numeric - set(ranges)))
+        # ...without hiding a parameter from papermill (its parser skips a line holding two '=').
+        assert set(pm.inspect_notebook(str(path))) == set(annotated), path.name
+        for params in ({}, smoke_parameters(path), suite_parameters(path)):
+            check_notebook_parameters(path, params)
+
+
+def ast_annotation(node):
+    import ast
+
+    return ast.unparse(node.annotation)
+
+
+def test_validate_parameters_reads_the_ranges_from_the_kernel_history():
+    """Inside a kernel, ``validate_parameters(globals())`` finds the parameters cell in IPython's ``In`` history."""
+    from sur_lab.runtime.params import ParameterRangeError, validate_parameters
+
+    cell = "example_index: int = 0  # which example {0..}\nbudgets: list = [5]  # % {0..100, len 1..}"
+    namespace = {"__annotations__": {"example_index": int, "budgets": list}, "In": ["", cell, "example_index = -1\n"],
+                 "example_index": -1, "budgets": [5]}
+    with pytest.raises(ParameterRangeError, match=r"'example_index' must be >= 0"):
+        validate_parameters(namespace)
+    namespace["example_index"] = 2
+    validate_parameters(namespace)  # in range
+    # Outside IPython (no history) only the types are checked, unless ranges are given.
+    validate_parameters({"__annotations__": {"example_index": int}, "example_index": -1})
+
+
+@pytest.mark.parametrize("spec", ["> = 0", "0..x", "len >= 1", ">= 0", "0...1", '"a" | b'])
+def test_a_malformed_range_declaration_names_the_parameter(spec):
+    from sur_lab.runtime.params import parse_ranges
+
+    with pytest.raises(ValueError, match=r"parameter 'x': cannot read the declared range"):
+        parse_ranges(f"x: int = 0  # a count {{{spec}}}")

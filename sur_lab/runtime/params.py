@@ -58,7 +58,7 @@ class ParameterRangeError(ParameterError, ValueError):
     """A notebook parameter has the right type but lies outside the range its comment declares."""
 
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"  # 0, 2.5, 1e-3 (no bare dots: "0...1" is refused)
 _STRICT = re.compile(rf"^(>|<)\s*({_NUMBER})$")
 _INTERVAL = re.compile(rf"^({_NUMBER})?\s*\.\.\s*({_NUMBER})?$")
 _LENGTH = re.compile(r"^len\s+(\d+)?\s*\.\.\s*(\d+)?$")
