@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import numbers
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -92,16 +93,33 @@ def allowance(suffix_len: int, budget_pct: float) -> int:
     Raises:
         ValueError: if ``suffix_len`` < 0 or ``budget_pct`` is outside [0, 100].
     """
-    if isinstance(suffix_len, (bool, np.bool_)) or int(suffix_len) != suffix_len or suffix_len < 0:
+    if isinstance(suffix_len, (bool, np.bool_)) or not isinstance(suffix_len, numbers.Integral) or suffix_len < 0:
+        # 10.0 is refused like 10.5: a count is never converted (issue 12, kind 5)
         raise ValueError(f"suffix_len must be a non-negative integer; got {suffix_len!r}")
     b = Fraction(str(check_budget(budget_pct)))
     return min(int(suffix_len), math.ceil(int(suffix_len) * b / 100))
 
 
 def coalesce(positions: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive integers in sorted ``positions``, as half-open ``(start, end)`` intervals."""
-    if len(positions) == 0:
+    """Maximal runs of consecutive integers in sorted ``positions``, as half-open ``(start, end)`` intervals.
+
+    Args:
+        positions: ``[B]`` integers, strictly increasing (a :class:`Support`'s positions).
+
+    Raises:
+        TypeError: naming ``positions`` when they are not integers (floats are not truncated).
+        ValueError: naming ``positions`` when they are not 1-D or not strictly increasing (unsorted or duplicated
+            positions would give overlapping or reversed intervals).
+    """
+    positions = np.asarray(positions)
+    if positions.size == 0:
         return []
+    if positions.dtype.kind not in "iu":
+        raise TypeError(f"positions must be integers; got dtype {positions.dtype}")
+    if positions.ndim != 1:
+        raise ValueError(f"positions must be 1-D; got shape {positions.shape}")
+    if np.any(np.diff(positions) <= 0):
+        raise ValueError("positions must be strictly increasing (sorted, no duplicates)")
     breaks = np.flatnonzero(np.diff(positions) != 1)
     starts = np.concatenate(([positions[0]], positions[breaks + 1]))
     ends = np.concatenate((positions[breaks] + 1, [positions[-1] + 1]))

@@ -38,6 +38,7 @@ from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocat
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
@@ -327,7 +328,8 @@ class EditSession:
             raise ValueError(
                 f"debt_pct must be a number in [0, 100] (percent of the stale rows); got {debt!r}"
             ) from None
-        return _Policy(method, budget, executor, debt, d.seed if seed is None else int(seed),
+        seed = as_count(d.seed if seed is None else seed, "seed", minimum=0)  # 1.5 is refused, not truncated
+        return _Policy(method, budget, executor, debt, seed,
                        dict(d.options if options is None else options))
 
     def _as_ids(self, content, name: str) -> torch.Tensor:

@@ -15,6 +15,7 @@ import re
 import threading
 from dataclasses import dataclass
 
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 
 MAX_UNIT_TOKENS = 128
@@ -211,7 +212,16 @@ def segment_units(
 
     Returns:
         Units in suffix order whose ``[start, end)`` ranges partition ``[0, S)``.
+
+    Raises:
+        TypeError: naming ``edit`` when it is not an :class:`~sur_lab.edits.EditedContext`, ``max_len`` or
+            ``min_len`` when not integers.
+        ValueError: naming ``max_len`` when < 1, ``min_len`` when < 0.
     """
+    if not isinstance(edit, EditedContext):
+        raise TypeError(f"edit must be an EditedContext (token_edit, chat_edit); got {type(edit).__name__}")
+    max_len = as_count(max_len, "max_len", minimum=1)
+    min_len = as_count(min_len, "min_len", minimum=0)
     S = edit.suffix_len
     if S == 0:
         return []

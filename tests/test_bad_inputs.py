@@ -763,3 +763,120 @@ def test_a_malformed_range_declaration_names_the_parameter(spec):
 
     with pytest.raises(ValueError, match=r"parameter 'x': cannot read the declared range"):
         parse_ranges(f"x: int = 0  # a count {{{spec}}}")
+
+
+# ---- the public API swept for the same kinds: counts, seeds, indexes, names ------------------------------------------
+def _api_rows():
+    from sur_lab import allowance, coalesce, continuation_nll, get_allocator, get_executor, segment_units, wrap_model
+    from sur_lab.allocators import AllocationRequest
+    from sur_lab.analysis.endpoints import reference_continuation
+    from sur_lab.analysis.scoring import iirc_exact_match
+    from sur_lab.analysis.stats import bootstrap_ci
+    from sur_lab.edits import format_passages
+    from sur_lab.models import cached_model_dir
+    from sur_lab.repair import recover
+    from sur_lab.runtime.run_notebooks import notebooks
+    from sur_lab.session import EditSession
+
+    return [
+        # (label, fn(lm, prepared), error type, message pattern)
+        ("coalesce unsorted (used to crash inside numpy)", lambda lm, pr: coalesce([3, 1, 2]), ValueError,
+         r"positions must be strictly increasing"),
+        ("coalesce duplicates", lambda lm, pr: coalesce([1, 1, 2]), ValueError, r"strictly increasing"),
+        ("coalesce floats (used to give (1, 3))", lambda lm, pr: coalesce(np.array([1.5, 2.5])), TypeError,
+         r"positions must be integers"),
+        ("allowance of an integral float suffix_len", lambda lm, pr: allowance(10.0, 5), ValueError,
+         r"suffix_len must be a non-negative integer; got 10.0"),
+        ("repair seed 1.5 (used to run with seed 1)", lambda lm, pr: repair(lm, pr, "SUR", 20, seed=1.5), TypeError,
+         r"seed must be an integer >= 0; got 1.5"),
+        ("repair negative seed", lambda lm, pr: repair(lm, pr, "Random semantic units", 20, seed=-1), ValueError,
+         r"seed must be an integer >= 0; got -1"),
+        ("recover negative seed", lambda lm, pr: recover(lm, pr.edit, pr.dirty_cache, "SUR", 20, seed=-2), ValueError,
+         r"seed must be an integer >= 0"),
+        ("AllocationRequest negative seed", lambda lm, pr: AllocationRequest(lm, pr.edit, 20, seed=-1), ValueError,
+         r"seed must be an integer >= 0"),
+        ("EditSession seed 1.5", lambda lm, pr: EditSession(lm, seed=1.5), TypeError, r"seed must be an integer"),
+        ("EditSession.delete seed -1", lambda lm, pr: _session_of(lm).delete(2, 4, seed=-1), ValueError,
+         r"seed must be an integer >= 0"),
+        ("get_executor of a list (used to be unhashable)", lambda lm, pr: get_executor(["packed"]), ValueError,
+         r"executor name must be a string; got list"),
+        ("get_allocator of None", lambda lm, pr: get_allocator(None), ValueError, r"allocator name must be a string"),
+        ("continuation_nll id outside the vocabulary (used to be a RuntimeError)",
+         lambda lm, pr: continuation_nll(lm, pr.shift_cache, pr.edit, [1000]), ValueError,
+         r"continuation holds token id 1000 outside the vocabulary \[0, 96\)"),
+        ("segment_units of a non-edit", lambda lm, pr: segment_units(5), TypeError, r"edit must be an EditedContext"),
+        ("segment_units max_len 0", lambda lm, pr: segment_units(pr.edit, max_len=0), ValueError,
+         r"max_len must be an integer >= 1"),
+        ("bootstrap_ci n_resamples 2.5 (used to run 2)", lambda lm, pr: bootstrap_ci([1, 0, 1], n_resamples=2.5),
+         TypeError, r"n_resamples must be an integer >= 1; got 2.5"),
+        ("bootstrap_ci n_resamples 0", lambda lm, pr: bootstrap_ci([1, 0, 1], n_resamples=0), ValueError,
+         r"n_resamples must be an integer >= 1"),
+        ("bootstrap_ci negative seed", lambda lm, pr: bootstrap_ci([1, 0, 1], seed=-1), ValueError,
+         r"seed must be an integer >= 0"),
+        ("reference_continuation max_tokens 1.5", lambda lm, pr: reference_continuation([1, 2, 3], 1.5), TypeError,
+         r"max_tokens must be an integer >= 1"),
+        ("iirc_exact_match unknown answer_type (used to score False)",
+         lambda lm, pr: iirc_exact_match("a", ["a"], "span"), ValueError, r"answer_type='span' is not one of"),
+        ("wrap_model of a LoadedModel", lambda lm, pr: wrap_model(lm), TypeError, r"already a LoadedModel"),
+        ("wrap_model of an int", lambda lm, pr: wrap_model(5), TypeError, r"model must be a transformers causal LM"),
+        ("format_passages of a string", lambda lm, pr: format_passages("abc"), TypeError,
+         r"passages must be a sequence of passages"),
+        ("notebooks of a non-string pattern", lambda lm, pr: notebooks(5), TypeError, r"pattern must be a file-name glob"),
+        ("cached_model_dir of a non-string key", lambda lm, pr: cached_model_dir(5, lambda p: None), ValueError,
+         r"key=5 must be a plain folder name"),
+    ]
+
+
+def _session_of(lm):
+    from sur_lab.session import EditSession
+
+    session = EditSession(lm)
+    session.append(list(range(20)))
+    return session
+
+
+API_ROWS = _api_rows()
+
+
+@pytest.mark.parametrize("row", API_ROWS, ids=[r[0] for r in API_ROWS])
+def test_public_api_refuses_out_of_range_arguments(lm, prepared, row):
+    _, fn, error, match = row
+    with pytest.raises(error, match=match):
+        fn(lm, prepared)
+
+
+def test_paired_bootstrap_refuses_non_integer_replicates_and_negative_seeds():
+    import pandas as pd
+
+    from sur_lab.analysis.stats import paired_bootstrap
+
+    df = pd.DataFrame({"method": ["a", "b"] * 4, "correct": [1, 0, 1, 1, 0, 0, 1, 0],
+                       "source_id": [0, 0, 1, 1, 2, 2, 3, 3], "dataset": ["d"] * 8})
+    kwargs = dict(metric_col="correct", method_a="a", method_b="b")
+    with pytest.raises(ValueError, match=r"n_boot must be an integer >= 1; got 2.0"):
+        paired_bootstrap(df, n_boot=2.0, **kwargs)
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0; got -5"):
+        paired_bootstrap(df, n_boot=10, seed=-5, **kwargs)
+    assert paired_bootstrap(df, n_boot=np.int64(10), **kwargs).replicates.shape == (10,)
+
+
+@pytest.mark.parametrize("containers", [((5, 2, "user"),), ((0, 999, "user"),), ((0, 3),), ((0.0, 3, "user"),)])
+def test_segment_edit_refuses_reversed_or_out_of_range_containers(containers):
+    """A reversed container used to be dropped silently (the semantic units then ignored that message boundary)."""
+    from sur_lab.edits import segment_edit
+
+    with pytest.raises(ValueError, match=r"containers must hold \(start, end, kind\) character spans"):
+        segment_edit(None, "ab", "cd", "ef", "q", containers=containers)
+
+
+@pytest.mark.parametrize("value,expected", [("", None), ("  ", None), ("~/x", "HOME/x"), ("rel/dir", "CWD/rel/dir")])
+def test_model_cache_root_from_the_environment(monkeypatch, value, expected):
+    """An empty SUR_LAB_CACHE used to put the model cache in the current directory ('.')."""
+    import os
+
+    from sur_lab.models import cache_root
+
+    monkeypatch.setenv("SUR_LAB_CACHE", value)
+    want = (Path.home() / ".cache" / "sur_lab" if expected is None else
+            Path(expected.replace("HOME", str(Path.home())).replace("CWD", os.getcwd())))
+    assert cache_root() == want and cache_root().is_absolute()

@@ -729,3 +729,15 @@ def test_plain_papermill_run_is_checked_by_the_validation_cell(tmp_path):
     out = pm.execute_notebook(str(path), str(tmp_path / "ok.ipynb"), parameters={"value": 3}, progress_bar=False,
                               kernel_name="python3", cwd=str(path.parent))
     assert "ran with 3 a" in "".join(o.get("text", "") for o in out.cells[-1].outputs)
+
+
+def test_run_refuses_an_out_folder_that_is_a_file_before_any_notebook_runs(tmp_path, capsys, monkeypatch):
+    import sur_lab.runtime.run_notebooks as runner
+
+    path = _range_notebook(tmp_path / "nbs")
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("a notebook ran"))
+    code, _, err = _cli(capsys, "run", str(path), "--out", str(taken))
+    assert code == 2 and "is an existing file; the executed notebooks go into a folder" in err
+    assert taken.read_text() == "mine"

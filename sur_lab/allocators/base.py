@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sur_lab.budget import Support, allowance, check_budget, warn_if_fraction
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
@@ -34,7 +35,8 @@ class AllocationRequest:
         options: allocator-specific settings (e.g. an auxiliary model), by name.
 
     Raises:
-        ValueError: (at construction) if ``budget_pct`` is outside [0, 100].
+        ValueError: (at construction) if ``budget_pct`` is outside [0, 100] or ``seed`` is negative.
+        TypeError: (at construction) if ``seed`` is not an integer (``1.5`` is not rounded).
 
     Warns:
         BudgetFractionWarning: (a ``UserWarning``, at construction) when 0 < ``budget_pct`` < 1, usually a fraction
@@ -50,6 +52,7 @@ class AllocationRequest:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.seed = as_count(self.seed, "seed", minimum=0)  # numpy generators take non-negative integer seeds
         self.budget_pct = check_budget(self.budget_pct)
         warn_if_fraction(self.budget_pct)
 
@@ -107,8 +110,11 @@ def get_allocator(name: str) -> Allocator:
     """Look up an allocator by name.
 
     Raises:
-        ValueError: naming ``name`` and listing the registered allocators.
+        ValueError: naming ``name`` and listing the registered allocators (a non-string name included).
     """
+    if not isinstance(name, str):
+        raise ValueError(f"allocator name must be a string; got {type(name).__name__} {name!r}; registered: "
+                         f"{', '.join(sorted(ALLOCATORS))}")
     try:
         return ALLOCATORS[name]
     except KeyError:

@@ -50,6 +50,9 @@ def get_executor(name: str, *, inplace: bool = False) -> Executor:
             it has no in-place form and listing those that have one.
     """
     _load_optional_executors()
+    if not isinstance(name, str):
+        raise ValueError(f"executor name must be a string; got {type(name).__name__} {name!r}; registered: "
+                         f"{', '.join(sorted(EXECUTORS))}")
     if inplace and not name.endswith(INPLACE_SUFFIX):
         if name + INPLACE_SUFFIX not in EXECUTORS:
             forms = sorted(n[: -len(INPLACE_SUFFIX)] for n in EXECUTORS if n.endswith(INPLACE_SUFFIX))

@@ -58,6 +58,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 def notebooks(pattern: str = "*", folder: Path | None = None) -> list[Path]:
     """Notebooks under ``folder`` (default ``notebooks/``) whose file name matches ``pattern``, sorted by name."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a file-name glob string ('02', '03_*', '*'); got {type(pattern).__name__}")
     folder = Path(folder) if folder is not None else NOTEBOOK_DIR
     glob = pattern if "." in pattern else pattern + "*"
     return sorted(p for p in folder.glob("*.ipynb") if fnmatch.fnmatch(p.name, glob) and not p.name.startswith("."))
