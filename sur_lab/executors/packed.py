@@ -738,7 +738,6 @@ def _run_layers_(
     The model's own embedding, rotary embedding (positions U) and decoder layers are called; the final norm and LM
     head are not (the output is the cache).
     """
-    check_context_length(lm, int(positions[-1]) + 1)  # the traversal computes rows up to the last position
     inner = lm.model.model
     hidden = inner.embed_tokens(token_ids[None])  # [1, B, hidden]: the packed hidden-state buffer
     position_ids = positions[None]
@@ -839,6 +838,7 @@ def refresh_packed(
     device = lm.device
     absolute = torch.from_numpy(support.absolute(edit.prefix_len)).to(device)
     kv_end = int(absolute[-1]) + 1
+    check_context_length(lm, kv_end)  # the traversal computes rows up to the last selected position
     plan = None
     if backend == "triton":
         from sur_lab.executors.kernels import build_indexed_attention_plan
@@ -890,6 +890,8 @@ def refresh_direct_sequential(
     device = lm.device
     ids = edit.edited_ids.to(device)
     p = edit.prefix_len
+    if support.intervals:
+        check_context_length(lm, p + support.intervals[-1][1])  # rows up to the last interval's end
     for a, b in support.intervals:
         rows = torch.arange(p + a, p + b, device=device)
         attention = _make_attention("sdpa", rows, p + b, lm.dtype, flex_compile=False)
