@@ -706,7 +706,10 @@ NOTEBOOK_RANGE_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("row", NOTEBOOK_RANGE_ROWS, ids=[f"{r[0][:2]} {next(iter(r[1]))}" for r in NOTEBOOK_RANGE_ROWS])
+NOTEBOOK_RANGE_IDS = [f"{r[0][:2]} {next(iter(r[1]))}" for r in NOTEBOOK_RANGE_ROWS]
+
+
+@pytest.mark.parametrize("row", NOTEBOOK_RANGE_ROWS, ids=NOTEBOOK_RANGE_IDS)
 def test_notebook_parameters_outside_their_declared_range_are_refused(row):
     from sur_lab.runtime.params import ParameterRangeError, check_notebook_parameters
 
@@ -821,7 +824,8 @@ def _api_rows():
         ("wrap_model of an int", lambda lm, pr: wrap_model(5), TypeError, r"model must be a transformers causal LM"),
         ("format_passages of a string", lambda lm, pr: format_passages("abc"), TypeError,
          r"passages must be a sequence of passages"),
-        ("notebooks of a non-string pattern", lambda lm, pr: notebooks(5), TypeError, r"pattern must be a file-name glob"),
+        ("notebooks of a non-string pattern", lambda lm, pr: notebooks(5), TypeError,
+         r"pattern must be a file-name glob"),
         ("cached_model_dir of a non-string key", lambda lm, pr: cached_model_dir(5, lambda p: None), ValueError,
          r"key=5 must be a plain folder name"),
     ]

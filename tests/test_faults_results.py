@@ -646,12 +646,15 @@ def _cli(capsys, *argv):
 
 SWEEP_ARG_FAULTS = [
     # (fault input, extra arguments (OUT replaced by the file, DIR by tmp_path), expected message)
-    ("--out names an existing file", ["--out", "OUT"], r"--out '.*taken\.txt' is an existing file; a sweep writes a folder"),
-    ("--out under an existing file", ["--out", "OUT/sub"], r"--out '.*taken\.txt/sub': '.*taken\.txt' on its path is a file"),
+    ("--out names an existing file", ["--out", "OUT"],
+     r"--out '.*taken\.txt' is an existing file; a sweep writes a folder"),
+    ("--out under an existing file", ["--out", "OUT/sub"],
+     r"--out '.*taken\.txt/sub': '.*taken\.txt' on its path is a file"),
     ("unknown --executor", ["--out", "DIR/s", "--executor", "packd"], r"--executor: unknown executor name='packd'"),
     ("bad --dtype", ["--out", "DIR/s", "--dtype", "Float32"], r"--dtype: dtype='Float32' is not a model dtype"),
     ("bad --device", ["--out", "DIR/s", "--device", "gpu"], r"--device: device='gpu' is not a device"),
-    ("missing local --model", ["--out", "DIR/s", "--model", "./no/such/model"], r"--model: model path './no/such/model'"),
+    ("missing local --model", ["--out", "DIR/s", "--model", "./no/such/model"],
+     r"--model: model path './no/such/model'"),
     ("misspelt --model", ["--out", "DIR/s", "--model", "qwen-coder"], r"--model: name='qwen-coder' is not an embedded"),
 ]
 

@@ -10,8 +10,9 @@ the duration of the traversal, nothing else:
   the output cache *before* attention (Eq. 21) and returns that layer's complete K/V rows ``[0, u_B]``;
 * the attention function is ours, chosen per call: the per-refresh plan is passed to each layer as its
   ``attention_mask`` and the model's dispatching attention (:mod:`sur_lab.attention`, installed once per model) hands
-  a call carrying a plan to it and every other call to the model's own function. Packed row r attends to keys ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift
-  rows in the gaps (Eq. 22), with one of three backends chosen by name:
+  a call carrying a plan to it and every other call to the model's own function. Packed row r attends to keys
+  ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift rows in the gaps (Eq. 22), with
+  one of three backends chosen by name:
 
   ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
                 once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through

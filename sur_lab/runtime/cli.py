@@ -173,8 +173,9 @@ def check_sweep_args(args, margs: dict) -> None:
         get_executor(args.executor)
     except ValueError as err:
         raise CliError(f"--executor: {err}") from None
-    for option, check, value in (("--dtype", _check_dtype, margs["dtype"]), ("--device", _check_device, margs["device"]),
-                                 ("--model", _check_name, margs["name"])):
+    checks = (("--dtype", _check_dtype, margs["dtype"]), ("--device", _check_device, margs["device"]),
+              ("--model", _check_name, margs["name"]))
+    for option, check, value in checks:
         try:
             check(value)
         except (ValueError, FileNotFoundError) as err:
@@ -575,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
     sw.add_argument("--out", default=None, help="sweep directory (default: outputs/sweeps/cli_<study>_<tag>)")
     sw.add_argument("--executor", default="sequential", help="sparse-refresh executor")
-    sw.add_argument("--seed", type=int_arg("--seed", 0), default=0, help="roster / source selection and allocator seed (>= 0)")
+    sw.add_argument("--seed", type=int_arg("--seed", 0), default=0,
+                    help="roster / source selection and allocator seed (>= 0)")
     sw.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=None,
                     help="greedy decoding limit, tokens (default: the preset's)")
     sw.add_argument("--num-cases", type=int_arg("--num-cases"), default=None, help="NIAH cases")

@@ -22,10 +22,11 @@ Declared ranges. A parameter's comment may declare the values it allows in brace
 
 Terms, separated by commas: ``a..b`` (from a to b, both included), ``a..`` (a or more), ``..b`` (b or less), ``> a``,
 ``< b`` (strict), ``len a..b`` / ``len a..`` (the length of a list), or quoted choices separated by ``|``. (No ``=``
-sign: papermill's parameter parser skips a line that holds two.) For a list the bounds and choices apply to every item; ``None`` (a parameter "from the preset") is always allowed where the type allows it. A value outside
-its range is a :class:`ParameterRangeError` (a ``ValueError`` and a :class:`ParameterError`) naming the parameter, the
-allowed range and the value. The ranges are checked twice, both times before the study's cells run: by the runners
-(``sur-lab run``, ``python -m sur_lab.runtime.run_notebooks``), which read the notebook's ``parameters`` cell
+sign: papermill's parameter parser skips a line that holds two.) For a list the bounds and choices apply to every item;
+``None`` (a parameter "from the preset") is always allowed where the type allows it. A value outside its range is a
+:class:`ParameterRangeError` (a ``ValueError`` and a :class:`ParameterError`) naming the parameter, the allowed range
+and the value. The ranges are checked twice, both times before the study's cells run: by the runners (``sur-lab run``,
+``python -m sur_lab.runtime.run_notebooks``), which read the notebook's ``parameters`` cell
 (:func:`check_notebook_parameters`) before any notebook starts, and by ``validate_parameters(globals())`` inside the
 kernel (for a plain ``papermill`` run), which reads the parameters cell from IPython's input history.
 """

@@ -25,12 +25,12 @@ marked "final evaluation only" in the data README are reachable only through ``s
 
 Validation. A file listed in a ``SHA256SUMS`` beside it (or up to two folders above, as the shipped data has) is
 verified against its pinned SHA-256 before parsing, so an empty, truncated or altered shipped file is refused rather
-than loaded in part; a shipped dataset key requires its file to be listed. A data folder without ``SHA256SUMS`` is
-read unverified with an :class:`UnverifiedDataWarning` (once per folder and process). Every data error is a ``ValueError`` that
-names the file (``source=...``) and, for a bad record, its index and id: an empty file, truncated JSON, binary
-garbage, a ``null`` or empty question, a ``null`` answer, a missing, ``null`` or empty id. Arguments are checked
-before any file is read: ``source`` must be a path or a string, ``limit`` and ``n`` integer counts (``2.5`` is refused,
-not rounded), ``seed`` a non-negative integer, ``split`` one of ``"dev"``, ``"test"``, ``"train"``.
+than loaded in part; a shipped dataset key requires its file to be listed. A data folder without ``SHA256SUMS`` is read
+unverified with an :class:`UnverifiedDataWarning` (once per folder and process). Every data error is a ``ValueError``
+that names the file (``source=...``) and, for a bad record, its index and id: an empty file, truncated JSON, binary
+garbage, a ``null`` or empty question, a ``null`` answer, a missing, ``null`` or empty id. Arguments are checked before
+any file is read: ``source`` must be a path or a string, ``limit`` and ``n`` integer counts (``2.5`` is refused, not
+rounded), ``seed`` a non-negative integer, ``split`` one of ``"dev"``, ``"test"``, ``"train"``.
 """
 
 from __future__ import annotations

@@ -254,10 +254,11 @@ class AttentionCapture:
 
     While active, the model's attention function (``"sdpa"`` or ``"eager"``) is wrapped by a hook of the model's
     attention router (:func:`sur_lab.attention.attention_hook`) in the calling thread only: forwards of other threads,
-    and of other models, are neither recorded nor changed. The wrapper receives exactly what the model's attention computes with: queries after projection, Q/K
-    normalization and RoPE ``[1, H_Q, L, d_h]``, and the cache's keys/values after this forward's update
-    ``[1, H_KV, N, d_h]``; it calls the original function unchanged, so forwards are bitwise what they are without
-    the capture. Query rows are at absolute positions ``N − L .. N − 1`` (forwards append at the cache end).
+    and of other models, are neither recorded nor changed. The wrapper receives exactly what the model's attention
+    computes with: queries after projection, Q/K normalization and RoPE ``[1, H_Q, L, d_h]``, and the cache's
+    keys/values after this forward's update ``[1, H_KV, N, d_h]``; it calls the original function unchanged, so forwards
+    are bitwise what they are without the capture. Query rows are at absolute positions ``N − L .. N − 1`` (forwards
+    append at the cache end).
 
     Args:
         lm: the model.
