@@ -10,9 +10,9 @@ import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
-from sur_lab.checks import as_count, as_token_ids
+from sur_lab.checks import as_count, as_token_ids, check_vocab
 from sur_lab.edits import EditedContext
-from sur_lab.forward import decode_step, forward_tokens
+from sur_lab.forward import decode_step, forward_tokens, one_context_warning
 from sur_lab.models import LoadedModel
 
 
@@ -40,6 +40,7 @@ def _check_max_new_tokens(max_new_tokens: int) -> None:
     as_count(max_new_tokens, "max_new_tokens", minimum=1)
 
 
+@one_context_warning
 @torch.inference_mode()
 def greedy_answer(
     lm: LoadedModel,
@@ -163,11 +164,13 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
 
     Raises:
         TypeError: if ``continuation`` holds non-integer ids.
-        ValueError: if ``continuation`` is empty, or naming ``cache`` as :func:`answer` does.
+        ValueError: if ``continuation`` is empty or holds an id outside ``[0, vocab_size)``, or naming ``cache`` as
+            :func:`answer` does.
     """
     continuation = as_token_ids(continuation, "continuation", allow_empty=True)
     if continuation.numel() == 0:
         raise ValueError("continuation must contain at least one token")
+    check_vocab(continuation, lm.spec.vocab_size, "continuation")
     _check_cache(cache, edit)
     work = clone_cache(cache)
     ids = torch.cat((edit.query_ids, continuation[:-1]))

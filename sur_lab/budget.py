@@ -11,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import os
-import sys
+import numbers
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+
+from sur_lab.checks import user_stacklevel
 
 
 class BudgetFractionWarning(UserWarning):
@@ -27,7 +28,6 @@ class BudgetFractionWarning(UserWarning):
 
 #: Within a ``fractions_expected()`` block (or a call that already warned) budgets below 1 % raise no warning.
 _FRACTIONS_EXPECTED: contextvars.ContextVar[bool] = contextvars.ContextVar("sur_lab_fractions_expected", default=False)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @contextlib.contextmanager
@@ -45,18 +45,6 @@ def fractions_expected() -> Iterator[None]:
         _FRACTIONS_EXPECTED.reset(token)
 
 
-def _caller_stacklevel() -> int:
-    """``stacklevel`` of the first frame outside sur_lab (the user's call), so the warning names the user's line."""
-    frame, level, previous = sys._getframe(1), 1, ""  # the caller, warn_if_fraction, is stacklevel 1
-    while frame is not None:
-        name = frame.f_code.co_filename
-        # A dataclass's generated __init__ ("<string>") runs __post_init__: it belongs to the library too.
-        if not (name.startswith(_PACKAGE_DIR) or (name.startswith("<") and previous == "__post_init__")):
-            break
-        previous, frame, level = frame.f_code.co_name, frame.f_back, level + 1
-    return level
-
-
 def warn_if_fraction(budget_pct: float) -> None:
     """Warn (:class:`BudgetFractionWarning`, a ``UserWarning``) when 0 < ``budget_pct`` < 1.
 
@@ -70,7 +58,7 @@ def warn_if_fraction(budget_pct: float) -> None:
             f"budget_pct is a percentage of the suffix; {b} means {b} %, not {pct} % (pass budget_pct={pct} for "
             f"that; wrap the call in sur_lab.budget.fractions_expected() when {b} % is meant)",
             BudgetFractionWarning,
-            stacklevel=_caller_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -105,16 +93,33 @@ def allowance(suffix_len: int, budget_pct: float) -> int:
     Raises:
         ValueError: if ``suffix_len`` < 0 or ``budget_pct`` is outside [0, 100].
     """
-    if isinstance(suffix_len, (bool, np.bool_)) or int(suffix_len) != suffix_len or suffix_len < 0:
+    if isinstance(suffix_len, (bool, np.bool_)) or not isinstance(suffix_len, numbers.Integral) or suffix_len < 0:
+        # 10.0 is refused like 10.5: a count is never converted (issue 12, kind 5)
         raise ValueError(f"suffix_len must be a non-negative integer; got {suffix_len!r}")
     b = Fraction(str(check_budget(budget_pct)))
     return min(int(suffix_len), math.ceil(int(suffix_len) * b / 100))
 
 
 def coalesce(positions: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive integers in sorted ``positions``, as half-open ``(start, end)`` intervals."""
-    if len(positions) == 0:
+    """Maximal runs of consecutive integers in sorted ``positions``, as half-open ``(start, end)`` intervals.
+
+    Args:
+        positions: ``[B]`` integers, strictly increasing (a :class:`Support`'s positions).
+
+    Raises:
+        TypeError: naming ``positions`` when they are not integers (floats are not truncated).
+        ValueError: naming ``positions`` when they are not 1-D or not strictly increasing (unsorted or duplicated
+            positions would give overlapping or reversed intervals).
+    """
+    positions = np.asarray(positions)
+    if positions.size == 0:
         return []
+    if positions.dtype.kind not in "iu":
+        raise TypeError(f"positions must be integers; got dtype {positions.dtype}")
+    if positions.ndim != 1:
+        raise ValueError(f"positions must be 1-D; got shape {positions.shape}")
+    if np.any(np.diff(positions) <= 0):
+        raise ValueError("positions must be strictly increasing (sorted, no duplicates)")
     breaks = np.flatnonzero(np.diff(positions) != 1)
     starts = np.concatenate(([positions[0]], positions[breaks + 1]))
     ends = np.concatenate((positions[breaks] + 1, [positions[-1] + 1]))

@@ -8,11 +8,31 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 
 import numpy as np
 import torch
 
 from sur_lab.cache_ops import layer_kv, num_layers
+
+
+# Modules whose frames belong to a library call: sur_lab itself and torch's decorator wrappers around its functions.
+_LIBRARY_MODULES = ("sur_lab.", "torch.utils._contextlib")
+
+
+def user_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` in the calling function so that the warning names the user's line: the
+    first frame outside sur_lab (and outside the ``torch.inference_mode`` / dataclass ``__init__`` wrappers around its
+    functions)."""
+    frame, level, previous = sys._getframe(1), 1, ""  # the caller (the function that warns) is stacklevel 1
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        library = module == "sur_lab" or module.startswith(_LIBRARY_MODULES)
+        # A dataclass's generated __init__ ("<string>") runs __post_init__: it belongs to the library too.
+        if not (library or (frame.f_code.co_filename.startswith("<") and previous == "__post_init__")):
+            break
+        previous, frame, level = frame.f_code.co_name, frame.f_back, level + 1
+    return level
 
 
 def as_count(value, name: str, *, minimum: int = 0) -> int:

@@ -255,8 +255,9 @@ def segment_edit(
         EditedContext with texts, per-token character offsets (original and edited) and mapped containers.
 
     Raises:
-        ValueError: naming ``deleted`` when it is empty, ``query_text`` / ``question`` when empty, or ``tokenizer``
-            (see :func:`tokenize_segments`).
+        ValueError: naming ``deleted`` when it is empty, ``query_text`` / ``question`` when empty, ``containers``
+            when one is not an ``(start, end, kind)`` triple of integers ``0 <= start <= end <= len(text)`` and a
+            string, or ``tokenizer`` (see :func:`tokenize_segments`); all before tokenizing.
     """
     parts = [[x] if isinstance(x, str) else list(x) for x in (prefix, deleted, suffix)]
     for name, part in zip(("prefix", "deleted", "suffix"), parts):
@@ -269,6 +270,7 @@ def segment_edit(
     texts = ["".join(p) for p in parts]
     if not texts[1]:
         raise ValueError("deleted is empty; an edit deletes at least one character (empty span)")
+    _check_containers(containers, sum(map(len, texts)))
     seg_ids, offsets = tokenize_segments(tokenizer, parts[0] + parts[1] + parts[2])
     n0, n1 = len(parts[0]), len(parts[1])
     p = sum(len(x) for x in seg_ids[:n0])
@@ -380,6 +382,17 @@ def replacement_edit(
         raise ValueError("new must be a non-empty str (a replacement inserts text; use segment_edit to delete)")
     head = [before] if isinstance(before, str) else list(before)
     return segment_edit(tokenizer, [*head, new], old, after, query_text, question=question, containers=containers)
+
+
+def _check_containers(containers, length: int) -> None:
+    """Refuse container spans that are not ``(start, end, kind)`` with ``0 <= start <= end <= length`` (a reversed or
+    out-of-range span would be dropped or clipped silently, changing the semantic units)."""
+    for c in containers:
+        ok = isinstance(c, (tuple, list)) and len(c) == 3 and isinstance(c[2], str) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in c[:2])
+        if not ok or not 0 <= c[0] <= c[1] <= length:
+            raise ValueError(f"containers must hold (start, end, kind) character spans with 0 <= start <= end <= "
+                             f"{length} and a str kind; got {c!r}")
 
 
 def _split(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[str]:
@@ -586,10 +599,20 @@ def format_passages(passages) -> tuple[str, list[tuple[int, int]]]:
         ``(documents, spans)`` where ``spans[i]`` is the character span of passage i *including* its trailing blank
         line separator (the last passage's span ends at the end of the text), so deleting ``spans[i]`` leaves exactly
         the documents formatted without passage i.
+
+    Raises:
+        TypeError: naming ``passages`` when it is a string, or an item is neither a passage nor a ``(title, text)``
+            pair of strings.
     """
+    if isinstance(passages, (str, bytes)):
+        raise TypeError("passages must be a sequence of passages (title/text objects or (title, text) pairs), not a "
+                        "string")
     blocks = []
     for p in passages:
-        title, text = (p.title, p.text) if hasattr(p, "title") else p
+        title, text = (p.title, p.text) if hasattr(p, "title") and hasattr(p, "text") else (
+            p if isinstance(p, (tuple, list)) and len(p) == 2 else (None, None))
+        if not isinstance(title, str) or not isinstance(text, str):
+            raise TypeError(f"passages must hold title/text objects or (title, text) pairs of strings; got {p!r}")
         blocks.append(f"Title: {title}\n{text.strip()}")
     spans, pos = [], 0
     for i, block in enumerate(blocks):

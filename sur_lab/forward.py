@@ -2,30 +2,89 @@
 
 Phases are named for what they are: ``prefill`` builds a cache from an empty one, ``forward_tokens`` appends tokens
 at given positions to an existing cache (query processing, interval replay), ``decode_step`` appends one token.
+
+Context length. Every forward that grows a context runs through :func:`forward_tokens` (prefill, decoding, query
+processing, Replay and Re-prefill, :class:`sur_lab.session.EditSession` appends and replacements); it and the packed
+executors' traversals call :func:`check_context_length`, which warns (:class:`ContextLengthWarning`, a
+``UserWarning``) when a position reaches past the model's ``max_position_embeddings``. A public call that runs many
+forwards (``answer`` decoding token by token, a repair, a session edit) is wrapped in :func:`one_context_warning`, so
+it warns once, not once per forward.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from transformers import DynamicCache
 
 from sur_lab.cache_ops import cache_length
-from sur_lab.checks import check_batch_one, check_vocab
+from sur_lab.checks import check_batch_one, check_vocab, user_stacklevel
 from sur_lab.models import LoadedModel
 
 
-def warn_if_beyond_context(lm: LoadedModel, num_tokens: int) -> None:
-    """Warn when a context of ``num_tokens`` tokens exceeds the model's ``max_position_embeddings`` (when known)."""
+class ContextLengthWarning(UserWarning):
+    """A forward computed positions at or past the model's ``max_position_embeddings`` (not trained there)."""
+
+
+# Per calling context (thread / task): None outside any one_context_warning call, else [warned already?].
+_WARN_SCOPE: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("sur_lab_context_warning", default=None)
+
+_F = TypeVar("_F", bound=Callable)
+
+
+def one_context_warning(fn: _F) -> _F:
+    """Decorator: within one call of ``fn`` (and everything it calls), :func:`check_context_length` warns at most once.
+
+    Nested decorated calls share the outermost call's scope. Per calling context, so threads do not share it.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if _WARN_SCOPE.get() is not None:
+            return fn(*args, **kwargs)
+        token = _WARN_SCOPE.set([False])
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _WARN_SCOPE.reset(token)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def check_context_length(lm: LoadedModel, num_tokens: int) -> None:
+    """Warn when a context of ``num_tokens`` tokens (positions ``0 .. num_tokens - 1``) exceeds the model's
+    ``max_position_embeddings`` (when the config has one): those positions were not trained.
+
+    Called by every forward that grows or recomputes a context (:func:`forward_tokens`, the packed executors'
+    traversals). Inside a call wrapped by :func:`one_context_warning` only the first such warning is issued.
+
+    Warns:
+        ContextLengthWarning: naming the context length and the limit.
+    """
     limit = getattr(lm.model.config, "max_position_embeddings", None)
-    if isinstance(limit, int) and num_tokens > limit:
-        warnings.warn(
-            f"context of {num_tokens} tokens exceeds the model's max_position_embeddings={limit}; positions beyond "
-            "it were not trained and results may be meaningless",
-            UserWarning,
-            stacklevel=3,
-        )
+    if not isinstance(limit, int) or isinstance(limit, bool) or num_tokens <= limit:
+        return
+    scope = _WARN_SCOPE.get()
+    if scope is not None:
+        if scope[0]:
+            return
+        scope[0] = True
+    warnings.warn(
+        f"context of {num_tokens} tokens exceeds the model's max_position_embeddings={limit}; positions beyond "
+        "it were not trained and results may be meaningless",
+        ContextLengthWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def warn_if_beyond_context(lm: LoadedModel, num_tokens: int) -> None:
+    """Alias of :func:`check_context_length` (kept for callers of the earlier name)."""
+    check_context_length(lm, num_tokens)
 
 
 @torch.inference_mode()
@@ -44,6 +103,10 @@ def forward_tokens(
     Returns:
         Logits as requested, on the model's device, float32.
 
+    Warns:
+        ContextLengthWarning: when ``N + L`` exceeds the model's ``max_position_embeddings``
+            (:func:`check_context_length`).
+
     Raises:
         TypeError: if ``ids`` is not an integer tensor.
         ValueError: if ``ids`` is empty or not 1-D, holds an id outside ``[0, vocab_size)`` (checked before the
@@ -61,6 +124,7 @@ def forward_tokens(
     ):
         raise ValueError(f"logits={logits!r}; allowed: 'last', 'all', 'none' or an int in [1, {ids.numel()}]")
     start = cache_length(cache)
+    check_context_length(lm, start + ids.numel())
     device = lm.device
     positions = torch.arange(start, start + ids.numel(), device=device)
     out = lm.model(
@@ -79,17 +143,20 @@ def forward_tokens(
 def prefill(lm: LoadedModel, ids: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
     """Build a cache for ``ids`` ``[N]`` from empty; returns ``(cache, last_logits [V] float32)``.
 
-    Warns (``UserWarning``) when N exceeds the model's ``max_position_embeddings``: positions past the trained range
-    run, but the model was not trained there.
+    Warns (:class:`ContextLengthWarning`, a ``UserWarning``) when N exceeds the model's ``max_position_embeddings``:
+    positions past the trained range run, but the model was not trained there.
 
     Raises:
         ValueError, TypeError: see :func:`forward_tokens`.
     """
-    warn_if_beyond_context(lm, int(getattr(ids, "numel", lambda: 0)()))
     cache = DynamicCache()
     return cache, forward_tokens(lm, ids, cache)
 
 
 def decode_step(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tensor:
-    """Append one token to ``cache`` (in place); returns next-token logits ``[V]`` float32."""
+    """Append one token to ``cache`` (in place); returns next-token logits ``[V]`` float32.
+
+    Warns:
+        ContextLengthWarning: as :func:`forward_tokens`.
+    """
     return forward_tokens(lm, torch.tensor([token], dtype=torch.long), cache)

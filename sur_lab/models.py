@@ -359,9 +359,15 @@ def wrap_model(model: torch.nn.Module, tokenizer: Any = None, name: str | None =
     place, ``config._experts_implementation``); both are token-local and compute the same function.
 
     Raises:
+        TypeError: naming ``model`` when it is not a transformers module with a ``config`` (a :class:`LoadedModel`,
+            already wrapped, included).
         UnsupportedModelError: see :func:`check_supported`; also when the model's rotary embedding does not rotate
             the width the configuration implies (``2 * len(inv_freq) != rotary_dim``).
     """
+    if isinstance(model, LoadedModel):
+        raise TypeError("model is already a LoadedModel; wrap_model takes the transformers module (lm.model)")
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        raise TypeError(f"model must be a transformers causal LM module (with .config); got {type(model).__name__}")
     spec = model_spec(model, name)
     width = 2 * rotary_embedding(model).inv_freq.numel()
     if width != spec.rotary_dim:
@@ -395,8 +401,11 @@ def enable_float64_rope(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def cache_root() -> Path:
-    """Directory for dequantized model weights (``$SUR_LAB_CACHE`` or ``~/.cache/sur_lab``)."""
-    return Path(os.environ.get("SUR_LAB_CACHE", Path.home() / ".cache" / "sur_lab"))
+    """Directory for dequantized model weights: ``$SUR_LAB_CACHE`` (``~`` expanded, a relative path taken from the
+    current directory and made absolute) or, when unset or empty, ``~/.cache/sur_lab`` (an empty variable is not the
+    current directory)."""
+    env = os.environ.get("SUR_LAB_CACHE", "").strip()
+    return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "sur_lab"
 
 
 #: Name of the checksum manifest written into every cached model directory.
@@ -521,7 +530,7 @@ def cached_model_dir(
         ValueError: naming ``key`` when it is empty or contains a path separator.
         RuntimeError: when a freshly built directory fails its own check (names the file).
     """
-    if not key or "/" in key or os.sep in key or key.startswith("."):
+    if not isinstance(key, str) or not key or "/" in key or os.sep in key or key.startswith("."):
         raise ValueError(f"key={key!r} must be a plain folder name")
     root = Path(root) if root is not None else cache_root()
     target = root / key

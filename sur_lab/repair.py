@@ -24,9 +24,10 @@ from transformers import DynamicCache
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import clone_cache
-from sur_lab.checks import check_vocab
+from sur_lab.checks import as_count, check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import dirty, get_executor, replay, reprefill, shift, shift_inplace
+from sur_lab.forward import one_context_warning
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
 
@@ -82,6 +83,7 @@ class PreparedEdit:
         return self.units
 
 
+@one_context_warning
 def prepare(lm: LoadedModel, edit: EditedContext, *, overlap: bool = False) -> PreparedEdit:
     """Prefill the original context (Dirty) and Shift it; both are timed separately.
 
@@ -142,6 +144,7 @@ class RepairResult:
         return self.selection.support if self.selection is not None else None
 
 
+@one_context_warning
 def repair(
     lm: LoadedModel,
     prepared: PreparedEdit,
@@ -162,7 +165,8 @@ def repair(
         budget_pct: b in [0, 100] (ignored by reference methods). B = 0 returns Shift; B = S returns Replay.
         executor: registered executor name for sparse refresh (``"sequential"`` reference); checked for every
             method, the reference ones included.
-        seed: case-fixed seed passed to randomized allocators.
+        seed: case-fixed seed passed to randomized allocators, an integer >= 0 (TypeError / ValueError naming ``seed``
+            otherwise, before any work).
         options: allocator-specific options. ``"dirty_cache"`` defaults to ``prepared.dirty_cache`` (Cache-Craft-Adapted
             reads the deleted span's keys from it instead of re-running the span).
         inplace: the caller gives up the prepared cache the method starts from, which is consumed: the refresh
@@ -188,6 +192,7 @@ def repair(
     edit = prepared.edit
     # Looked up first so that every method, the reference ones included, refuses an unknown executor name.
     run = get_executor(executor)
+    as_count(seed, "seed", minimum=0)  # numpy generators take non-negative integer seeds; 1.5 is not truncated
     if method in REFERENCE_METHODS:
         nan = float("nan")
         t0 = time.perf_counter()
@@ -267,6 +272,7 @@ def _take(prepared: PreparedEdit, name: str, inplace: bool) -> DynamicCache:
     return cache
 
 
+@one_context_warning
 def recover(
     lm: LoadedModel,
     edit: EditedContext,
@@ -300,7 +306,7 @@ def recover(
         inplace: consume ``dirty_cache``: Shift in place (:func:`sur_lab.executors.shift_inplace`, one compaction
             copy per layer) and refresh in place (the executor's in-place form): no cache is allocated. The result's
             cache is ``dirty_cache`` itself. Bitwise equal to ``inplace=False``.
-        seed: case-fixed seed for randomized allocators.
+        seed: case-fixed seed for randomized allocators, an integer >= 0 (checked before any work).
         options: allocator-specific options.
 
     Returns:
@@ -320,6 +326,7 @@ def recover(
 
     budget_pct = check_budget(budget_pct)
     warn_if_fraction(budget_pct)
+    as_count(seed, "seed", minimum=0)
     if method not in ALLOCATORS:
         raise ValueError(f"unknown method={method!r}; recover takes an allocator ({', '.join(sorted(ALLOCATORS))})")
     if overlap and method not in OVERLAP_METHODS:

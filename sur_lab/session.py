@@ -38,9 +38,10 @@ from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocat
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext, splice_replacement
 from sur_lab.executors import get_executor, replay
-from sur_lab.forward import forward_tokens, prefill
+from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, model_spec
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
@@ -327,7 +328,8 @@ class EditSession:
             raise ValueError(
                 f"debt_pct must be a number in [0, 100] (percent of the stale rows); got {debt!r}"
             ) from None
-        return _Policy(method, budget, executor, debt, d.seed if seed is None else int(seed),
+        seed = as_count(d.seed if seed is None else seed, "seed", minimum=0)  # 1.5 is refused, not truncated
+        return _Policy(method, budget, executor, debt, seed,
                        dict(d.options if options is None else options))
 
     def _as_ids(self, content, name: str) -> torch.Tensor:
@@ -447,6 +449,7 @@ class EditSession:
     # ------------------------------------------------------------------------------------------------------------
     # Edits
 
+    @one_context_warning
     def append(self, content) -> EditRecord:
         """Prefill new tokens (a user or tool turn) at positions ``n .. n + L - 1``; they form one new container.
 
@@ -489,6 +492,7 @@ class EditSession:
         self._next_segment += 1
         return record
 
+    @one_context_warning
     def delete(
         self, start: int, end: int, *, method: str | None = None, budget_pct: float | None = None,
         executor: str | None = None, debt_pct: float | None = None, seed: int | None = None,
@@ -511,6 +515,7 @@ class EditSession:
         a, b = self._check_span(start, end)
         return self._edit(a, b, None, None, policy)
 
+    @one_context_warning
     def replace(
         self, start: int, end: int, content, *, method: str | None = None, budget_pct: float | None = None,
         executor: str | None = None, debt_pct: float | None = None, seed: int | None = None,
@@ -540,6 +545,7 @@ class EditSession:
         p = a + m  # the repair's prefix: kept rows before the span plus the inserted rows
         S = n - b
         timings = {"prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+        check_context_length(lm, n - d + m)  # the suffix is re-rotated up to position n - d + m - 1
 
         # 1. Inserted rows: prefilled against the unchanged prefix rows [0, a), at positions a .. a + m - 1.
         ins_kv: list = []
@@ -712,6 +718,7 @@ class EditSession:
         self.history.append(record)
 
 
+@one_context_warning
 def repair_cache(
     model: torch.nn.Module,
     cache: DynamicCache,

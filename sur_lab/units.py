@@ -11,10 +11,11 @@ oversized merged units are split again.
 from __future__ import annotations
 
 import bisect
-import functools
 import re
+import threading
 from dataclasses import dataclass
 
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 
 MAX_UNIT_TOKENS = 128
@@ -38,11 +39,19 @@ class Unit:
         return self.end - self.start
 
 
-@functools.lru_cache(maxsize=1)
-def _segmenter():
-    import pysbd
+_LOCAL = threading.local()
 
-    return pysbd.Segmenter(language="en", clean=False, char_span=False)
+
+def _segmenter():
+    """This thread's pysbd segmenter. One per thread: ``Segmenter.segment`` keeps the text it is segmenting on the
+    instance (``self.original_text``) and reads it back to locate sentences, so a segmenter shared by two threads can
+    locate one thread's sentences in the other's text and silently drop them."""
+    segmenter = getattr(_LOCAL, "segmenter", None)
+    if segmenter is None:
+        import pysbd
+
+        segmenter = _LOCAL.segmenter = pysbd.Segmenter(language="en", clean=False, char_span=False)
+    return segmenter
 
 
 def _sentence_starts(line: str) -> list[int]:
@@ -203,7 +212,16 @@ def segment_units(
 
     Returns:
         Units in suffix order whose ``[start, end)`` ranges partition ``[0, S)``.
+
+    Raises:
+        TypeError: naming ``edit`` when it is not an :class:`~sur_lab.edits.EditedContext`, ``max_len`` or
+            ``min_len`` when not integers.
+        ValueError: naming ``max_len`` when < 1, ``min_len`` when < 0.
     """
+    if not isinstance(edit, EditedContext):
+        raise TypeError(f"edit must be an EditedContext (token_edit, chat_edit); got {type(edit).__name__}")
+    max_len = as_count(max_len, "max_len", minimum=1)
+    min_len = as_count(min_len, "min_len", minimum=0)
     S = edit.suffix_len
     if S == 0:
         return []

@@ -8,7 +8,9 @@ the notebook runner's ``-p`` are tested with their owners' modules.
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from sur_lab.repair import REFERENCE_METHODS, prepare, repair
 from sur_lab.studies.noprefix import compose_tokens
 from sur_lab.studies.theory import traversals
 
+REPO = Path(__file__).resolve().parent.parent
 VOCAB = 96
 IDS = list(range(20))
 Q = [1, 2, 3]
@@ -403,3 +406,481 @@ def test_repair_does_not_rerun_the_deleted_span_for_cache_craft():
     # Independently counted: the signal forwards the dirty suffix (S tokens), the sequential refresh the B selected
     # tokens; the deleted span (d = 8) is never forwarded again.
     assert sum(forwarded) == S + B
+
+
+# =====================================================================================================================
+# Issue 24 (robust): positions past the trained range, on every growth path; one warning per public call.
+# =====================================================================================================================
+LIMIT = 32  # max_position_embeddings of the model below
+
+
+@pytest.fixture(scope="module")
+def short_lm():
+    lm = make_tiny_model("llama", seed=3)
+    lm.model.config.max_position_embeddings = LIMIT
+    return lm
+
+
+def _context_warnings(fn):
+    """Run ``fn`` recording warnings; return the ContextLengthWarning messages and ``fn``'s result."""
+    from sur_lab.forward import ContextLengthWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return [str(w.message) for w in caught if issubclass(w.category, ContextLengthWarning)], result
+
+
+def _ids(n, seed=0):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _long_edit(n=LIMIT + 8, p=4, d=3):
+    return token_edit(_ids(n), p, d, [1, 2, 3])
+
+
+def _prepared_long(lm):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return prepare(lm, _long_edit())
+
+
+def _session(lm, n):
+    from sur_lab.session import EditSession
+
+    session = EditSession(lm, budget_pct=50)
+    session.append(_ids(n, 1))
+    return session
+
+
+# (label, fn(lm) -> None, expected context length in the one warning)
+GROWTH_ROWS = [
+    ("prefill", lambda lm: prefill(lm, _ids(LIMIT + 1)), LIMIT + 1),
+    ("forward_tokens", lambda lm: __import__("sur_lab.forward", fromlist=["x"]).forward_tokens(
+        lm, _ids(5), prefill(lm, _ids(LIMIT - 2))[0]), LIMIT + 3),
+    ("decode_step", lambda lm: __import__("sur_lab.forward", fromlist=["x"]).decode_step(
+        lm, 7, prefill(lm, _ids(LIMIT))[0]), LIMIT + 1),
+    # the query ends at LIMIT: only decoding passes it, one warning for the whole answer
+    ("answer decoding", lambda lm: greedy_answer(lm, prefill(lm, _ids(LIMIT - 3))[0], torch.tensor([1, 2, 3]),
+                                                 max_new_tokens=6), LIMIT + 1),
+    ("EditSession.append", lambda lm: _session(lm, LIMIT - 2).append(_ids(6, 2)), LIMIT + 4),
+    ("EditSession.replace (longer content)", lambda lm: _session(lm, LIMIT - 1).replace(3, 5, _ids(6, 3)), LIMIT + 3),
+    ("EditSession.answer", lambda lm: _session(lm, LIMIT - 1).answer(_ids(4, 4), max_new_tokens=3), LIMIT + 3),
+    ("prepare (Dirty prefill)", lambda lm: prepare(lm, _long_edit()), LIMIT + 8),
+    ("repair sequential, 2 intervals", lambda lm: repair(lm, _prepared_long(lm), "Replay", None), LIMIT + 5),
+]
+
+
+@pytest.mark.parametrize("row", GROWTH_ROWS, ids=[r[0] for r in GROWTH_ROWS])
+def test_every_growth_path_warns_once_past_max_position_embeddings(short_lm, row):
+    _, fn, length = row
+    messages, _ = _context_warnings(lambda: fn(short_lm))
+    assert messages == [f"context of {length} tokens exceeds the model's max_position_embeddings={LIMIT}; positions "
+                        "beyond it were not trained and results may be meaningless"]
+
+
+EXECUTOR_NAMES = ["sequential", "packed", "packed-sdpa", "direct-sequential", "one-shot", "packed-inplace"]
+
+
+@pytest.mark.parametrize("name", EXECUTOR_NAMES)
+def test_executor_traversals_warn_once_when_they_compute_past_the_limit(short_lm, name):
+    from sur_lab.cache_ops import clone_cache
+    from sur_lab.executors import get_executor
+
+    prepared = _prepared_long(short_lm)
+    p, S = prepared.edit.prefix_len, prepared.edit.suffix_len  # p + S = LIMIT + 5
+    run = get_executor(name)
+    # Four intervals, the last two past the limit: one warning for the call (the interval-wise executors name the
+    # first interval that passes it, the packed ones their one traversal's last row).
+    past = Support(np.array([0, 1, 5, 6, S - 3, S - 1]), S)
+    messages, _ = _context_warnings(lambda: run(short_lm, clone_cache(prepared.shift_cache), prepared.edit, past))
+    assert len(messages) == 1
+    length = int(re.match(r"context of (\d+) tokens exceeds the model's max_position_embeddings=32", messages[0])[1])
+    assert length in (p + S - 2, p + S)
+    # Rows all below the limit: the traversal computes nothing past it, no warning.
+    within = Support(np.array([0, 1, 5]), S)
+    messages, _ = _context_warnings(lambda: run(short_lm, clone_cache(prepared.shift_cache), prepared.edit, within))
+    assert messages == []
+
+
+def test_no_context_warning_within_the_limit_on_any_path(short_lm):
+    edit = token_edit(_ids(LIMIT - 6), 4, 3, [1, 2, 3])
+    messages, _ = _context_warnings(lambda: [
+        answer(short_lm, repair(short_lm, prepare(short_lm, edit), "SUR", 50, executor=name).cache, edit,
+               max_new_tokens=3)
+        for name in EXECUTOR_NAMES if not name.endswith("inplace")
+    ])
+    assert messages == []
+
+
+def test_context_warnings_of_two_threads_do_not_share_one_scope(short_lm):
+    """The once-per-call scope is per thread: three threads' calls, each inside a one-warning scope of its own, warn
+    three times. (Recorded in the main thread: ``warnings.catch_warnings`` itself is process-global.)"""
+    import threading
+
+    from sur_lab.forward import one_context_warning
+
+    started = threading.Barrier(3)
+
+    @one_context_warning
+    def call():
+        started.wait(timeout=60)  # all three scopes are open at once
+        prefill(short_lm, _ids(LIMIT + 2))
+        prefill(short_lm, _ids(LIMIT + 3))  # same call: no second warning
+
+    def run():
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    messages, _ = _context_warnings(run)
+    assert len(messages) == 3 and all(f"context of {LIMIT + 2} tokens" in m for m in messages)
+
+
+def test_context_warning_names_the_callers_line(short_lm):
+    """The warning points at the user's call, not at sur_lab's internals (or torch's decorator wrappers)."""
+    from sur_lab.forward import ContextLengthWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        greedy_answer(short_lm, prefill(short_lm, _ids(LIMIT - 1))[0], torch.tensor([1, 2]), max_new_tokens=3)
+    hits = [w for w in caught if issubclass(w.category, ContextLengthWarning)]
+    assert len(hits) == 1 and hits[0].filename == __file__
+
+
+# =====================================================================================================================
+# Issue 24 (robust): arguments accepted by type but not by range, at the public boundaries and notebook parameters.
+# Each refused before any work, with the argument and the allowed range in the message.
+# =====================================================================================================================
+def _hotpot_file(tmp_path, n=3):
+    import json
+
+    path = tmp_path / "mine_hotpot.json"
+    path.write_text(json.dumps([
+        {"_id": f"h{i}", "question": f"Who {i}?", "answer": "Ann", "supporting_facts": [["A", 0]],
+         "context": [["A", ["Ann did it."]], ["B", ["Bob did not."]]]} for i in range(n)]))
+    return path
+
+
+LOAD_QA_ROWS = [
+    # (label, kwargs over a valid call, error type, message pattern: the argument and its allowed range)
+    ("non-integer limit", dict(limit=2.5), TypeError, r"limit must be an integer >= 0; got 2.5"),
+    ("integral float limit", dict(limit=2.0), TypeError, r"limit must be an integer >= 0; got 2.0"),
+    ("boolean limit", dict(limit=True), TypeError, r"limit must be an integer >= 0; got True"),
+    ("string limit", dict(limit="2"), TypeError, r"limit must be an integer >= 0"),
+    ("negative limit", dict(limit=-1), ValueError, r"limit must be an integer >= 0; got -1"),
+    ("integer source", dict(source=5), TypeError, r"source must be a file path .* got int 5"),
+    ("None source", dict(source=None), TypeError, r"source must be a file path"),
+    ("bytes source", dict(source=b"hotpotqa"), TypeError, r"source must be a file path"),
+    ("empty source", dict(source=""), ValueError, r"source='' is empty"),
+    ("unknown split", dict(split="validation"), ValueError, r"split='validation' must be one of dev, test, train"),
+    ("non-string split", dict(split=1), ValueError, r"split=1 must be one of dev, test, train"),
+    ("unknown dataset", dict(dataset="hotpot"), ValueError, r"dataset='hotpot' is not one of"),
+]
+
+
+@pytest.mark.parametrize("row", LOAD_QA_ROWS, ids=[r[0] for r in LOAD_QA_ROWS])
+def test_load_qa_refuses(tmp_path, row):
+    from sur_lab.studies.datasets import load_qa
+
+    _, override, error, match = row
+    kwargs = dict(source=_hotpot_file(tmp_path), limit=2) | override
+    with pytest.raises(error, match=match):
+        load_qa(kwargs.pop("source"), **kwargs)
+
+
+def test_load_qa_takes_integer_limits_of_any_integer_type(tmp_path):
+    from sur_lab.studies.datasets import load_qa
+
+    path = _hotpot_file(tmp_path, 5)
+    assert [len(load_qa(path, limit=k)) for k in (0, 2, np.int64(3), 9)] == [0, 2, 3, 5]
+    assert len(load_qa(str(path))) == 5
+
+
+LOAD_CORPUS_ROWS = [
+    ("non-integer limit", dict(limit=1.5), TypeError, r"limit must be an integer >= 0"),
+    ("negative limit (used to drop the last paragraph)", dict(limit=-1), ValueError, r"limit must be an integer >= 0"),
+    ("integer source", dict(source=3), TypeError, r"source must be a file path"),
+]
+
+
+@pytest.mark.parametrize("row", LOAD_CORPUS_ROWS, ids=[r[0] for r in LOAD_CORPUS_ROWS])
+def test_load_corpus_refuses(tmp_path, row):
+    import json
+
+    from sur_lab.studies.datasets import load_corpus
+
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
+    _, override, error, match = row
+    kwargs = dict(source=path) | override
+    with pytest.raises(error, match=match):
+        load_corpus(**kwargs)
+    assert len(load_corpus(path, limit=1)) == 1 and len(load_corpus(path)) == 2
+
+
+SELECT_ROWS = [
+    ("non-integer n", dict(n=1.5), TypeError, r"n must be an integer >= 0; got 1.5"),
+    ("negative n", dict(n=-1), ValueError, r"n must be an integer >= 0; got -1"),
+    ("n past the pool", dict(n=4), ValueError, r"n=4 must lie in \[0, len\(examples\)=3\]"),
+    ("negative seed", dict(seed=-1), ValueError, r"seed must be an integer >= 0; got -1"),
+    ("float seed", dict(seed=0.5), TypeError, r"seed must be an integer >= 0"),
+    ("records that are not examples", dict(examples=[{"id": 1}]), TypeError, r"examples must be QAExample records"),
+]
+
+
+@pytest.mark.parametrize("row", SELECT_ROWS, ids=[r[0] for r in SELECT_ROWS])
+def test_select_sources_refuses(tmp_path, row):
+    from sur_lab.studies.datasets import load_qa, select_sources
+
+    _, override, error, match = row
+    kwargs = dict(examples=load_qa(_hotpot_file(tmp_path)), n=2, seed=0) | override
+    with pytest.raises(error, match=match):
+        select_sources(**kwargs)
+
+
+EXAMPLE_INDEX_ROWS = [
+    ("negative index (used to be the last example)", -1, ValueError, r"example_index must be an integer >= 0; got -1"),
+    ("index past the last example", 3, ValueError, r"example_index=3 must lie in \[0, 3\).*holds 3 examples"),
+    ("float index", 1.0, TypeError, r"example_index must be an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize("row", EXAMPLE_INDEX_ROWS, ids=[r[0] for r in EXAMPLE_INDEX_ROWS])
+def test_load_example_refuses(tmp_path, row):
+    from sur_lab.studies.datasets import load_example
+
+    _, index, error, match = row
+    path = _hotpot_file(tmp_path)
+    with pytest.raises(error, match=match):
+        load_example(path, index)
+    assert load_example(path, 2).id == "h2"
+
+
+THEORY_EDIT_ROWS = [
+    # theory_edit's counts are checked before any file is read (the tokenizer is never reached)
+    ("negative example_index", dict(example_index=-1), ValueError, "example_index must be an integer >= 0"),
+    ("one passage", dict(num_passages=1), ValueError, "num_passages must be an integer >= 2"),
+    ("zero passages (used to become one)", dict(num_passages=0), ValueError, "num_passages must be an integer >= 2"),
+    ("negative delete_at", dict(delete_at=-1), ValueError, "delete_at must be an integer >= 0"),
+    ("zero deletion_width", dict(deletion_width=0), ValueError, "deletion_width must be an integer >= 1"),
+    ("float haystack_passages", dict(haystack_passages=2.5), TypeError, "haystack_passages must be an integer"),
+    ("negative seed", dict(seed=-3), ValueError, "seed must be an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize("row", THEORY_EDIT_ROWS, ids=[r[0] for r in THEORY_EDIT_ROWS])
+def test_theory_edit_refuses(row):
+    from sur_lab.studies.theory import theory_edit
+
+    _, override, error, match = row
+    with pytest.raises(error, match=match):
+        theory_edit(None, "no-such-source", **override)
+
+
+# ---- notebook parameters: declared ranges --------------------------------------------------------------------------
+NOTEBOOK_RANGE_ROWS = [
+    # (notebook, -p overrides, message pattern naming the parameter, the range and the value)
+    ("00_quickstart", {"example_index": -1}, r"'example_index' must be >= 0 \(declared \{0..\}\); got -1"),
+    ("00_quickstart", {"distractor_index": -2}, r"'distractor_index' must be >= 0"),
+    ("00_quickstart", {"budgets": [5, 200]}, r"'budgets' must hold values in \[0, 100\].*got 200 \(item 1"),
+    ("00_quickstart", {"budgets": []}, r"'budgets' must hold a list with len >= 1"),
+    ("00_quickstart", {"max_new_tokens": 0}, r"'max_new_tokens' must be >= 1"),
+    ("01_theory_bound", {"num_passages": 1}, r"'num_passages' must be >= 2"),
+    ("01_theory_bound", {"deletion_width": 0}, r"'deletion_width' must be >= 1"),
+    ("02_allocation_geometry", {"preset": "huge"}, r"'preset' must be one of 'smoke', 'default', 'paper'"),
+    ("02_allocation_geometry", {"depths": [0.5, 1.5]}, r"'depths' must hold values in \[0, 1\]"),
+    ("02_allocation_geometry", {"workers": 0}, r"'workers' must be >= 1"),
+    ("02_allocation_geometry", {"references": ["Shift", "Reprefill"]}, r"'references' must hold values one of"),
+    ("03_natural_qa_latency", {"datasets": ["hotpot"]}, r"'datasets' must hold values one of 'hotpotqa'"),
+    ("03_natural_qa_latency", {"n_boot": 0}, r"'n_boot' must be >= 1"),
+    ("04_packed_refresh_benchmark", {"overlap_budget": 0.0}, r"'overlap_budget' must be in \(0, 100\]"),
+    ("04_packed_refresh_benchmark", {"num_intervals": [0, 4]}, r"'num_intervals' must hold values >= 1"),
+    ("05_kernel_numerical_validation", {"kernel_dtypes": ["float8"]}, r"'kernel_dtypes' must hold values one of"),
+    ("06_noprefix_reuse", {"required_preservation": 95.0}, r"'required_preservation' must be in \[0, 1\]"),
+    ("07_agent_session", {"k": 11}, r"'k' must be in \[1, 10\] \(declared \{1..10\}\); got 11"),
+    ("07_agent_session", {"debt_pct": 150.0}, r"'debt_pct' must be in \[0, 100\]"),
+    ("07_agent_session", {"seed": -1}, r"'seed' must be >= 0"),
+]
+
+
+NOTEBOOK_RANGE_IDS = [f"{r[0][:2]} {next(iter(r[1]))}" for r in NOTEBOOK_RANGE_ROWS]
+
+
+@pytest.mark.parametrize("row", NOTEBOOK_RANGE_ROWS, ids=NOTEBOOK_RANGE_IDS)
+def test_notebook_parameters_outside_their_declared_range_are_refused(row):
+    from sur_lab.runtime.params import ParameterRangeError, check_notebook_parameters
+
+    name, overrides, match = row
+    path = REPO / "notebooks" / f"{name}.ipynb"
+    with pytest.raises(ParameterRangeError, match=match) as err:
+        check_notebook_parameters(path, overrides)
+    assert isinstance(err.value, ValueError) and str(err.value).startswith(f"{name}.ipynb: ")
+
+
+def test_notebook_defaults_and_presets_lie_in_their_declared_ranges():
+    import papermill as pm
+
+    from sur_lab.runtime.params import _annotated, check_notebook_parameters, parameters_cell, parse_ranges
+    from sur_lab.runtime.run_notebooks import smoke_parameters, suite_parameters
+
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        source = parameters_cell(path)
+        ranges = parse_ranges(source)
+        annotated = {node.target.id: ast_annotation(node) for node, _ in _annotated(source)}
+        # Every count, index, budget and size declares its range...
+        numeric = {n for n, a in annotated.items() if a in ("int", "float")}
+        assert numeric <= set(ranges), (path.name, sorted(numeric - set(ranges)))
+        # ...without hiding a parameter from papermill (its parser skips a line holding two '=').
+        assert set(pm.inspect_notebook(str(path))) == set(annotated), path.name
+        for params in ({}, smoke_parameters(path), suite_parameters(path)):
+            check_notebook_parameters(path, params)
+
+
+def ast_annotation(node):
+    import ast
+
+    return ast.unparse(node.annotation)
+
+
+def test_validate_parameters_reads_the_ranges_from_the_kernel_history():
+    """Inside a kernel, ``validate_parameters(globals())`` finds the parameters cell in IPython's ``In`` history."""
+    from sur_lab.runtime.params import ParameterRangeError, validate_parameters
+
+    cell = "example_index: int = 0  # which example {0..}\nbudgets: list = [5]  # % {0..100, len 1..}"
+    namespace = {"__annotations__": {"example_index": int, "budgets": list}, "In": ["", cell, "example_index = -1\n"],
+                 "example_index": -1, "budgets": [5]}
+    with pytest.raises(ParameterRangeError, match=r"'example_index' must be >= 0"):
+        validate_parameters(namespace)
+    namespace["example_index"] = 2
+    validate_parameters(namespace)  # in range
+    # Outside IPython (no history) only the types are checked, unless ranges are given.
+    validate_parameters({"__annotations__": {"example_index": int}, "example_index": -1})
+
+
+@pytest.mark.parametrize("spec", ["> = 0", "0..x", "len >= 1", ">= 0", "0...1", '"a" | b'])
+def test_a_malformed_range_declaration_names_the_parameter(spec):
+    from sur_lab.runtime.params import parse_ranges
+
+    with pytest.raises(ValueError, match=r"parameter 'x': cannot read the declared range"):
+        parse_ranges(f"x: int = 0  # a count {{{spec}}}")
+
+
+# ---- the public API swept for the same kinds: counts, seeds, indexes, names ------------------------------------------
+def _api_rows():
+    from sur_lab import allowance, coalesce, continuation_nll, get_allocator, get_executor, segment_units, wrap_model
+    from sur_lab.allocators import AllocationRequest
+    from sur_lab.analysis.endpoints import reference_continuation
+    from sur_lab.analysis.scoring import iirc_exact_match
+    from sur_lab.analysis.stats import bootstrap_ci
+    from sur_lab.edits import format_passages
+    from sur_lab.models import cached_model_dir
+    from sur_lab.repair import recover
+    from sur_lab.runtime.run_notebooks import notebooks
+    from sur_lab.session import EditSession
+
+    return [
+        # (label, fn(lm, prepared), error type, message pattern)
+        ("coalesce unsorted (used to crash inside numpy)", lambda lm, pr: coalesce([3, 1, 2]), ValueError,
+         r"positions must be strictly increasing"),
+        ("coalesce duplicates", lambda lm, pr: coalesce([1, 1, 2]), ValueError, r"strictly increasing"),
+        ("coalesce floats (used to give (1, 3))", lambda lm, pr: coalesce(np.array([1.5, 2.5])), TypeError,
+         r"positions must be integers"),
+        ("allowance of an integral float suffix_len", lambda lm, pr: allowance(10.0, 5), ValueError,
+         r"suffix_len must be a non-negative integer; got 10.0"),
+        ("repair seed 1.5 (used to run with seed 1)", lambda lm, pr: repair(lm, pr, "SUR", 20, seed=1.5), TypeError,
+         r"seed must be an integer >= 0; got 1.5"),
+        ("repair negative seed", lambda lm, pr: repair(lm, pr, "Random semantic units", 20, seed=-1), ValueError,
+         r"seed must be an integer >= 0; got -1"),
+        ("recover negative seed", lambda lm, pr: recover(lm, pr.edit, pr.dirty_cache, "SUR", 20, seed=-2), ValueError,
+         r"seed must be an integer >= 0"),
+        ("AllocationRequest negative seed", lambda lm, pr: AllocationRequest(lm, pr.edit, 20, seed=-1), ValueError,
+         r"seed must be an integer >= 0"),
+        ("EditSession seed 1.5", lambda lm, pr: EditSession(lm, seed=1.5), TypeError, r"seed must be an integer"),
+        ("EditSession.delete seed -1", lambda lm, pr: _session_of(lm).delete(2, 4, seed=-1), ValueError,
+         r"seed must be an integer >= 0"),
+        ("get_executor of a list (used to be unhashable)", lambda lm, pr: get_executor(["packed"]), ValueError,
+         r"executor name must be a string; got list"),
+        ("get_allocator of None", lambda lm, pr: get_allocator(None), ValueError, r"allocator name must be a string"),
+        ("continuation_nll id outside the vocabulary (used to be a RuntimeError)",
+         lambda lm, pr: continuation_nll(lm, pr.shift_cache, pr.edit, [1000]), ValueError,
+         r"continuation holds token id 1000 outside the vocabulary \[0, 96\)"),
+        ("segment_units of a non-edit", lambda lm, pr: segment_units(5), TypeError, r"edit must be an EditedContext"),
+        ("segment_units max_len 0", lambda lm, pr: segment_units(pr.edit, max_len=0), ValueError,
+         r"max_len must be an integer >= 1"),
+        ("bootstrap_ci n_resamples 2.5 (used to run 2)", lambda lm, pr: bootstrap_ci([1, 0, 1], n_resamples=2.5),
+         TypeError, r"n_resamples must be an integer >= 1; got 2.5"),
+        ("bootstrap_ci n_resamples 0", lambda lm, pr: bootstrap_ci([1, 0, 1], n_resamples=0), ValueError,
+         r"n_resamples must be an integer >= 1"),
+        ("bootstrap_ci negative seed", lambda lm, pr: bootstrap_ci([1, 0, 1], seed=-1), ValueError,
+         r"seed must be an integer >= 0"),
+        ("reference_continuation max_tokens 1.5", lambda lm, pr: reference_continuation([1, 2, 3], 1.5), TypeError,
+         r"max_tokens must be an integer >= 1"),
+        ("iirc_exact_match unknown answer_type (used to score False)",
+         lambda lm, pr: iirc_exact_match("a", ["a"], "span"), ValueError, r"answer_type='span' is not one of"),
+        ("wrap_model of a LoadedModel", lambda lm, pr: wrap_model(lm), TypeError, r"already a LoadedModel"),
+        ("wrap_model of an int", lambda lm, pr: wrap_model(5), TypeError, r"model must be a transformers causal LM"),
+        ("format_passages of a string", lambda lm, pr: format_passages("abc"), TypeError,
+         r"passages must be a sequence of passages"),
+        ("notebooks of a non-string pattern", lambda lm, pr: notebooks(5), TypeError,
+         r"pattern must be a file-name glob"),
+        ("cached_model_dir of a non-string key", lambda lm, pr: cached_model_dir(5, lambda p: None), ValueError,
+         r"key=5 must be a plain folder name"),
+    ]
+
+
+def _session_of(lm):
+    from sur_lab.session import EditSession
+
+    session = EditSession(lm)
+    session.append(list(range(20)))
+    return session
+
+
+API_ROWS = _api_rows()
+
+
+@pytest.mark.parametrize("row", API_ROWS, ids=[r[0] for r in API_ROWS])
+def test_public_api_refuses_out_of_range_arguments(lm, prepared, row):
+    _, fn, error, match = row
+    with pytest.raises(error, match=match):
+        fn(lm, prepared)
+
+
+def test_paired_bootstrap_refuses_non_integer_replicates_and_negative_seeds():
+    import pandas as pd
+
+    from sur_lab.analysis.stats import paired_bootstrap
+
+    df = pd.DataFrame({"method": ["a", "b"] * 4, "correct": [1, 0, 1, 1, 0, 0, 1, 0],
+                       "source_id": [0, 0, 1, 1, 2, 2, 3, 3], "dataset": ["d"] * 8})
+    kwargs = dict(metric_col="correct", method_a="a", method_b="b")
+    with pytest.raises(ValueError, match=r"n_boot must be an integer >= 1; got 2.0"):
+        paired_bootstrap(df, n_boot=2.0, **kwargs)
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0; got -5"):
+        paired_bootstrap(df, n_boot=10, seed=-5, **kwargs)
+    assert paired_bootstrap(df, n_boot=np.int64(10), **kwargs).replicates.shape == (10,)
+
+
+@pytest.mark.parametrize("containers", [((5, 2, "user"),), ((0, 999, "user"),), ((0, 3),), ((0.0, 3, "user"),)])
+def test_segment_edit_refuses_reversed_or_out_of_range_containers(containers):
+    """A reversed container used to be dropped silently (the semantic units then ignored that message boundary)."""
+    from sur_lab.edits import segment_edit
+
+    with pytest.raises(ValueError, match=r"containers must hold \(start, end, kind\) character spans"):
+        segment_edit(None, "ab", "cd", "ef", "q", containers=containers)
+
+
+@pytest.mark.parametrize("value,expected", [("", None), ("  ", None), ("~/x", "HOME/x"), ("rel/dir", "CWD/rel/dir")])
+def test_model_cache_root_from_the_environment(monkeypatch, value, expected):
+    """An empty SUR_LAB_CACHE used to put the model cache in the current directory ('.')."""
+    import os
+
+    from sur_lab.models import cache_root
+
+    monkeypatch.setenv("SUR_LAB_CACHE", value)
+    want = (Path.home() / ".cache" / "sur_lab" if expected is None else
+            Path(expected.replace("HOME", str(Path.home())).replace("CWD", os.getcwd())))
+    assert cache_root() == want and cache_root().is_absolute()

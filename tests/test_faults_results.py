@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -554,3 +556,191 @@ def test_held_out_is_decided_by_file_name_or_checksum(data_dir, tmp_path, label,
     with pytest.raises(Exception) as info:  # a one-record file cannot make a deletion edit either way
         theory_edit(None, str(path))
     assert ("held-out" in str(info.value)) is expected, str(info.value)
+
+
+# =====================================================================================================================
+# Issue 24 (robust): records without ids, an unverified data folder, and the runners' checks before any work.
+# =====================================================================================================================
+ID_FAULTS = [
+    # (fault input, file name, bytes, expected error naming the file, the record and the id field)
+    ("hotpot record without _id", "nid.json", json.dumps([_hotpot(), {k: v for k, v in _hotpot().items()
+                                                                      if k != "_id"}]).encode(),
+     r"nid\.json'.*record 1 has no id field '_id' \(got None\)"),
+    ("hotpot null _id", "zid.json", json.dumps([_hotpot(_id=None)]).encode(),
+     r"zid\.json'.*record 0 has a null, empty or non-text id field '_id'"),
+    ("hotpot empty _id", "eid.json", json.dumps([_hotpot(_id="  ")]).encode(), r"record 0 has a null, empty"),
+    ("hotpot boolean _id", "bid.json", json.dumps([_hotpot(_id=True)]).encode(), r"record 0 has a null, empty"),
+    ("ircot null question_id", "hotpot_nq.jsonl", _jsonl(_ircot(question_id=None)),
+     r"nq\.jsonl'.*record 0 has a null, empty or non-text id field 'question_id'"),
+    ("musique record without id", "mid.jsonl", _jsonl({k: v for k, v in _musique().items() if k != "id"}),
+     r"mid\.jsonl'.*record 0 has no id field 'id'"),
+    ("iirc list id", "rid.jsonl", _jsonl(_iirc(id=["r1"])), r"rid\.jsonl'.*record 0 has a null, empty"),
+]
+
+
+@pytest.mark.parametrize("label,name,data,match", ID_FAULTS, ids=[r[0] for r in ID_FAULTS])
+def test_records_without_an_id_are_refused_not_loaded_as_none(tmp_path, label, name, data, match):
+    from sur_lab.studies.datasets import load_qa
+
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=match):
+        load_qa(path)
+
+
+def test_integer_ids_are_kept_as_text(tmp_path):
+    from sur_lab.studies.datasets import load_qa
+
+    path = tmp_path / "iid.json"
+    path.write_text(json.dumps([_hotpot(_id=7)]))
+    assert load_qa(path)[0].id == "7"
+
+
+def test_a_data_folder_without_sha256sums_is_read_with_one_warning(data_copy):
+    from sur_lab.studies.datasets import UnverifiedDataWarning, load_corpus, load_qa
+
+    (data_copy / "SHA256SUMS").unlink()
+    with pytest.warns(UnverifiedDataWarning, match=r"has no SHA256SUMS: its files are read unverified") as caught:
+        assert len(load_qa("hotpotqa")) == 100
+    assert str(data_copy.resolve()) in str(caught[0].message)
+    with warnings.catch_warnings():  # once per folder: the second read is quiet
+        warnings.simplefilter("error", UnverifiedDataWarning)
+        assert len(load_qa("hotpotqa", limit=3)) == 3
+        assert len(load_qa(data_copy / HOTPOT_DEV, limit=2)) == 2
+    # A user's own file outside the data folder is not "shipped data": no warning.
+    corpus = data_copy.parent / "mine.json"
+    corpus.write_text(json.dumps([{"title": "A", "text": "a"}]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnverifiedDataWarning)
+        assert len(load_corpus(corpus)) == 1
+
+
+def test_a_file_of_the_data_folder_read_by_path_without_sha256sums_warns(data_copy):
+    from sur_lab.studies.datasets import UnverifiedDataWarning, load_qa
+
+    (data_copy / "SHA256SUMS").unlink()
+    with pytest.warns(UnverifiedDataWarning, match="read unverified"):
+        load_qa(data_copy / HOTPOT_DEV, limit=1)
+
+
+# ---- the CLI and the notebook runner check what they can before loading a model or running a notebook ---------------
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model (or a tokenizer) fails the test: these errors must come first."""
+    import sur_lab.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad argument was reported")
+
+    monkeypatch.setattr(sur_lab.models, "load_model", refuse)
+    monkeypatch.setattr(sur_lab.models, "embedded_tokenizer", refuse)
+
+
+def _cli(capsys, *argv):
+    from sur_lab.runtime import cli
+
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+SWEEP_ARG_FAULTS = [
+    # (fault input, extra arguments (OUT replaced by the file, DIR by tmp_path), expected message)
+    ("--out names an existing file", ["--out", "OUT"],
+     r"--out '.*taken\.txt' is an existing file; a sweep writes a folder"),
+    ("--out under an existing file", ["--out", "OUT/sub"],
+     r"--out '.*taken\.txt/sub': '.*taken\.txt' on its path is a file"),
+    ("unknown --executor", ["--out", "DIR/s", "--executor", "packd"], r"--executor: unknown executor name='packd'"),
+    ("bad --dtype", ["--out", "DIR/s", "--dtype", "Float32"], r"--dtype: dtype='Float32' is not a model dtype"),
+    ("bad --device", ["--out", "DIR/s", "--device", "gpu"], r"--device: device='gpu' is not a device"),
+    ("missing local --model", ["--out", "DIR/s", "--model", "./no/such/model"],
+     r"--model: model path './no/such/model'"),
+    ("misspelt --model", ["--out", "DIR/s", "--model", "qwen-coder"], r"--model: name='qwen-coder' is not an embedded"),
+]
+
+
+@pytest.mark.parametrize("label,extra,match", SWEEP_ARG_FAULTS, ids=[r[0] for r in SWEEP_ARG_FAULTS])
+def test_sweep_arguments_are_checked_before_a_model_loads(tmp_path, capsys, no_model, label, extra, match):
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    argv = [a.replace("OUT", str(taken)).replace("DIR", str(tmp_path)) for a in extra]
+    code, _, err = _cli(capsys, "sweep", "niah", "--preset", "smoke", "--no-progress", *argv)
+    assert code == 2 and re.search(match, err), err
+    assert "Traceback" not in err and taken.read_text() == "mine"
+    assert not (tmp_path / "s").exists()
+
+
+def test_sweep_refuses_a_negative_seed_at_parse_time(capsys, no_model):
+    code, _, err = _cli(capsys, "sweep", "niah", "--preset", "smoke", "--seed", "-1")
+    assert code == 2 and "--seed must be an integer >= 0; got '-1'" in err
+
+
+RANGE_NOTEBOOK = "value: int = 1  # a count {1..5}\nname: str = 'a'  # a choice {\"a\" | \"b\"}"
+
+
+def _range_notebook(folder: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(RANGE_NOTEBOOK)
+    params.metadata["tags"] = ["parameters"]
+    check = nbformat.v4.new_code_cell("from sur_lab.runtime.params import validate_parameters\n"
+                                      "validate_parameters(globals())\nprint('ran with', value, name)")
+    nb.cells = [params, check]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "nb_range.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["-p", "value", "0"], r"'value' must be in \[1, 5\] \(declared \{1..5\}\); got 0"),
+    (["-p", "value", "9", "-p", "name", "c"], r"'value' must be in \[1, 5\].*\n.*'name' must be one of 'a', 'b'"),
+])
+def test_runners_refuse_out_of_range_parameters_before_any_notebook_runs(tmp_path, capsys, monkeypatch, overrides,
+                                                                          match):
+    import sur_lab.runtime.run_notebooks as runner
+
+    path = _range_notebook(tmp_path / "nbs")
+    monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("a notebook ran"))
+    code = runner.main(["--notebooks", str(path.parent), "--outputs", str(tmp_path / "out"), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(match, err) and "nothing was run" in err
+    code, _, err = _cli(capsys, "run", str(path), "--out", str(tmp_path / "out"), *overrides)
+    assert code == 2 and re.search(match, err) and "nothing was run" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_notebook_refuses_an_out_of_range_parameter_before_writing(tmp_path):
+    from sur_lab.runtime.params import ParameterRangeError
+    from sur_lab.runtime.run_notebooks import run_notebook
+
+    path = _range_notebook(tmp_path / "nbs")
+    with pytest.raises(ParameterRangeError, match=r"nb_range\.ipynb: parameter 'value' must be in \[1, 5\]"):
+        run_notebook(path, {"value": 6}, outputs=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_plain_papermill_run_is_checked_by_the_validation_cell(tmp_path):
+    """Without sur_lab's runner, the kernel's validate_parameters(globals()) reads the ranges from the parameters cell
+    in IPython's history and fails the run at the validation cell, before the study's cells."""
+    import papermill as pm
+
+    path = _range_notebook(tmp_path / "nbs")
+    with pytest.raises(pm.PapermillExecutionError, match=r"ParameterRangeError.*'value' must be in \[1, 5\]"):
+        pm.execute_notebook(str(path), str(tmp_path / "out.ipynb"), parameters={"value": 7}, progress_bar=False,
+                            kernel_name="python3", cwd=str(path.parent))
+    out = pm.execute_notebook(str(path), str(tmp_path / "ok.ipynb"), parameters={"value": 3}, progress_bar=False,
+                              kernel_name="python3", cwd=str(path.parent))
+    assert "ran with 3 a" in "".join(o.get("text", "") for o in out.cells[-1].outputs)
+
+
+def test_run_refuses_an_out_folder_that_is_a_file_before_any_notebook_runs(tmp_path, capsys, monkeypatch):
+    import sur_lab.runtime.run_notebooks as runner
+
+    path = _range_notebook(tmp_path / "nbs")
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("a notebook ran"))
+    code, _, err = _cli(capsys, "run", str(path), "--out", str(taken))
+    assert code == 2 and "is an existing file; the executed notebooks go into a folder" in err
+    assert taken.read_text() == "mine"

@@ -36,6 +36,8 @@ from sur_lab.cache_ops import caches_equal, clone_cache, slice_rows, to_tensors 
 from sur_lab.edits import token_edit  # noqa: E402
 from sur_lab.executors import EXECUTORS, dirty, get_executor, shift  # noqa: E402
 from sur_lab.models import UnsupportedModelError  # noqa: E402
+from sur_lab.attention import native_implementation  # noqa: E402
+from sur_lab.forward import prefill  # noqa: E402
 
 import sur_lab.executors.packed as packed  # noqa: E402
 
@@ -140,9 +142,10 @@ def test_exactly_one_output_clone(case, monkeypatch):
         assert len(calls) == 1
 
 
-def test_attention_implementation_restored_after_error(case, monkeypatch):
+def test_ordinary_forwards_are_unchanged_after_a_failed_refresh(case, monkeypatch):
     lm, edit, shift_cache = case
-    before = lm.model.config._attn_implementation
+    native = native_implementation(lm.model.config)
+    _, before = prefill(lm, edit.edited_ids)
 
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
@@ -150,9 +153,12 @@ def test_attention_implementation_restored_after_error(case, monkeypatch):
     monkeypatch.setattr(packed._PackedAttention, "attend", boom)
     with pytest.raises(RuntimeError, match="boom"):
         packed.refresh_packed(lm, shift_cache, edit, [0, 1])
-    assert lm.model.config._attn_implementation == before
-    # The registered function refuses to serve an ordinary forward.
-    with pytest.raises(RuntimeError, match="packed refresh only"):
+    # Nothing was switched for the refresh, so nothing is left switched: same native function, same logits.
+    assert native_implementation(lm.model.config) == native
+    _, after = prefill(lm, edit.edited_ids)
+    assert torch.equal(before, after)
+    # The packed attention refuses to serve an ordinary forward.
+    with pytest.raises(RuntimeError, match="packed refreshes only"):
         packed._packed_attention_forward(None, None, None, None, attention_mask=None)
 
 

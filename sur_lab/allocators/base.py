@@ -36,6 +36,7 @@ from sur_lab.budget import (
     prompt_allowance,
     warn_if_fraction,
 )
+from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
@@ -69,8 +70,9 @@ class AllocationRequest:
     Raises:
         ValueError: (at construction) naming ``budget_pct`` when it is outside [0, 100]; naming ``allowance`` when it is
             outside ``[0, S]``; naming ``allowance_base`` when it is not one of :data:`sur_lab.budget.ALLOWANCE_BASES`;
-            naming both ``budget_pct`` and ``allowance`` when neither is given.
+            naming both ``budget_pct`` and ``allowance`` when neither is given; when ``seed`` is negative.
         TypeError: (at construction) naming ``allowance`` when it is not an integer.
+        TypeError: (at construction) if ``seed`` is not an integer (``1.5`` is not rounded).
 
     Warns:
         BudgetFractionWarning: (a ``UserWarning``, at construction) when 0 < ``budget_pct`` < 1, usually a fraction
@@ -88,6 +90,7 @@ class AllocationRequest:
     allowance_base: str = "suffix"
 
     def __post_init__(self) -> None:
+        self.seed = as_count(self.seed, "seed", minimum=0)  # numpy generators take non-negative integer seeds
         if self.budget_pct is None and self.allowance is None:
             raise ValueError(
                 "give budget_pct (percent of the suffix, [0, 100]) or allowance (suffix positions, [0, S]); got neither"
@@ -391,6 +394,9 @@ def get_allocator(name: str) -> Allocator:
         ValueError: naming ``name`` and listing the registered allocators; or naming the bad option or value of a
             variant name.
     """
+    if not isinstance(name, str):
+        raise ValueError(f"allocator name must be a string; got {type(name).__name__} {name!r}; registered: "
+                         f"{', '.join(sorted(ALLOCATORS))}")
     try:
         return ALLOCATORS[name]
     except KeyError:

@@ -12,12 +12,17 @@ Two tools, both built on ordinary model forwards with PyTorch hooks (no change t
 - :func:`forward_layers` runs a forward through only the first ``n`` decoder layers (a shallow prefill or query
   forward, as CacheBlend and A3 use) by stopping after layer ``n - 1``; the cache then holds ``n`` layers.
 
+Threads: the hooks are registered on the shared model for the duration of the call, but each acts only on forwards
+run in the context (thread, asyncio task) that registered it (:func:`_owned_hook`); forwards of other threads on the
+same model meanwhile are neither stopped, probed nor recorded.
+
 Shapes follow the house layout: caches ``[1, H_kv, N, d_h]``, probabilities ``[H_Q, T, N_k]`` with query head ``h``
 reading KV head ``h // (H_Q / H_kv)`` (GQA).
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -36,6 +41,35 @@ def decoder_layers(lm: LoadedModel) -> torch.nn.ModuleList:
     """The model's decoder layers (``model.model.layers`` for every supported family)."""
     inner = getattr(lm.model, "model", lm.model)
     return inner.layers
+
+
+#: Ids of the hook owners active in the current context (thread / task).
+_OWNERS: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("sur_lab_hook_owners", default=frozenset())
+
+
+@contextmanager
+def _owned_hook() -> Iterator[Callable[[Callable], Callable]]:
+    """Yield ``own(hook)``, which wraps a module hook so that it acts only on forwards of this context.
+
+    A hook registered on a shared module fires for every thread's forwards; the wrapped one returns ``None`` (no
+    effect) unless the forward runs in the context that entered this block, while the block is active.
+    """
+    key = object()
+    token = _OWNERS.set(_OWNERS.get() | {id(key)})
+
+    def own(hook: Callable) -> Callable:
+        def guarded(*args, **kwargs):
+            if id(key) in _OWNERS.get():
+                return hook(*args, **kwargs)
+            return None
+
+        return guarded
+
+    try:
+        yield own
+    finally:
+        _OWNERS.reset(token)
+        del key
 
 
 class _StopForward(Exception):
@@ -63,13 +97,14 @@ def forward_layers(lm: LoadedModel, ids: torch.Tensor, cache: DynamicCache, num_
     def stop(module, args, output):  # noqa: ANN001 - torch hook signature
         raise _StopForward
 
-    handle = layers[num_layers - 1].register_forward_hook(stop)
-    try:
-        forward_tokens(lm, ids, cache, logits="none")
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
+    with _owned_hook() as own:
+        handle = layers[num_layers - 1].register_forward_hook(own(stop))
+        try:
+            forward_tokens(lm, ids, cache, logits="none")
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
 
 
 def _row_queries(attn: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -136,14 +171,15 @@ def attention_probe(
 
         return hook
 
-    for index, layer in enumerate(decoder_layers(lm)):
-        if index in wanted:
-            handles.append(layer.self_attn.register_forward_hook(make_hook(index), with_kwargs=True))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    with _owned_hook() as own:
+        for index, layer in enumerate(decoder_layers(lm)):
+            if index in wanted:
+                handles.append(layer.self_attn.register_forward_hook(own(make_hook(index)), with_kwargs=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 @contextmanager
@@ -164,10 +200,11 @@ def capture_residual_norms(lm: LoadedModel, layers: Iterable[int], store: dict[i
 
         return hook
 
-    for index in layers:
-        handles.append(modules[index].register_forward_hook(make_hook(index)))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    with _owned_hook() as own:
+        for index in layers:
+            handles.append(modules[index].register_forward_hook(own(make_hook(index))))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()

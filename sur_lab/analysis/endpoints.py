@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from sur_lab.checks import as_count
+
 
 def nr_tv(tv_method: float, tv_dirty: float) -> float:
     """Normalized first-token recovery ``NR_TV(a) = 1 - TV(p_a, p_clean) / TV(p_dirty, p_clean)`` (Eq. 14).
@@ -39,10 +41,11 @@ def reference_continuation(token_ids, max_tokens: int | None = None) -> list[int
     :class:`sur_lab.answer.Answer` stores them), optionally truncated to ``max_tokens``.
 
     Raises:
+        TypeError: if ``max_tokens`` is not an integer (``1.5`` is not rounded).
         ValueError: if ``max_tokens`` < 1.
     """
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1; got {max_tokens!r}")
+    if max_tokens is not None:
+        max_tokens = as_count(max_tokens, "max_tokens", minimum=1)
     ids = [int(t) for t in token_ids]
     return ids if max_tokens is None else ids[:max_tokens]
 

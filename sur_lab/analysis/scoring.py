@@ -309,13 +309,13 @@ def iirc_exact_match(prediction: str, answers: Sequence[str], answer_type: str) 
     Raises:
         ValueError: naming ``answer_type`` when it is not one of IIRC's types.
     """
+    if answer_type not in {"spans", "number", "binary", "none"}:  # checked first: an empty prediction must not hide it
+        raise ValueError(f"answer_type={answer_type!r} is not one of 'spans', 'number', 'binary', 'none'")
     pred = (prediction or "").strip()
     if not drop_normalize(pred):
         return False
     if answer_type == "none":
         return drop_normalize(pred) in {drop_normalize(s) for s in NONE_PREDICTIONS}
-    if answer_type not in {"spans", "number", "binary"}:
-        raise ValueError(f"answer_type={answer_type!r} is not one of 'spans', 'number', 'binary', 'none'")
     gold = list(answers)
     if answer_type == "spans" and len(gold) > 1:
         candidates = [split_spans(pred), split_spans(pred, split_and=True)]

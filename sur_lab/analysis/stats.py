@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sur_lab.analysis.scoring import agreement
+from sur_lab.checks import as_count
 
 BOOTSTRAP_SEED = 20260928  # appendix 8.3
 N_BOOT = 10_000  # appendix 8.3
@@ -83,16 +84,21 @@ def bootstrap_ci(values, *, confidence: float = 0.95, n_resamples: int = 9999, s
     Args:
         values: 1-D numbers or bools (e.g. per-request preservation).
         confidence: coverage in (0, 1).
-        n_resamples: resamples, >= 1.
-        seed: generator seed.
+        n_resamples: resamples, an integer >= 1.
+        seed: generator seed, an integer >= 0.
 
     Returns:
         ``(low, high)`` in the values' units.
 
     Raises:
-        ValueError: naming ``values`` when empty or non-finite, ``confidence`` outside (0, 1).
+        TypeError: naming ``n_resamples`` or ``seed`` when not an integer (``2.5`` is not rounded).
+        ValueError: naming ``values`` when empty or non-finite, ``confidence`` outside (0, 1), ``n_resamples`` < 1,
+            ``seed`` < 0.
     """
     from scipy.stats import bootstrap
+
+    n_resamples = as_count(n_resamples, "n_resamples", minimum=1)
+    seed = as_count(seed, "seed", minimum=0)
 
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     if x.size == 0:
@@ -167,7 +173,8 @@ def paired_bootstrap(
 
     Raises:
         ValueError: naming the argument: ``metric_col``/``source_col``/``strata_col``/``method_col`` not a column;
-            ``method_a``/``method_b`` not a method in the table (or equal); ``n_boot`` < 1; ``ci`` outside (0, 100);
+            ``method_a``/``method_b`` not a method in the table (or equal); ``n_boot`` not an integer >= 1; ``seed``
+            not an integer >= 0; ``ci`` outside (0, 100);
             ``metric_col`` when it is not numeric/bool; ``df`` when a source lacks rows for one method, has different
             row counts for the two, or the metric holds NaN.
     """
@@ -175,8 +182,11 @@ def paired_bootstrap(
     if method_a == method_b:
         raise ValueError(f"method_b={method_b!r} must differ from method_a")
     _require_methods(df, method_col, method_a=method_a, method_b=method_b)
-    if int(n_boot) != n_boot or n_boot < 1:
-        raise ValueError(f"n_boot={n_boot!r} must be an integer >= 1")
+    try:
+        n_boot = as_count(n_boot, "n_boot", minimum=1)
+        seed = as_count(seed, "seed", minimum=0)
+    except TypeError as err:  # documented as a ValueError naming the argument
+        raise ValueError(str(err)) from None
     if not 0 < ci < 100:
         raise ValueError(f"ci={ci!r} must lie in (0, 100)")
 

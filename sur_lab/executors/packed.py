@@ -8,9 +8,11 @@ the duration of the traversal, nothing else:
 
 * the cache passed to each layer is :class:`IndexedWriteCache`, whose ``update`` writes the fresh K/V rows at U into
   the output cache *before* attention (Eq. 21) and returns that layer's complete K/V rows ``[0, u_B]``;
-* the attention function is ours (registered in transformers' ``AttentionInterface`` and selected for the traversal
-  only): packed row r attends to keys ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift
-  rows in the gaps (Eq. 22), with one of three backends chosen by name:
+* the attention function is ours, chosen per call: the per-refresh plan is passed to each layer as its
+  ``attention_mask`` and the model's dispatching attention (:mod:`sur_lab.attention`, installed once per model) hands
+  a call carrying a plan to it and every other call to the model's own function. Packed row r attends to keys
+  ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift rows in the gaps (Eq. 22), with
+  one of three backends chosen by name:
 
   ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
                 once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
@@ -51,6 +53,11 @@ Controls (appendix 13.3), both registered executors:
   selected tokens, appended to a gathered cache of the unselected rows ``[0, u_B] \\ U`` with a custom 4-D mask; the
   new rows are scattered back into the output clone. It pays a gather and an append copy (its cache-assembly cost).
 
+Threads: a refresh writes only its own output cache (or, in place, the Shift cache it was given) and reads the model;
+it switches nothing that another forward reads (no config field, no module attribute), so several threads may refresh,
+prefill and answer on one model at once (``docs/threads.md``). The compiled flex function is created once per process
+under a lock.
+
 Scope (as in the paper): Llama/Mistral/Qwen2/Qwen3 layers and their mixture-of-experts relatives (Qwen2-MoE,
 Qwen3-MoE, Mixtral, GLM-4.5) of transformers in evaluation mode, full attention, fixed RoPE, batch size one, one
 device. Anything else raises :class:`~sur_lab.models.UnsupportedModelError` before any work.
@@ -60,17 +67,18 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 
+from sur_lab.attention import RoutedMask, install_router, native_implementation
 from sur_lab.budget import Support
 from sur_lab.cache_ops import (
     KV,
@@ -84,6 +92,7 @@ from sur_lab.cache_ops import (
 )
 from sur_lab.edits import EditedContext
 from sur_lab.executors import INPLACE_SUFFIX, check_support, register_executor
+from sur_lab.forward import check_context_length
 from sur_lab.models import (
     SUPPORTED_MODEL_TYPES,
     LoadedModel,
@@ -99,8 +108,6 @@ from sur_lab.models import (
 PACKED_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 #: Attention backends of the packed executor, by name.
 PACKED_BACKENDS = ("sdpa", "flex", "triton")
-#: Name under which the packed attention function is registered in transformers' ``AttentionInterface``.
-ATTENTION_IMPLEMENTATION = "sur_lab_packed"
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
 FLEX_BLOCK_SIZE = 128
 #: Cost model of the key-split path (:func:`split_segments`), in units of one folded query row times one key (all KV
@@ -129,7 +136,6 @@ SPLIT_KEY_STEP = 512
 FLASH_Q_BLOCKS = ((768, 256, 1.3), (192, 64, 1.0), (0, 32, 1.0))
 
 __all__ = [
-    "ATTENTION_IMPLEMENTATION",
     "FLASH_Q_BLOCKS",
     "FLEX_BLOCK_SIZE",
     "PACKED_BACKENDS",
@@ -369,6 +375,7 @@ def flex_block_mask(positions: torch.Tensor, kv_len: int, *, block_size: int = F
 
 
 _COMPILED_FLEX: Callable | None = None
+_COMPILED_FLEX_LOCK = threading.Lock()
 
 
 def _flex_attention(compiled: bool) -> Callable:
@@ -378,14 +385,16 @@ def _flex_attention(compiled: bool) -> Callable:
 
     if not compiled:
         return flex_attention
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
+    with _COMPILED_FLEX_LOCK:  # two threads' first refreshes would otherwise wrap (and compile) it twice
+        if _COMPILED_FLEX is None:
+            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        return _COMPILED_FLEX
 
 
 @dataclass(frozen=True, eq=False)
-class _PackedAttention:
-    """Per-refresh attention metadata, passed to every layer in place of ``attention_mask`` (built once, reused)."""
+class _PackedAttention(RoutedMask):
+    """Per-refresh attention metadata, passed to every layer in place of ``attention_mask`` (built once, reused);
+    the model's router (:mod:`sur_lab.attention`) calls it instead of the model's own attention function."""
 
     backend: str
     mask: torch.Tensor | None = None  # sdpa: [1, 1, B, kv_len] additive (0 where j <= u_r, -inf elsewhere)
@@ -393,6 +402,9 @@ class _PackedAttention:
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
     plan: Any = None  # triton: IndexedAttentionPlan
+
+    def __call__(self, module: torch.nn.Module, query, key, value, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        return _packed_attention_forward(module, query, key, value, self, **kwargs)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
         """``[1, Hq, B, d]`` x ``[1, Hkv, kv_len, d]`` -> ``[1, Hq, B, d]`` packed causal attention (Eq. 22)."""
@@ -650,38 +662,16 @@ def _packed_attention_forward(
     sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention-interface entry: returns ``([1, B, Hq, d], None)`` like ``sdpa_attention_forward``."""
+    """Packed attention with transformers' attention-function signature: returns ``([1, B, Hq, d], None)`` like
+    ``sdpa_attention_forward``; called by the model's router for a call whose ``attention_mask`` is a packed plan."""
     if not isinstance(attention_mask, _PackedAttention):
-        raise RuntimeError(
-            f"attn_implementation={ATTENTION_IMPLEMENTATION!r} is selected by sur_lab.executors.packed during a packed refresh "
-            "only; it cannot serve an ordinary forward"
-        )
+        raise RuntimeError("the packed attention serves packed refreshes only (attention_mask must be a packed plan); "
+                           "it cannot serve an ordinary forward")
     if sliding_window is not None:
         raise UnsupportedModelError(f"sliding_window={sliding_window}: packed attention covers full attention only")
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     out = attention_mask.attend(query, key, value, scale)
     return out.transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(ATTENTION_IMPLEMENTATION, _packed_attention_forward)
-
-
-@contextmanager
-def _packed_attention_selected(lm: LoadedModel) -> Iterator[None]:
-    """Select the packed attention function in every attention module's config, restoring it afterwards.
-
-    The attention modules look their function up by ``config._attn_implementation`` at each call, so this is the one
-    switch that keeps the native layer forwards; it is restored even when a layer raises.
-    """
-    configs = {id(layer.self_attn.config): layer.self_attn.config for layer in lm.model.model.layers}
-    previous = {key: config._attn_implementation for key, config in configs.items()}
-    try:
-        for config in configs.values():
-            config._attn_implementation = ATTENTION_IMPLEMENTATION
-        yield
-    finally:
-        for key, config in configs.items():
-            config._attn_implementation = previous[key]
 
 
 def _make_attention(
@@ -754,16 +744,16 @@ def _run_layers_(
     position_ids = positions[None]
     position_embeddings = rotary_embedding(lm.model)(hidden, position_ids=position_ids)
     cache = IndexedWriteCache(layers, positions, kv_end, write)
-    with _packed_attention_selected(lm):
-        for layer in inner.layers[: lm.model.config.num_hidden_layers]:
-            hidden = layer(
-                hidden,
-                attention_mask=attention,
-                position_ids=position_ids,
-                cache=cache,
-                use_cache=True,
-                position_embeddings=position_embeddings,
-            )
+    install_router(lm.model)  # once per model: `attention` reaches our function, every other call the model's own
+    for layer in inner.layers[: lm.model.config.num_hidden_layers]:
+        hidden = layer(
+            hidden,
+            attention_mask=attention,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            position_embeddings=position_embeddings,
+        )
 
 
 def _index_copy_writer(positions: torch.Tensor) -> Callable[..., None]:
@@ -849,6 +839,7 @@ def refresh_packed(
     device = lm.device
     absolute = torch.from_numpy(support.absolute(edit.prefix_len)).to(device)
     kv_end = int(absolute[-1]) + 1
+    check_context_length(lm, kv_end)  # the traversal computes rows up to the last selected position
     plan = None
     if backend == "triton":
         from sur_lab.executors.kernels import build_indexed_attention_plan
@@ -900,6 +891,8 @@ def refresh_direct_sequential(
     device = lm.device
     ids = edit.edited_ids.to(device)
     p = edit.prefix_len
+    if support.intervals:
+        check_context_length(lm, p + support.intervals[-1][1])  # rows up to the last interval's end
     for a, b in support.intervals:
         rows = torch.arange(p + a, p + b, device=device)
         attention = _make_attention("sdpa", rows, p + b, lm.dtype, flex_compile=False)
@@ -931,7 +924,7 @@ def refresh_one_shot(
         A new cache of ``p + S`` rows equal to the sequential executor's up to reduction order.
     """
     support = _validate(lm, shift, edit, positions)
-    implementation = lm.model.config._attn_implementation
+    implementation = native_implementation(lm.model.config)
     if implementation not in ("sdpa", "eager"):
         raise UnsupportedModelError(
             f"one-shot builds masks for 'sdpa' or 'eager' attention; the model uses {implementation!r}"
@@ -955,6 +948,7 @@ def refresh_one_shot(
         mask = torch.zeros(mask.shape, dtype=lm.dtype, device=device).masked_fill(~mask, torch.finfo(lm.dtype).min)
     # MoE heads compute a load-balancing loss when config.output_router_logits is set, and that loss reads the mask as
     # a 2-D padding mask: it fails on our 4-D one. It is a training quantity; switch it off for this forward.
+    check_context_length(lm, kv_end)
     takes_flag = "output_router_logits" in inspect.signature(lm.model.forward).parameters
     extra = {"output_router_logits": False} if takes_flag else {}
     lm.model(

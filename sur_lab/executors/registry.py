@@ -19,6 +19,7 @@ from sur_lab.budget import Support
 from sur_lab.cache_ops import cache_length
 from sur_lab.checks import check_batch_one
 from sur_lab.edits import EditedContext
+from sur_lab.forward import one_context_warning
 from sur_lab.models import LoadedModel
 
 Executor = Callable[[LoadedModel, DynamicCache, EditedContext, Support], DynamicCache]
@@ -28,10 +29,14 @@ INPLACE_SUFFIX = "-inplace"
 
 
 def register_executor(name: str) -> Callable[[Executor], Executor]:
-    """Decorator registering an executor under ``name``."""
+    """Decorator registering an executor under ``name`` (returns ``fn`` unchanged).
+
+    The registered callable warns at most once per call when its forwards pass the model's context length
+    (:func:`sur_lab.forward.one_context_warning`; an executor may run one forward per interval).
+    """
 
     def wrap(fn: Executor) -> Executor:
-        EXECUTORS[name] = fn
+        EXECUTORS[name] = one_context_warning(fn)
         return fn
 
     return wrap
@@ -45,6 +50,9 @@ def get_executor(name: str, *, inplace: bool = False) -> Executor:
             it has no in-place form and listing those that have one.
     """
     _load_optional_executors()
+    if not isinstance(name, str):
+        raise ValueError(f"executor name must be a string; got {type(name).__name__} {name!r}; registered: "
+                         f"{', '.join(sorted(EXECUTORS))}")
     if inplace and not name.endswith(INPLACE_SUFFIX):
         if name + INPLACE_SUFFIX not in EXECUTORS:
             forms = sorted(n[: -len(INPLACE_SUFFIX)] for n in EXECUTORS if n.endswith(INPLACE_SUFFIX))

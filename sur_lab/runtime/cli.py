@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -137,8 +138,54 @@ def _driver_tokenizer(model_args: dict):
     return AutoTokenizer.from_pretrained(model_args["name"])
 
 
+def check_out_folder(out: Path, writes: str = "a sweep writes a folder (records.parquet, parts/)") -> None:
+    """Refuse an ``--out`` folder that cannot be created or written, before a model is loaded or a notebook runs.
+
+    Raises:
+        CliError: naming ``--out`` when it is an existing file, when a parent on its path is a file, or when the
+            folder that would hold it is not writable.
+    """
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {str(out)!r} is an existing file; {writes}: give a folder path")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CliError(f"--out {str(out)!r}: {str(existing)!r} on its path is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(f"--out {str(out)!r}: {str(existing)!r} is not writable")
+
+
+def check_sweep_args(args, margs: dict) -> None:
+    """Everything about a sweep that can be checked without a model, before one is loaded: ``--out``, ``--executor``,
+    ``--dtype``, ``--device`` and ``--model`` (an existing path, an embedded name or an ``owner/name`` hub id).
+
+    Raises:
+        CliError: naming the option and the allowed values.
+    """
+    from sur_lab.executors import get_executor
+    from sur_lab.models import _check_device, _check_dtype, _check_name
+
+    if args.out:
+        check_out_folder(Path(args.out))
+    try:
+        get_executor(args.executor)
+    except ValueError as err:
+        raise CliError(f"--executor: {err}") from None
+    checks = (("--dtype", _check_dtype, margs["dtype"]), ("--device", _check_device, margs["device"]),
+              ("--model", _check_name, margs["name"]))
+    for option, check, value in checks:
+        try:
+            check(value)
+        except (ValueError, FileNotFoundError) as err:
+            raise CliError(f"{option}: {err}") from None
+
+
 def run_study_sweep(args) -> Path:
     """Build ``args.study``'s cases with its study module and run them (``run_sweep``; noprefix: its protocol runner).
+
+    Every option that can be checked without a model (:func:`check_sweep_args`) is checked before one is loaded.
 
     Returns:
         The directory holding ``records.parquet``.
@@ -169,6 +216,7 @@ def run_study_sweep(args) -> Path:
         print(f"note: natural-QA latencies measured by {args.workers} workers sharing a machine are contended; "
               "its latency tables refuse to pool them with 1-worker records (records carry workers and threads)")
     margs = _model_args(args)
+    check_sweep_args(args, margs)
     label = model_label(margs)
     tag = run_tag(model=label, preset=args.preset, seed=args.seed,
                   **{k: v for k, v in params.items()
@@ -215,8 +263,6 @@ def run_study_sweep(args) -> Path:
 
 
 def _noprefix(lm, params: dict, args, out: Path):
-    import os
-
     from sur_lab.studies.datasets import load_qa, select_sources
     from sur_lab.studies.noprefix import build_request, default_specs, run_requests
 
@@ -296,6 +342,24 @@ def preset_parameters(path: Path, preset: str, declared: dict) -> dict:
                    "'preset' parameter); use smoke or default, or pass -p overrides")
 
 
+def _check_plans(plans: dict) -> None:
+    """Every notebook's parameters against their annotations and declared ranges, before any notebook runs.
+
+    Raises:
+        CliError: listing every problem (the message names the notebook, the parameter, the range and the value).
+    """
+    from sur_lab.runtime.params import ParameterError, check_notebook_parameters
+
+    problems = []
+    for path, params in plans.items():
+        try:
+            check_notebook_parameters(path, params)
+        except (ParameterError, ValueError) as err:
+            problems.append(str(err))
+    if problems:
+        raise CliError("\n".join(problems) + "\nnothing was run")
+
+
 def run_notebooks_cmd(args) -> int:
     from sur_lab.runtime.run_notebooks import declared_parameters, run_notebook
 
@@ -309,7 +373,10 @@ def run_notebooks_cmd(args) -> int:
                        f"declared: {', '.join(known)}")
     plans = {p: {**preset_parameters(p, args.preset, declared[p]),
                  **{k: v for k, v in overrides.items() if k in declared[p]}} for p in paths}
+    _check_plans(plans)
     out = Path(args.out) if args.out else None
+    if out is not None:
+        check_out_folder(out, "the executed notebooks go into a folder")
     failures = []
     for path, params in plans.items():
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
@@ -509,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
     sw.add_argument("--out", default=None, help="sweep directory (default: outputs/sweeps/cli_<study>_<tag>)")
     sw.add_argument("--executor", default="sequential", help="sparse-refresh executor")
-    sw.add_argument("--seed", type=int, default=0, help="roster / source selection and allocator seed")
+    sw.add_argument("--seed", type=int_arg("--seed", 0), default=0,
+                    help="roster / source selection and allocator seed (>= 0)")
     sw.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=None,
                     help="greedy decoding limit, tokens (default: the preset's)")
     sw.add_argument("--num-cases", type=int_arg("--num-cases"), default=None, help="NIAH cases")

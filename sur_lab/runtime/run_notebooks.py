@@ -11,7 +11,9 @@ Notebooks are found by glob, not a hand-kept list. Each notebook's smoke paramet
 metadata: how the suite runs it on a dedicated machine, without changing what it computes (notebook 02, a quality
 study whose records do not depend on concurrency, fans its sweep out over two Ray workers; its own default stays one).
 Parameters given with ``-p`` are passed only to notebooks that declare them and override both (``-p workers 1`` runs
-02 in one process); a ``-p`` NAME that no selected notebook declares is an error before anything runs.
+02 in one process); a ``-p`` NAME that no selected notebook declares is an error before anything runs, and so is a
+value of the wrong type or outside the range its parameters cell declares (``-p example_index -1``;
+:func:`sur_lab.runtime.params.check_notebook_parameters`).
 
 Nothing good is ever overwritten by a failure:
 
@@ -56,6 +58,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 def notebooks(pattern: str = "*", folder: Path | None = None) -> list[Path]:
     """Notebooks under ``folder`` (default ``notebooks/``) whose file name matches ``pattern``, sorted by name."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a file-name glob string ('02', '03_*', '*'); got {type(pattern).__name__}")
     folder = Path(folder) if folder is not None else NOTEBOOK_DIR
     glob = pattern if "." in pattern else pattern + "*"
     return sorted(p for p in folder.glob("*.ipynb") if fnmatch.fnmatch(p.name, glob) and not p.name.startswith("."))
@@ -208,6 +212,8 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
         Path of the executed copy ``outputs/<name>.ipynb``.
 
     Raises:
+        ParameterError: when a parameter (given or default) does not match its annotation or lies outside its declared
+            range (:func:`sur_lab.runtime.params.check_notebook_parameters`), before anything runs or is written.
         NotebookBusyError: when another process is running the same notebook into ``outputs`` (nothing is written).
         papermill.PapermillExecutionError: when a cell fails (see ``<name>.failed.ipynb``).
         KeyboardInterrupt: on Ctrl-C or SIGTERM (:class:`RunInterrupted`), after keeping ``<name>.failed.ipynb``.
@@ -215,7 +221,10 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
     import papermill as pm
     from filelock import FileLock, Timeout
 
+    from sur_lab.runtime.params import check_notebook_parameters
+
     path = Path(path)
+    check_notebook_parameters(path, parameters)
     out_dir = Path(outputs) if outputs is not None else outputs_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / path.name
@@ -276,10 +285,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-p {unknown[0]}: no selected notebook declares a parameter named {unknown[0]!r} (selected: {names}); "
               "nothing was run", file=sys.stderr)
         return 2
-    failures = []
+    from sur_lab.runtime.params import ParameterError, check_notebook_parameters
+
+    plans = {}
     for path in paths:
         params = smoke_parameters(path) if args.smoke else suite_parameters(path)
         params.update({k: v for k, v in overrides.items() if k in declared[path]})
+        plans[path] = params
+    problems = []
+    for path, params in plans.items():  # every notebook's parameters, before any notebook runs
+        try:
+            check_notebook_parameters(path, params)
+        except (ParameterError, ValueError) as err:
+            problems.append(str(err))
+    if problems:
+        print("\n".join(problems) + "\nnothing was run", file=sys.stderr)
+        return 2
+    failures = []
+    for path, params in plans.items():
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
         t0 = time.perf_counter()
         try:

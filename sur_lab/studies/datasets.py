@@ -25,16 +25,22 @@ marked "final evaluation only" in the data README are reachable only through ``s
 
 Validation. A file listed in a ``SHA256SUMS`` beside it (or up to two folders above, as the shipped data has) is
 verified against its pinned SHA-256 before parsing, so an empty, truncated or altered shipped file is refused rather
-than loaded in part; a shipped dataset key requires its file to be listed. Every data error is a ``ValueError`` that
-names the file (``source=...``) and, for a bad record, its index and id: an empty file, truncated JSON, binary
-garbage, a ``null`` or empty question, a ``null`` answer.
+than loaded in part; a shipped dataset key requires its file to be listed. A data folder without ``SHA256SUMS`` is read
+unverified with an :class:`UnverifiedDataWarning` (once per folder and process). Every data error is a ``ValueError``
+that names the file (``source=...``) and, for a bad record, its index and id: an empty file, truncated JSON, binary
+garbage, a ``null`` or empty question, a ``null`` answer, a missing, ``null`` or empty id. Arguments are checked before
+any file is read: ``source`` must be a path or a string, ``limit`` and ``n`` integer counts (``2.5`` is refused, not
+rounded), ``seed`` a non-negative integer, ``split`` one of ``"dev"``, ``"test"``, ``"train"``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import threading
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from sur_lab.checks import as_count, user_stacklevel
 from sur_lab.runtime.paths import default_data_dir
 
 DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "iirc")
@@ -92,6 +99,26 @@ IIRC_ANSWER_TYPES = ("spans", "number", "binary", "none")
 NONE_ANSWER = "none"
 # The IIRC main passage has no title in the flattened release.
 IIRC_MAIN_TITLE = ""
+
+
+class UnverifiedDataWarning(UserWarning):
+    """Files of the shipped data folder are read without checksum verification (its ``SHA256SUMS`` is missing)."""
+
+
+def _check_source(source: Any) -> None:
+    """Refuse a ``source`` that is neither a path nor a non-empty string, before any work."""
+    if isinstance(source, bool) or not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"source must be a file path (str or os.PathLike), a dataset key ({', '.join(DATASETS)}) or a hub id "
+            f"'owner/name[:config]'; got {type(source).__name__} {source!r}"
+        )
+    if isinstance(source, str) and not source.strip():
+        raise ValueError(f"source={source!r} is empty; give a file path, a dataset key ({', '.join(DATASETS)}) or a "
+                         "hub id 'owner/name[:config]'")
+
+
+def _check_limit(limit: Any) -> int | None:
+    return None if limit is None else as_count(limit, "limit", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -182,18 +209,23 @@ def load_qa(
         Examples in file order.
 
     Raises:
-        ValueError: naming ``source`` when its format is unknown or a record is malformed, or when it is neither an
-            existing file, a dataset key, nor a hub id with a ``/`` (the message lists the keys); naming ``dataset`` when
-            it is not one of :data:`DATASETS` or cannot be inferred; naming ``split`` when the dataset has no such
-            shipped split; naming ``limit`` when it is negative.
+        TypeError: naming ``source`` when it is not a ``str`` or path, ``limit`` when it is not an integer (``2.5``,
+            ``True``).
+        ValueError: naming ``source`` when it is empty, its format is unknown or a record is malformed (a missing,
+            null or empty id included), or when it is neither an existing file, a dataset key, nor a hub id with a
+            ``/`` (the message lists the keys); naming ``dataset`` when it is not one of :data:`DATASETS` or cannot
+            be inferred; naming ``split`` when it is not ``"dev"``, ``"test"`` or ``"train"`` or the dataset has no
+            such shipped split; naming ``limit`` when it is negative.
         FileNotFoundError: when ``source`` looks like a file path (a ``Path``, a ``.json``/``.jsonl`` suffix, an
             absolute path, or an existing directory) but is not a file, or when the data directory is missing.
         ImportError: when ``source`` is a hub id and the ``datasets`` package is not installed.
     """
+    _check_source(source)
     if dataset is not None and dataset not in DATASETS:
         raise ValueError(f"dataset={dataset!r} is not one of {DATASETS}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit={limit!r} must be >= 0 or None")
+    if not isinstance(split, str) or split not in _HUB_SPLITS:
+        raise ValueError(f"split={split!r} must be one of {', '.join(_HUB_SPLITS)}")
+    limit = _check_limit(limit)
     path = Path(source)
     if path.is_file():
         records = _read_records(path)
@@ -209,7 +241,9 @@ def load_qa(
         file = root / files[split]
         if not file.is_file():
             raise FileNotFoundError(f"shipped file for source={key!r}, split={split!r} not found: {file}")
-        if (root / CHECKSUM_FILE).exists() and _checksum_entry(file) is None:
+        if not (root / CHECKSUM_FILE).exists():
+            _warn_unverified(root)
+        elif _checksum_entry(file) is None:
             raise ValueError(f"source={str(file)!r} is not listed in {root / CHECKSUM_FILE} (truncated checksum file?); "
                              "restore it from the data release")
         return _parse_records(_read_records(file), source=str(file), dataset=key, limit=limit)
@@ -221,6 +255,28 @@ def load_qa(
             "Hugging Face hub dataset id 'owner/name[:config]' (e.g. 'hotpotqa/hotpot_qa:distractor')"
         )
     return _load_hub(key, dataset=dataset, split=split, limit=limit)
+
+
+def load_example(source: str | Path, example_index: int, *, split: str = "dev") -> QAExample:
+    """The example at ``example_index`` (file order) of ``source``: :func:`load_qa` reading no further than it.
+
+    Args:
+        source: as :func:`load_qa`.
+        example_index: 0-based position in file order (after skipping unanswerable MuSiQue records); negative
+            indexes are refused (``-1`` is not "the last one").
+        split: as :func:`load_qa`.
+
+    Raises:
+        TypeError: naming ``example_index`` when it is not an integer; as :func:`load_qa`.
+        ValueError: naming ``example_index`` when it is negative or past the last example (the message gives the
+            number of examples); as :func:`load_qa`.
+    """
+    example_index = as_count(example_index, "example_index", minimum=0)
+    examples = load_qa(source, split=split, limit=example_index + 1)
+    if example_index >= len(examples):
+        raise ValueError(f"example_index={example_index} must lie in [0, {len(examples)}): source={str(source)!r} "
+                         f"holds {len(examples)} examples")
+    return examples[example_index]
 
 
 def select_sources(examples: Sequence[QAExample], n: int, seed: int) -> list[QAExample]:
@@ -240,8 +296,16 @@ def select_sources(examples: Sequence[QAExample], n: int, seed: int) -> list[QAE
         ``n`` examples in draw order.
 
     Raises:
-        ValueError: naming ``n`` when it is out of range; naming ``examples`` when two share a ``(dataset, id)``.
+        TypeError: naming ``n`` or ``seed`` when not an integer, ``examples`` when an item is not a
+            :class:`QAExample`.
+        ValueError: naming ``n`` when it is out of range, ``seed`` when negative; naming ``examples`` when two share
+            a ``(dataset, id)``.
     """
+    n = as_count(n, "n", minimum=0)
+    seed = as_count(seed, "seed", minimum=0)
+    bad = next((ex for ex in examples if not isinstance(ex, QAExample)), None)
+    if bad is not None:
+        raise TypeError(f"examples must be QAExample records (load_qa); got a {type(bad).__name__}")
     if not 0 <= n <= len(examples):
         raise ValueError(f"n={n!r} must lie in [0, len(examples)={len(examples)}]")
     keys = [(ex.dataset, ex.id) for ex in examples]
@@ -264,9 +328,13 @@ def load_corpus(source: str | Path | None = None, *, limit: int | None = None) -
         Passages in file order with ``is_supporting=False``.
 
     Raises:
+        TypeError: naming ``source`` or ``limit`` as :func:`load_qa`.
         ValueError: naming ``source`` when a record lacks ``title`` or ``text`` (or either is null), or as
-            :func:`load_qa` for an empty, corrupted or checksum-mismatched file.
+            :func:`load_qa` for an empty, corrupted or checksum-mismatched file; naming ``limit`` when negative.
     """
+    if source is not None:
+        _check_source(source)
+    limit = _check_limit(limit)
     path = (
         Path(source)
         if source is not None
@@ -355,6 +423,35 @@ def _checksum_entry(path: Path) -> tuple[Path, str] | None:
     return None
 
 
+_UNVERIFIED_WARNED: set[str] = set()
+_UNVERIFIED_LOCK = threading.Lock()
+
+
+def _warn_unverified(root: Path) -> None:
+    """Warn once per data folder (and process) that its files are read without checksum verification."""
+    key = str(Path(root).resolve())
+    with _UNVERIFIED_LOCK:
+        if key in _UNVERIFIED_WARNED:
+            return
+        _UNVERIFIED_WARNED.add(key)
+    warnings.warn(
+        f"data folder {key} has no {CHECKSUM_FILE}: its files are read unverified (an empty, truncated or altered "
+        f"file is not detected); restore {CHECKSUM_FILE} from the data release",
+        UnverifiedDataWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _warn_if_shipped_unverified(path: Path) -> None:
+    """:func:`_warn_unverified` for a file read from the shipped data folder when that folder has no checksum file."""
+    try:
+        root = default_data_dir().resolve()
+    except FileNotFoundError:
+        return
+    if path.resolve().is_relative_to(root) and not (root / CHECKSUM_FILE).exists():
+        _warn_unverified(root)
+
+
 def verify_checksum(path: str | Path) -> bool:
     """Verify ``path`` against its pinned SHA-256 when a ``SHA256SUMS`` lists it (see the module docstring).
 
@@ -395,7 +492,8 @@ def _read_records(path: Path) -> list[Any]:
         ValueError: naming the file when it is empty, not UTF-8 text (binary garbage), or not valid json / json lines
             (e.g. a truncated json list), or naming the checksum mismatch.
     """
-    verify_checksum(path)
+    if not verify_checksum(path):
+        _warn_if_shipped_unverified(path)
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -478,6 +576,10 @@ def _check_text_fields(rec: Any, fmt: str, source: str, i: int) -> None:
     id_key, q_key, a_key = _TEXT_FIELDS[fmt]
     rid = rec.get(id_key, rec.get("id"))
     where = f"source={source!r}: record {i} (id {rid!r})"
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or (isinstance(rid, str) and not rid.strip()):
+        state = "no" if id_key not in rec and "id" not in rec else "a null, empty or non-text"
+        raise ValueError(f"source={source!r}: record {i} has {state} id field {id_key!r} (got {rid!r}); every record "
+                         "needs its dataset's question id")
     question = rec.get(q_key)
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"{where} has {'a null' if question is None else 'an empty or non-text'} {q_key!r} field")

@@ -20,7 +20,6 @@ Scaling: the paper writes logits as ``⟨q, k⟩ / √d_h``; the model's attenti
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from sur_lab.attention import attention_hook, native_implementation
 from sur_lab.budget import Support
 from sur_lab.cache_ops import layer_kv, slice_rows
 from sur_lab.edits import EditedContext
@@ -252,12 +252,13 @@ class CapturedRows:
 class AttentionCapture:
     """Context manager recording queries and attention outputs of sampled layers and heads during forwards.
 
-    While active, the model's attention function (``config._attn_implementation``: ``"sdpa"`` or ``"eager"``) is
-    wrapped through transformers' ``ALL_ATTENTION_FUNCTIONS`` (a local override on the shared instance, removed on
-    exit). The wrapper receives exactly what the model's attention computes with: queries after projection, Q/K
-    normalization and RoPE ``[1, H_Q, L, d_h]``, and the cache's keys/values after this forward's update
-    ``[1, H_KV, N, d_h]``; it calls the original function unchanged, so forwards are bitwise what they are without
-    the capture. Query rows are at absolute positions ``N − L .. N − 1`` (forwards append at the cache end).
+    While active, the model's attention function (``"sdpa"`` or ``"eager"``) is wrapped by a hook of the model's
+    attention router (:func:`sur_lab.attention.attention_hook`) in the calling thread only: forwards of other threads,
+    and of other models, are neither recorded nor changed. The wrapper receives exactly what the model's attention
+    computes with: queries after projection, Q/K normalization and RoPE ``[1, H_Q, L, d_h]``, and the cache's
+    keys/values after this forward's update ``[1, H_KV, N, d_h]``; it calls the original function unchanged, so forwards
+    are bitwise what they are without the capture. Query rows are at absolute positions ``N − L .. N − 1`` (forwards
+    append at the cache end).
 
     Args:
         lm: the model.
@@ -281,22 +282,18 @@ class AttentionCapture:
         self.heads = list(range(spec.num_heads)) if heads is None else [int(h) for h in heads]
         if any(not 0 <= h < spec.num_heads for h in self.heads):
             raise ValueError(f"heads={self.heads} must lie in [0, {spec.num_heads})")
-        self.impl = getattr(lm.model.config, "_attn_implementation", None) or "eager"
+        self.impl = native_implementation(lm.model.config) or "eager"
         if self.impl not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={self.impl!r}: the capture supports 'sdpa' and 'eager'")
         self._parts: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {x: [] for x in self.layers}
         self._scaling: dict[int, float] = {}
         self.records: dict[int, CapturedRows] = {}
-        self._saved: Any = None
+        self._hook: Any = None
 
-    def _wrapper(self, original: Callable | None) -> Callable:
+    def _wrapper(self) -> Callable:
         head_idx = torch.tensor(self.heads, dtype=torch.long)
 
-        def capture(module, query, key, value, attention_mask, **kwargs):
-            fn = original
-            if fn is None:
-                # "eager" is not in the registry: the modeling file's own eager function is the default.
-                fn = sys.modules[type(module).__module__].eager_attention_forward
+        def capture(fn, module, query, key, value, attention_mask, **kwargs):
             out, weights = fn(module, query, key, value, attention_mask, **kwargs)
             layer = int(module.layer_idx)
             if layer in self._parts:
@@ -313,22 +310,13 @@ class AttentionCapture:
         return capture
 
     def __enter__(self) -> "AttentionCapture":
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        local = ALL_ATTENTION_FUNCTIONS._local_mapping
-        self._saved = (self.impl in local, local.get(self.impl))
-        original = ALL_ATTENTION_FUNCTIONS[self.impl] if self.impl != "eager" else local.get("eager")
-        ALL_ATTENTION_FUNCTIONS[self.impl] = self._wrapper(original)
+        self._hook = attention_hook(self.lm.model, self._wrapper())
+        self._hook.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        had, previous = self._saved
-        if had:
-            ALL_ATTENTION_FUNCTIONS[self.impl] = previous
-        else:
-            del ALL_ATTENTION_FUNCTIONS[self.impl]
+        hook, self._hook = self._hook, None
+        hook.__exit__(*exc)
         for layer, parts in self._parts.items():
             if parts:
                 self.records[layer] = CapturedRows(
@@ -624,28 +612,38 @@ def theory_edit(
         ``(edit, example)``.
 
     Raises:
-        ValueError: naming ``delete_at`` / ``deletion_width`` / ``num_passages`` when the deletion does not fit, or
-            ``source`` when it names a held-out split.
+        TypeError: naming ``example_index``, ``num_passages``, ``haystack_passages``, ``delete_at``,
+            ``deletion_width`` or ``seed`` when not an integer.
+        ValueError: before any file is read, naming ``example_index``, ``haystack_passages``, ``delete_at`` or
+            ``seed`` when negative, ``deletion_width`` when < 1, ``num_passages`` when < 2; then naming ``delete_at`` /
+            ``deletion_width`` / ``num_passages`` when the deletion does not fit, ``example_index`` when past the
+            last example (:func:`sur_lab.studies.datasets.load_example`), or ``source`` when it names a held-out
+            split.
     """
+    from sur_lab.checks import as_count
     from sur_lab.edits import chat_edit, format_passages
-    from sur_lab.studies.datasets import is_held_out, load_corpus, load_qa
+    from sur_lab.studies.datasets import is_held_out, load_corpus, load_example
 
-    if deletion_width < 1:
-        raise ValueError(f"deletion_width={deletion_width} must be >= 1 (passages)")
+    as_count(example_index, "example_index", minimum=0)
+    as_count(num_passages, "num_passages", minimum=2)
+    as_count(haystack_passages, "haystack_passages", minimum=0)
+    as_count(delete_at, "delete_at", minimum=0)
+    as_count(deletion_width, "deletion_width", minimum=1)
+    as_count(seed, "seed", minimum=0)
     if is_held_out(source):  # by the data README's file names (and pinned checksums), not any path with "test"
         raise ValueError(f"source={source!r}: held-out test files are for final evaluation only")
     rng = np.random.default_rng(seed)
     if source == "haystack":
-        example = load_qa("hotpotqa", limit=example_index + 1)[example_index]
+        example = load_example("hotpotqa", example_index)
         corpus = load_corpus()
         filler = [corpus[i] for i in rng.choice(len(corpus), size=haystack_passages, replace=False)]
         passages = list(example.supporting) + filler
     else:
-        example = load_qa(source, limit=example_index + 1)[example_index]
+        example = load_example(source, example_index)
         passages = list(example.supporting) + list(example.distractors)
     order = rng.permutation(len(passages))
-    passages = [passages[i] for i in order][: max(num_passages, 1)]
-    if not 0 <= delete_at or delete_at + deletion_width > len(passages) or len(passages) < 2:
+    passages = [passages[i] for i in order][:num_passages]
+    if delete_at + deletion_width > len(passages) or len(passages) < 2:
         raise ValueError(
             f"delete_at={delete_at}, deletion_width={deletion_width}: only {len(passages)} passages (num_passages)"
         )
