@@ -8,6 +8,16 @@ before it were deleted or inserted since its state was computed. Each edit is th
 support chosen by any allocator at budget b (Eq. 3) with any executor, or a reference method (Shift, Replay,
 Re-prefill).
 
+**Staleness debt** (appendix 14, stale causal predecessors). A row is *stale* when its K/V differ from a clean prefill
+of the current tokens because of a deleted, replaced or inserted span: the edit happened before the row after its
+state was computed, or the row was computed (or recomputed) while a row before it was stale. A recomputed row is
+therefore fresh only if every row before it was fresh when it was recomputed. Each row keeps its *staleness*, the
+tokens deleted or inserted before it since its state was computed, directly or through the stale predecessors it read
+(recomputing a row sets it to the largest staleness among the rows before it; 0 when they were all fresh). Under these
+rules the stale rows are always a suffix of the context, ``[n - debt, n)``, and every row before it equals a clean
+prefill up to rounding (tested over random edit programs on float64 models). :attr:`EditSession.debt` counts the stale
+rows; paying it (``debt_pct``) refreshes the *earliest* stale rows, the only ones whose refresh makes them fresh.
+
 Re-rotation always starts from each row's *anchor*, the key as the model computed it at its recorded position, and
 rotates it once by ``current_pos - recorded_pos`` (float32 arithmetic or better, one cast). A row moved by forty
 edits therefore carries one rotation's rounding, not forty: keys re-rotated and stored again after every edit drift (on
@@ -37,11 +47,11 @@ from transformers import DynamicCache
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
-from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
+from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import forward_tokens, prefill
-from sur_lab.models import LoadedModel, model_spec
+from sur_lab.models import LoadedModel, as_loaded_model
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
 SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
@@ -54,8 +64,40 @@ def _ms(t0: float) -> float:
 
 
 def _rerotate(keys: torch.Tensor, deltas: np.ndarray, inv_freq: torch.Tensor) -> torch.Tensor:
-    """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions."""
+    """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions
+    (the leading ``rotary_dim`` dimensions; partial rotary passes the rest through, :func:`rerotate_rows`)."""
     return rerotate_rows(keys, torch.from_numpy(np.ascontiguousarray(deltas, dtype=np.int64)), inv_freq)
+
+
+def _before_max(stale: np.ndarray, upto: int) -> int:
+    """Staleness a row computed at position ``upto`` inherits: the largest of the rows before it (0 when fresh)."""
+    return int(stale[:upto].max()) if upto > 0 else 0
+
+
+def recomputed_staleness(stale: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Staleness after recomputing ``rows`` in causal order (any executor: all compute the sequential recurrence).
+
+    A recomputed row reads every row before it, so it inherits the largest staleness among them, where the rows
+    recomputed before it already carry their new value; by induction that is the largest staleness among the earlier
+    rows that were *not* recomputed. Rows not in ``rows`` keep theirs. Appendix 14 (stale causal predecessors).
+
+    Args:
+        stale: int64 ``[n]`` staleness before the refresh (tokens).
+        rows: int64 absolute rows recomputed (any order; duplicates allowed).
+
+    Returns:
+        int64 ``[n]``, a new array.
+    """
+    stale = np.asarray(stale, dtype=np.int64)
+    out = stale.copy()
+    if len(rows) == 0 or len(stale) == 0:
+        return out
+    recomputed = np.zeros(len(stale), dtype=bool)
+    recomputed[np.asarray(rows, dtype=np.int64)] = True
+    kept = np.where(recomputed, 0, stale)
+    before = np.concatenate(([0], np.maximum.accumulate(kept)[:-1]))  # max over kept rows strictly before j
+    out[recomputed] = before[recomputed]
+    return out
 
 
 @dataclass(frozen=True)
@@ -162,17 +204,21 @@ class EditSession:
     any raised error the session is unchanged. No tensor the session holds is ever written in place.
 
     Args:
-        lm: the model (any dtype; float64 tiny models give exact comparisons).
+        lm: the model, a :class:`~sur_lab.models.LoadedModel` or a transformers causal LM module in eval mode (any
+            dtype; float64 tiny models give exact comparisons).
         method: default repair method: an allocator name (``"SUR"``) or ``"Shift"``, ``"Replay"``, ``"Re-prefill"``.
         budget_pct: default budget b in [0, 100], percent of each edit's suffix (Eq. 3).
         executor: default executor name (``"sequential"`` reference, packed backends).
         debt_pct: default staleness-debt budget in [0, 100], percent of the stale rows left after an edit's repair
-            that are refreshed too, stalest first (0: only the edit's own allowance is spent).
+            that are refreshed too, earliest first (the rows whose refresh retires debt, see the module docstring;
+            0: only the edit's own allowance is spent; 100: the cache equals a clean prefill).
         seed: case seed for randomized allocators.
         options: allocator options (passed through).
 
     Raises:
-        ValueError: naming ``method``, ``budget_pct``, ``executor`` or ``debt_pct`` when invalid.
+        TypeError: naming ``lm`` when it is neither a LoadedModel nor a module.
+        ValueError: naming ``method``, ``budget_pct``, ``executor`` or ``debt_pct`` when invalid, ``lm`` when the
+            module is in training mode.
 
     Warns:
         BudgetFractionWarning: (a ``UserWarning``) when a default or per-edit ``budget_pct`` is in (0, 1), usually
@@ -181,7 +227,7 @@ class EditSession:
 
     def __init__(
         self,
-        lm: LoadedModel,
+        lm: LoadedModel | torch.nn.Module,
         *,
         method: str = "SUR",
         budget_pct: float = 5.0,
@@ -190,6 +236,7 @@ class EditSession:
         seed: int = 0,
         options: dict | None = None,
     ) -> None:
+        lm = as_loaded_model(lm, name="lm")
         self.lm = lm
         self._defaults = _Policy(method, budget_pct, executor, debt_pct, seed, dict(options or {}))
         self._defaults = self._policy()
@@ -207,32 +254,39 @@ class EditSession:
     # Construction from an existing cache
 
     @classmethod
-    def from_cache(cls, lm: LoadedModel, cache: DynamicCache, input_ids, **defaults: Any) -> EditSession:
+    def from_cache(cls, lm: LoadedModel | torch.nn.Module, cache, input_ids, **defaults: Any) -> EditSession:
         """A session over an existing cache of ``input_ids`` (one segment; rows computed at positions ``0 .. n-1``).
 
-        The cache is not modified and not copied: the session shares its tensors and never writes into them.
+        The cache is checked against the model before any work and is not modified. A ``DynamicCache`` is not copied
+        (the session shares its tensors and never writes into them); a ``StaticCache`` gives its filled rows only,
+        copied (:func:`sur_lab.cache_ops.held_kv`). The rows are taken as a clean prefill of ``input_ids`` (debt 0).
 
         Args:
-            lm: the model the cache was built with.
-            cache: ``DynamicCache`` of ``n`` rows per layer, ``[1, H_kv, n, d_h]``.
+            lm: the model the cache was built with (a LoadedModel or the transformers module).
+            cache: ``DynamicCache`` (or ``StaticCache``) holding ``n`` rows per layer, ``[1, H_kv, n, d_h]``, in the
+                model's dtype and on its device.
             input_ids: ``[n]`` (or ``[1, n]``) token ids the cache was built from.
             **defaults: session defaults (``method``, ``budget_pct``, ``executor``, ``debt_pct``, ``seed``,
                 ``options``).
 
         Raises:
-            ValueError: naming ``input_ids`` when it is empty or not of the cache's length, ``cache`` when its layer
-                count or batch size does not match the model.
+            TypeError: naming ``cache`` for ``None``, a legacy tuple cache or another cache type (named); naming
+                ``lm`` as the constructor.
+            ValueError: naming ``cache`` when its layers hold different row counts, or its layer count, batch size,
+                KV heads, head dim, dtype or device differ from the model's; naming ``input_ids`` when it is empty,
+                not integer ids, or not of the cache's length.
         """
         session = cls(lm, **defaults)
+        spec = session.lm.spec
+        kv = held_kv(cache, "cache")
+        rows = check_model_kv(
+            kv, num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+            dtype=session.lm.dtype, device=session.lm.device, name="cache",
+        )
         ids = session._as_ids(input_ids, "input_ids")
         n = int(ids.numel())
-        if num_layers(cache) != lm.spec.num_layers:
-            raise ValueError(f"cache has {num_layers(cache)} layers; the model has {lm.spec.num_layers}")
-        if cache_length(cache) != n:
-            raise ValueError(f"input_ids has {n} tokens; the cache holds {cache_length(cache)} rows")
-        kv = to_tensors(cache)
-        if any(k.shape[0] != 1 for k, _ in kv):
-            raise ValueError("cache must have batch size 1")
+        if rows != n:
+            raise ValueError(f"input_ids has {n} tokens; the cache holds {rows} rows")
         keys = tuple(k for k, _ in kv)
         session._state = _State(
             ids=ids, keys=keys, values=tuple(v for _, v in kv), anchors=keys,
@@ -293,12 +347,15 @@ class EditSession:
 
     @property
     def staleness(self) -> np.ndarray:
-        """int64 ``[n]``: tokens deleted or inserted before each row since its K/V were computed (0: fresh)."""
+        """int64 ``[n]``: tokens deleted or inserted before each row since its K/V were computed, directly or through
+        the stale rows it read when it was computed (0: fresh; module docstring)."""
         return self._state.stale.copy()
 
     @property
     def debt(self) -> int:
-        """Staleness debt: rows whose states were computed with a context that has changed before them since."""
+        """Staleness debt (rows): rows whose K/V differ from a clean prefill of the current tokens because of a
+        deleted, replaced or inserted span, including rows recomputed over stale predecessors (appendix 14). They are
+        always the last ``debt`` rows; ``debt == 0`` means the cache equals a clean prefill up to rounding."""
         return int((self._state.stale > 0).sum())
 
     # ------------------------------------------------------------------------------------------------------------
@@ -476,7 +533,8 @@ class EditSession:
         new = _State(
             ids=torch.cat((old.ids, ids)), keys=keys, values=tuple(v for _, v in kv), anchors=anchors,
             angle_pos=np.concatenate((old.angle_pos, np.arange(n, n + m, dtype=np.int64))),
-            stale=np.concatenate((old.stale, np.zeros(m, dtype=np.int64))),
+            # The new rows read every row before them: stale predecessors make them stale too (appendix 14).
+            stale=np.concatenate((old.stale, np.full(m, _before_max(old.stale, n), dtype=np.int64))),
             segment=np.concatenate((old.segment, np.full(m, self._next_segment, dtype=np.int64))),
             pieces=None if old.pieces is None else old.pieces + pieces,
         )
@@ -570,7 +628,8 @@ class EditSession:
         shifted = _State(
             ids=new_ids, keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
             angle_pos=np.concatenate((old.angle_pos[:a], np.arange(a, p, dtype=np.int64), old.angle_pos[b:])),
-            stale=np.concatenate((old.stale[:a], np.zeros(m, dtype=np.int64), old.stale[b:] + d + m)),
+            stale=np.concatenate((old.stale[:a], np.full(m, _before_max(old.stale, a), dtype=np.int64),
+                                  old.stale[b:] + d + m)),
             segment=np.concatenate((old.segment[:a], np.full(m, seg_ins, dtype=np.int64), old.segment[b:])),
             pieces=pieces,
         )
@@ -681,19 +740,23 @@ class EditSession:
             mask[torch.from_numpy(np.asarray(rows, dtype=np.int64))] = True
             mask = mask.to(keys[0].device)[None, None, :, None]
             anchors = tuple(torch.where(mask, k, a) for k, a in zip(keys, state.anchors))
-        angle_pos, stale = state.angle_pos.copy(), state.stale.copy()
+        angle_pos = state.angle_pos.copy()
         angle_pos[rows] = rows
-        stale[rows] = 0
+        stale = recomputed_staleness(state.stale, rows)
         return _State(state.ids, keys, tuple(v for _, v in kv), anchors, angle_pos, stale, state.segment, state.pieces)
 
     def _pay_debt(self, state: _State, policy: _Policy, timings: dict) -> tuple[_State, np.ndarray]:
-        """Refresh ``⌈D · debt_pct / 100⌉`` of the D stale rows, stalest first (earlier first among ties)."""
+        """Refresh ``⌈D · debt_pct / 100⌉`` of the D stale rows, earliest first.
+
+        The stale rows are the suffix ``[n - D, n)``; a row refreshed after a stale row it reads stays stale
+        (appendix 14), so the earliest stale rows are the ones whose refresh pays the debt: D falls by exactly the
+        rows refreshed.
+        """
         stale_rows = np.flatnonzero(state.stale > 0)
         k = allowance(len(stale_rows), policy.debt_pct)
         if k == 0:
             return state, np.zeros(0, dtype=np.int64)
-        order = np.lexsort((stale_rows, -state.stale[stale_rows]))
-        chosen = np.sort(stale_rows[order[:k]]).astype(np.int64)
+        chosen = stale_rows[:k].astype(np.int64)
         j0 = int(chosen[0])
         # A refresh-only edit: executors read the edited ids, the prefix length and the suffix; the one "deleted"
         # placeholder token (a copy of row j0) only makes the context an EditedContext.
@@ -713,7 +776,7 @@ class EditSession:
 
 
 def repair_cache(
-    model: torch.nn.Module,
+    model: torch.nn.Module | LoadedModel,
     cache: DynamicCache,
     input_ids,
     span: tuple[int, int],
@@ -732,9 +795,10 @@ def repair_cache(
     ``B = ⌈S · budget_pct / 100⌉`` suffix positions (Eq. 3) is recomputed.
 
     Args:
-        model: a transformers causal LM of a supported family (``sur_lab.models.check_supported``), in eval mode;
-            not modified.
-        cache: ``DynamicCache`` of ``n`` rows, ``[1, H_kv, n, d_h]`` per layer; not modified.
+        model: a transformers causal LM of a supported family (``sur_lab.models.check_supported``), in eval mode, or
+            the :class:`~sur_lab.models.LoadedModel` wrapping one; not modified.
+        cache: ``DynamicCache`` of ``n`` rows, ``[1, H_kv, n, d_h]`` per layer, in the model's dtype and on its
+            device; a ``StaticCache`` gives its filled rows (never its padding); not modified.
         input_ids: ``[n]`` or ``[1, n]`` int64 ids the cache was built from.
         span: ``(start, end)`` rows to delete, ``0 <= start < end <= n``.
         budget_pct: b in [0, 100], percent of the suffix.
@@ -742,7 +806,8 @@ def repair_cache(
         executor: executor name (``"sequential"``, packed backends).
         query_ids: the next query's ids (SUR's relevance query, Eq. 7); ``None`` scores relevance against the last
             :data:`FALLBACK_QUERY_TOKENS` tokens of the edited context.
-        tokenizer: optional; lets SUR build semantic units from text (otherwise fixed-size chunks).
+        tokenizer: optional; lets SUR build semantic units from text (otherwise fixed-size chunks). Defaults to the
+            LoadedModel's tokenizer when ``model`` is one.
         seed: seed for randomized allocators.
 
     Returns:
@@ -750,13 +815,14 @@ def repair_cache(
         ``model.generate(input_ids=edited_ids ⊕ query, cache=...)``.
 
     Raises:
-        ValueError: naming ``model`` (training mode), ``input_ids``, ``cache``, ``span``, ``budget_pct``, ``method``,
+        TypeError: naming ``model`` (neither a module nor a LoadedModel) or ``cache`` (``None``, a legacy tuple
+            cache, another cache type), before any model call.
+        ValueError: naming ``model`` (training mode), ``input_ids``, ``cache`` (layer count, row counts, batch size,
+            KV heads, head dim, dtype or device unlike the model's), ``span``, ``budget_pct``, ``method``,
             ``executor`` or ``query_ids`` — before any model call.
         UnsupportedModelError: for a model family or configuration repair does not cover.
     """
-    if model.training:
-        raise ValueError("model is in training mode (dropout); call model.eval() first")
-    lm = LoadedModel(model=model, tokenizer=tokenizer, spec=model_spec(model))
+    lm = as_loaded_model(model, tokenizer, name="model")
     session = EditSession.from_cache(
         lm, cache, input_ids, method=method, budget_pct=budget_pct, executor=executor, seed=seed
     )
