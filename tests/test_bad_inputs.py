@@ -410,11 +410,17 @@ def test_repair_does_not_rerun_the_deleted_span_for_cache_craft():
 # model before any work; a StaticCache gives its filled rows, never its padding.
 # =====================================================================================================================
 from conftest import fp64_tol  # noqa: E402
+from transformers import DynamicCache, EncoderDecoderCache  # noqa: E402
+
 from sur_lab.cache_ops import max_abs_diff  # noqa: E402
 
 
 def _reshaped(lm, ids, fn):
     return from_tensors([fn(k, v) for k, v in to_tensors(prefill(lm, torch.as_tensor(ids))[0])])
+
+
+def _two_copies_of_each_head(k, v):
+    return k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1)
 
 
 def _ragged(lm, ids):
@@ -430,15 +436,14 @@ CACHE_IN_ROWS = [
      "cache is a legacy tuple"),
     ("legacy list cache", lambda lm, ids: list(to_tensors(prefill(lm, torch.tensor(ids))[0])), TypeError,
      "cache is a legacy list"),
-    ("encoder-decoder cache", lambda lm, ids: __import__("transformers").EncoderDecoderCache(
-        prefill(lm, torch.tensor(ids))[0], __import__("transformers").DynamicCache()), TypeError, "EncoderDecoderCache"),
-    ("uninitialized DynamicCache", lambda lm, ids: __import__("transformers").DynamicCache(config=lm.model.config),
-     ValueError, "not initialized"),
+    ("encoder-decoder cache", lambda lm, ids: EncoderDecoderCache(prefill(lm, torch.tensor(ids))[0], DynamicCache()),
+     TypeError, "EncoderDecoderCache"),
+    ("uninitialized DynamicCache", lambda lm, ids: DynamicCache(config=lm.model.config), ValueError, "not initialized"),
     ("head dim 8 (model 16)", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k[..., :8], v[..., :8])), ValueError,
      "head dim 8"),
-    ("value head dim 8", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k, v[..., :8])), ValueError, "values have head"),
-    ("4 KV heads (model 2)", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (torch.cat((k, k), 1), torch.cat((v, v), 1))),
-     ValueError, "4 KV heads"),
+    ("value head dim 8", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k, v[..., :8])), ValueError,
+     "values have head"),
+    ("4 KV heads (model 2)", lambda lm, ids: _reshaped(lm, ids, _two_copies_of_each_head), ValueError, "4 KV heads"),
     ("float32 cache of a float64 model", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k.float(), v.float())),
      ValueError, "float32"),
     ("layers of different lengths", _ragged, ValueError, "different numbers of rows"),
