@@ -34,6 +34,7 @@ Source: section 3 (evolving contexts, Eq. 2, Eq. 3), Algorithm 1, appendix 7.1 (
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 from collections.abc import Sequence
@@ -48,10 +49,11 @@ from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocat
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
-from sur_lab.edits import EditedContext
+from sur_lab.edits import EditedContext, chat_segments, tokenize_segments
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel, as_loaded_model
+from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
 SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
@@ -67,6 +69,16 @@ def _rerotate(keys: torch.Tensor, deltas: np.ndarray, inv_freq: torch.Tensor) ->
     """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions
     (the leading ``rotary_dim`` dimensions; partial rotary passes the rest through, :func:`rerotate_rows`)."""
     return rerotate_rows(keys, torch.from_numpy(np.ascontiguousarray(deltas, dtype=np.int64)), inv_freq)
+
+
+def _budget_for(suffix_len: int, target: int) -> float:
+    """A budget b (%) whose allowance over ``suffix_len`` rows is exactly ``target`` (0 < target < suffix_len)."""
+    b = 100.0 * target / suffix_len
+    while allowance(suffix_len, b) > target:  # the decimal of b rounded up past the exact share
+        b = float(np.nextafter(b, 0.0))
+    while allowance(suffix_len, b) < target:
+        b = float(np.nextafter(b, 100.0))
+    return b
 
 
 def _before_max(stale: np.ndarray, upto: int) -> int:
@@ -214,11 +226,16 @@ class EditSession:
             0: only the edit's own allowance is spent; 100: the cache equals a clean prefill).
         seed: case seed for randomized allocators.
         options: allocator options (passed through).
+        sync_policy: when :meth:`sync` falls back to prefix reuse (:class:`~sur_lab.sync.SyncPolicy`; its defaults
+            when None).
+        check: run :func:`sur_lab.check_model` on ``lm`` first, once per model object (the result is cached), and
+            raise :class:`~sur_lab.model_check.ModelCheckError` naming the failing check.
 
     Raises:
         TypeError: naming ``lm`` when it is neither a LoadedModel nor a module.
-        ValueError: naming ``method``, ``budget_pct``, ``executor`` or ``debt_pct`` when invalid, ``lm`` when the
-            module is in training mode.
+        ValueError: naming ``method``, ``budget_pct``, ``executor``, ``debt_pct`` or ``sync_policy`` when invalid,
+            ``lm`` when the module is in training mode.
+        ModelCheckError: with ``check=True``, when the model fails :func:`sur_lab.check_model`.
 
     Warns:
         BudgetFractionWarning: (a ``UserWarning``) when a default or per-edit ``budget_pct`` is in (0, 1), usually
@@ -235,12 +252,21 @@ class EditSession:
         debt_pct: float = 0.0,
         seed: int = 0,
         options: dict | None = None,
+        sync_policy: SyncPolicy | None = None,
+        check: bool = False,
     ) -> None:
         lm = as_loaded_model(lm, name="lm")
         self.lm = lm
         self._defaults = _Policy(method, budget_pct, executor, debt_pct, seed, dict(options or {}))
         self._defaults = self._policy()
         warn_if_fraction(self._defaults.budget_pct)
+        if sync_policy is not None and not isinstance(sync_policy, SyncPolicy):
+            raise ValueError(f"sync_policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
+        self._sync_policy = sync_policy if sync_policy is not None else SyncPolicy()
+        if check:
+            from sur_lab.model_check import check_model_once
+
+            check_model_once(lm)
         self._state = _State(
             ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
             angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),
@@ -248,7 +274,7 @@ class EditSession:
         )
         self._next_segment = 0
         self._query: _Query | None = None
-        self.history: list[EditRecord] = []
+        self.history: list[EditRecord | SyncRecord] = []
 
     # ------------------------------------------------------------------------------------------------------------
     # Construction from an existing cache
@@ -305,7 +331,8 @@ class EditSession:
         Raises:
             ValueError: as the constructor, for invalid ``defaults``.
         """
-        merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__}, **defaults}
+        merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__},
+                  "sync_policy": self._sync_policy, **defaults}
         other = EditSession(self.lm, **merged)
         other._state, other._next_segment, other._query = self._state, self._next_segment, self._query
         return other
@@ -520,6 +547,19 @@ class EditSession:
         pieces = self._pieces(content, ids)
         old = self._state
         n, m = old.n, int(ids.numel())
+        new, prefill_ms = self._extended(old, ids, pieces, np.full(m, self._next_segment, dtype=np.int64))
+        record = EditRecord(
+            "append", n, n + m, m, "", float("nan"), 0, 0, None, np.zeros(0, dtype=np.int64), m,
+            {"prefill": prefill_ms, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0},
+            self.debt, int((new.stale > 0).sum()), 0, new.n,
+        )
+        self._commit(new, record)
+        self._next_segment += 1
+        return record
+
+    def _extended(self, old: _State, ids: torch.Tensor, pieces, segment: np.ndarray) -> tuple[_State, float]:
+        """``old`` with ``ids`` prefilled after it at positions ``n .. n + m - 1``; returns the state and its ms."""
+        n, m = old.n, int(ids.numel())
         t0 = time.perf_counter()
         work = old.cache()
         forward_tokens(self.lm, ids, work, logits="none")
@@ -535,17 +575,10 @@ class EditSession:
             angle_pos=np.concatenate((old.angle_pos, np.arange(n, n + m, dtype=np.int64))),
             # The new rows read every row before them: stale predecessors make them stale too (appendix 14).
             stale=np.concatenate((old.stale, np.full(m, _before_max(old.stale, n), dtype=np.int64))),
-            segment=np.concatenate((old.segment, np.full(m, self._next_segment, dtype=np.int64))),
-            pieces=None if old.pieces is None else old.pieces + pieces,
+            segment=np.concatenate((old.segment, np.asarray(segment, dtype=np.int64))),
+            pieces=None if old.pieces is None else old.pieces + tuple(pieces),
         )
-        record = EditRecord(
-            "append", n, n + m, m, "", float("nan"), 0, 0, None, np.zeros(0, dtype=np.int64), m,
-            {"prefill": prefill_ms, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0},
-            self.debt, int((new.stale > 0).sum()), 0, new.n,
-        )
-        self._commit(new, record)
-        self._next_segment += 1
-        return record
+        return new, prefill_ms
 
     def delete(
         self, start: int, end: int, *, method: str | None = None, budget_pct: float | None = None,
@@ -587,6 +620,284 @@ class EditSession:
         a, b = self._check_span(start, end)
         ids = self._as_ids(content, "content")
         return self._edit(a, b, ids, self._pieces(content, ids), policy)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Whole-prompt sync (issue 27)
+
+    def sync(
+        self, new, *, method: str | None = None, budget_pct: float | None = None, executor: str | None = None,
+        debt_pct: float | None = None, seed: int | None = None, options: dict | None = None,
+        policy: SyncPolicy | None = None, add_generation_prompt: bool = False, template_kwargs: dict | None = None,
+    ) -> SyncRecord:
+        """Make the cached context equal to a whole new prompt, with one budgeted repair (agent loops).
+
+        The new prompt's ids are diffed against the current ones (:func:`sur_lab.sync.diff_tokens`: common prefix,
+        then difflib's matching blocks); the deletions, insertions and replacements are applied together so that
+        every row index stays valid, then **one** repair runs for the whole sync (Algorithm 1 over the union of the
+        stale suffix):
+
+        1. rows deleted from the prompt are dropped; every kept row after the first change is moved to its new
+           position and its key re-rotated once from its recorded angle (Eq. 2, :func:`rerotate_rows`);
+        2. inserted text is prefilled at its positions: a run at the first change against the unchanged prefix,
+           runs inside the stale region as forced rows of the refresh (they read the rows refreshed before them),
+           and an append at the end after the repair;
+        3. one allocation chooses B = ⌈S · b / 100⌉ of the S kept rows after the first change (Eq. 3) under
+           ``method`` and ``budget_pct`` (Replay: all of them; Shift: none), refreshed in one executor call with
+           the inserted rows; then the debt pass (``debt_pct``) as for every edit.
+
+        The allocator scores the suffix from the first stale row, inserted rows included; a multi-change sync whose
+        allocation lands on inserted rows (recomputed anyway) refreshes fewer than B kept rows; the record tells.
+        :class:`~sur_lab.sync.SyncPolicy` (``policy``, default the session's) falls back to prefix reuse (recompute
+        every row from the first change) when the first change is near the end or most of what follows it is new.
+        A pure append computes only the new tokens; an unchanged prompt computes nothing. ``Re-prefill`` prefills
+        the new prompt whole.
+
+        Args:
+            new: the whole new prompt: ``[m]`` token ids (tensor or list of ints); text (tokenized as one segment,
+                without special tokens); a list of text segments (each tokenized on its own,
+                :func:`sur_lab.edits.tokenize_segments`, one container each); or a list of chat messages
+                (``{"role", "content"}`` dicts) rendered with the tokenizer's chat template segment by segment
+                (:func:`sur_lab.edits.chat_segments`: message boundaries are token boundaries).
+            method, budget_pct, executor, debt_pct, seed, options: as :meth:`delete` (session defaults when None).
+            policy: when to fall back to prefix reuse (default: the session's ``sync_policy``).
+            add_generation_prompt: chat messages only: end the prompt with the template's generation prompt.
+            template_kwargs: chat messages only: passed to ``apply_chat_template`` (see :func:`chat_segments`).
+
+        Returns:
+            :class:`~sur_lab.sync.SyncRecord` (path, rows reused / deleted / inserted / re-rotated / recomputed,
+            allowance, debt, timings in ms); it is also appended to :attr:`history`.
+
+        Raises:
+            ValueError: before any work, naming ``new`` (empty, ids outside the vocabulary, text or messages
+                without a tokenizer, a malformed message), ``policy`` (not a SyncPolicy), ``method``,
+                ``budget_pct``, ``executor`` or ``debt_pct``. After any error the session is unchanged.
+        """
+        t_start = time.perf_counter()
+        pol = self._policy(method, budget_pct, executor, debt_pct, seed, options)
+        sync_policy = self._sync_policy if policy is None else policy
+        if not isinstance(sync_policy, SyncPolicy):
+            raise ValueError(f"policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
+        ids, pieces, labels = self._sync_input(new, add_generation_prompt, template_kwargs)
+        old = self._state
+        timings = {"diff": 0.0, "prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+        t0 = time.perf_counter()
+        plan = diff_tokens(old.ids, ids)
+        timings["diff"] = _ms(t0)
+        path = choose_path(plan, sync_policy, pol.method)
+        pieces = self._sync_pieces(old, plan, ids, pieces)
+        labels, next_segment = self._sync_labels(old, plan, labels)
+        f, m = plan.first_change, plan.new_len
+        selection, B, refreshed, rerotated = None, 0, np.zeros(0, dtype=np.int64), 0
+        recomputed = np.zeros(m, dtype=bool)
+        if path == "unchanged":
+            state = old
+        elif path == "re-prefill":
+            t0 = time.perf_counter()
+            cache = prefill(self.lm, ids)[0]
+            timings["refresh"] = _ms(t0)
+            kv = to_tensors(cache)
+            keys = tuple(k for k, _ in kv)
+            state = _State(ids, keys, tuple(v for _, v in kv), keys, np.arange(m, dtype=np.int64),
+                           np.zeros(m, dtype=np.int64), labels, pieces)
+            recomputed[:], B = True, plan.stale_rows
+        elif path in ("tail", "prefix-reuse"):
+            state = self._prefix_state(old, f)
+            if f < m:
+                state, timings["prefill"] = self._extended(state, ids[f:], pieces[f:] if pieces else (), labels[f:])
+            state = dataclasses.replace(state, segment=labels)
+            recomputed[f:] = True
+        else:
+            state, selection, B, refreshed, rerotated = self._sync_repair(old, plan, ids, pieces, labels, pol, timings)
+            recomputed[plan.source < 0] = True
+            recomputed[refreshed] = True
+        debt_before = int((state.stale > 0).sum())
+        debt_rows = np.zeros(0, dtype=np.int64)
+        if path != "unchanged":
+            state, debt_rows = self._pay_debt(state, pol, timings)
+        forwarded = int(recomputed.sum()) + len(debt_rows)
+        recomputed[debt_rows] = True
+        timings["total"] = _ms(t_start)
+        nan = float("nan")
+        record = SyncRecord(
+            path=path, method=pol.method,
+            budget_pct=nan if pol.method in SESSION_REFERENCE_METHODS else pol.budget_pct,
+            previous_tokens=plan.old_len, num_tokens=m, first_change=f, deleted=plan.deleted, inserted=plan.inserted,
+            reused=int((plan.kept & ~recomputed).sum()), rerotated=int(rerotated), recomputed=forwarded,
+            stale_rows=plan.stale_rows, allowance=int(B), selection=selection,
+            refreshed_rows=np.union1d(refreshed, debt_rows).astype(np.int64), debt_before=debt_before,
+            debt_after=int((state.stale > 0).sum()), debt_refreshed=len(debt_rows), timings_ms=timings,
+        )
+        self._commit(state, record)
+        self._next_segment = next_segment
+        return record
+
+    def _sync_input(self, new, add_generation_prompt: bool, template_kwargs):
+        """``new`` as ``(ids [m], pieces or None, container labels or None)``; None: derived from the diff."""
+        tok = self.lm.tokenizer
+        segments = None
+        if isinstance(new, str):
+            ids = self._as_ids(new, "new")
+            return ids, self._pieces(new, ids), None
+        if isinstance(new, (list, tuple)) and new and all(isinstance(x, dict) for x in new):
+            if tok is None:
+                raise ValueError("new is a list of chat messages but the model has no tokenizer; pass token ids")
+            try:
+                segments = chat_segments(tok, new, add_generation_prompt=add_generation_prompt,
+                                         template_kwargs=template_kwargs)
+            except ValueError as err:
+                raise ValueError(f"new: {err}") from None
+        elif isinstance(new, (list, tuple)) and new and all(isinstance(x, str) for x in new):
+            if tok is None:
+                raise ValueError("new is a list of text segments but the model has no tokenizer; pass token ids")
+            segments = list(new)
+        if segments is None:
+            return self._as_ids(new, "new"), None, None
+        seg_ids, offsets = tokenize_segments(tok, segments)
+        flat = [t for x in seg_ids for t in x]
+        ids = self._as_ids(torch.tensor(flat, dtype=torch.long), "new")
+        text = "".join(segments)
+        starts, prev = [], 0
+        for i, (a, _) in enumerate(offsets):
+            prev = 0 if i == 0 else max(prev, int(a))
+            starts.append(prev)
+        bounds = starts[1:] + [len(text)]
+        pieces = tuple(text[a:b] for a, b in zip(starts, bounds))
+        labels = np.concatenate([np.full(len(x), k, dtype=np.int64) for k, x in enumerate(seg_ids)])
+        return ids, pieces, labels
+
+    def _sync_pieces(self, old: _State, plan: SyncPlan, ids: torch.Tensor, pieces) -> tuple | None:
+        if old.pieces is None or pieces is not None:
+            return pieces
+        decode = self.lm.tokenizer.decode
+        return tuple(old.pieces[src] if src >= 0 else decode([int(ids[j])], skip_special_tokens=False)
+                     for j, src in enumerate(plan.source.tolist()))
+
+    def _sync_labels(self, old: _State, plan: SyncPlan, labels) -> tuple[np.ndarray, int]:
+        """Container label of each new row and the next free label: given segments get fresh labels; otherwise kept
+        rows keep theirs and inserted rows join the row before them (a new container after the last kept row)."""
+        base = self._next_segment
+        if labels is not None:
+            return labels + base, base + (int(labels.max()) + 1 if len(labels) else 0)
+        out = np.empty(plan.new_len, dtype=np.int64)
+        t = plan.tail_start
+        for j, src in enumerate(plan.source.tolist()):
+            if src >= 0:
+                out[j] = old.segment[src]
+            elif j >= t:
+                out[j] = base
+            else:
+                out[j] = out[j - 1] if j else base
+        return out, base + 1
+
+    @staticmethod
+    def _prefix_state(old: _State, f: int) -> _State:
+        """Rows ``[0, f)`` of ``old`` (views)."""
+        if old.keys is None:
+            return old
+        cut = lambda ts: tuple(t[:, :, :f] for t in ts)  # noqa: E731
+        return _State(old.ids[:f], cut(old.keys), cut(old.values), cut(old.anchors), old.angle_pos[:f],
+                      old.stale[:f], old.segment[:f], None if old.pieces is None else old.pieces[:f])
+
+    def _sync_repair(self, old: _State, plan: SyncPlan, ids: torch.Tensor, pieces, labels, policy: _Policy,
+                     timings: dict):
+        """The repair path of :meth:`sync`; returns ``(state, selection, B, refreshed kept rows, rows re-rotated)``."""
+        lm = self.lm
+        src, f, t, m = plan.source, plan.first_change, plan.tail_start, plan.new_len
+        kept_rows = np.flatnonzero(src[:t] >= 0)
+        e0 = int(kept_rows[kept_rows >= f][0])  # first stale row: the inserted run [f, e0) precedes it
+        region = src[e0:t]
+        mid_local = np.flatnonzero(region < 0).astype(np.int64)  # inserted rows inside the stale region
+        S_alloc, S = t - e0, int((region >= 0).sum())
+
+        # 1. The inserted run at the first change, against the unchanged prefix rows [0, f).
+        lead_kv: list = []
+        if e0 > f:
+            t0 = time.perf_counter()
+            work = from_tensors([(k[:, :, :f], v[:, :, :f]) for k, v in zip(old.keys, old.values)])
+            forward_tokens(lm, ids[f:e0], work, logits="none")
+            lead_kv = [(k[:, :, f:], v[:, :, f:]) for k, v in to_tensors(work)]
+            timings["prefill"] += _ms(t0)
+
+        # 2. Drop, move and re-rotate: each kept row once from its anchor to its new position; inserted rows inside
+        # the region hold zeros until the refresh computes them (they are always in the support).
+        t0 = time.perf_counter()
+        gather = np.where(region >= 0, region, 0)
+        index = torch.from_numpy(gather).to(old.keys[0].device)
+        new_pos = np.arange(e0, t, dtype=np.int64)
+        deltas = np.where(region >= 0, new_pos - old.angle_pos[gather], 0)
+        hole = torch.zeros(S_alloc, dtype=torch.bool)
+        hole[torch.from_numpy(mid_local)] = True
+        hole = hole.to(index.device)[None, None, :, None]
+        keys, values, anchors = [], [], []
+        for layer, (k, v, anc) in enumerate(zip(old.keys, old.values, old.anchors)):
+            a_reg = anc.index_select(2, index).masked_fill(hole, 0)
+            k_reg = _rerotate(a_reg, deltas, lm.inv_freq)
+            v_reg = v.index_select(2, index).masked_fill(hole, 0)
+            lead_k, lead_v = lead_kv[layer] if lead_kv else (k[:, :, :0], v[:, :, :0])
+            keys.append(torch.cat((k[:, :, :f], lead_k, k_reg), dim=2))
+            values.append(torch.cat((v[:, :, :f], lead_v, v_reg), dim=2))
+            anchors.append(torch.cat((anc[:, :, :f], lead_k, a_reg), dim=2))
+        timings["shift"] = _ms(t0)
+        # Staleness of a kept row: its own plus the tokens deleted (old rows before it) and inserted (new rows
+        # before it) since; inserted rows get theirs when the refresh recomputes them.
+        old_kept = np.zeros(plan.old_len, dtype=bool)
+        old_kept[src[src >= 0]] = True
+        deleted_before = np.concatenate(([0], np.cumsum(~old_kept)))[gather]
+        inserted_before = np.concatenate(([0], np.cumsum(src < 0)))[e0:t]
+        region_stale = np.where(region >= 0, old.stale[gather] + deleted_before + inserted_before, 1)
+        shifted = _State(
+            ids=ids[:t], keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
+            angle_pos=np.concatenate((old.angle_pos[:f], np.arange(f, e0, dtype=np.int64),
+                                      np.where(region >= 0, old.angle_pos[gather], new_pos))),
+            stale=np.concatenate((old.stale[:f], np.full(e0 - f, _before_max(old.stale, f), dtype=np.int64),
+                                  region_stale)),
+            segment=labels[:t], pieces=None if pieces is None else tuple(pieces[:t]),
+        )
+
+        # 3. One allocation over the S kept rows after the first change, one refresh with the inserted rows.
+        removed = old.ids[torch.from_numpy(plan.deleted_rows())]
+        if removed.numel() == 0:  # pure insertions: a placeholder keeps the EditedContext an edit (d >= 1)
+            removed = ids[e0 : e0 + 1]
+        original_ids = torch.cat((ids[:e0], removed, ids[e0:t]))
+        edit = self._edited_context(original_ids, e0, int(removed.numel()), shifted)
+        shift_cache = shifted.cache()
+        method, selection = policy.method, None
+        if method == "Shift":
+            B, positions = 0, mid_local
+        elif method == "Replay":
+            B, positions = S, np.arange(S_alloc, dtype=np.int64)
+        else:
+            B = allowance(S, policy.budget_pct)
+            if B == S:
+                positions = np.arange(S_alloc, dtype=np.int64)
+                selection = Selection(Support.full(S_alloc))
+            elif B == 0:
+                positions = mid_local
+                selection = Selection(Support(np.zeros(0, dtype=np.int64), S_alloc))
+            else:
+                with fractions_expected():  # the session warned when the budget was given
+                    request = AllocationRequest(lm, edit, _budget_for(S_alloc, B), shift_cache=shift_cache,
+                                                seed=policy.seed, options=dict(policy.options))
+                selection = allocate(method, request)
+                timings["select"] = selection.select_ms
+                positions = np.union1d(selection.support.positions, mid_local).astype(np.int64)
+        t0 = time.perf_counter()
+        if len(positions) == S_alloc:
+            cache = replay(lm, shift_cache, edit)  # Algorithm 1, step 2: the whole suffix from the valid prefix
+        elif len(positions):
+            cache = get_executor(policy.executor)(lm, shift_cache, edit, Support(positions, S_alloc))
+        else:
+            cache = shift_cache
+        timings["refresh"] = _ms(t0)
+        state = self._with_rows(shifted, cache, e0 + positions) if len(positions) else shifted
+        refreshed = e0 + np.setdiff1d(positions, mid_local)
+
+        # 4. The append at the end, after the repair (it reads the repaired rows).
+        if t < m:
+            state, ms = self._extended(state, ids[t:], pieces[t:] if pieces else (), labels[t:])
+            timings["prefill"] += ms
+        rerotated = int((deltas[region >= 0] != 0).sum())
+        return state, selection, B, refreshed.astype(np.int64), rerotated
 
     # ------------------------------------------------------------------------------------------------------------
     # The edit itself
