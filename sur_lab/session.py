@@ -3,7 +3,8 @@
 An agent's context keeps changing: turns are appended, obsolete tool outputs are deleted or replaced. An
 :class:`EditSession` owns the live transformers ``DynamicCache`` of the current context and, per row, the token id,
 the position the row's keys were computed at (its *recorded angle*) and its *staleness*: how many context tokens
-before it were deleted or inserted since its state was computed. Each edit is the paper's repair (Algorithm 1) on an
+before it were deleted or inserted since its state was computed (directly, or through the stale rows it read: see
+**Staleness debt** below). Each edit is the paper's repair (Algorithm 1) on an
 :class:`~sur_lab.edits.EditedContext` built for that edit: drop the span, Shift the suffix (Eq. 2), then refresh a
 support chosen by any allocator at budget b (Eq. 3) with any executor, or a reference method (Shift, Replay,
 Re-prefill).
@@ -23,6 +24,11 @@ rotates it once by ``current_pos - recorded_pos`` (float32 arithmetic or better,
 edits therefore carries one rotation's rounding, not forty: keys re-rotated and stored again after every edit drift (on
 SmolLM2 in bfloat16, 40 Shifts of 2 positions leave about 8x the layer-0 key error of one Shift of 80;
 ``scripts/session_drift.py``). Anchors cost one extra copy of the keys.
+
+:meth:`EditSession.sync` takes a whole new prompt instead (token ids, text, segments, or chat messages rendered one
+message per segment), diffs it against the cached ids (:mod:`sur_lab.sync`) and applies all its deletions, insertions
+and replacements with one repair; :class:`~sur_lab.sync.SyncPolicy` falls back to prefix reuse where a repair saves
+little. :func:`sur_lab.check_model` (``EditSession(..., check=True)``) checks a model before it is trusted.
 
 :func:`repair_cache` applies one deletion repair to a user's own ``DynamicCache`` built from known ids, with no
 sur_lab types in its signature. The session's :attr:`EditSession.cache` works with ``model.generate`` (transformers
