@@ -2,8 +2,9 @@
 
 An agent sends its whole prompt every turn. Per turn of each trace, four sessions follow the same prompts:
 
-* ``sync b%``: :meth:`EditSession.sync` with SUR at ``--budget`` % and ``SyncPolicy(0, 1.0)`` (always repairs);
-* ``sync b% (policy)``: the same with the default :class:`SyncPolicy` (falls back to prefix reuse when it says so);
+* ``sync``: :meth:`EditSession.sync` with SUR at ``--budget`` % and ``SyncPolicy(0, 1.0)`` (always repairs), refreshed
+  with ``--executor`` (default ``packed``);
+* ``sync (policy)``: the same with the default :class:`SyncPolicy` (falls back to prefix reuse when it says so);
 * ``prefix reuse``: recompute every row from the first change (what serving engines do: ``SyncPolicy`` with an
   unreachable ``min_stale_rows``);
 * ``re-prefill``: prefill the whole prompt every turn.
@@ -12,7 +13,8 @@ Time to first token (TTFT, ms) = the sync call (rendering, tokenization, diff, r
 query (its first logit, ``Answer.timings_ms["query"]``). Each turn's sync is timed ``--repeats`` times on forks of the
 session (forks share tensors; the arms are interleaved within each repeat) and the median is kept. Reported per turn:
 TTFT median per arm, tokens recomputed, path, where the first change is (fraction of the prompt), and whether the next
-answer (greedy, ``--max-new-tokens``) equals re-prefill's. Then medians side by side and ratios over all turns and
+answer (greedy, ``--max-new-tokens``) is token for token re-prefill's, and for the repair turns the median time of
+each stage of the sync (diff, prefill of inserted rows, shift, select, refresh, debt). Then medians side by side and ratios over all turns and
 over the turns whose first change lies in the first half of the prompt.
 
 Traces: ``--traces FILE`` (JSON: a list of ``{"id", "turns": [{"messages": [...], "question": str}, ...]}``; the
@@ -80,9 +82,9 @@ ARMS = {
 }
 
 
-def run_trace(lm, trace: dict, budget: float, repeats: int, max_new_tokens: int) -> list[dict]:
+def run_trace(lm, trace: dict, budget: float, repeats: int, max_new_tokens: int, executor: str) -> list[dict]:
     tok = lm.tokenizer
-    sessions = {name: EditSession(lm, budget_pct=budget, **kw) for name, kw in ARMS.items()}
+    sessions = {name: EditSession(lm, budget_pct=budget, executor=executor, **kw) for name, kw in ARMS.items()}
     rows = []
     for t, turn in enumerate(trace["turns"]):
         messages = turn["messages"]
@@ -110,6 +112,7 @@ def run_trace(lm, trace: dict, budget: float, repeats: int, max_new_tokens: int)
                 "ttft_ms": statistics.median(times[name]) + answers[name].timings_ms["query"],
                 "agree": answers[name].token_ids == answers["re-prefill"].token_ids,
                 "debt": sessions[name].debt,
+                **{f"{k}_ms": v for k, v in rec.timings_ms.items() if k != "total"},
             })
     return rows
 
@@ -124,8 +127,8 @@ def summarize(df: pd.DataFrame) -> str:
         med = part.pivot_table(index=["trace", "turn"], columns="arm", values="ttft_ms")
         agree = part.groupby("arm")["agree"].mean() * 100
         rec = part.groupby("arm")["recomputed"].median()
-        lines.append(f"\n{label} ({len(med)} turns): median TTFT ms, tokens recomputed (median), agreement with "
-                     "re-prefill's answer (%)")
+        lines.append(f"\n{label} ({len(med)} turns): median TTFT ms, tokens recomputed (median), next answer "
+                     "token-identical to re-prefill's (%)")
         for arm in ARMS:
             lines.append(f"  {arm:<14} {med[arm].median():9.1f} ms  {rec[arm]:7.0f} tok  {agree[arm]:5.1f} %")
         ratio_p = (med["prefix reuse"] / med["sync"]).median()
@@ -147,6 +150,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed syncs per turn and arm (median kept)")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--executor", default="packed", help="executor of the sync arms' refresh")
     parser.add_argument("--out", default=None, help="write the per-turn table as CSV here")
     args = parser.parse_args()
     for name in ("num_traces", "turns", "repeats", "max_new_tokens", "threads"):
@@ -161,11 +165,11 @@ def main() -> None:
     else:
         traces = synthetic_traces(args.dataset, args.num_traces, args.turns)
     lm = load_model(args.model)
-    print(f"model {lm.spec.name} ({lm.dtype}), {len(traces)} traces, budget {args.budget:g} %, "
-          f"{args.repeats} repeats, {args.threads} thread(s)")
+    print(f"model {lm.spec.name} ({lm.dtype}), {len(traces)} traces, budget {args.budget:g} %, executor "
+          f"{args.executor}, {args.repeats} repeats, {args.threads} thread(s)")
     rows = []
     for trace in traces:
-        rows += run_trace(lm, trace, args.budget, args.repeats, args.max_new_tokens)
+        rows += run_trace(lm, trace, args.budget, args.repeats, args.max_new_tokens, args.executor)
     df = pd.DataFrame(rows)
     table = df.pivot_table(index=["trace", "turn"], columns="arm", values=["ttft_ms", "recomputed"]).round(1)
     table.columns = [f"{value} {arm}" for value, arm in table.columns]
@@ -174,6 +178,11 @@ def main() -> None:
     pd.set_option("display.width", 250)
     print(table.join(paths).to_string())
     print(summarize(df))
+    stages = [c for c in df.columns if c.endswith("_ms") and c not in ("sync_ms", "query_ms", "ttft_ms")]
+    repaired = df[df.path == "repair"]
+    if not repaired.empty:
+        print("\nrepair turns, median stage times of the last timed sync (ms):")
+        print(repaired.groupby("arm")[stages].median().round(1).to_string())
     if args.out:
         from sur_lab.runtime.paths import atomic_path
 
