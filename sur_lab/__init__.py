@@ -27,6 +27,7 @@ from sur_lab.edits import (
     build_edit,
     chat_edit,
     chat_prompt_ids,
+    chat_segments,
     format_passages,
     render_chat,
     segment_edit,
@@ -57,7 +58,9 @@ from sur_lab.repair import (
     recover,
     repair,
 )
+from sur_lab.model_check import ModelCheckError, ModelCheckReport, check_model
 from sur_lab.session import EditRecord, EditSession, repair_cache
+from sur_lab.sync import SyncPolicy, SyncRecord
 from sur_lab.units import Unit, segment_units
 
 __version__ = "0.1.0"
@@ -74,11 +77,15 @@ __all__ = [
     "EditSession",
     "EditedContext",
     "LoadedModel",
+    "ModelCheckError",
+    "ModelCheckReport",
     "ModelSpec",
     "PreparedEdit",
     "RepairResult",
     "Selection",
     "Support",
+    "SyncPolicy",
+    "SyncRecord",
     "Unit",
     "UnsupportedModelError",
     "allocate",
@@ -87,6 +94,8 @@ __all__ = [
     "build_edit",
     "chat_edit",
     "chat_prompt_ids",
+    "chat_segments",
+    "check_model",
     "coalesce",
     "continuation_nll",
     "dirty",

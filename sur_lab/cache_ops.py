@@ -33,6 +33,95 @@ def from_tensors(layers: Sequence[KV]) -> DynamicCache:
     return cache
 
 
+def held_kv(cache, name: str = "cache") -> list[KV]:
+    """Per-layer ``(K, V)`` ``[B, H_kv, n, d_h]`` of the rows a transformers cache actually holds.
+
+    A ``DynamicCache`` (full-attention ``DynamicLayer`` layers) gives its tensors as they are (views, no copy). A
+    ``StaticCache`` gives only its filled rows ``[0, get_seq_length())``, never the zero padding it preallocates, and
+    gives them as copies: a StaticCache writes into its buffers in place when the caller keeps using it, which would
+    change views held elsewhere. Every layer must be initialized and hold the same number of rows.
+
+    Args:
+        cache: the cache; anything else is refused by type.
+        name: the argument's name, for the errors.
+
+    Returns:
+        One ``(keys, values)`` pair per layer.
+
+    Raises:
+        TypeError: naming ``name`` for ``None``, a legacy tuple / list of per-layer tuples (wrap it with
+            ``DynamicCache(ddp_cache_data=...)``), any object that is not a transformers ``DynamicCache`` or
+            ``StaticCache`` (``QuantizedCache``, ``EncoderDecoderCache``, ...), or layers that are sliding-window,
+            quantized or of another kind (named).
+        ValueError: naming ``name`` when a layer is not initialized or the layers hold different numbers of rows.
+    """
+    from transformers import StaticCache
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    if cache is None:
+        raise TypeError(f"{name} is None; pass the transformers DynamicCache (or StaticCache) of the context")
+    if isinstance(cache, (tuple, list)):
+        raise TypeError(
+            f"{name} is a legacy {type(cache).__name__} cache; wrap it as "
+            "transformers.DynamicCache(ddp_cache_data=[(keys, values), ...]) (one pair per layer)"
+        )
+    static = isinstance(cache, StaticCache)
+    if not isinstance(cache, DynamicCache) and not static:
+        raise TypeError(
+            f"{name} is a {type(cache).__name__}; accepted: transformers DynamicCache (full attention) or "
+            "StaticCache (its filled rows are taken)"
+        )
+    layers = []
+    for i, entry in enumerate(cache.layers):
+        kind = type(entry)
+        allowed = StaticLayer if static else DynamicLayer
+        if kind is not allowed or getattr(entry, "is_sliding", False):
+            raise TypeError(
+                f"{name} layer {i} is a {kind.__name__}; repair needs full-attention {allowed.__name__} layers"
+            )
+        if not getattr(entry, "is_initialized", False) or entry.keys is None:
+            raise ValueError(f"{name} layer {i} holds no keys (not initialized): prefill the context into it first")
+        if static:
+            filled = int(entry.get_seq_length())
+            layers.append((entry.keys[:, :, :filled].clone(), entry.values[:, :, :filled].clone()))
+        else:
+            layers.append((entry.keys, entry.values))
+    rows = sorted({int(k.shape[-2]) for k, _ in layers} | {int(v.shape[-2]) for _, v in layers})
+    if len(rows) > 1:
+        raise ValueError(f"{name} layers hold different numbers of rows ({rows}); every layer must hold the same rows")
+    return layers
+
+
+def check_model_kv(
+    layers: Sequence[KV], *, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+    device: torch.device | str | None = None, name: str = "cache",
+) -> int:
+    """Check per-layer ``(K, V)`` (from :func:`held_kv`) against a model; returns the rows held, n.
+
+    Raises:
+        ValueError: naming ``name`` and the model's value when the layer count, the batch size (must be 1), the
+            number of KV heads, the head dim of keys or values, the dtype or the device differs from the model's.
+    """
+    if len(layers) != num_layers:
+        raise ValueError(f"{name} has {len(layers)} layers; the model has {num_layers}")
+    for i, (k, v) in enumerate(layers):
+        for what, t in (("keys", k), ("values", v)):
+            if t.dim() != 4:
+                raise ValueError(f"{name} layer {i} {what} are {t.dim()}-D; need [1, H_kv, n, d_h]")
+            b, h, _, d = t.shape
+            if b != 1:
+                raise ValueError(f"{name} holds a batch of {b} sequences; repair needs batch size 1")
+            if h != num_kv_heads:
+                raise ValueError(f"{name} layer {i} {what} have {h} KV heads; the model has {num_kv_heads}")
+            if d != head_dim:
+                raise ValueError(f"{name} layer {i} {what} have head dim {d}; the model's head_dim is {head_dim}")
+            if t.dtype != dtype:
+                raise ValueError(f"{name} layer {i} {what} are {t.dtype}; the model runs in {dtype}")
+            if device is not None and t.device != torch.device(device):
+                raise ValueError(f"{name} layer {i} {what} are on {t.device}; the model is on {device}")
+    return int(layers[0][0].shape[-2]) if layers else 0
+
+
 def layer_kv(cache: DynamicCache, layer: int) -> KV:
     """Return layer ``layer``'s ``(keys, values)``, each ``[1, H_kv, N, d_h]`` (views, not copies)."""
     entry = cache.layers[layer]
@@ -99,6 +188,34 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rotated, x[..., width:].to(rotated.dtype)), dim=-1)
 
 
+def _check_inv_freq(keys: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    head_dim = keys.shape[-1]
+    if inv_freq.dim() != 1 or not 1 <= inv_freq.numel() <= head_dim // 2:
+        raise ValueError(
+            f"inv_freq has shape {tuple(inv_freq.shape)}; keys need 1-D inverse frequencies with 1 to "
+            f"head_dim // 2 = {head_dim // 2} entries"
+        )
+
+
+def _rotate_leading(keys: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """The one re-rotation of post-RoPE keys: ``R_angles`` on the leading ``rotary_dim = 2 * angles.shape[-1]``
+    dimensions of each head (rotate-half pairing), the rest copied bitwise.
+
+    ``angles`` are float64 ``[rotary_dim // 2]`` (one offset for every row) or ``[L, rotary_dim // 2]`` (one per
+    row). cos and sin are formed in float64, the rotation runs in float32 (float64 for float64 keys) and the result
+    is cast to the key dtype once, so bf16 / fp16 keys carry one rounding (appendix 7.1). Both public forms,
+    :func:`rerotate_keys` and :func:`rerotate_rows`, go through here: a row gets bitwise the same result from either.
+    """
+    compute = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(compute), emb.sin().to(compute)
+    width = emb.shape[-1]
+    rotated = apply_rope(keys[..., :width].to(compute), cos, sin).to(keys.dtype)  # one rounding to the key dtype
+    if width == keys.shape[-1]:
+        return rotated
+    return torch.cat((rotated, keys[..., width:]), dim=-1)
+
+
 def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move post-RoPE keys by ``delta`` positions: ``K' = R_delta K`` (Eq. 2 with ``delta = -d``).
 
@@ -107,7 +224,8 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
     (the whole head except for partial rotary, GLM-4.5); the rest are copied bitwise. Angles are formed in float64
     from the model's inverse frequencies; the rotation is computed in float32 (float64 for float64 keys), so bf16 and
     fp16 keys are rounded once, at the end (appendix 7.1). RoPE variants that scale cos and sin by a constant (YaRN's
-    attention factor) are handled exactly since the factor cancels in the relative rotation.
+    attention factor) are handled exactly since the factor cancels in the relative rotation. Same arithmetic as
+    :func:`rerotate_rows` (one shared helper).
 
     Args:
         keys: ``[1, H_kv, L, d_h]`` post-RoPE keys, any float dtype.
@@ -121,58 +239,44 @@ def rerotate_keys(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> tor
     Raises:
         ValueError: if ``inv_freq`` is not 1-D with between 1 and ``d_h // 2`` entries.
     """
-    head_dim = keys.shape[-1]
-    if inv_freq.dim() != 1 or not 1 <= inv_freq.numel() <= head_dim // 2:
-        raise ValueError(
-            f"inv_freq has shape {tuple(inv_freq.shape)}; keys need 1-D inverse frequencies with 1 to "
-            f"head_dim // 2 = {head_dim // 2} entries"
-        )
-    compute = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    _check_inv_freq(keys, inv_freq)
     angles = float(delta) * inv_freq.detach().to(device=keys.device, dtype=torch.float64)
-    emb = torch.cat((angles, angles))
-    cos, sin = emb.cos().to(compute), emb.sin().to(compute)
-    width = emb.numel()
-    rotated = apply_rope(keys[..., :width].to(compute), cos, sin).to(keys.dtype)  # one rounding to the key dtype
-    if width == head_dim:
-        return rotated
-    return torch.cat((rotated, keys[..., width:]), dim=-1)
+    return _rotate_leading(keys, angles)
 
 
 def rerotate_rows(keys: torch.Tensor, deltas: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move each post-RoPE key row by its own offset: ``K'[..., j, :] = R_{deltas[j]} K[..., j, :]`` (Eq. 2 per row).
 
     Used to re-rotate keys from the position they were computed at (their recorded angle) straight to their current
-    position, so that a row moved by many successive edits is rotated once, not once per edit. Angles are formed in
-    float64; the rotation arithmetic runs in float32 (float64 for float64 keys) and the result is cast to the key
-    dtype once, so bfloat16 / float16 keys carry a single rounding (appendix 7.1). A zero offset returns the row
-    bitwise (cos 0 = 1, sin 0 = 0).
+    position, so that a row moved by many successive edits is rotated once, not once per edit. As in
+    :func:`rerotate_keys` (the same helper): only the leading ``rotary_dim = 2 * len(inv_freq)`` dimensions are
+    rotated (partial rotary, GLM-4.5: the rest are copied bitwise); angles are formed in float64; the rotation
+    arithmetic runs in float32 (float64 for float64 keys) and the result is cast to the key dtype once, so bfloat16 /
+    float16 keys carry a single rounding (appendix 7.1). A zero offset returns the row bitwise (cos 0 = 1, sin 0 = 0).
 
     Args:
         keys: ``[1, H_kv, L, d_h]`` post-RoPE keys, any float dtype.
         deltas: ``[L]`` integer offsets in tokens (signed), one per row.
-        inv_freq: ``[d_h // 2]`` inverse frequencies (any float dtype; promoted to float64).
+        inv_freq: ``[rotary_dim // 2]`` inverse frequencies, ``rotary_dim <= d_h`` (any float dtype; promoted to
+            float64).
 
     Returns:
         New tensor, same shape and dtype as ``keys``.
 
     Raises:
-        ValueError: if ``inv_freq`` does not have ``d_h // 2`` entries or ``deltas`` does not have one entry per row.
+        ValueError: if ``inv_freq`` is not 1-D with between 1 and ``d_h // 2`` entries or ``deltas`` does not have
+            one entry per row.
     """
-    head_dim, rows = keys.shape[-1], keys.shape[-2]
-    if inv_freq.numel() * 2 != head_dim:
-        raise ValueError(f"inv_freq has {inv_freq.numel()} entries; keys need head_dim // 2 = {head_dim // 2}")
+    _check_inv_freq(keys, inv_freq)
+    rows = keys.shape[-2]
     deltas = torch.as_tensor(deltas).reshape(-1)
     if deltas.numel() != rows:
         raise ValueError(f"deltas has {deltas.numel()} entries; keys have {rows} rows")
-    compute = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    # [L, d_h / 2] angles in float64: positions reach 1e5+ and float32 products would lose the low bits.
+    # [L, rotary_dim / 2] angles in float64: positions reach 1e5+ and float32 products would lose the low bits.
     angles = deltas.to(device=keys.device, dtype=torch.float64)[:, None] * inv_freq.detach().to(
         device=keys.device, dtype=torch.float64
     )[None]
-    emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = emb.cos().to(compute), emb.sin().to(compute)
-    k = keys.to(compute)
-    return (k * cos + rotate_half(k) * sin).to(keys.dtype)
+    return _rotate_leading(keys, angles)
 
 
 def _check_shift_args(cache: DynamicCache, prefix_len: int, deleted_len: int) -> int:
@@ -233,7 +337,7 @@ def shift_cache_(cache: DynamicCache, prefix_len: int, deleted_len: int, inv_fre
         cache: Dirty cache of ``p ⊕ e ⊕ s``, ``N = p + d + S`` rows, ``[1, H_kv, N, d_h]`` per layer; consumed.
         prefix_len: p, tokens.
         deleted_len: d >= 1, tokens.
-        inv_freq: the model's RoPE inverse frequencies ``[d_h // 2]``.
+        inv_freq: the model's RoPE inverse frequencies ``[rotary_dim // 2]`` (:func:`rerotate_keys`).
 
     Returns:
         ``cache`` (the same object) holding ``p + S`` rows.

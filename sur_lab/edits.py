@@ -538,6 +538,64 @@ def chat_prompt_ids(
     return torch.tensor([t for x in ids for t in x], dtype=torch.long)
 
 
+def _render(tokenizer, messages, add_generation_prompt: bool, template_kwargs: dict) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+    )
+
+
+def chat_segments(
+    tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = False, template_kwargs: dict | None = None
+) -> list[str]:
+    """The chat template's rendering of ``messages``, cut into one text segment per message (agent prompts).
+
+    Segment k ends where the rendering of ``messages[:k + 1]`` ends, so each message with its template markers is a
+    segment of its own and :func:`tokenize_segments` keeps message boundaries as token boundaries: a message that did
+    not change tokenizes the same in every prompt that holds it, whatever the messages around it. When a template
+    renders a shorter list differently (some drop reasoning from earlier turns), the cut falls where message k's
+    content starts in the full rendering instead (found in order; a message whose content cannot be found joins the
+    segment before it). With ``add_generation_prompt`` the template's generation prompt is one more, last segment.
+
+    Args:
+        tokenizer: a tokenizer with a chat template (``apply_chat_template``).
+        messages: ``{"role": ..., "content": ...}`` dicts, at least one.
+        add_generation_prompt: append the assistant header (the prompt for the model's next turn).
+        template_kwargs: passed to ``apply_chat_template`` (default ``{"enable_thinking": False}``, as
+            :func:`render_chat`: reasoning templates out of thinking mode; other templates ignore it).
+
+    Returns:
+        Text segments whose concatenation is the whole rendering (empty segments are dropped).
+
+    Raises:
+        ValueError: naming ``messages`` when it is empty or holds something other than dicts with ``role`` and a
+            string ``content``; naming ``tokenizer`` when it has no chat template.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': str} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and a str 'content'; got {m!r:.80}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("tokenizer has no chat template; pass token ids or text segments instead")
+    kwargs = {"enable_thinking": False} if template_kwargs is None else dict(template_kwargs)
+    full = _render(tokenizer, messages, add_generation_prompt, kwargs)
+    body = _render(tokenizer, messages, False, kwargs) if add_generation_prompt else full
+    cuts, pos = [], 0
+    for k in range(1, len(messages)):
+        head = _render(tokenizer, messages[:k], False, kwargs)
+        if body.startswith(head) and len(head) >= pos:
+            cut = len(head)
+        else:
+            found = body.find(messages[k]["content"], pos) if messages[k]["content"] else -1
+            cut = found if found >= 0 else pos
+        cuts.append(cut)
+        pos = cut
+    if add_generation_prompt and full.startswith(body):
+        cuts.append(len(body))
+    bounds = [0, *cuts, len(full)]
+    return [full[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def chat_edit(
     tokenizer,
     documents: str,

@@ -382,6 +382,45 @@ def wrap_model(model: torch.nn.Module, tokenizer: Any = None, name: str | None =
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
 
 
+def as_loaded_model(model: Any, tokenizer: Any = None, *, name: str = "model") -> LoadedModel:
+    """``model`` as a :class:`LoadedModel`: a LoadedModel is returned as it is (with ``tokenizer`` filled in when it
+    has none); a transformers causal LM module is wrapped without being modified (unlike :func:`wrap_model`, which puts
+    it in eval mode).
+
+    Args:
+        model: a :class:`LoadedModel` or a ``torch.nn.Module`` causal LM of a supported family, in eval mode.
+        tokenizer: optional tokenizer for a bare module (or a LoadedModel without one).
+        name: the argument's name, for the errors.
+
+    Raises:
+        TypeError: naming ``name`` when it is neither a LoadedModel nor a ``torch.nn.Module``.
+        ValueError: naming ``name`` when the module is in training mode (dropout).
+        UnsupportedModelError: see :func:`check_supported`; also when the rotary embedding's width differs from the
+            configuration's (as :func:`wrap_model`).
+    """
+    if isinstance(model, LoadedModel):
+        if tokenizer is not None and model.tokenizer is None:
+            return LoadedModel(model=model.model, tokenizer=tokenizer, spec=model.spec)
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"{name} must be a sur_lab LoadedModel (load_model / wrap_model) or a transformers causal LM module; got "
+            f"{type(model).__name__}"
+        )
+    if not hasattr(model, "config"):
+        raise TypeError(f"{name} is a {type(model).__name__} without a transformers config; pass a causal LM module")
+    if model.training:
+        raise ValueError(f"{name} is in training mode (dropout); call model.eval() first")
+    spec = model_spec(model)
+    width = 2 * rotary_embedding(model).inv_freq.numel()
+    if width != spec.rotary_dim:
+        raise UnsupportedModelError(
+            f"the rotary embedding rotates {width} dimensions per head; partial_rotary_factor="
+            f"{partial_rotary_factor(model.config)} and head_dim={spec.head_dim} imply {spec.rotary_dim}"
+        )
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+
+
 def enable_float64_rope(model: torch.nn.Module) -> torch.nn.Module:
     """Make the model's rotary embedding compute its angles in float64 (in place; returns the model).
 

@@ -3,16 +3,32 @@
 An agent's context keeps changing: turns are appended, obsolete tool outputs are deleted or replaced. An
 :class:`EditSession` owns the live transformers ``DynamicCache`` of the current context and, per row, the token id,
 the position the row's keys were computed at (its *recorded angle*) and its *staleness*: how many context tokens
-before it were deleted or inserted since its state was computed. Each edit is the paper's repair (Algorithm 1) on an
+before it were deleted or inserted since its state was computed (directly, or through the stale rows it read: see
+**Staleness debt** below). Each edit is the paper's repair (Algorithm 1) on an
 :class:`~sur_lab.edits.EditedContext` built for that edit: drop the span, Shift the suffix (Eq. 2), then refresh a
 support chosen by any allocator at budget b (Eq. 3) with any executor, or a reference method (Shift, Replay,
 Re-prefill).
+
+**Staleness debt** (appendix 14, stale causal predecessors). A row is *stale* when its K/V differ from a clean prefill
+of the current tokens because of a deleted, replaced or inserted span: the edit happened before the row after its
+state was computed, or the row was computed (or recomputed) while a row before it was stale. A recomputed row is
+therefore fresh only if every row before it was fresh when it was recomputed. Each row keeps its *staleness*, the
+tokens deleted or inserted before it since its state was computed, directly or through the stale predecessors it read
+(recomputing a row sets it to the largest staleness among the rows before it; 0 when they were all fresh). Under these
+rules the stale rows are always a suffix of the context, ``[n - debt, n)``, and every row before it equals a clean
+prefill up to rounding (tested over random edit programs on float64 models). :attr:`EditSession.debt` counts the stale
+rows; paying it (``debt_pct``) refreshes the *earliest* stale rows, the only ones whose refresh makes them fresh.
 
 Re-rotation always starts from each row's *anchor*, the key as the model computed it at its recorded position, and
 rotates it once by ``current_pos - recorded_pos`` (float32 arithmetic or better, one cast). A row moved by forty
 edits therefore carries one rotation's rounding, not forty: keys re-rotated and stored again after every edit drift (on
 SmolLM2 in bfloat16, 40 Shifts of 2 positions leave about 8x the layer-0 key error of one Shift of 80;
 ``scripts/session_drift.py``). Anchors cost one extra copy of the keys.
+
+:meth:`EditSession.sync` takes a whole new prompt instead (token ids, text, segments, or chat messages rendered one
+message per segment), diffs it against the cached ids (:mod:`sur_lab.sync`) and applies all its deletions, insertions
+and replacements with one repair; :class:`~sur_lab.sync.SyncPolicy` falls back to prefix reuse where a repair saves
+little. :func:`sur_lab.check_model` (``EditSession(..., check=True)``) checks a model before it is trusted.
 
 :func:`repair_cache` applies one deletion repair to a user's own ``DynamicCache`` built from known ids, with no
 sur_lab types in its signature. The session's :attr:`EditSession.cache` works with ``model.generate`` (transformers
@@ -24,6 +40,7 @@ Source: section 3 (evolving contexts, Eq. 2, Eq. 3), Algorithm 1, appendix 7.1 (
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 from collections.abc import Sequence
@@ -37,12 +54,13 @@ from transformers import DynamicCache
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
-from sur_lab.cache_ops import cache_length, from_tensors, num_layers, rerotate_rows, to_tensors
+from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
 from sur_lab.checks import as_count
-from sur_lab.edits import EditedContext, splice_replacement
+from sur_lab.edits import EditedContext, chat_segments, splice_replacement, tokenize_segments
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
-from sur_lab.models import LoadedModel, model_spec
+from sur_lab.models import LoadedModel, as_loaded_model
+from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
 SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
@@ -55,8 +73,50 @@ def _ms(t0: float) -> float:
 
 
 def _rerotate(keys: torch.Tensor, deltas: np.ndarray, inv_freq: torch.Tensor) -> torch.Tensor:
-    """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions."""
+    """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions
+    (the leading ``rotary_dim`` dimensions; partial rotary passes the rest through, :func:`rerotate_rows`)."""
     return rerotate_rows(keys, torch.from_numpy(np.ascontiguousarray(deltas, dtype=np.int64)), inv_freq)
+
+
+def _budget_for(suffix_len: int, target: int) -> float:
+    """A budget b (%) whose allowance over ``suffix_len`` rows is exactly ``target`` (0 < target < suffix_len)."""
+    b = 100.0 * target / suffix_len
+    while allowance(suffix_len, b) > target:  # the decimal of b rounded up past the exact share
+        b = float(np.nextafter(b, 0.0))
+    while allowance(suffix_len, b) < target:
+        b = float(np.nextafter(b, 100.0))
+    return b
+
+
+def _before_max(stale: np.ndarray, upto: int) -> int:
+    """Staleness a row computed at position ``upto`` inherits: the largest of the rows before it (0 when fresh)."""
+    return int(stale[:upto].max()) if upto > 0 else 0
+
+
+def recomputed_staleness(stale: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Staleness after recomputing ``rows`` in causal order (any executor: all compute the sequential recurrence).
+
+    A recomputed row reads every row before it, so it inherits the largest staleness among them, where the rows
+    recomputed before it already carry their new value; by induction that is the largest staleness among the earlier
+    rows that were *not* recomputed. Rows not in ``rows`` keep theirs. Appendix 14 (stale causal predecessors).
+
+    Args:
+        stale: int64 ``[n]`` staleness before the refresh (tokens).
+        rows: int64 absolute rows recomputed (any order; duplicates allowed).
+
+    Returns:
+        int64 ``[n]``, a new array.
+    """
+    stale = np.asarray(stale, dtype=np.int64)
+    out = stale.copy()
+    if len(rows) == 0 or len(stale) == 0:
+        return out
+    recomputed = np.zeros(len(stale), dtype=bool)
+    recomputed[np.asarray(rows, dtype=np.int64)] = True
+    kept = np.where(recomputed, 0, stale)
+    before = np.concatenate(([0], np.maximum.accumulate(kept)[:-1]))  # max over kept rows strictly before j
+    out[recomputed] = before[recomputed]
+    return out
 
 
 @dataclass(frozen=True)
@@ -163,17 +223,26 @@ class EditSession:
     any raised error the session is unchanged. No tensor the session holds is ever written in place.
 
     Args:
-        lm: the model (any dtype; float64 tiny models give exact comparisons).
+        lm: the model, a :class:`~sur_lab.models.LoadedModel` or a transformers causal LM module in eval mode (any
+            dtype; float64 tiny models give exact comparisons).
         method: default repair method: an allocator name (``"SUR"``) or ``"Shift"``, ``"Replay"``, ``"Re-prefill"``.
         budget_pct: default budget b in [0, 100], percent of each edit's suffix (Eq. 3).
         executor: default executor name (``"sequential"`` reference, packed backends).
         debt_pct: default staleness-debt budget in [0, 100], percent of the stale rows left after an edit's repair
-            that are refreshed too, stalest first (0: only the edit's own allowance is spent).
+            that are refreshed too, earliest first (the rows whose refresh retires debt, see the module docstring;
+            0: only the edit's own allowance is spent; 100: the cache equals a clean prefill).
         seed: case seed for randomized allocators.
         options: allocator options (passed through).
+        sync_policy: when :meth:`sync` falls back to prefix reuse (:class:`~sur_lab.sync.SyncPolicy`; its defaults
+            when None).
+        check: run :func:`sur_lab.check_model` on ``lm`` first, once per model object (the result is cached), and
+            raise :class:`~sur_lab.model_check.ModelCheckError` naming the failing check.
 
     Raises:
-        ValueError: naming ``method``, ``budget_pct``, ``executor`` or ``debt_pct`` when invalid.
+        TypeError: naming ``lm`` when it is neither a LoadedModel nor a module.
+        ValueError: naming ``method``, ``budget_pct``, ``executor``, ``debt_pct`` or ``sync_policy`` when invalid,
+            ``lm`` when the module is in training mode.
+        ModelCheckError: with ``check=True``, when the model fails :func:`sur_lab.check_model`.
 
     Warns:
         BudgetFractionWarning: (a ``UserWarning``) when a default or per-edit ``budget_pct`` is in (0, 1), usually
@@ -182,7 +251,7 @@ class EditSession:
 
     def __init__(
         self,
-        lm: LoadedModel,
+        lm: LoadedModel | torch.nn.Module,
         *,
         method: str = "SUR",
         budget_pct: float = 5.0,
@@ -190,11 +259,21 @@ class EditSession:
         debt_pct: float = 0.0,
         seed: int = 0,
         options: dict | None = None,
+        sync_policy: SyncPolicy | None = None,
+        check: bool = False,
     ) -> None:
+        lm = as_loaded_model(lm, name="lm")
         self.lm = lm
         self._defaults = _Policy(method, budget_pct, executor, debt_pct, seed, dict(options or {}))
         self._defaults = self._policy()
         warn_if_fraction(self._defaults.budget_pct)
+        if sync_policy is not None and not isinstance(sync_policy, SyncPolicy):
+            raise ValueError(f"sync_policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
+        self._sync_policy = sync_policy if sync_policy is not None else SyncPolicy()
+        if check:
+            from sur_lab.model_check import check_model_once
+
+            check_model_once(lm)
         self._state = _State(
             ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
             angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),
@@ -202,38 +281,45 @@ class EditSession:
         )
         self._next_segment = 0
         self._query: _Query | None = None
-        self.history: list[EditRecord] = []
+        self.history: list[EditRecord | SyncRecord] = []
 
     # ------------------------------------------------------------------------------------------------------------
     # Construction from an existing cache
 
     @classmethod
-    def from_cache(cls, lm: LoadedModel, cache: DynamicCache, input_ids, **defaults: Any) -> EditSession:
+    def from_cache(cls, lm: LoadedModel | torch.nn.Module, cache, input_ids, **defaults: Any) -> EditSession:
         """A session over an existing cache of ``input_ids`` (one segment; rows computed at positions ``0 .. n-1``).
 
-        The cache is not modified and not copied: the session shares its tensors and never writes into them.
+        The cache is checked against the model before any work and is not modified. A ``DynamicCache`` is not copied
+        (the session shares its tensors and never writes into them); a ``StaticCache`` gives its filled rows only,
+        copied (:func:`sur_lab.cache_ops.held_kv`). The rows are taken as a clean prefill of ``input_ids`` (debt 0).
 
         Args:
-            lm: the model the cache was built with.
-            cache: ``DynamicCache`` of ``n`` rows per layer, ``[1, H_kv, n, d_h]``.
+            lm: the model the cache was built with (a LoadedModel or the transformers module).
+            cache: ``DynamicCache`` (or ``StaticCache``) holding ``n`` rows per layer, ``[1, H_kv, n, d_h]``, in the
+                model's dtype and on its device.
             input_ids: ``[n]`` (or ``[1, n]``) token ids the cache was built from.
             **defaults: session defaults (``method``, ``budget_pct``, ``executor``, ``debt_pct``, ``seed``,
                 ``options``).
 
         Raises:
-            ValueError: naming ``input_ids`` when it is empty or not of the cache's length, ``cache`` when its layer
-                count or batch size does not match the model.
+            TypeError: naming ``cache`` for ``None``, a legacy tuple cache or another cache type (named); naming
+                ``lm`` as the constructor.
+            ValueError: naming ``cache`` when its layers hold different row counts, or its layer count, batch size,
+                KV heads, head dim, dtype or device differ from the model's; naming ``input_ids`` when it is empty,
+                not integer ids, or not of the cache's length.
         """
         session = cls(lm, **defaults)
+        spec = session.lm.spec
+        kv = held_kv(cache, "cache")
+        rows = check_model_kv(
+            kv, num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+            dtype=session.lm.dtype, device=session.lm.device, name="cache",
+        )
         ids = session._as_ids(input_ids, "input_ids")
         n = int(ids.numel())
-        if num_layers(cache) != lm.spec.num_layers:
-            raise ValueError(f"cache has {num_layers(cache)} layers; the model has {lm.spec.num_layers}")
-        if cache_length(cache) != n:
-            raise ValueError(f"input_ids has {n} tokens; the cache holds {cache_length(cache)} rows")
-        kv = to_tensors(cache)
-        if any(k.shape[0] != 1 for k, _ in kv):
-            raise ValueError("cache must have batch size 1")
+        if rows != n:
+            raise ValueError(f"input_ids has {n} tokens; the cache holds {rows} rows")
         keys = tuple(k for k, _ in kv)
         session._state = _State(
             ids=ids, keys=keys, values=tuple(v for _, v in kv), anchors=keys,
@@ -252,7 +338,8 @@ class EditSession:
         Raises:
             ValueError: as the constructor, for invalid ``defaults``.
         """
-        merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__}, **defaults}
+        merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__},
+                  "sync_policy": self._sync_policy, **defaults}
         other = EditSession(self.lm, **merged)
         other._state, other._next_segment, other._query = self._state, self._next_segment, self._query
         return other
@@ -294,12 +381,15 @@ class EditSession:
 
     @property
     def staleness(self) -> np.ndarray:
-        """int64 ``[n]``: tokens deleted or inserted before each row since its K/V were computed (0: fresh)."""
+        """int64 ``[n]``: tokens deleted or inserted before each row since its K/V were computed, directly or through
+        the stale rows it read when it was computed (0: fresh; module docstring)."""
         return self._state.stale.copy()
 
     @property
     def debt(self) -> int:
-        """Staleness debt: rows whose states were computed with a context that has changed before them since."""
+        """Staleness debt (rows): rows whose K/V differ from a clean prefill of the current tokens because of a
+        deleted, replaced or inserted span, including rows recomputed over stale predecessors (appendix 14). They are
+        always the last ``debt`` rows; ``debt == 0`` means the cache equals a clean prefill up to rounding."""
         return int((self._state.stale > 0).sum())
 
     # ------------------------------------------------------------------------------------------------------------
@@ -466,6 +556,19 @@ class EditSession:
         pieces = self._pieces(content, ids)
         old = self._state
         n, m = old.n, int(ids.numel())
+        new, prefill_ms = self._extended(old, ids, pieces, np.full(m, self._next_segment, dtype=np.int64))
+        record = EditRecord(
+            "append", n, n + m, m, "", float("nan"), 0, 0, None, np.zeros(0, dtype=np.int64), m,
+            {"prefill": prefill_ms, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0},
+            self.debt, int((new.stale > 0).sum()), 0, new.n,
+        )
+        self._commit(new, record)
+        self._next_segment += 1
+        return record
+
+    def _extended(self, old: _State, ids: torch.Tensor, pieces, segment: np.ndarray) -> tuple[_State, float]:
+        """``old`` with ``ids`` prefilled after it at positions ``n .. n + m - 1``; returns the state and its ms."""
+        n, m = old.n, int(ids.numel())
         t0 = time.perf_counter()
         work = old.cache()
         forward_tokens(self.lm, ids, work, logits="none")
@@ -479,18 +582,12 @@ class EditSession:
         new = _State(
             ids=torch.cat((old.ids, ids)), keys=keys, values=tuple(v for _, v in kv), anchors=anchors,
             angle_pos=np.concatenate((old.angle_pos, np.arange(n, n + m, dtype=np.int64))),
-            stale=np.concatenate((old.stale, np.zeros(m, dtype=np.int64))),
-            segment=np.concatenate((old.segment, np.full(m, self._next_segment, dtype=np.int64))),
-            pieces=None if old.pieces is None else old.pieces + pieces,
+            # The new rows read every row before them: stale predecessors make them stale too (appendix 14).
+            stale=np.concatenate((old.stale, np.full(m, _before_max(old.stale, n), dtype=np.int64))),
+            segment=np.concatenate((old.segment, np.asarray(segment, dtype=np.int64))),
+            pieces=None if old.pieces is None else old.pieces + tuple(pieces),
         )
-        record = EditRecord(
-            "append", n, n + m, m, "", float("nan"), 0, 0, None, np.zeros(0, dtype=np.int64), m,
-            {"prefill": prefill_ms, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0},
-            self.debt, int((new.stale > 0).sum()), 0, new.n,
-        )
-        self._commit(new, record)
-        self._next_segment += 1
-        return record
+        return new, prefill_ms
 
     @one_context_warning
     def delete(
@@ -536,6 +633,284 @@ class EditSession:
         return self._edit(a, b, ids, self._pieces(content, ids), policy)
 
     # ------------------------------------------------------------------------------------------------------------
+    # Whole-prompt sync (issue 27)
+
+    def sync(
+        self, new, *, method: str | None = None, budget_pct: float | None = None, executor: str | None = None,
+        debt_pct: float | None = None, seed: int | None = None, options: dict | None = None,
+        policy: SyncPolicy | None = None, add_generation_prompt: bool = False, template_kwargs: dict | None = None,
+    ) -> SyncRecord:
+        """Make the cached context equal to a whole new prompt, with one budgeted repair (agent loops).
+
+        The new prompt's ids are diffed against the current ones (:func:`sur_lab.sync.diff_tokens`: common prefix,
+        then difflib's matching blocks); the deletions, insertions and replacements are applied together so that
+        every row index stays valid, then **one** repair runs for the whole sync (Algorithm 1 over the union of the
+        stale suffix):
+
+        1. rows deleted from the prompt are dropped; every kept row after the first change is moved to its new
+           position and its key re-rotated once from its recorded angle (Eq. 2, :func:`rerotate_rows`);
+        2. inserted text is prefilled at its positions: a run at the first change against the unchanged prefix,
+           runs inside the stale region as forced rows of the refresh (they read the rows refreshed before them),
+           and an append at the end after the repair;
+        3. one allocation chooses B = ⌈S · b / 100⌉ of the S kept rows after the first change (Eq. 3) under
+           ``method`` and ``budget_pct`` (Replay: all of them; Shift: none), refreshed in one executor call with
+           the inserted rows; then the debt pass (``debt_pct``) as for every edit.
+
+        The allocator scores the suffix from the first stale row, inserted rows included; a multi-change sync whose
+        allocation lands on inserted rows (recomputed anyway) refreshes fewer than B kept rows; the record tells.
+        :class:`~sur_lab.sync.SyncPolicy` (``policy``, default the session's) falls back to prefix reuse (recompute
+        every row from the first change) when the first change is near the end or most of what follows it is new.
+        A pure append computes only the new tokens; an unchanged prompt computes nothing. ``Re-prefill`` prefills
+        the new prompt whole.
+
+        Args:
+            new: the whole new prompt: ``[m]`` token ids (tensor or list of ints); text (tokenized as one segment,
+                without special tokens); a list of text segments (each tokenized on its own,
+                :func:`sur_lab.edits.tokenize_segments`, one container each); or a list of chat messages
+                (``{"role", "content"}`` dicts) rendered with the tokenizer's chat template segment by segment
+                (:func:`sur_lab.edits.chat_segments`: message boundaries are token boundaries).
+            method, budget_pct, executor, debt_pct, seed, options: as :meth:`delete` (session defaults when None).
+            policy: when to fall back to prefix reuse (default: the session's ``sync_policy``).
+            add_generation_prompt: chat messages only: end the prompt with the template's generation prompt.
+            template_kwargs: chat messages only: passed to ``apply_chat_template`` (see :func:`chat_segments`).
+
+        Returns:
+            :class:`~sur_lab.sync.SyncRecord` (path, rows reused / deleted / inserted / re-rotated / recomputed,
+            allowance, debt, timings in ms); it is also appended to :attr:`history`.
+
+        Raises:
+            ValueError: before any work, naming ``new`` (empty, ids outside the vocabulary, text or messages
+                without a tokenizer, a malformed message), ``policy`` (not a SyncPolicy), ``method``,
+                ``budget_pct``, ``executor`` or ``debt_pct``. After any error the session is unchanged.
+        """
+        t_start = time.perf_counter()
+        pol = self._policy(method, budget_pct, executor, debt_pct, seed, options)
+        sync_policy = self._sync_policy if policy is None else policy
+        if not isinstance(sync_policy, SyncPolicy):
+            raise ValueError(f"policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
+        ids, pieces, labels = self._sync_input(new, add_generation_prompt, template_kwargs)
+        old = self._state
+        timings = {"diff": 0.0, "prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+        t0 = time.perf_counter()
+        plan = diff_tokens(old.ids, ids)
+        timings["diff"] = _ms(t0)
+        path = choose_path(plan, sync_policy, pol.method)
+        pieces = self._sync_pieces(old, plan, ids, pieces)
+        labels, next_segment = self._sync_labels(old, plan, labels)
+        f, m = plan.first_change, plan.new_len
+        selection, B, refreshed, rerotated = None, 0, np.zeros(0, dtype=np.int64), 0
+        recomputed = np.zeros(m, dtype=bool)
+        if path == "unchanged":
+            state = old
+        elif path == "re-prefill":
+            t0 = time.perf_counter()
+            cache = prefill(self.lm, ids)[0]
+            timings["refresh"] = _ms(t0)
+            kv = to_tensors(cache)
+            keys = tuple(k for k, _ in kv)
+            state = _State(ids, keys, tuple(v for _, v in kv), keys, np.arange(m, dtype=np.int64),
+                           np.zeros(m, dtype=np.int64), labels, pieces)
+            recomputed[:], B = True, plan.stale_rows
+        elif path in ("tail", "prefix-reuse"):
+            state = self._prefix_state(old, f)
+            if f < m:
+                state, timings["prefill"] = self._extended(state, ids[f:], pieces[f:] if pieces else (), labels[f:])
+            state = dataclasses.replace(state, segment=labels)
+            recomputed[f:] = True
+        else:
+            state, selection, B, refreshed, rerotated = self._sync_repair(old, plan, ids, pieces, labels, pol, timings)
+            recomputed[plan.source < 0] = True
+            recomputed[refreshed] = True
+        debt_before = int((state.stale > 0).sum())
+        debt_rows = np.zeros(0, dtype=np.int64)
+        if path != "unchanged":
+            state, debt_rows = self._pay_debt(state, pol, timings)
+        forwarded = int(recomputed.sum()) + len(debt_rows)
+        recomputed[debt_rows] = True
+        timings["total"] = _ms(t_start)
+        nan = float("nan")
+        record = SyncRecord(
+            path=path, method=pol.method,
+            budget_pct=nan if pol.method in SESSION_REFERENCE_METHODS else pol.budget_pct,
+            previous_tokens=plan.old_len, num_tokens=m, first_change=f, deleted=plan.deleted, inserted=plan.inserted,
+            reused=int((plan.kept & ~recomputed).sum()), rerotated=int(rerotated), recomputed=forwarded,
+            stale_rows=plan.stale_rows, allowance=int(B), selection=selection,
+            refreshed_rows=np.union1d(refreshed, debt_rows).astype(np.int64), debt_before=debt_before,
+            debt_after=int((state.stale > 0).sum()), debt_refreshed=len(debt_rows), timings_ms=timings,
+        )
+        self._commit(state, record)
+        self._next_segment = next_segment
+        return record
+
+    def _sync_input(self, new, add_generation_prompt: bool, template_kwargs):
+        """``new`` as ``(ids [m], pieces or None, container labels or None)``; None: derived from the diff."""
+        tok = self.lm.tokenizer
+        segments = None
+        if isinstance(new, str):
+            ids = self._as_ids(new, "new")
+            return ids, self._pieces(new, ids), None
+        if isinstance(new, (list, tuple)) and new and all(isinstance(x, dict) for x in new):
+            if tok is None:
+                raise ValueError("new is a list of chat messages but the model has no tokenizer; pass token ids")
+            try:
+                segments = chat_segments(tok, new, add_generation_prompt=add_generation_prompt,
+                                         template_kwargs=template_kwargs)
+            except ValueError as err:
+                raise ValueError(f"new: {err}") from None
+        elif isinstance(new, (list, tuple)) and new and all(isinstance(x, str) for x in new):
+            if tok is None:
+                raise ValueError("new is a list of text segments but the model has no tokenizer; pass token ids")
+            segments = list(new)
+        if segments is None:
+            return self._as_ids(new, "new"), None, None
+        seg_ids, offsets = tokenize_segments(tok, segments)
+        flat = [t for x in seg_ids for t in x]
+        ids = self._as_ids(torch.tensor(flat, dtype=torch.long), "new")
+        text = "".join(segments)
+        starts, prev = [], 0
+        for i, (a, _) in enumerate(offsets):
+            prev = 0 if i == 0 else max(prev, int(a))
+            starts.append(prev)
+        bounds = starts[1:] + [len(text)]
+        pieces = tuple(text[a:b] for a, b in zip(starts, bounds))
+        labels = np.concatenate([np.full(len(x), k, dtype=np.int64) for k, x in enumerate(seg_ids)])
+        return ids, pieces, labels
+
+    def _sync_pieces(self, old: _State, plan: SyncPlan, ids: torch.Tensor, pieces) -> tuple | None:
+        if old.pieces is None or pieces is not None:
+            return pieces
+        decode = self.lm.tokenizer.decode
+        return tuple(old.pieces[src] if src >= 0 else decode([int(ids[j])], skip_special_tokens=False)
+                     for j, src in enumerate(plan.source.tolist()))
+
+    def _sync_labels(self, old: _State, plan: SyncPlan, labels) -> tuple[np.ndarray, int]:
+        """Container label of each new row and the next free label: given segments get fresh labels; otherwise kept
+        rows keep theirs and inserted rows join the row before them (a new container after the last kept row)."""
+        base = self._next_segment
+        if labels is not None:
+            return labels + base, base + (int(labels.max()) + 1 if len(labels) else 0)
+        out = np.empty(plan.new_len, dtype=np.int64)
+        t = plan.tail_start
+        for j, src in enumerate(plan.source.tolist()):
+            if src >= 0:
+                out[j] = old.segment[src]
+            elif j >= t:
+                out[j] = base
+            else:
+                out[j] = out[j - 1] if j else base
+        return out, base + 1
+
+    @staticmethod
+    def _prefix_state(old: _State, f: int) -> _State:
+        """Rows ``[0, f)`` of ``old`` (views)."""
+        if old.keys is None:
+            return old
+        cut = lambda ts: tuple(t[:, :, :f] for t in ts)  # noqa: E731
+        return _State(old.ids[:f], cut(old.keys), cut(old.values), cut(old.anchors), old.angle_pos[:f],
+                      old.stale[:f], old.segment[:f], None if old.pieces is None else old.pieces[:f])
+
+    def _sync_repair(self, old: _State, plan: SyncPlan, ids: torch.Tensor, pieces, labels, policy: _Policy,
+                     timings: dict):
+        """The repair path of :meth:`sync`; returns ``(state, selection, B, refreshed kept rows, rows re-rotated)``."""
+        lm = self.lm
+        src, f, t, m = plan.source, plan.first_change, plan.tail_start, plan.new_len
+        kept_rows = np.flatnonzero(src[:t] >= 0)
+        e0 = int(kept_rows[kept_rows >= f][0])  # first stale row: the inserted run [f, e0) precedes it
+        region = src[e0:t]
+        mid_local = np.flatnonzero(region < 0).astype(np.int64)  # inserted rows inside the stale region
+        S_alloc, S = t - e0, int((region >= 0).sum())
+
+        # 1. The inserted run at the first change, against the unchanged prefix rows [0, f).
+        lead_kv: list = []
+        if e0 > f:
+            t0 = time.perf_counter()
+            work = from_tensors([(k[:, :, :f], v[:, :, :f]) for k, v in zip(old.keys, old.values)])
+            forward_tokens(lm, ids[f:e0], work, logits="none")
+            lead_kv = [(k[:, :, f:], v[:, :, f:]) for k, v in to_tensors(work)]
+            timings["prefill"] += _ms(t0)
+
+        # 2. Drop, move and re-rotate: each kept row once from its anchor to its new position; inserted rows inside
+        # the region hold zeros until the refresh computes them (they are always in the support).
+        t0 = time.perf_counter()
+        gather = np.where(region >= 0, region, 0)
+        index = torch.from_numpy(gather).to(old.keys[0].device)
+        new_pos = np.arange(e0, t, dtype=np.int64)
+        deltas = np.where(region >= 0, new_pos - old.angle_pos[gather], 0)
+        hole = torch.zeros(S_alloc, dtype=torch.bool)
+        hole[torch.from_numpy(mid_local)] = True
+        hole = hole.to(index.device)[None, None, :, None]
+        keys, values, anchors = [], [], []
+        for layer, (k, v, anc) in enumerate(zip(old.keys, old.values, old.anchors)):
+            a_reg = anc.index_select(2, index).masked_fill(hole, 0)
+            k_reg = _rerotate(a_reg, deltas, lm.inv_freq)
+            v_reg = v.index_select(2, index).masked_fill(hole, 0)
+            lead_k, lead_v = lead_kv[layer] if lead_kv else (k[:, :, :0], v[:, :, :0])
+            keys.append(torch.cat((k[:, :, :f], lead_k, k_reg), dim=2))
+            values.append(torch.cat((v[:, :, :f], lead_v, v_reg), dim=2))
+            anchors.append(torch.cat((anc[:, :, :f], lead_k, a_reg), dim=2))
+        timings["shift"] = _ms(t0)
+        # Staleness of a kept row: its own plus the tokens deleted (old rows before it) and inserted (new rows
+        # before it) since; inserted rows get theirs when the refresh recomputes them.
+        old_kept = np.zeros(plan.old_len, dtype=bool)
+        old_kept[src[src >= 0]] = True
+        deleted_before = np.concatenate(([0], np.cumsum(~old_kept)))[gather]
+        inserted_before = np.concatenate(([0], np.cumsum(src < 0)))[e0:t]
+        region_stale = np.where(region >= 0, old.stale[gather] + deleted_before + inserted_before, 1)
+        shifted = _State(
+            ids=ids[:t], keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
+            angle_pos=np.concatenate((old.angle_pos[:f], np.arange(f, e0, dtype=np.int64),
+                                      np.where(region >= 0, old.angle_pos[gather], new_pos))),
+            stale=np.concatenate((old.stale[:f], np.full(e0 - f, _before_max(old.stale, f), dtype=np.int64),
+                                  region_stale)),
+            segment=labels[:t], pieces=None if pieces is None else tuple(pieces[:t]),
+        )
+
+        # 3. One allocation over the S kept rows after the first change, one refresh with the inserted rows.
+        removed = old.ids[torch.from_numpy(plan.deleted_rows())]
+        if removed.numel() == 0:  # pure insertions: a placeholder keeps the EditedContext an edit (d >= 1)
+            removed = ids[e0 : e0 + 1]
+        original_ids = torch.cat((ids[:e0], removed, ids[e0:t]))
+        edit = self._edited_context(original_ids, e0, int(removed.numel()), shifted)
+        shift_cache = shifted.cache()
+        method, selection = policy.method, None
+        if method == "Shift":
+            B, positions = 0, mid_local
+        elif method == "Replay":
+            B, positions = S, np.arange(S_alloc, dtype=np.int64)
+        else:
+            B = allowance(S, policy.budget_pct)
+            if B == S:
+                positions = np.arange(S_alloc, dtype=np.int64)
+                selection = Selection(Support.full(S_alloc))
+            elif B == 0:
+                positions = mid_local
+                selection = Selection(Support(np.zeros(0, dtype=np.int64), S_alloc))
+            else:
+                with fractions_expected():  # the session warned when the budget was given
+                    request = AllocationRequest(lm, edit, _budget_for(S_alloc, B), shift_cache=shift_cache,
+                                                seed=policy.seed, options=dict(policy.options))
+                selection = allocate(method, request)
+                timings["select"] = selection.select_ms
+                positions = np.union1d(selection.support.positions, mid_local).astype(np.int64)
+        t0 = time.perf_counter()
+        if len(positions) == S_alloc:
+            cache = replay(lm, shift_cache, edit)  # Algorithm 1, step 2: the whole suffix from the valid prefix
+        elif len(positions):
+            cache = get_executor(policy.executor)(lm, shift_cache, edit, Support(positions, S_alloc))
+        else:
+            cache = shift_cache
+        timings["refresh"] = _ms(t0)
+        state = self._with_rows(shifted, cache, e0 + positions) if len(positions) else shifted
+        refreshed = e0 + np.setdiff1d(positions, mid_local)
+
+        # 4. The append at the end, after the repair (it reads the repaired rows).
+        if t < m:
+            state, ms = self._extended(state, ids[t:], pieces[t:] if pieces else (), labels[t:])
+            timings["prefill"] += ms
+        rerotated = int((deltas[region >= 0] != 0).sum())
+        return state, selection, B, refreshed.astype(np.int64), rerotated
+
+    # ------------------------------------------------------------------------------------------------------------
     # The edit itself
 
     def _edit(self, a: int, b: int, ins: torch.Tensor | None, ins_pieces, policy: _Policy) -> EditRecord:
@@ -576,7 +951,8 @@ class EditSession:
         shifted = _State(
             ids=new_ids, keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
             angle_pos=np.concatenate((old.angle_pos[:a], np.arange(a, p, dtype=np.int64), old.angle_pos[b:])),
-            stale=np.concatenate((old.stale[:a], np.zeros(m, dtype=np.int64), old.stale[b:] + d + m)),
+            stale=np.concatenate((old.stale[:a], np.full(m, _before_max(old.stale, a), dtype=np.int64),
+                                  old.stale[b:] + d + m)),
             segment=np.concatenate((old.segment[:a], np.full(m, seg_ins, dtype=np.int64), old.segment[b:])),
             pieces=pieces,
         )
@@ -687,19 +1063,23 @@ class EditSession:
             mask[torch.from_numpy(np.asarray(rows, dtype=np.int64))] = True
             mask = mask.to(keys[0].device)[None, None, :, None]
             anchors = tuple(torch.where(mask, k, a) for k, a in zip(keys, state.anchors))
-        angle_pos, stale = state.angle_pos.copy(), state.stale.copy()
+        angle_pos = state.angle_pos.copy()
         angle_pos[rows] = rows
-        stale[rows] = 0
+        stale = recomputed_staleness(state.stale, rows)
         return _State(state.ids, keys, tuple(v for _, v in kv), anchors, angle_pos, stale, state.segment, state.pieces)
 
     def _pay_debt(self, state: _State, policy: _Policy, timings: dict) -> tuple[_State, np.ndarray]:
-        """Refresh ``⌈D · debt_pct / 100⌉`` of the D stale rows, stalest first (earlier first among ties)."""
+        """Refresh ``⌈D · debt_pct / 100⌉`` of the D stale rows, earliest first.
+
+        The stale rows are the suffix ``[n - D, n)``; a row refreshed after a stale row it reads stays stale
+        (appendix 14), so the earliest stale rows are the ones whose refresh pays the debt: D falls by exactly the
+        rows refreshed.
+        """
         stale_rows = np.flatnonzero(state.stale > 0)
         k = allowance(len(stale_rows), policy.debt_pct)
         if k == 0:
             return state, np.zeros(0, dtype=np.int64)
-        order = np.lexsort((stale_rows, -state.stale[stale_rows]))
-        chosen = np.sort(stale_rows[order[:k]]).astype(np.int64)
+        chosen = stale_rows[:k].astype(np.int64)
         j0 = int(chosen[0])
         # A refresh-only edit: executors read the edited ids, the prefix length and the suffix; the one "deleted"
         # placeholder token (a copy of row j0) only makes the context an EditedContext.
@@ -720,7 +1100,7 @@ class EditSession:
 
 @one_context_warning
 def repair_cache(
-    model: torch.nn.Module,
+    model: torch.nn.Module | LoadedModel,
     cache: DynamicCache,
     input_ids,
     span: tuple[int, int],
@@ -739,9 +1119,10 @@ def repair_cache(
     ``B = ⌈S · budget_pct / 100⌉`` suffix positions (Eq. 3) is recomputed.
 
     Args:
-        model: a transformers causal LM of a supported family (``sur_lab.models.check_supported``), in eval mode;
-            not modified.
-        cache: ``DynamicCache`` of ``n`` rows, ``[1, H_kv, n, d_h]`` per layer; not modified.
+        model: a transformers causal LM of a supported family (``sur_lab.models.check_supported``), in eval mode, or
+            the :class:`~sur_lab.models.LoadedModel` wrapping one; not modified.
+        cache: ``DynamicCache`` of ``n`` rows, ``[1, H_kv, n, d_h]`` per layer, in the model's dtype and on its
+            device; a ``StaticCache`` gives its filled rows (never its padding); not modified.
         input_ids: ``[n]`` or ``[1, n]`` int64 ids the cache was built from.
         span: ``(start, end)`` rows to delete, ``0 <= start < end <= n``.
         budget_pct: b in [0, 100], percent of the suffix.
@@ -749,7 +1130,8 @@ def repair_cache(
         executor: executor name (``"sequential"``, packed backends).
         query_ids: the next query's ids (SUR's relevance query, Eq. 7); ``None`` scores relevance against the last
             :data:`FALLBACK_QUERY_TOKENS` tokens of the edited context.
-        tokenizer: optional; lets SUR build semantic units from text (otherwise fixed-size chunks).
+        tokenizer: optional; lets SUR build semantic units from text (otherwise fixed-size chunks). Defaults to the
+            LoadedModel's tokenizer when ``model`` is one.
         seed: seed for randomized allocators.
 
     Returns:
@@ -757,13 +1139,14 @@ def repair_cache(
         ``model.generate(input_ids=edited_ids ⊕ query, cache=...)``.
 
     Raises:
-        ValueError: naming ``model`` (training mode), ``input_ids``, ``cache``, ``span``, ``budget_pct``, ``method``,
+        TypeError: naming ``model`` (neither a module nor a LoadedModel) or ``cache`` (``None``, a legacy tuple
+            cache, another cache type), before any model call.
+        ValueError: naming ``model`` (training mode), ``input_ids``, ``cache`` (layer count, row counts, batch size,
+            KV heads, head dim, dtype or device unlike the model's), ``span``, ``budget_pct``, ``method``,
             ``executor`` or ``query_ids`` — before any model call.
         UnsupportedModelError: for a model family or configuration repair does not cover.
     """
-    if model.training:
-        raise ValueError("model is in training mode (dropout); call model.eval() first")
-    lm = LoadedModel(model=model, tokenizer=tokenizer, spec=model_spec(model))
+    lm = as_loaded_model(model, tokenizer, name="model")
     session = EditSession.from_cache(
         lm, cache, input_ids, method=method, budget_pct=budget_pct, executor=executor, seed=seed
     )

@@ -884,3 +884,108 @@ def test_model_cache_root_from_the_environment(monkeypatch, value, expected):
     want = (Path.home() / ".cache" / "sur_lab" if expected is None else
             Path(expected.replace("HOME", str(Path.home())).replace("CWD", os.getcwd())))
     assert cache_root() == want and cache_root().is_absolute()
+# Issue 24 (edit sessions): caches and models handed to repair_cache / EditSession.from_cache are checked against the
+# model before any work; a StaticCache gives its filled rows, never its padding.
+# =====================================================================================================================
+from conftest import fp64_tol  # noqa: E402
+from transformers import DynamicCache, EncoderDecoderCache  # noqa: E402
+
+from sur_lab.cache_ops import max_abs_diff  # noqa: E402
+
+
+def _reshaped(lm, ids, fn):
+    return from_tensors([fn(k, v) for k, v in to_tensors(prefill(lm, torch.as_tensor(ids))[0])])
+
+
+def _two_copies_of_each_head(k, v):
+    return k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1)
+
+
+def _ragged(lm, ids):
+    layers = to_tensors(prefill(lm, torch.as_tensor(ids))[0])
+    layers[1] = (layers[1][0][:, :, :-1], layers[1][1][:, :, :-1])
+    return from_tensors(layers)
+
+
+CACHE_IN_ROWS = [
+    # (id, cache builder (lm, ids) -> cache, error type, substring)
+    ("None", lambda lm, ids: None, TypeError, "cache is None"),
+    ("legacy tuple cache", lambda lm, ids: tuple(to_tensors(prefill(lm, torch.tensor(ids))[0])), TypeError,
+     "cache is a legacy tuple"),
+    ("legacy list cache", lambda lm, ids: list(to_tensors(prefill(lm, torch.tensor(ids))[0])), TypeError,
+     "cache is a legacy list"),
+    ("encoder-decoder cache", lambda lm, ids: EncoderDecoderCache(prefill(lm, torch.tensor(ids))[0], DynamicCache()),
+     TypeError, "EncoderDecoderCache"),
+    ("uninitialized DynamicCache", lambda lm, ids: DynamicCache(config=lm.model.config), ValueError, "not initialized"),
+    ("head dim 8 (model 16)", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k[..., :8], v[..., :8])), ValueError,
+     "head dim 8"),
+    ("value head dim 8", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k, v[..., :8])), ValueError,
+     "values have head"),
+    ("4 KV heads (model 2)", lambda lm, ids: _reshaped(lm, ids, _two_copies_of_each_head), ValueError, "4 KV heads"),
+    ("float32 cache of a float64 model", lambda lm, ids: _reshaped(lm, ids, lambda k, v: (k.float(), v.float())),
+     ValueError, "float32"),
+    ("layers of different lengths", _ragged, ValueError, "different numbers of rows"),
+    ("batch of two", lambda lm, ids: _batch2(prefill(lm, torch.tensor(ids))[0]), ValueError, "batch"),
+    ("two layers (model 3)", lambda lm, ids: from_tensors(to_tensors(prefill(lm, torch.tensor(ids))[0])[:2]),
+     ValueError, "2 layers"),
+]
+
+
+@pytest.mark.parametrize("row", CACHE_IN_ROWS, ids=[r[0] for r in CACHE_IN_ROWS])
+def test_caches_handed_in_are_checked_before_any_work(lm, row, monkeypatch):
+    from sur_lab import EditSession, repair_cache
+
+    _, build, error, match = row
+    cache = build(lm, IDS)
+    calls = []
+    monkeypatch.setattr(lm.model, "forward", lambda *a, **k: calls.append(1))  # any model call would be recorded
+    with pytest.raises(error, match=match):
+        repair_cache(lm.model, cache, IDS, (4, 7))
+    with pytest.raises(error, match=match):
+        EditSession.from_cache(lm, cache, IDS)
+    assert not calls
+
+
+@pytest.mark.parametrize("model,error,match", [("a string", TypeError, "model must be"),
+                                               (None, TypeError, "model must be"),
+                                               (torch.nn.Linear(2, 2), TypeError, "model is a Linear")])
+def test_repair_cache_names_a_model_that_is_not_one(lm, model, error, match):
+    from sur_lab import repair_cache
+
+    with pytest.raises(error, match=match):
+        repair_cache(model, prefill(lm, torch.tensor(IDS))[0], IDS, (4, 7))
+
+
+def test_repair_cache_takes_the_loaded_model_wrapper(lm):
+    from sur_lab import repair_cache
+
+    cache = prefill(lm, torch.tensor(IDS))[0]
+    from_module = repair_cache(lm.model, cache, IDS, (4, 7), budget_pct=50)
+    from_wrapper = repair_cache(lm, cache, IDS, (4, 7), budget_pct=50)
+    assert max(max_abs_diff(from_module, from_wrapper)) == 0.0  # the same computation on the same inputs
+
+
+def test_static_cache_gives_its_filled_rows_never_its_padding(lm):
+    from transformers import StaticCache
+
+    from sur_lab import EditSession, repair_cache
+
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(5))
+    static = StaticCache(config=lm.model.config, max_cache_len=64)
+    with torch.no_grad():
+        lm.model(input_ids=ids[None], cache=static, use_cache=True)
+    before = [t.clone() for layer in static.layers for t in (layer.keys, layer.values)]
+    assert static.layers[0].keys.shape[2] == 64  # 24 rows of padding
+    session = EditSession.from_cache(lm, static, ids)
+    assert len(session) == 40 and session.cache.get_seq_length() == 40
+    dynamic = prefill(lm, ids)[0]
+    assert max(max_abs_diff(session.cache, dynamic)) <= fp64_tol(dynamic)
+    out = repair_cache(lm.model, static, ids, (10, 18), budget_pct=100)
+    assert out.get_seq_length() == 32
+    clean = prefill(lm, torch.cat((ids[:10], ids[18:])))[0]
+    assert max(max_abs_diff(out, clean)) <= fp64_tol(clean)
+    after = [t for layer in static.layers for t in (layer.keys, layer.values)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))  # not modified
+    with torch.no_grad():  # the user keeps decoding into the StaticCache: the session's rows are its own
+        lm.model(input_ids=ids[:3][None], cache=static, use_cache=True)
+    assert max(max_abs_diff(session.cache, dynamic)) <= fp64_tol(dynamic)

@@ -744,3 +744,34 @@ def test_run_refuses_an_out_folder_that_is_a_file_before_any_notebook_runs(tmp_p
     code, _, err = _cli(capsys, "run", str(path), "--out", str(taken))
     assert code == 2 and "is an existing file; the executed notebooks go into a folder" in err
     assert taken.read_text() == "mine"
+# Issue 24 (edit sessions): silent wrong results. The staleness debt tells the truth (rows refreshed over stale
+# predecessors stay in the debt, appendix 14), debt_pct=100 gives the clean cache, and a StaticCache's padding is
+# never taken (tests/test_bad_inputs.py, the caches-handed-in section).
+# =====================================================================================================================
+DEBT_FAULTS = [
+    # (label, session method, budget, debt_pct of the edit)
+    ("SUR 20 % then debt 100 %", "SUR", 20, 100),
+    ("SUR 20 % no debt", "SUR", 20, 0),
+    ("Shift then debt 50 %", "Shift", 0, 50),
+]
+
+
+@pytest.mark.parametrize("label,method,budget,debt_pct", DEBT_FAULTS, ids=[r[0] for r in DEBT_FAULTS])
+def test_staleness_debt_is_true_after_an_edit(lm64, label, method, budget, debt_pct):
+    from conftest import fp64_tol
+    from sur_lab import EditSession
+    from sur_lab.forward import prefill
+
+    g = torch.Generator().manual_seed(11)
+    session = EditSession(lm64, method=method, budget_pct=budget)
+    session.append(torch.randint(0, 96, (60,), generator=g))
+    session.delete(3, 6)  # an earlier edit leaves debt behind the next one
+    session.delete(20, 28, debt_pct=debt_pct)
+    clean = prefill(lm64, session.tokens)[0]
+    fresh = len(session) - session.debt
+    assert max(max_abs_diff(session.cache, clean, slice(0, fresh))) <= fp64_tol(clean)
+    if debt_pct == 100:
+        assert session.debt == 0 and max(max_abs_diff(session.cache, clean)) <= fp64_tol(clean)
+    else:
+        assert session.debt > 0  # and the first row it counts really differs from the clean prefill
+        assert max(max_abs_diff(session.cache, clean, slice(fresh, fresh + 1))) > 1e3 * fp64_tol(clean)

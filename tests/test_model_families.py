@@ -461,3 +461,88 @@ def test_notebooks_run_on_a_local_moe_directory(name, notebook, smol_tokenizer, 
                             progress=False)
     assert executed.is_file() and f"tiny-{name}" in executed.read_text()
     assert list((outputs / "tables").glob("*.csv")) or list((outputs / "tables").glob("*.parquet"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 24 (edit sessions): partial rotary wherever keys are re-rotated. Shift (rerotate_keys) and sessions
+# (rerotate_rows) share one helper; sessions and repair_cache on GLM-4.5 give a clean prefill at 100 % and layer 0
+# of a prefill at the new positions at 0 %.
+
+PARTIAL = ["glm4_moe-rot0.5", "glm4_moe-rot0.25"]
+
+
+@pytest.mark.parametrize("rotary", [16, 8, 4])
+def test_rerotate_rows_and_rerotate_keys_are_one_rotation(rotary):
+    from sur_lab.cache_ops import rerotate_rows
+
+    gen = torch.Generator().manual_seed(7)
+    inv_freq = 1.0 / (10_000.0 ** (torch.arange(0, rotary, 2, dtype=torch.float64) / rotary))
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        keys = torch.randn(1, 2, 9, 16, generator=gen, dtype=torch.float64).to(dtype)
+        for delta in (-5, 0, 11):
+            same = rerotate_rows(keys, torch.full((9,), delta), inv_freq)
+            assert torch.equal(same, rerotate_keys(keys, delta, inv_freq)), (dtype, delta)
+            assert torch.equal(same[..., rotary:], keys[..., rotary:])  # pass-through dims bitwise
+        deltas = torch.arange(-4, 5)
+        per_row = rerotate_rows(keys, deltas, inv_freq)
+        for j, delta in enumerate(deltas.tolist()):
+            assert torch.equal(per_row[:, :, j], rerotate_keys(keys[:, :, j : j + 1], delta, inv_freq)[:, :, 0])
+
+
+def _session_program(session, rng):
+    """append 40, delete [5, 12), replace [20, 23) by 4 tokens, append 6, delete [30, 33); returns the ids."""
+    ids = torch.randint(0, 96, (40,), generator=rng)
+    session.append(ids)
+    session.delete(5, 12)
+    new = torch.randint(0, 96, (4,), generator=rng)
+    session.replace(20, 23, new)
+    tail = torch.randint(0, 96, (6,), generator=rng)
+    session.append(tail)
+    session.delete(30, 33)
+    expected = torch.cat((ids[:5], ids[12:27], new, ids[30:], tail))
+    return torch.cat((expected[:30], expected[33:]))
+
+
+@pytest.mark.parametrize("name", PARTIAL)
+def test_sessions_on_partial_rotary_give_a_clean_prefill_at_full_budget(name):
+    from sur_lab import EditSession
+    from sur_lab.forward import prefill
+
+    lm = make_family_model(name)
+    session = EditSession(lm, method="SUR", budget_pct=100)
+    expected = _session_program(session, torch.Generator().manual_seed(3))
+    assert torch.equal(session.tokens, expected) and session.debt == 0
+    assert _max_diff(session.cache, prefill(lm, expected)[0]) <= EXACT
+
+
+@pytest.mark.parametrize("name", PARTIAL)
+def test_sessions_on_partial_rotary_keep_layer0_at_budget_zero(name):
+    from sur_lab import EditSession
+    from sur_lab.forward import prefill
+
+    lm = make_family_model(name)
+    session = EditSession(lm, method="Shift")
+    expected = _session_program(session, torch.Generator().manual_seed(4))
+    reference = prefill(lm, expected)[0]
+    (k, v), (kr, vr) = layer_kv(session.cache, 0), layer_kv(reference, 0)
+    width = lm.spec.rotary_dim
+    assert (k[..., :width] - kr[..., :width]).abs().max().item() <= EXACT  # rotated dims: moved to the new positions
+    assert (k[..., width:] - kr[..., width:]).abs().max().item() <= EXACT  # pass-through dims: untouched
+    assert (v - vr).abs().max().item() <= EXACT
+    assert _max_diff(session.cache, reference) > 1e-6  # deeper layers still carry the deleted text: not vacuous
+
+
+@pytest.mark.parametrize("name", PARTIAL)
+@pytest.mark.parametrize("budget", [0, 100])
+def test_repair_cache_on_partial_rotary(name, budget):
+    from sur_lab import repair_cache
+    from sur_lab.forward import prefill
+
+    lm = make_family_model(name)
+    ids = torch.randint(0, 96, (50,), generator=torch.Generator().manual_seed(5))
+    out = repair_cache(lm.model, prefill(lm, ids)[0], ids, (10, 18), budget_pct=budget)
+    clean = prefill(lm, torch.cat((ids[:10], ids[18:])))[0]
+    if budget == 100:
+        assert _max_diff(out, clean) <= EXACT
+    else:
+        assert max((a - b).abs().max().item() for a, b in zip(layer_kv(out, 0), layer_kv(clean, 0))) <= EXACT

@@ -69,7 +69,6 @@ def _owned_hook() -> Iterator[Callable[[Callable], Callable]]:
         yield own
     finally:
         _OWNERS.reset(token)
-        del key
 
 
 class _StopForward(Exception):
