@@ -635,6 +635,7 @@ class EditSession:
     # ------------------------------------------------------------------------------------------------------------
     # Whole-prompt sync (issue 27)
 
+    @one_context_warning
     def sync(
         self, new, *, method: str | None = None, budget_pct: float | None = None, executor: str | None = None,
         debt_pct: float | None = None, seed: int | None = None, options: dict | None = None,
@@ -831,6 +832,7 @@ class EditSession:
 
         # 2. Drop, move and re-rotate: each kept row once from its anchor to its new position; inserted rows inside
         # the region hold zeros until the refresh computes them (they are always in the support).
+        check_context_length(lm, t)  # the kept rows are re-rotated up to position t - 1
         t0 = time.perf_counter()
         gather = np.where(region >= 0, region, 0)
         index = torch.from_numpy(gather).to(old.keys[0].device)
