@@ -301,3 +301,56 @@ def test_fixed_slot_refresh_through_the_dispatcher(tiny_lm):
     edit = token_edit(torch.randint(1, 90, (30,), generator=g), 6, 4, [3, 4])
     res = repair(tiny_lm, prepare(tiny_lm, edit), FIXED_SLOT_METHOD, budget_for_allowance(edit.suffix_len, 5))
     assert res.support.intervals == [(0, 5)] and res.allowance == 5
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tables 15-16 on synthetic records
+
+
+def _long_table(seed: int = 0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in ("a", "b"):
+        for s in range(6):
+            for side, tail in CELLS:
+                down = side == "downstream"
+                for method, nll, em in (("Shift", 2.0 + 0.5 * down + rng.normal(0, .1), rng.random() < 0.4 - .2 * down),
+                                        ("Replay", 1.0 + rng.normal(0, .1), rng.random() < 0.6),
+                                        ("Re-prefill", 1.0, s % 3 != 0)):
+                    rows.append(("m", d, f"{d}{s}", side, tail, method, nll, bool(em)))
+    return pd.DataFrame(rows, columns=["model", "dataset", "source_id", "side", "tail", "method", "gold_nll", "em"])
+
+
+def test_em_stratum_keeps_units_the_reference_answers_in_all_cells():
+    from sur_lab.studies.evidence_location import em_stratum
+
+    t = _long_table()
+    kept = em_stratum(t)
+    assert set(kept["source_id"]) == {f"{d}{s}" for d in "ab" for s in range(6) if s % 3 != 0}
+    assert len(kept) == len(t) * 8 // 12  # whole units, every method and cell
+    with pytest.raises(ValueError, match="reference"):
+        em_stratum(t, reference="Oracle")
+
+
+def test_table15_holm_over_the_secondary_family():
+    from sur_lab.analysis.stats import holm, method_difference
+    from sur_lab.studies.evidence_location import SECONDARY_FAMILY, em_stratum, table15
+
+    t = _long_table()
+    nll = method_difference(t, "gold_nll", "Shift", "Replay").rename(columns={"gold_nll": "g"})
+    stratum = em_stratum(t)
+    em = method_difference(stratum.assign(em=stratum.em.astype(float)), "em", "Replay", "Shift")
+    tab = table15(nll, em.rename(columns={"em": "g"}), n_boot=300, seed=1)
+    assert len(tab) == 6
+    side = tab.set_index("hypothesis").loc["NLL side"]
+    assert side["estimate"] == pytest.approx(0.5, abs=0.1) and side["low"] > 0 and np.isnan(side["holm_p"])
+    secondary = tab[tab["hypothesis"].isin(SECONDARY_FAMILY)]
+    assert secondary["holm_p"].tolist() == pytest.approx(
+        list(holm(dict(zip(secondary["hypothesis"], secondary["p"]))).values()))
+    from sur_lab.analysis.stats import factorial_contrasts
+
+    raw = factorial_contrasts(em.rename(columns={"em": "g"}), "g")
+    got = tab[tab.endpoint == "EM"].set_index("contrast")["estimate"]
+    assert {c: got[c] for c in raw} == pytest.approx({c: 100 * v for c, v in raw.items()})  # percentage points

@@ -890,3 +890,92 @@ def sweep_cases(cases: Sequence[LocationCase]) -> list:
     from sur_lab.runtime.sweep import SweepCase
 
     return [SweepCase(c.case_id, c.edit, gold=c.gold, meta=c.meta) for c in cases]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables 15-16 (pure: long tables in, tables out)
+
+#: Columns that identify one source-model unit and one cell in a results table.
+UNIT_KEYS = ("model", "dataset", "source_id")
+CELL_KEYS = (*UNIT_KEYS, "side", "tail")
+
+
+def em_stratum(table: pd.DataFrame, *, reference: str = "Re-prefill", correct_col: str = "em",
+               method_col: str = "method") -> pd.DataFrame:
+    """The EM secondary's stratum (appendix 10.2): rows of the source-model units whose clean reference answers
+    correctly in all four cells. Not conditioned on Shift failing.
+
+    Args:
+        table: long table, one row per (model, dataset, source_id, side, tail, method).
+        reference: the clean reference method.
+        correct_col: bool EM column.
+        method_col: method column.
+
+    Returns:
+        The rows of ``table`` whose unit qualifies (all methods), a new DataFrame.
+
+    Raises:
+        ValueError: naming ``reference`` when absent, or ``table`` when a column is missing.
+    """
+    missing = [c for c in (*CELL_KEYS, correct_col, method_col) if c not in table.columns]
+    if missing:
+        raise ValueError(f"table lacks columns {missing}")
+    ref = table[table[method_col] == reference]
+    if ref.empty:
+        raise ValueError(f"reference={reference!r} has no rows in table[{method_col!r}]")
+    per_unit = ref.groupby(list(UNIT_KEYS))[correct_col].agg(["all", "size"])
+    keep = per_unit[(per_unit["all"].astype(bool)) & (per_unit["size"] == len(CELLS))].index
+    idx = pd.MultiIndex.from_frame(table[list(UNIT_KEYS)])
+    return table[idx.isin(keep)].copy()
+
+
+def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g", scale: dict[str, float] | None = None,
+                   n_boot: int = 10_000, seed: int | None = None) -> pd.DataFrame:
+    """Eq. 10-12 with source-bootstrap intervals for several endpoints (:func:`sur_lab.analysis.stats.
+    factorial_bootstrap`).
+
+    Args:
+        advantages: ``{label: frame}``, each frame one row per (model, dataset, source_id, side, tail) with the cell's
+            repair advantage in ``value_col`` (:func:`sur_lab.analysis.stats.method_difference`; e.g. ``"NLL"`` =
+            NLL_Shift - NLL_Replay, ``"EM"`` = EM_Replay - EM_Shift on :func:`em_stratum`).
+        value_col: the advantage column.
+        scale: multiplier per label for presentation (100 for EM in percentage points); default 1.
+        n_boot: replicates. seed: generator seed (default appendix 8.3's).
+
+    Returns:
+        One row per (label, contrast): ``endpoint``, ``contrast``, ``estimate``, ``low``, ``high``, ``p``
+        (two-sided bootstrap p), ``n_sources``, ``undefined_replicates``.
+    """
+    from sur_lab.analysis.stats import BOOTSTRAP_SEED, factorial_bootstrap
+
+    rows = []
+    for label, frame in advantages.items():
+        k = (scale or {}).get(label, 1.0)
+        res = factorial_bootstrap(frame, value_col, n_boot=n_boot, seed=BOOTSTRAP_SEED if seed is None else seed)
+        for contrast, r in res.items():
+            rows.append({"endpoint": label, "contrast": contrast, "estimate": k * r.diff, "low": k * r.low,
+                         "high": k * r.high, "p": r.p_value, "n_sources": r.n_sources,
+                         "undefined_replicates": int(np.isnan(r.replicates).sum())})
+    return pd.DataFrame(rows)
+
+
+def table15(nll: pd.DataFrame, em: pd.DataFrame, *, value_col: str = "g", n_boot: int = 10_000,
+            seed: int | None = None) -> pd.DataFrame:
+    """Table 15: NLL (nats) and EM (percentage points) factorial effects with 95 % intervals and Holm p over the
+    pooled secondary family :data:`SECONDARY_FAMILY`; the preregistered primary (NLL side) has no Holm p (NaN).
+
+    Args:
+        nll: per-cell ``NLL_Shift - NLL_Replay`` advantages of every complete source (see :func:`contrast_table`).
+        em: per-cell ``EM_Replay - EM_Shift`` (0/1 differences) on the :func:`em_stratum` units.
+        value_col, n_boot, seed: as :func:`contrast_table`.
+
+    Returns:
+        :func:`contrast_table`'s rows with ``hypothesis`` (e.g. ``"EM side"``) and ``holm_p``.
+    """
+    from sur_lab.analysis.stats import holm
+
+    out = contrast_table({"NLL": nll, "EM": em}, value_col=value_col, scale={"EM": 100.0}, n_boot=n_boot, seed=seed)
+    out["hypothesis"] = out["endpoint"] + " " + out["contrast"]
+    adjusted = holm(dict(zip(out["hypothesis"], out["p"])), family=SECONDARY_FAMILY)
+    out["holm_p"] = out["hypothesis"].map(adjusted)
+    return out
