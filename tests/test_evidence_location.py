@@ -137,7 +137,8 @@ def test_rendered_text_is_the_chat_prompt(panel, tokenizer):
 
 
 def _protected(example: QAExample) -> list[str]:
-    needles = [normalize_answer(a) for a in example.answers] if example.answer_type in ("span", "spans", "number") else []
+    checked = example.answer_type in ("span", "spans", "number")
+    needles = [normalize_answer(a) for a in example.answers] if checked else []
     return [n for n in needles + [normalize_answer(p.title) for p in example.supporting] if n]
 
 

@@ -1,21 +1,19 @@
 """Per-record fidelity endpoints beyond exact match (Eq. 14; appendix 10.2-10.3 and 11): pure functions on logits
 and token-id sequences.
 
-Every sweep record compares a method's answer with the clean reference (Re-prefill) on these endpoints:
+Every sweep record compares a method's answer with the clean reference (Re-prefill) on these endpoints (record field,
+definition, function):
 
-==================  ===============================================================  ========================
-record field        definition                                                       function
-==================  ===============================================================  ========================
-``tv_reprefill``    ``TV(p, q) = 1/2 sum_v |p_v - q_v|`` of first-token softmaxes     :func:`~sur_lab.analysis.scoring.first_token_tv`
-``nr_tv``           ``1 - TV(p_a, p_clean) / TV(p_dirty, p_clean)`` (Eq. 14)           :func:`nr_tv`
-``jsd_reprefill``   ``JSD(p, q) = 1/2 KL(p||m) + 1/2 KL(q||m)``, ``m = (p + q)/2``    :func:`first_token_jsd`
-                    in nats, in ``[0, ln 2]``
-``argmax_agree``    ``argmax_v p_v == argmax_v q_v`` (first index among ties)          :func:`argmax_agree`
-``logits_identical``  byte equality of the float32 first-logit vectors (appendix 11)   :func:`logits_identical`
-``sequence_agree``  equality of the generated token-id sequences (EOS excluded)          :func:`sequence_agree`
-``gold_nll``        ``-1/T sum_t log softmax(z_t)[y_t]`` over the T tokens of the        :func:`gold_nll`
-                    canonical gold answer, teacher-forced after the query (nats/token)
-==================  ===============================================================  ========================
+- ``tv_reprefill``: ``TV(p, q) = 1/2 sum_v |p_v - q_v|`` of the first-token softmaxes
+  (:func:`sur_lab.analysis.scoring.first_token_tv`);
+- ``nr_tv``: ``1 - TV(p_a, p_clean) / TV(p_dirty, p_clean)`` (Eq. 14; :func:`nr_tv`);
+- ``jsd_reprefill``: ``JSD(p, q) = 1/2 KL(p || m) + 1/2 KL(q || m)``, ``m = (p + q) / 2``, in nats, in
+  ``[0, ln 2]`` (:func:`first_token_jsd`);
+- ``argmax_agree``: ``argmax_v p_v == argmax_v q_v``, the first index among ties (:func:`argmax_agree`);
+- ``logits_identical``: byte equality of the float32 first-logit vectors (appendix 11; :func:`logits_identical`);
+- ``sequence_agree``: equality of the generated token-id sequences, EOS excluded (:func:`sequence_agree`);
+- ``gold_nll``: ``-1/T sum_t log softmax(z_t)[y_t]`` over the T tokens of the canonical gold answer, teacher-forced
+  after the query, in nats per token (appendix 10.2's primary endpoint; :func:`gold_nll`).
 
 The gold answer's ids come from :func:`canonical_answer_ids`, which follows the leading-space convention of the
 text that precedes the answer. The NLL of Re-prefill's own greedy continuation (a summed, different endpoint) is
@@ -222,10 +220,10 @@ def gold_nll(logits: Any, gold_ids: Sequence[int]) -> float:
     """Mean teacher-forced negative log-probability of the canonical gold answer (appendix 10.2's primary endpoint).
 
     ``NLL = -(1/T) sum_{t=0}^{T-1} log softmax(z_t)[y_t]``, where ``y = gold_ids`` are the T tokens of the canonical
-    answer (:func:`canonical_answer_ids`) and ``z_t`` is the logit vector that predicts ``y_t``: ``z_0`` the logits after
-    the query (the first-token logits), ``z_t`` for ``t >= 1`` the logits after the query and ``y_0 .. y_{t-1}``
-    (teacher forcing). Every answer token counts, with equal weight; no EOS token is added. Computed in float64
-    (``log_softmax`` of the upcast logits). Units: nats per answer token.
+    answer (:func:`canonical_answer_ids`) and ``z_t`` is the logit vector that predicts ``y_t``: ``z_0`` the logits
+    after the query (the first-token logits), ``z_t`` for ``t >= 1`` the logits after the query and
+    ``y_0 .. y_{t-1}`` (teacher forcing). Every answer token counts, with equal weight; no EOS token is added.
+    Computed in float64 (``log_softmax`` of the upcast logits). Units: nats per answer token.
 
     Args:
         logits: ``(T, vocab)`` teacher-forced logits, row t predicting ``gold_ids[t]``; numpy or torch, any float dtype.

@@ -390,10 +390,10 @@ def bootstrap_p_value(replicates, null: float = 0.0) -> float:
     ``p = min(1, 2 * min(#{theta*_b <= null}, #{theta*_b >= null}) / n)`` over the n finite replicates
     ``theta*_b``. This inverts the percentile interval: ``null`` lies outside the central ``1 - alpha`` percentile
     interval about when ``alpha > p`` (exactly, for the empirical quantiles ``theta*_(k)`` of the sorted replicates:
-    the interval ``[theta*_(k), theta*_(n+1-k)]`` excludes ``null`` iff ``2k/n`` exceeds p before its clip at 1). Replicates equal to ``null`` count on both
-    sides, so a degenerate bootstrap at ``null`` gives 1. ``p = 0`` means no replicate fell on the other side of
-    ``null``: report it as ``p < 2/n`` (tables do), not as zero. NaN replicates (undefined statistics, e.g. a replicate
-    that drew no source of a stratum) are left out of ``n``.
+    the interval ``[theta*_(k), theta*_(n+1-k)]`` excludes ``null`` iff ``2k/n`` exceeds p before its clip at 1).
+    Replicates equal to ``null`` count on both sides, so a degenerate bootstrap at ``null`` gives 1. ``p = 0`` means
+    no replicate fell on the other side of ``null``: report it as ``p < 2/n``, not as zero. NaN replicates (undefined
+    statistics, e.g. a replicate that drew no source of a stratum) are left out of ``n``.
 
     Args:
         replicates: bootstrap replicates of the statistic, 1-D.
@@ -425,7 +425,8 @@ def holm(pvalues: Mapping[str, float], family: Sequence[str] | None = None) -> d
     procedure at family-wise level alpha: reject ``H_(1), ..., H_(k)`` where k is the last i before the first
     ``p_(i) > alpha / (m - i + 1)``. Ties keep their order of appearance (the adjusted values of tied p-values are
     equal either way). The paper's pooled secondary family is NLL tail and interaction and EM side, tail and
-    interaction (:data:`sur_lab.studies.evidence_location.SECONDARY_FAMILY`); the primary NLL side contrast is not in it.
+    interaction (:data:`sur_lab.studies.evidence_location.SECONDARY_FAMILY`); the primary NLL side contrast is not in
+    it.
 
     Args:
         pvalues: raw p-values by hypothesis name (may hold more than the family).

@@ -67,7 +67,8 @@ CELLS = (("upstream", "short"), ("downstream", "short"), ("upstream", "long"), (
 #: The preregistered primary hypothesis and the pooled secondary family corrected by Holm (appendix 10.2).
 PRIMARY = "NLL side"
 SECONDARY_FAMILY = ("NLL tail", "NLL interaction", "EM side", "EM tail", "EM interaction")
-#: The one neutral padding family: this word cycle, joined by spaces and closed by a blank line (:func:`neutral_padding`).
+#: The one neutral padding family: this word cycle, joined by spaces and closed by a blank line
+#: (:func:`neutral_padding`).
 PAD_WORDS = ("the", "day", "went", "on", "as", "before", "and", "then", "time", "passed", "over", "quiet", "fields")
 #: Filler: stop adding whole chunks when fewer tokens than this remain (the rest is padding).
 MIN_FILL_TOKENS = 24
@@ -142,8 +143,9 @@ GEOMETRIES: dict[str, tuple[Geometry, ...]] = {
 #: Study sizes (``sur_lab.studies.presets.resolve_preset``). ``candidates_per_dataset``: the fixed candidate pool drawn
 #: per dataset from the natural-QA eligible sources (``None`` = all of them, in draw order); ``sources_per_dataset``:
 #: stop after this many feasible sources per dataset (``None`` = every feasible candidate). Methods: the references,
-#: the fixed-slot refresh (:data:`FIXED_SLOT_METHOD` at the exact allowance W) and the allocators at ``budgets`` (%). ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 24 sources (quarter
-#: geometry), ``paper`` the 400-candidate pool of natural QA with the paper's geometry (275 feasible in the paper).
+#: the fixed-slot refresh (:data:`FIXED_SLOT_METHOD` at the exact allowance W) and the allocators at ``budgets`` (%).
+#: ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 24 sources (quarter geometry), ``paper``
+#: the 400-candidate pool of natural QA with the paper's geometry (275 feasible in the paper).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa", "2wikimultihopqa"], "candidates_per_dataset": 100, "sources_per_dataset": 1,
               "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"], "fixed_slot": True,
