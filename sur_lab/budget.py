@@ -259,3 +259,32 @@ def prompt_allowance(suffix_len: int, prompt_len: int, budget_pct: float) -> int
     if isinstance(prompt_len, (bool, np.bool_)) or int(prompt_len) != prompt_len or prompt_len < suffix_len:
         raise ValueError(f"prompt_len must be an integer >= suffix_len={suffix_len}; got {prompt_len!r}")
     return min(int(suffix_len), allowance(int(prompt_len), budget_pct))
+
+
+def budget_for_allowance(suffix_len: int, positions: int) -> float:
+    """A budget b (percent) whose allowance ``B(S, b)`` (Eq. 3, :func:`allowance`) is exactly ``positions``: the
+    inverse of Eq. 3, for dispatchers that take a budget where a case needs an exact B.
+
+    Returns ``100 * positions / S`` when its decimal value gives the allowance exactly (e.g. 512 of 4096 -> 12.5), else
+    the nearest float below it that does.
+
+    Args:
+        suffix_len: S >= 1, tokens.
+        positions: the wanted allowance, an integer in ``[0, S]``.
+
+    Returns:
+        b in [0, 100].
+
+    Raises:
+        ValueError: naming ``suffix_len`` (not an integer >= 1) or ``positions`` (not an integer in ``[0, S]``).
+    """
+    if isinstance(suffix_len, (bool, np.bool_)) or int(suffix_len) != suffix_len or suffix_len < 1:
+        raise ValueError(f"suffix_len={suffix_len!r} must be an integer >= 1")
+    if isinstance(positions, (bool, np.bool_)) or int(positions) != positions or not 0 <= positions <= suffix_len:
+        raise ValueError(f"positions={positions!r} must be an integer in [0, suffix_len={suffix_len}]")
+    b = float(Fraction(100 * int(positions), int(suffix_len)))
+    for _ in range(64):
+        if allowance(int(suffix_len), b) == positions:
+            return b
+        b = math.nextafter(b, 0.0)
+    raise RuntimeError(f"no float budget gives allowance {positions} of {suffix_len}")  # pragma: no cover

@@ -1,13 +1,39 @@
-"""Per-record fidelity endpoints beyond exact match: normalized first-token recovery (Eq. 14, appendix 10.3–11).
+"""Per-record fidelity endpoints beyond exact match (Eq. 14; appendix 10.2-10.3 and 11): pure functions on logits
+and token-id sequences.
 
-First-token total variation itself is :func:`sur_lab.analysis.scoring.first_token_tv`; the NLL of Re-prefill's greedy
-continuation is :func:`sur_lab.answer.continuation_nll`. This module adds the normalized recovery ratio and the
-continuation that the NLL scores.
+Every sweep record compares a method's answer with the clean reference (Re-prefill) on these endpoints (record field,
+definition, function):
+
+- ``tv_reprefill``: ``TV(p, q) = 1/2 sum_v |p_v - q_v|`` of the first-token softmaxes
+  (:func:`sur_lab.analysis.scoring.first_token_tv`);
+- ``nr_tv``: ``1 - TV(p_a, p_clean) / TV(p_dirty, p_clean)`` (Eq. 14; :func:`nr_tv`);
+- ``jsd_reprefill``: ``JSD(p, q) = 1/2 KL(p || m) + 1/2 KL(q || m)``, ``m = (p + q) / 2``, in nats, in
+  ``[0, ln 2]`` (:func:`first_token_jsd`);
+- ``argmax_agree``: ``argmax_v p_v == argmax_v q_v``, the first index among ties (:func:`argmax_agree`);
+- ``logits_identical``: byte equality of the float32 first-logit vectors (appendix 11; :func:`logits_identical`);
+- ``sequence_agree``: equality of the generated token-id sequences, EOS excluded (:func:`sequence_agree`);
+- ``gold_nll``: ``-1/T sum_t log softmax(z_t)[y_t]`` over the T tokens of the canonical gold answer, teacher-forced
+  after the query, in nats per token (appendix 10.2's primary endpoint; :func:`gold_nll`).
+
+The gold answer's ids come from :func:`canonical_answer_ids`, which follows the leading-space convention of the
+text that precedes the answer. The NLL of Re-prefill's own greedy continuation (a summed, different endpoint) is
+:func:`sur_lab.answer.continuation_nll`. The answer-margin endpoints of issue 26 (:func:`gold_margin`,
+:func:`margin_recovery`) close the module.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sur_lab.analysis.scoring import _as_float64, _softmax64
+
+#: Upper bound of the Jensen-Shannon divergence in nats (natural logarithm): ``ln 2``.
+JSD_MAX = math.log(2.0)
 
 from sur_lab.checks import as_count
 
@@ -48,6 +74,216 @@ def reference_continuation(token_ids, max_tokens: int | None = None) -> list[int
         max_tokens = as_count(max_tokens, "max_tokens", minimum=1)
     ids = [int(t) for t in token_ids]
     return ids if max_tokens is None else ids[:max_tokens]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# First-token distribution and continuation agreement (appendix 10.3, Table 16; appendix 11, Table 17)
+
+
+def _pair64(p_logits: Any, q_logits: Any) -> tuple[np.ndarray, np.ndarray]:
+    p = _as_float64(p_logits, "p_logits")
+    q = _as_float64(q_logits, "q_logits")
+    if p.shape != q.shape:
+        raise ValueError(f"p_logits and q_logits vocab sizes differ: {p.shape[0]} vs {q.shape[0]}")
+    return p, q
+
+
+def first_token_jsd(p_logits: Any, q_logits: Any) -> float:
+    """Jensen-Shannon divergence between the next-token distributions of two first-token logit vectors (Table 16).
+
+    ``JSD(p, q) = 1/2 KL(p || m) + 1/2 KL(q || m)`` with ``m = (p + q) / 2``, ``p = softmax(p_logits)``,
+    ``q = softmax(q_logits)``, natural logarithm: the value is in nats, symmetric, and lies in ``[0, ln 2]``
+    (:data:`JSD_MAX`); it is 0 iff the distributions are equal. Terms with ``p_v = 0`` contribute 0
+    (``scipy.special.rel_entr``). Computed in float64 whatever the input dtype, as
+    :func:`sur_lab.analysis.scoring.first_token_tv` is. The square root is the Jensen-Shannon *distance* of
+    ``scipy.spatial.distance.jensenshannon``; this function returns the divergence itself.
+
+    Args:
+        p_logits, q_logits: logits of shape (vocab,) (or with leading size-1 dims); numpy arrays, torch tensors on any
+            device and dtype, or sequences.
+
+    Returns:
+        JSD in nats, clipped to ``[0, ln 2]`` against float64 rounding (the clip moves the value by at most a few ulp).
+
+    Raises:
+        ValueError: naming ``p_logits``/``q_logits`` when a shape is not (vocab,), the vocab sizes differ, or a vector
+            has no finite maximum.
+    """
+    from scipy.special import rel_entr
+
+    p_raw, q_raw = _pair64(p_logits, q_logits)
+    p = _softmax64(p_raw, "p_logits")
+    q = _softmax64(q_raw, "q_logits")
+    m = 0.5 * (p + q)
+    jsd = 0.5 * float(rel_entr(p, m).sum()) + 0.5 * float(rel_entr(q, m).sum())
+    return min(max(jsd, 0.0), JSD_MAX)
+
+
+def argmax_agree(p_logits: Any, q_logits: Any) -> bool:
+    """Whether two first-token logit vectors have the same argmax (the greedy first token; Tables 16-17).
+
+    Ties resolve to the lowest token id (``numpy.argmax``; ``torch.argmax`` on a CPU float tensor does the same), so
+    two vectors that are byte-identical always agree.
+
+    Raises:
+        ValueError: naming ``p_logits``/``q_logits`` when a shape is not (vocab,) or the vocab sizes differ.
+    """
+    p, q = _pair64(p_logits, q_logits)
+    return int(np.argmax(p)) == int(np.argmax(q))
+
+
+def _float32_bytes(logits: Any, name: str) -> bytes:
+    if hasattr(logits, "detach"):  # torch.Tensor: bfloat16/float16 widen to float32 exactly; float64 is refused
+        import torch
+
+        t = logits.detach().cpu()
+        if t.dtype == torch.float64:
+            raise ValueError(f"{name} is float64; logits_identical compares the recorded float32 vectors")
+        arr = t.float().numpy()
+    else:
+        arr = np.asarray(logits)
+        if arr.dtype == np.float64:
+            raise ValueError(f"{name} is float64; logits_identical compares the recorded float32 vectors")
+        arr = arr.astype(np.float32, copy=False)
+    while arr.ndim > 1 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must have shape (vocab,) (leading size-1 dims allowed), got {np.shape(logits)}")
+    return np.ascontiguousarray(arr, dtype="<f4").tobytes()
+
+
+def logits_identical(p_logits: Any, q_logits: Any) -> bool:
+    """Byte equality of two first-token logit vectors as float32 (appendix 11, "exact-logit agreement").
+
+    Not tolerance-based closeness: one differing bit anywhere in the vocabulary makes the vectors different (so
+    ``-0.0`` and ``0.0`` differ; two NaNs with the same bit pattern agree). bfloat16 and float16 inputs widen to float32
+    exactly before the comparison.
+
+    Args:
+        p_logits, q_logits: ``(vocab,)`` float32 (or bfloat16/float16) logits, e.g.
+            :attr:`sur_lab.answer.Answer.first_token_logits`; torch tensors or numpy arrays.
+
+    Returns:
+        ``True`` iff the little-endian float32 bytes are equal (vectors of different lengths are unequal).
+
+    Raises:
+        ValueError: naming ``p_logits``/``q_logits`` when a vector is float64 (it would have to be rounded first) or
+            its shape is not (vocab,).
+    """
+    return _float32_bytes(p_logits, "p_logits") == _float32_bytes(q_logits, "q_logits")
+
+
+def logits_digest(logits: Any) -> str:
+    """SHA-256 (hex) of a first-token logit vector's little-endian float32 bytes, for storing in a record.
+
+    Two vectors have equal digests iff :func:`logits_identical` holds (up to a SHA-256 collision).
+
+    Raises:
+        ValueError: as :func:`logits_identical`, naming ``logits``.
+    """
+    return hashlib.sha256(_float32_bytes(logits, "logits")).hexdigest()
+
+
+def _ids(seq: Any, name: str) -> tuple[int, ...]:
+    if hasattr(seq, "detach"):
+        seq = seq.detach().cpu().reshape(-1).tolist()
+    if isinstance(seq, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of token ids, not text")
+    out = []
+    for t in seq:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) or int(t) < 0:
+            raise ValueError(f"{name} must hold non-negative integer token ids; got {t!r}")
+        out.append(int(t))
+    return tuple(out)
+
+
+def sequence_agree(a_ids: Sequence[int], b_ids: Sequence[int]) -> bool:
+    """Whether two greedy continuations generated the same token ids (sequence agreement, Tables 16-17).
+
+    Compares token ids, not decoded or normalised text (unlike :func:`sur_lab.analysis.scoring.agreement`). Both
+    sequences should come from decodes with the same ``max_new_tokens`` and EOS excluded, as
+    :attr:`sur_lab.answer.Answer.token_ids` stores them: two decodes that differ only after the limit agree.
+
+    Args:
+        a_ids, b_ids: generated token ids (sequences, numpy arrays or 1-D tensors).
+
+    Returns:
+        ``True`` iff the sequences are equal element by element and of equal length.
+
+    Raises:
+        ValueError: naming ``a_ids``/``b_ids`` when an element is not a non-negative integer, or the input is a str.
+    """
+    return _ids(a_ids, "a_ids") == _ids(b_ids, "b_ids")
+
+
+def gold_nll(logits: Any, gold_ids: Sequence[int]) -> float:
+    """Mean teacher-forced negative log-probability of the canonical gold answer (appendix 10.2's primary endpoint).
+
+    ``NLL = -(1/T) sum_{t=0}^{T-1} log softmax(z_t)[y_t]``, where ``y = gold_ids`` are the T tokens of the canonical
+    answer (:func:`canonical_answer_ids`) and ``z_t`` is the logit vector that predicts ``y_t``: ``z_0`` the logits
+    after the query (the first-token logits), ``z_t`` for ``t >= 1`` the logits after the query and
+    ``y_0 .. y_{t-1}`` (teacher forcing). Every answer token counts, with equal weight; no EOS token is added.
+    Computed in float64 (``log_softmax`` of the upcast logits). Units: nats per answer token.
+
+    Args:
+        logits: ``(T, vocab)`` teacher-forced logits, row t predicting ``gold_ids[t]``; numpy or torch, any float dtype.
+        gold_ids: the T >= 1 gold token ids.
+
+    Returns:
+        The mean NLL in nats (>= 0).
+
+    Raises:
+        ValueError: naming ``gold_ids`` when empty, not integer ids, or an id is outside ``[0, vocab)``; naming
+            ``logits`` when its shape is not ``(len(gold_ids), vocab)`` or a row has no finite maximum.
+    """
+    y = np.asarray(_ids(gold_ids, "gold_ids"), dtype=np.int64)
+    if y.size == 0:
+        raise ValueError("gold_ids is empty; the canonical answer must have at least one token")
+    if hasattr(logits, "detach"):
+        logits = logits.detach().cpu().double().numpy()
+    z = np.asarray(logits, dtype=np.float64)
+    if z.ndim != 2 or z.shape[0] != y.size:
+        raise ValueError(f"logits must have shape (len(gold_ids)={y.size}, vocab); got {tuple(z.shape)}")
+    if int(y.max()) >= z.shape[1]:
+        raise ValueError(f"gold_ids holds id {int(y.max())} outside the vocabulary [0, {z.shape[1]})")
+    top = z.max(axis=1, keepdims=True)
+    if not np.all(np.isfinite(top)):
+        raise ValueError("logits has a row without a finite maximum (all -inf, +inf or NaN)")
+    shifted = z - top
+    log_z = np.log(np.exp(shifted).sum(axis=1))
+    logp = shifted[np.arange(y.size), y] - log_z
+    return float(-logp.mean())
+
+
+def canonical_answer_ids(tokenizer, answer: str, preceding_text: str) -> list[int]:
+    """Token ids of the canonical gold answer as the model would generate it right after ``preceding_text``.
+
+    The answer is stripped and tokenized on its own (no special tokens), like every token segment of an edit
+    (:func:`sur_lab.edits.tokenize_segments`). Leading-space convention: when ``preceding_text`` ends in whitespace
+    (a chat template's generation prompt ends in ``"assistant\n"``; natural-QA and evidence-location queries do) the
+    answer starts without a space; otherwise (a completion prompt ending in ``"Answer:"``) it gets one leading
+    space, as byte-level BPE vocabularies spell a word that follows a word or colon (``" Paris"``).
+
+    Args:
+        tokenizer: a fast tokenizer.
+        answer: the canonical answer text (:attr:`sur_lab.studies.datasets.QAExample.answer`).
+        preceding_text: the text right before the answer (the query text of the edit, or its last characters).
+
+    Returns:
+        The T >= 1 answer token ids.
+
+    Raises:
+        ValueError: naming ``answer`` when it is empty after stripping or produces no token.
+    """
+    if not isinstance(answer, str) or not answer.strip():
+        raise ValueError(f"answer={answer!r} must be a non-empty string")
+    text = answer.strip()
+    if preceding_text and not preceding_text[-1].isspace():
+        text = " " + text
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ValueError(f"answer={answer!r} produces no token")
+    return ids
 
 
 # ---------------------------------------------------------------------------------------------------------------------

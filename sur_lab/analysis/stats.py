@@ -1,14 +1,16 @@
-"""Statistics for the natural-QA comparison: pooled EM, the source-paired bootstrap, error transitions (appendix 8).
+"""Statistics: pooled EM, the source-paired bootstrap, error transitions (appendix 8), bootstrap p-values, Holm
+correction and the factorial contrasts of the evidence-location experiment (Eq. 10-12, appendix 10.2).
 
 Results are long tables (pandas DataFrames), one row per (method, case), where a case is one placement of one source
 question: columns such as ``dataset``, ``source_id``, ``placement``, ``method``, ``correct`` and the extracted
 ``answer``. Placements of a source are not independent questions (appendix 7.5), so every interval here resamples
-whole sources.
+whole sources. ``docs/statistics.md`` states every definition in one place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,11 @@ class BootstrapResult:
     high: float
     n_sources: int
     replicates: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided percentile-bootstrap p-value of ``diff = 0`` from the replicates (:func:`bootstrap_p_value`)."""
+        return bootstrap_p_value(self.replicates)
 
 
 def pooled_em(correct: Any) -> float:
@@ -358,8 +365,6 @@ def check_concurrency(records: pd.DataFrame, *, what: str = "timings", strict: b
     Raises:
         ValueError: when ``strict`` and the records mix settings; the message lists them and how to filter.
     """
-    import warnings
-
     cols = [c for c in CONCURRENCY_FIELDS if c in records.columns]
     if not cols or records.empty:
         return
@@ -373,3 +378,306 @@ def check_concurrency(records: pd.DataFrame, *, what: str = "timings", strict: b
     if strict:
         raise ValueError(msg)
     warnings.warn(msg, UserWarning, stacklevel=2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bootstrap p-values and Holm correction (appendix 10.2, Table 15)
+
+
+def bootstrap_p_value(replicates, null: float = 0.0) -> float:
+    """Two-sided p-value of ``theta = null`` from percentile-bootstrap replicates (appendix 10.2, Table 15).
+
+    ``p = min(1, 2 * min(#{theta*_b <= null}, #{theta*_b >= null}) / n)`` over the n finite replicates
+    ``theta*_b``. This inverts the percentile interval: ``null`` lies outside the central ``1 - alpha`` percentile
+    interval about when ``alpha > p`` (exactly, for the empirical quantiles ``theta*_(k)`` of the sorted replicates:
+    the interval ``[theta*_(k), theta*_(n+1-k)]`` excludes ``null`` iff ``2k/n`` exceeds p before its clip at 1).
+    Replicates equal to ``null`` count on both sides, so a degenerate bootstrap at ``null`` gives 1. ``p = 0`` means
+    no replicate fell on the other side of ``null``: report it as ``p < 2/n``, not as zero. NaN replicates (undefined
+    statistics, e.g. a replicate that drew no source of a stratum) are left out of ``n``.
+
+    Args:
+        replicates: bootstrap replicates of the statistic, 1-D.
+        null: the value tested (0 for a difference or contrast).
+
+    Returns:
+        p in [0, 1].
+
+    Raises:
+        ValueError: naming ``replicates`` when it holds no finite value or an infinite one, or ``null`` when not finite.
+    """
+    r = np.asarray(replicates, dtype=np.float64).reshape(-1)
+    if not np.isfinite(null):
+        raise ValueError(f"null={null!r} must be finite")
+    if np.isinf(r).any():
+        raise ValueError("replicates holds an infinite value")
+    r = r[~np.isnan(r)]
+    if r.size == 0:
+        raise ValueError("replicates holds no finite value")
+    tail = min(int(np.sum(r <= null)), int(np.sum(r >= null)))
+    return min(1.0, 2.0 * tail / r.size)
+
+
+def holm(pvalues: Mapping[str, float], family: Sequence[str] | None = None) -> dict[str, float]:
+    """Holm step-down adjusted p-values over a named family of hypotheses (Holm, 1979; appendix 10.2).
+
+    With the family's m raw p-values sorted ascending, ``p_(1) <= ... <= p_(m)``, the adjusted values are
+    ``p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``. Rejecting every hypothesis with ``p~ <= alpha`` is Holm's
+    procedure at family-wise level alpha: reject ``H_(1), ..., H_(k)`` where k is the last i before the first
+    ``p_(i) > alpha / (m - i + 1)``. Ties keep their order of appearance (the adjusted values of tied p-values are
+    equal either way). The paper's pooled secondary family is NLL tail and interaction and EM side, tail and
+    interaction (:data:`sur_lab.studies.evidence_location.SECONDARY_FAMILY`); the primary NLL side contrast is not in
+    it.
+
+    Args:
+        pvalues: raw p-values by hypothesis name (may hold more than the family).
+        family: names of the family's hypotheses, in any order; ``None`` = every key of ``pvalues``.
+
+    Returns:
+        ``{name: adjusted p}`` for the family's names, in ``family`` order.
+
+    Raises:
+        ValueError: naming ``family`` when it is empty, repeats a name or names a hypothesis absent from ``pvalues``;
+            naming ``pvalues`` when a family p-value is not in [0, 1] (NaN included).
+    """
+    names = list(pvalues) if family is None else list(family)
+    if not names:
+        raise ValueError("family is empty; Holm correction needs at least one hypothesis")
+    if len(set(names)) != len(names):
+        raise ValueError(f"family={names!r} repeats a hypothesis")
+    missing = [n for n in names if n not in pvalues]
+    if missing:
+        raise ValueError(f"family names {missing} that pvalues lacks (has {sorted(pvalues)})")
+    raw = np.array([float(pvalues[n]) for n in names], dtype=np.float64)
+    if not np.all((raw >= 0) & (raw <= 1)):
+        raise ValueError(f"pvalues must lie in [0, 1] for every family member; got {dict(zip(names, raw.tolist()))}")
+    m = raw.size
+    order = np.argsort(raw, kind="stable")
+    scaled = np.minimum(1.0, (m - np.arange(m)) * raw[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return {n: float(a) for n, a in zip(names, adjusted)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Factorial contrasts of the evidence-location experiment (Eq. 10-12, appendix 10.2, Tables 15-16)
+
+#: Evidence side z (the exchange slot that holds the evidence bundle) and neutral tail l of the four cells.
+SIDES = ("upstream", "downstream")
+TAILS = ("short", "long")
+#: Cell weights of each contrast, by (side, tail): Eq. 10 (side), Eq. 11 (tail), Eq. 12 (interaction).
+CONTRASTS: dict[str, dict[tuple[str, str], float]] = {
+    "side": {("downstream", "short"): 0.5, ("upstream", "short"): -0.5,
+             ("downstream", "long"): 0.5, ("upstream", "long"): -0.5},
+    "tail": {("upstream", "long"): 0.5, ("upstream", "short"): -0.5,
+             ("downstream", "long"): 0.5, ("downstream", "short"): -0.5},
+    "interaction": {("downstream", "long"): 1.0, ("upstream", "long"): -1.0,
+                    ("downstream", "short"): -1.0, ("upstream", "short"): 1.0},
+}
+_CELLS = tuple((z, tail) for tail in TAILS for z in SIDES)
+
+
+def method_difference(
+    df: pd.DataFrame,
+    value_col: str,
+    method_a: str,
+    method_b: str,
+    *,
+    method_col: str = "method",
+    case_cols: Sequence[str] = ("model", "dataset", "source_id", "side", "tail"),
+) -> pd.DataFrame:
+    """Per-case paired difference ``value(method_a) - value(method_b)``: the repair advantage G of one cell.
+
+    Appendix 10.2 defines the advantage so that positive means a larger repair benefit: for the gold-answer NLL
+    ``G = NLL_Shift - NLL_Replay`` (``method_a="Shift"``, ``method_b="Replay"``), for EM ``G = EM_Replay - EM_Shift``,
+    for first-token TV or JSD the reduction ``TV_Shift - TV_method``.
+
+    Args:
+        df: long table, one row per (case, method).
+        value_col: numeric or bool column.
+        method_a, method_b: the two methods (values of ``method_col``).
+        method_col: method column.
+        case_cols: columns that identify a case (the model is part of a case).
+
+    Returns:
+        A new DataFrame with ``case_cols`` and ``value_col`` (float64, a minus b), one row per paired case.
+
+    Raises:
+        ValueError: naming ``method_a``/``method_b`` when absent or equal, ``case_cols``/``value_col`` when not
+            columns, ``df`` when a case is duplicated or the two methods cover different cases.
+    """
+    if method_a == method_b:
+        raise ValueError(f"method_b={method_b!r} must differ from method_a")
+    a, b = _paired_cases(df, {"method_a": method_a, "method_b": method_b}, value_col, method_col, case_cols)
+    diff = a.astype(np.float64) - b.astype(np.float64)
+    return diff.rename(value_col).reset_index()
+
+
+def _source_cells(
+    df: pd.DataFrame, value_col: str, model_col: str, dataset_col: str, source_col: str, side_col: str, tail_col: str
+) -> pd.DataFrame:
+    """``(model, dataset, source) x 4 cells`` table of ``value_col``; every unit must have each cell exactly once."""
+    _require_columns(df, value_col=value_col, model_col=model_col, dataset_col=dataset_col, source_col=source_col,
+                     side_col=side_col, tail_col=tail_col)
+    bad_side = sorted(set(map(str, df[side_col].unique())) - set(SIDES))
+    bad_tail = sorted(set(map(str, df[tail_col].unique())) - set(TAILS))
+    if bad_side or bad_tail:
+        raise ValueError(f"df: side values must be {SIDES} and tail values {TAILS}; found {bad_side + bad_tail}")
+    try:
+        values = df[value_col].astype(np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"value_col={value_col!r} is not numeric or bool: {err}") from err
+    if values.isna().any():
+        raise ValueError(f"df[{value_col!r}] holds NaN; drop incomplete units before computing contrasts")
+    keys = [model_col, dataset_col, source_col]
+    frame = df[keys].assign(_cell=list(zip(df[side_col].astype(str), df[tail_col].astype(str))), _v=values.to_numpy())
+    if frame.duplicated(keys + ["_cell"]).any():
+        dup = frame[frame.duplicated(keys + ["_cell"], keep=False)].iloc[0]
+        raise ValueError(f"df: unit {tuple(dup[keys])} has several rows for cell {dup['_cell']}")
+    wide = frame.pivot(index=keys, columns="_cell", values="_v").reindex(columns=list(_CELLS))
+    if wide.isna().any().any():
+        bad = wide.index[wide.isna().any(axis=1)][0]
+        raise ValueError(f"df: unit (model, dataset, source)={bad!r} lacks a cell; every unit needs all four cells")
+    return wide
+
+
+def source_contrasts(
+    df: pd.DataFrame,
+    value_col: str,
+    *,
+    model_col: str = "model",
+    dataset_col: str = "dataset",
+    source_col: str = "source_id",
+    side_col: str = "side",
+    tail_col: str = "tail",
+) -> pd.DataFrame:
+    """Eq. 10-12 for every (model, dataset, source) unit from its four cells' repair advantages.
+
+    ``side = 1/2 [(G_DS - G_US) + (G_DL - G_UL)]``, ``tail = 1/2 [(G_UL - G_US) + (G_DL - G_DS)]``,
+    ``interaction = (G_DL - G_UL) - (G_DS - G_US)``, with ``G_zl`` the unit's value in cell (side z, tail l).
+
+    Args:
+        df: one row per (model, dataset, source, cell) with the cell's advantage in ``value_col`` (see
+            :func:`method_difference`); ``side_col`` in :data:`SIDES`, ``tail_col`` in :data:`TAILS`.
+        value_col, model_col, dataset_col, source_col, side_col, tail_col: column names.
+
+    Returns:
+        One row per unit, index ``(model, dataset, source)`` sorted, columns ``side``, ``tail``, ``interaction``.
+
+    Raises:
+        ValueError: naming a column argument that is not a column; naming ``df`` for an unknown side/tail value,
+            a unit with a missing or repeated cell, or a NaN value.
+    """
+    wide = _source_cells(df, value_col, model_col, dataset_col, source_col, side_col, tail_col)
+    g = wide.to_numpy(np.float64)  # (units, 4) in _CELLS order
+    out = {name: g @ np.array([w.get(c, 0.0) for c in _CELLS]) for name, w in CONTRASTS.items()}
+    return pd.DataFrame(out, index=wide.index)
+
+
+def _weighted_mean(per_unit: pd.Series) -> float:
+    """Mean within (model, dataset), then over datasets, then over models (equal weights)."""
+    names = list(per_unit.index.names)
+    by_dataset = per_unit.groupby(level=[names[0], names[1]]).mean()
+    return float(by_dataset.groupby(level=names[0]).mean().mean())
+
+
+def factorial_contrasts(df: pd.DataFrame, value_col: str, **cols: str) -> dict[str, float]:
+    """Point estimates of Eq. 10-12 with the paper's weighting (appendix 10.2).
+
+    Paired contrasts are formed within each source (:func:`source_contrasts`), averaged over the sources of each
+    (model, dataset), then over datasets with equal weight, then over models with equal weight:
+    ``tau = (1/M) sum_m (1/D_m) sum_d (1/n_md) sum_s c_mds``, where ``D_m`` counts the datasets model m has units in.
+
+    Args:
+        df: as :func:`source_contrasts`.
+        value_col: the per-cell advantage column.
+        **cols: column names ``model_col``, ``dataset_col``, ``source_col``, ``side_col``, ``tail_col`` (defaults as
+            :func:`source_contrasts`).
+
+    Returns:
+        ``{"side": ..., "tail": ..., "interaction": ...}`` in ``value_col``'s units.
+
+    Raises:
+        ValueError: as :func:`source_contrasts`.
+    """
+    units = source_contrasts(df, value_col, **cols)
+    return {name: _weighted_mean(units[name]) for name in CONTRASTS}
+
+
+def factorial_bootstrap(
+    df: pd.DataFrame,
+    value_col: str,
+    *,
+    model_col: str = "model",
+    dataset_col: str = "dataset",
+    source_col: str = "source_id",
+    side_col: str = "side",
+    tail_col: str = "tail",
+    n_boot: int = N_BOOT,
+    seed: int = BOOTSTRAP_SEED,
+    ci: float = 95.0,
+) -> dict[str, BootstrapResult]:
+    """Eq. 10-12 with source-bootstrap intervals and p-values (appendix 10.2, Tables 15-16).
+
+    Each replicate draws, within every dataset, as many sources as the dataset has, with replacement
+    (:func:`_draw_indices`, datasets in sorted order, sources sorted within a dataset, ``np.random.default_rng(seed)``:
+    the draws of :func:`paired_bootstrap`), and carries every cell and every model row of a drawn source together: a
+    source is one resampling unit across the four cells and all models. The replicate statistic is
+    :func:`factorial_contrasts`'s weighted mean over the drawn sources (a source drawn twice counts twice). A source
+    may lack a model (e.g. outside that model's EM stratum); a (model, dataset) with no drawn source in a replicate
+    is left out of that replicate's dataset average, and a replicate where every model is undefined is NaN (excluded
+    from the interval and the p-value; count them with ``np.isnan(result.replicates)``).
+
+    Args:
+        df: as :func:`source_contrasts`.
+        value_col, model_col, dataset_col, source_col, side_col, tail_col: column names.
+        n_boot: replicates, >= 1 (appendix 10.2: 10,000).
+        seed: generator seed (appendix 8.3's 20260928 by default).
+        ci: interval coverage in percent, in (0, 100) (percentile interval, linear interpolation).
+
+    Returns:
+        ``{contrast: BootstrapResult}`` for ``side``, ``tail``, ``interaction``: ``diff`` the point estimate of
+        :func:`factorial_contrasts`, ``low``/``high`` the percentile interval, ``n_sources`` the (dataset, source)
+        units, ``replicates`` (n_boot,), and ``p_value`` (:func:`bootstrap_p_value`).
+
+    Raises:
+        ValueError: as :func:`source_contrasts`; naming ``n_boot`` or ``ci`` when out of range.
+    """
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise ValueError(f"n_boot={n_boot!r} must be an integer >= 1")
+    if not 0 < ci < 100:
+        raise ValueError(f"ci={ci!r} must lie in (0, 100)")
+    units = source_contrasts(df, value_col, model_col=model_col, dataset_col=dataset_col, source_col=source_col,
+                             side_col=side_col, tail_col=tail_col)
+    estimates = {name: _weighted_mean(units[name]) for name in CONTRASTS}
+    # (dataset, source) x model x contrast, NaN where a model lacks the source.
+    cube = units.stack().unstack(level=0)  # index (dataset, source, contrast), columns model
+    datasets = sorted(cube.index.get_level_values(0).unique())
+    blocks = []
+    for d in datasets:
+        sub = cube.xs(d, level=0)
+        sources = sorted(sub.index.get_level_values(0).unique())
+        arr = np.stack([sub.xs(s, level=0).reindex(list(CONTRASTS)).to_numpy(np.float64) for s in sources])
+        blocks.append(arr.transpose(0, 2, 1))  # (n_d, models, contrasts)
+    rng = np.random.default_rng(seed)
+    draws = _draw_indices([b.shape[0] for b in blocks], int(n_boot), rng)
+    per_dataset = []
+    for arr, idx in zip(blocks, draws):
+        present = ~np.isnan(arr)
+        sums = np.where(present, arr, 0.0)[idx].sum(axis=1)  # (n_boot, models, contrasts)
+        counts = present[idx].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_dataset.append(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
+    stacked = np.stack(per_dataset)  # (datasets, n_boot, models, contrasts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are documented NaN replicates
+        per_model = np.nanmean(stacked, axis=0)
+        replicates = np.nanmean(per_model, axis=1)  # (n_boot, contrasts)
+    alpha = (100.0 - ci) / 2.0
+    out = {}
+    for k, name in enumerate(CONTRASTS):
+        reps = replicates[:, k]
+        finite = reps[~np.isnan(reps)]
+        low, high = np.percentile(finite, [alpha, 100.0 - alpha]) if finite.size else (np.nan, np.nan)
+        out[name] = BootstrapResult(diff=estimates[name], low=float(low), high=float(high),
+                                    n_sources=sum(b.shape[0] for b in blocks), replicates=reps)
+    return out

@@ -1,0 +1,983 @@
+"""Matched evidence-location experiment: cases that exchange evidence across a fixed deletion (appendix 10.1).
+
+Each *source* (a natural-QA question) yields four cases with one fixed edit geometry: slot width W, edit index p
+(tokens before the deleted span, chat head included), deletion width d, and a retained suffix of S_short or S_long
+tokens. The context, token for token::
+
+    head | lead filler (p - W - |head|) | upstream slot (W) ‖ deleted filler (d) ‖ downstream slot (W) | tail | [ext]
+    └──────────────────── prefix, p tokens ──────────────┘                     └──── suffix, S tokens ────────────┘
+
+- the **evidence bundle** (every annotated supporting passage of the source, untruncated, in dataset order) and the
+  **control bundle** (one to four of the source's own non-supporting documents, as many as it has supporting ones,
+  that fit) are each extended to exactly W tokens by whole natural-text chunks (2WikiMultiHopQA corpus paragraphs)
+  and then the neutral padding family (:func:`neutral_padding`);
+- the two bundles fill the **exchange slots** immediately before and after the deletion: evidence *upstream* (in the
+  valid prefix, control downstream) or *downstream* (in the stale suffix, control upstream);
+- the suffix continues with a **neutral tail** of ``S_short - W`` filler tokens; the *long* cells append a tail
+  extension of ``S_long - S_short`` filler tokens (whole chunks, then padding), crossing the exchange.
+
+So within a tail condition the exchange holds the edit index, deletion width, slot width, suffix length, token
+multiset, query and answer target fixed; the tail contrast changes filler, stale-state volume and evidence-to-query
+distance together (appendix 10.1). Cells are named ``upstream/short``, ``downstream/short``, ``upstream/long``,
+``downstream/long`` (:data:`CELLS`).
+
+**Geometry** is chosen per source from a fixed candidate list by tokenization alone, before any model runs: the first
+candidate whose slot holds the evidence bundle and at least one control document, and whose construction passes every
+check. The paper's list is :data:`GEOMETRIES` ``["paper"]`` (d = 256); ``"half"`` and ``"quarter"`` scale every
+width (d included) for small models and CPU runs.
+
+**Checks before execution** (:func:`check_source`): every segment round-trips through the tokenizer on its own and the
+edit's ids are exactly the planned segment ids (boundary tokenization: sur_lab edits are token segments,
+:mod:`sur_lab.edits`); widths are exact; no inserted non-evidence content (control documents, filler chunks,
+padding, deleted span, tail) contains a normalised answer alias or a support title as whole words; no inserted
+content holds a special-token id. A source that cannot be built is **excluded and counted** with its reason
+(:class:`Exclusion`); no decision reads a model output.
+
+Choices the paper leaves open, fixed here (all before any model output): filler chunks are drawn per source from a
+generator seeded by ``(seed, crc32("dataset/id"))`` (:func:`sur_lab.studies.natural_qa.source_rng`) and taken
+first-fit in that order while one of the next :data:`MAX_FILL_SKIPS` candidates fits and at least
+:data:`MIN_FILL_TOKENS` tokens remain, then padded; answer aliases are checked for span and number answers (a yes/no
+gold says nothing about a passage), as natural QA does; the query is the chat template's ``Question: ...`` turn
+tail, and the blank line before it closes the last document segment. ``docs/studies/evidence_location.md`` has the
+design, geometry and exclusion rules.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sur_lab.analysis.endpoints import canonical_answer_ids
+from sur_lab.analysis.scoring import normalize_answer
+from sur_lab.analysis.stats import SIDES, TAILS
+from sur_lab.budget import budget_for_allowance
+from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat, segment_edit
+from sur_lab.studies.datasets import DATASETS, Passage, QAExample, load_corpus, load_qa, select_sources
+from sur_lab.studies.natural_qa import PanelConfig, is_eligible, source_rng
+
+#: The four cells (evidence side, neutral tail) in the paper's order.
+CELLS = (("upstream", "short"), ("downstream", "short"), ("upstream", "long"), ("downstream", "long"))
+#: The preregistered primary hypothesis and the pooled secondary family corrected by Holm (appendix 10.2).
+PRIMARY = "NLL side"
+SECONDARY_FAMILY = ("NLL tail", "NLL interaction", "EM side", "EM tail", "EM interaction")
+#: The one neutral padding family: this word cycle, joined by spaces and closed by a blank line
+#: (:func:`neutral_padding`).
+PAD_WORDS = ("the", "day", "went", "on", "as", "before", "and", "then", "time", "passed", "over", "quiet", "fields")
+#: Filler: stop adding whole chunks when fewer tokens than this remain (the rest is padding).
+MIN_FILL_TOKENS = 24
+#: Filler: stop adding whole chunks after this many consecutive candidates that do not fit or are inadmissible.
+MAX_FILL_SKIPS = 64
+#: The fixed-slot refresh (appendix 10.3) is the edit-local window ``[0, B)`` at the exact allowance B = W: the
+#: downstream exchange slot starts at suffix position 0, right after the deletion, so the window covers exactly the slot
+#: whichever bundle it holds (:attr:`LocationCase.fixed_slot_allowance`, :attr:`LocationCase.fixed_slot_budget_pct`).
+FIXED_SLOT_METHOD = "Edit-local window"
+#: Control bundle size bounds (appendix 10.1: one to four native non-support documents).
+MIN_CONTROL_DOCS, MAX_CONTROL_DOCS = 1, 4
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One candidate edit geometry (appendix 10.1), in tokens.
+
+    Attributes:
+        slot_width: W, tokens of each exchange slot.
+        edit_index: p, tokens before the deleted span (chat head, lead filler and the upstream slot).
+        short_suffix: S_short, retained suffix tokens of the short-tail cells (downstream slot and tail).
+        long_suffix: S_long, retained suffix tokens of the long-tail cells.
+        deletion: d, deleted tokens.
+
+    Raises:
+        ValueError: (at construction) unless ``1 <= W``, ``W < p``, ``W < S_short < S_long`` and ``d >= 1``.
+    """
+
+    slot_width: int
+    edit_index: int
+    short_suffix: int
+    long_suffix: int
+    deletion: int
+
+    def __post_init__(self) -> None:
+        w, p, s, long_, d = self.slot_width, self.edit_index, self.short_suffix, self.long_suffix, self.deletion
+        if not (1 <= w < p and w < s < long_ and d >= 1):
+            raise ValueError(f"geometry {self} needs 1 <= slot_width < edit_index, slot_width < short_suffix < "
+                             "long_suffix and deletion >= 1")
+
+    @property
+    def label(self) -> str:
+        """``"W/p/S_short/S_long/d"``, e.g. ``"512/2048/1024/4096/256"``."""
+        return f"{self.slot_width}/{self.edit_index}/{self.short_suffix}/{self.long_suffix}/{self.deletion}"
+
+    def suffix_len(self, tail: str) -> int:
+        """S for ``tail`` in :data:`sur_lab.analysis.stats.TAILS`."""
+        if tail not in TAILS:
+            raise ValueError(f"tail={tail!r} is not one of {TAILS}")
+        return self.short_suffix if tail == "short" else self.long_suffix
+
+
+_PAPER = ((512, 2048, 1024, 4096), (768, 3072, 1536, 4096), (1024, 4096, 2048, 4096))
+
+
+def scaled_geometries(divisor: int) -> tuple[Geometry, ...]:
+    """The paper's candidate list (:data:`GEOMETRIES` ``["paper"]``) with every width, d = 256 included, divided by
+    ``divisor`` (2 or 4 give integers)."""
+    if divisor not in (1, 2, 4):
+        raise ValueError(f"divisor={divisor!r} must be 1, 2 or 4 (integer widths)")
+    return tuple(Geometry(*(x // divisor for x in g), deletion=256 // divisor) for g in _PAPER)
+
+
+#: Candidate lists by name, each tried in order. ``paper``: appendix 10.1 (N up to 8.4K tokens). ``half`` and
+#: ``quarter``: every width / 2 or / 4, for the Qwen2.5-0.5B and SmolLM2 presets on a CPU (N up to 4.2K / 1.6K).
+GEOMETRIES: dict[str, tuple[Geometry, ...]] = {
+    "paper": scaled_geometries(1),
+    "half": scaled_geometries(2),
+    "quarter": scaled_geometries(4),
+}
+
+#: Study sizes (``sur_lab.studies.presets.resolve_preset``). ``candidates_per_dataset``: the fixed candidate pool drawn
+#: per dataset from the natural-QA eligible sources (``None`` = all of them, in draw order); ``sources_per_dataset``:
+#: stop after this many feasible sources per dataset (``None`` = every feasible candidate). Methods: the references,
+#: the fixed-slot refresh (:data:`FIXED_SLOT_METHOD` at the exact allowance W) and the allocators at ``budgets`` (%).
+#: ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 24 sources (quarter geometry), ``paper``
+#: the 400-candidate pool of natural QA with the paper's geometry (275 feasible in the paper).
+PRESETS = {
+    "smoke": {"datasets": ["hotpotqa", "2wikimultihopqa"], "candidates_per_dataset": 100, "sources_per_dataset": 1,
+              "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"], "fixed_slot": True,
+              "allocators": ["SUR"], "budgets": [5], "max_new_tokens": 4, "n_boot": 200},
+    "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "candidates_per_dataset": None,
+                "sources_per_dataset": 6, "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"],
+                "fixed_slot": True, "allocators": ["SUR"], "budgets": [2, 5], "max_new_tokens": 16,
+                "n_boot": 10_000},
+    "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "candidates_per_dataset": 100,
+              "sources_per_dataset": None, "geometry": "paper", "references": ["Shift", "Replay", "Re-prefill"],
+              "fixed_slot": True,
+              "allocators": ["SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated",
+                             "ProphetKV-Adapted"],
+              "budgets": [2, 5], "max_new_tokens": 64, "n_boot": 10_000},
+}
+
+# Answer types whose gold strings are protected (natural_qa's rule): yes/no and "none" answers are not checked.
+_PROTECTED_TYPES = frozenset({"span", "spans", "number"})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Segments and regions
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One token segment: a text tokenized on its own.
+
+    Attributes:
+        text: the segment's text (documents end with their blank-line separator).
+        ids: its token ids.
+        kind: ``"head"``, ``"evidence"``, ``"control"``, ``"chunk"`` (a corpus paragraph) or ``"pad"`` (neutral
+            padding).
+        title: the document title for evidence, control and chunk segments (``""`` otherwise).
+    """
+
+    text: str
+    ids: tuple[int, ...] = field(repr=False)
+    kind: str
+    title: str = ""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _width(segments: Iterable[Segment]) -> int:
+    return sum(len(s) for s in segments)
+
+
+class Infeasible(Exception):
+    """A source's exact construction is impossible at a geometry (carries the exclusion reason)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+#: Exclusion reasons, in the order the construction meets them.
+REASONS = (
+    "no admissible native control document",
+    "special token in the evidence",
+    "head wider than the edit index",
+    "evidence wider than the slot",
+    "protected answer string in inserted content",
+    "special token in inserted content",
+    "boundary tokenization",
+)
+
+
+def special_token_ids(tokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's special tokens: ``all_special_ids`` and every added token marked special."""
+    ids = set(int(i) for i in tokenizer.all_special_ids)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids |= {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
+    return frozenset(ids)
+
+
+def _needles(example: QAExample) -> tuple[str, ...]:
+    if example.answer_type not in _PROTECTED_TYPES:
+        return ()
+    return tuple(sorted({n for n in (normalize_answer(a) for a in example.answers) if n}))
+
+
+def _support_titles(example: QAExample) -> tuple[str, ...]:
+    return tuple(sorted({n for n in (normalize_answer(p.title) for p in example.supporting) if n}))
+
+
+def protected_strings(example: QAExample) -> tuple[str, ...]:
+    """Normalised strings no inserted non-evidence content may contain as whole words: the answer and its aliases
+    (span and number answers) and the support titles (:func:`sur_lab.analysis.scoring.normalize_answer`)."""
+    return tuple(sorted(set(_needles(example)) | set(_support_titles(example))))
+
+
+def _contains(text: str, needles: Sequence[str]) -> str | None:
+    padded = f" {normalize_answer(text)} "
+    return next((n for n in needles if f" {n} " in padded), None)
+
+
+def neutral_padding(tokenizer, k: int) -> str:
+    """The neutral padding of exactly ``k`` tokens: ``k - 1`` words of :data:`PAD_WORDS` (cycled, space-separated)
+    and a closing blank line; ``""`` for k = 0.
+
+    Raises:
+        ValueError: naming ``k`` when negative; naming ``tokenizer`` when the text does not tokenize to exactly k
+            tokens (a padding word that is not one token).
+    """
+    if int(k) != k or k < 0:
+        raise ValueError(f"k={k!r} must be an integer >= 0")
+    if k == 0:
+        return ""
+    text = " ".join(PAD_WORDS[i % len(PAD_WORDS)] for i in range(k - 1)) + "\n\n"
+    n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if n != k:
+        raise ValueError(f"tokenizer splits the neutral padding of {k} tokens into {n}; PAD_WORDS must be single "
+                         "tokens for it")
+    return text
+
+
+def _block(title: str, text: str) -> str:
+    """A document block as :func:`sur_lab.edits.format_passages` writes it, with its blank-line separator."""
+    return f"Title: {title}\n{text.strip()}\n\n"
+
+
+class _Builder:
+    """Tokenizes segments (with a cache for corpus chunks) and checks them; one per tokenizer and panel."""
+
+    def __init__(self, tokenizer, corpus: Sequence[Passage]) -> None:
+        self.tok = tokenizer
+        self.corpus = corpus
+        self.special = special_token_ids(tokenizer)
+        self._chunks: dict[int, Segment] = {}
+
+    def segment(self, text: str, kind: str, title: str = "") -> Segment:
+        ids = tuple(int(i) for i in self.tok(text, add_special_tokens=False)["input_ids"])
+        back = self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if back != text:
+            raise Infeasible("boundary tokenization", f"{kind} segment {text[:40]!r} does not round-trip")
+        return Segment(text, ids, kind, title)
+
+    def chunk(self, index: int) -> Segment | None:
+        if index not in self._chunks:
+            p = self.corpus[index]
+            try:
+                self._chunks[index] = self.segment(_block(p.title, p.text), "chunk", p.title)
+            except Infeasible:
+                self._chunks[index] = None  # type: ignore[assignment]
+        return self._chunks[index]
+
+    def has_special(self, seg: Segment) -> bool:
+        return any(i in self.special for i in seg.ids)
+
+    def pad(self, k: int) -> list[Segment]:
+        return [self.segment(neutral_padding(self.tok, k), "pad")] if k else []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+@dataclass(frozen=True)
+class LocationSource:
+    """One feasible source: its geometry and every region's segments, shared by its four cells.
+
+    Attributes:
+        example: the QA example.
+        geometry: the chosen :class:`Geometry`.
+        candidate: index of ``geometry`` in the candidate list (0 = narrowest).
+        head: the chat head (template, system message, instruction) up to the documents.
+        lead: filler between the head and the upstream slot (``p - W - |head|`` tokens).
+        evidence: the evidence slot content: support passages, filler chunks, padding (W tokens).
+        control: the control slot content: control documents, filler chunks, padding (W tokens).
+        deleted: the deleted filler (d tokens).
+        tail: the neutral tail after the downstream slot (``S_short - W`` tokens).
+        extension: the long cells' tail extension (``S_long - S_short`` tokens).
+        query_text: text processed after the cache: ``"Question: {q}"`` and the template's turn tail.
+        answer_ids: the canonical answer's token ids (:func:`sur_lab.analysis.endpoints.canonical_answer_ids`).
+        instruction: text before the documents in the user message.
+    """
+
+    example: QAExample
+    geometry: Geometry
+    candidate: int
+    head: Segment
+    lead: tuple[Segment, ...]
+    evidence: tuple[Segment, ...]
+    control: tuple[Segment, ...]
+    deleted: tuple[Segment, ...]
+    tail: tuple[Segment, ...]
+    extension: tuple[Segment, ...]
+    query_text: str
+    answer_ids: tuple[int, ...]
+    instruction: str = DEFAULT_INSTRUCTION
+
+    @property
+    def source_key(self) -> str:
+        return f"{self.example.dataset}/{self.example.id}"
+
+    @property
+    def evidence_tokens(self) -> int:
+        """Tokens of the support passages alone (without their filler and padding)."""
+        return _width(s for s in self.evidence if s.kind == "evidence")
+
+    @property
+    def control_tokens(self) -> int:
+        return _width(s for s in self.control if s.kind == "control")
+
+    @property
+    def control_titles(self) -> tuple[str, ...]:
+        return tuple(s.title for s in self.control if s.kind == "control")
+
+    def slots(self, side: str) -> tuple[tuple[Segment, ...], tuple[Segment, ...]]:
+        """``(upstream slot, downstream slot)`` contents when the evidence is on ``side``."""
+        if side not in SIDES:
+            raise ValueError(f"side={side!r} is not one of {SIDES}")
+        return (self.evidence, self.control) if side == "upstream" else (self.control, self.evidence)
+
+    def regions(self, side: str, tail: str) -> tuple[list[Segment], list[Segment], list[Segment]]:
+        """``(prefix, deleted, suffix)`` segments of one cell."""
+        if tail not in TAILS:
+            raise ValueError(f"tail={tail!r} is not one of {TAILS}")
+        up, down = self.slots(side)
+        suffix = [*down, *self.tail, *(self.extension if tail == "long" else ())]
+        return [self.head, *self.lead, *up], list(self.deleted), suffix
+
+
+def _choose_controls(builder: _Builder, example: QAExample, rng: np.random.Generator, width: int) -> list[Segment]:
+    """Up to ``min(4, max(1, #supporting))`` admissible native non-supporting documents that fit in ``width``."""
+    protected = protected_strings(example)
+    support_titles = {p.title for p in example.supporting}
+    texts = {p.text.strip() for p in example.supporting}
+    native = [p for p in example.distractors
+              if p.text.strip() and p.title not in support_titles and p.text.strip() not in texts
+              and _contains(f"{p.title} {p.text}", protected) is None]
+    target = min(MAX_CONTROL_DOCS, max(MIN_CONTROL_DOCS, len(example.supporting)))
+    chosen: list[Segment] = []
+    seen: set[str] = set()
+    used = 0
+    for i in rng.permutation(len(native)):
+        p = native[int(i)]
+        if len(chosen) == target:
+            break
+        if p.text.strip() in seen:
+            continue
+        seg = builder.segment(_block(p.title, p.text), "control", p.title)
+        if builder.has_special(seg) or used + len(seg) > width:
+            continue
+        chosen.append(seg)
+        seen.add(p.text.strip())
+        used += len(seg)
+    return chosen
+
+
+def _fill(builder: _Builder, width: int, order: np.ndarray, state: dict, protected: Sequence[str],
+          used_titles: set[str]) -> list[Segment]:
+    """Whole corpus chunks (first-fit along ``order`` from ``state["next"]``), then padding: exactly ``width``."""
+    out: list[Segment] = []
+    remaining = width
+    skips = 0
+    while remaining >= MIN_FILL_TOKENS and skips < MAX_FILL_SKIPS and state["next"] < len(order):
+        index = int(order[state["next"]])
+        state["next"] += 1
+        seg = builder.chunk(index)
+        p = builder.corpus[index]
+        if (seg is None or len(seg) > remaining or p.title in used_titles or not p.text.strip()
+                or builder.has_special(seg) or _contains(f"{p.title} {p.text}", protected) is not None):
+            skips += 1
+            continue
+        skips = 0
+        out.append(seg)
+        used_titles.add(p.title)
+        remaining -= len(seg)
+    return out + builder.pad(remaining)
+
+
+def _head_and_query(tokenizer, question: str, instruction: str) -> tuple[str, str]:
+    """The chat head before the documents and the query text after them (the blank line moves to the documents)."""
+    pre, query, doc_start, _ = render_chat(tokenizer, "DOCUMENTS", question, instruction=instruction)
+    if not query.startswith("\n\n"):
+        raise ValueError("render_chat's query no longer starts with a blank line; the segment layout needs it")
+    return pre[:doc_start], query[2:]
+
+
+def _build_at(builder: _Builder, example: QAExample, geometry: Geometry, candidate: int, seed: int,
+              instruction: str) -> LocationSource:
+    """Build one source at one geometry or raise :class:`Infeasible`."""
+    tok = builder.tok
+    rng = source_rng(example, seed)
+    w = geometry.slot_width
+    controls = _choose_controls(builder, example, rng, w)
+    if len(controls) < MIN_CONTROL_DOCS:
+        raise Infeasible(REASONS[0], f"{len(example.distractors)} native distractors, none admissible within W={w}")
+    evidence_docs = [builder.segment(_block(p.title, p.text), "evidence", p.title) for p in example.supporting]
+    if any(builder.has_special(s) for s in evidence_docs):
+        raise Infeasible(REASONS[1])
+    head_text, query_text = _head_and_query(tok, example.question, instruction)
+    head = builder.segment(head_text, "head")
+    lead_width = geometry.edit_index - w - len(head)
+    if lead_width < 0:
+        raise Infeasible(REASONS[2], f"head {len(head)} + W {w} > p {geometry.edit_index}")
+    if _width(evidence_docs) > w:
+        raise Infeasible(REASONS[3], f"{_width(evidence_docs)} > W={w}")
+    protected = protected_strings(example)
+    used = {p.title for p in example.supporting} | {s.title for s in controls}
+    order = rng.permutation(len(builder.corpus))
+    state = {"next": 0}
+    evidence = (*evidence_docs, *_fill(builder, w - _width(evidence_docs), order, state, protected, used))
+    control = (*controls, *_fill(builder, w - _width(controls), order, state, protected, used))
+    lead = tuple(_fill(builder, lead_width, order, state, protected, used))
+    deleted = tuple(_fill(builder, geometry.deletion, order, state, protected, used))
+    tail = tuple(_fill(builder, geometry.short_suffix - w, order, state, protected, used))
+    extension = tuple(_fill(builder, geometry.long_suffix - geometry.short_suffix, order, state, protected, used))
+    answer = canonical_answer_ids(tok, example.answer, query_text)
+    source = LocationSource(example, geometry, candidate, head, lead, evidence, control, deleted, tail, extension,
+                            query_text, tuple(answer), instruction)
+    check_source(source, builder)
+    return source
+
+
+def check_source(source: LocationSource, builder: _Builder | None = None) -> None:
+    """Content checks of one source before execution (appendix 10.1).
+
+    Every region has its planned width; no segment other than the evidence passages (control documents, chunks,
+    padding, deleted span, tail) contains a protected string (:func:`protected_strings`) as whole words; no segment
+    other than the chat head holds a special-token id.
+
+    Raises:
+        Infeasible: with the failing check's reason (:data:`REASONS`).
+        RuntimeError: if a region's width differs from the geometry (a construction bug, never a source property).
+    """
+    g = source.geometry
+    widths = {
+        "head + lead + slot": (len(source.head) + _width(source.lead) + g.slot_width, g.edit_index),
+        "evidence slot": (_width(source.evidence), g.slot_width),
+        "control slot": (_width(source.control), g.slot_width),
+        "deleted": (_width(source.deleted), g.deletion),
+        "tail": (g.slot_width + _width(source.tail), g.short_suffix),
+        "extension": (g.slot_width + _width(source.tail) + _width(source.extension), g.long_suffix),
+    }
+    for name, (got, want) in widths.items():
+        if got != want:
+            raise RuntimeError(f"{source.source_key}: {name} is {got} tokens, planned {want}")
+    protected = protected_strings(source.example)
+    regions = (source.lead, source.evidence, source.control, source.deleted, source.tail, source.extension)
+    special = builder.special if builder is not None else None
+    for seg in (s for region in regions for s in region):
+        if seg.kind != "evidence":
+            hit = _contains(seg.text, protected)
+            if hit is not None:
+                raise Infeasible(REASONS[4], f"{seg.kind} segment {seg.title or seg.text[:30]!r} contains {hit!r}")
+        if special is not None and any(i in special for i in seg.ids):
+            raise Infeasible(REASONS[5], f"{seg.kind} segment {seg.title or seg.text[:30]!r}")
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A candidate source that no geometry could build.
+
+    Attributes:
+        dataset, source_id: the source.
+        reason: the reason at the widest candidate geometry (one of :data:`REASONS`).
+        detail: what failed there.
+        reasons: the reason at each candidate geometry, narrowest first.
+    """
+
+    dataset: str
+    source_id: str
+    reason: str
+    detail: str
+    reasons: tuple[str, ...]
+
+
+def build_source(
+    tokenizer,
+    example: QAExample,
+    geometries: Sequence[Geometry] | str = "quarter",
+    *,
+    seed: int = 0,
+    corpus: Sequence[Passage] | None = None,
+    instruction: str = DEFAULT_INSTRUCTION,
+) -> LocationSource | Exclusion:
+    """Build one source at the first feasible geometry of the candidate list, by tokenization alone.
+
+    Args:
+        tokenizer: the model's fast tokenizer with a chat template.
+        example: a natural-QA source (:func:`sur_lab.studies.natural_qa.is_eligible`).
+        geometries: a name of :data:`GEOMETRIES` or a sequence of :class:`Geometry`, tried in order.
+        seed: seeds each source's control and filler draws (with the source's id).
+        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+        instruction: text before the documents.
+
+    Returns:
+        The :class:`LocationSource`, or an :class:`Exclusion` when no candidate is feasible.
+
+    Raises:
+        ValueError: naming ``geometries`` when unknown or empty.
+    """
+    builder = _Builder(tokenizer, corpus if corpus is not None else _default_corpus())
+    return _build_source(builder, example, _geometries(geometries), seed, instruction)
+
+
+def _build_source(builder: _Builder, example: QAExample, candidates: tuple[Geometry, ...], seed: int,
+                  instruction: str) -> LocationSource | Exclusion:
+    failures: list[Infeasible] = []
+    for i, g in enumerate(candidates):
+        try:
+            return _build_at(builder, example, g, i, seed, instruction)
+        except Infeasible as err:
+            failures.append(err)
+    last = failures[-1]
+    return Exclusion(example.dataset, example.id, last.reason, last.detail, tuple(f.reason for f in failures))
+
+
+def _geometries(geometries: Sequence[Geometry] | str) -> tuple[Geometry, ...]:
+    if isinstance(geometries, str):
+        if geometries not in GEOMETRIES:
+            raise ValueError(f"geometries={geometries!r} is not one of {sorted(GEOMETRIES)}")
+        return GEOMETRIES[geometries]
+    out = tuple(geometries)
+    if not out or not all(isinstance(g, Geometry) for g in out):
+        raise ValueError("geometries must be a name of GEOMETRIES or a non-empty sequence of Geometry")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _default_corpus() -> tuple[Passage, ...]:
+    return tuple(load_corpus())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Cases
+
+
+@dataclass(frozen=True)
+class LocationCase:
+    """One cell of one source: an :class:`~sur_lab.edits.EditedContext` and what the runner and tables need.
+
+    Attributes:
+        case_id: ``"{dataset}/{source_id}/{side}-{tail}"``.
+        source: the source (example, geometry, segments).
+        side: evidence side, ``"upstream"`` or ``"downstream"``.
+        tail: ``"short"`` or ``"long"``.
+        edit: the edit: ``original_ids`` = head, lead, upstream slot, deleted filler, downstream slot, tail
+            [, extension]; ``prefix_len`` = p, ``deleted_len`` = d, ``suffix_len`` = S; ``query_ids`` the query.
+    """
+
+    case_id: str
+    source: LocationSource
+    side: str
+    tail: str
+    edit: EditedContext = field(repr=False, compare=False)
+
+    @property
+    def example(self) -> QAExample:
+        return self.source.example
+
+    @property
+    def cell(self) -> str:
+        """``"side/tail"``, e.g. ``"downstream/long"``."""
+        return f"{self.side}/{self.tail}"
+
+    @property
+    def gold(self) -> tuple[str, ...]:
+        """Gold answers for EM (the answer and its aliases; an IIRC bag of spans)."""
+        return tuple(self.example.answers)
+
+    @property
+    def answer_ids(self) -> tuple[int, ...]:
+        """The canonical answer's token ids for the gold NLL (:func:`sur_lab.analysis.endpoints.gold_nll`)."""
+        return self.source.answer_ids
+
+    @property
+    def fixed_slot(self) -> tuple[int, int]:
+        """The downstream exchange slot, suffix-local and half-open: ``(0, W)`` (the fixed-slot support)."""
+        return (0, self.source.geometry.slot_width)
+
+    @property
+    def upstream_slot(self) -> tuple[int, int]:
+        """The upstream exchange slot in absolute positions (original and edited context): ``(p - W, p)``."""
+        g = self.source.geometry
+        return (g.edit_index - g.slot_width, g.edit_index)
+
+    @property
+    def evidence_span(self) -> tuple[int, int]:
+        """Absolute positions of the support passages (without filler) in the edited context ``p ⊕ s``."""
+        start = self.upstream_slot[0] if self.side == "upstream" else self.source.geometry.edit_index
+        return (start, start + self.source.evidence_tokens)
+
+    @property
+    def fixed_slot_allowance(self) -> int:
+        """B = W: run :data:`FIXED_SLOT_METHOD` (``"Edit-local window"``, suffix positions ``[0, B)``) with this exact
+        allowance (``AllocationRequest(..., allowance=W)``) to refresh exactly the downstream slot."""
+        return self.source.geometry.slot_width
+
+    @property
+    def fixed_slot_budget_pct(self) -> float:
+        """The budget b whose Eq. 3 allowance is exactly W at this case's S (:func:`sur_lab.budget.
+        budget_for_allowance`: 50 % of S_short, W / S_long), for dispatchers that take a budget; the same interval and
+        token count in both side conditions."""
+        return budget_for_allowance(self.edit.suffix_len, self.source.geometry.slot_width)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Flat scalars copied into every sweep record (the runner records p, d, S and the gold answers itself)."""
+        g = self.source.geometry
+        up, down = ("evidence", "control") if self.side == "upstream" else ("control", "evidence")
+        ev0, ev1 = self.evidence_span
+        return {
+            "dataset": self.example.dataset,
+            "source_id": self.example.id,
+            "cell": self.cell,
+            "side": self.side,
+            "tail": self.tail,
+            "geometry": g.label,
+            "geometry_index": self.source.candidate,
+            "slot_width": g.slot_width,
+            "edit_index": g.edit_index,
+            "upstream_slot_role": up,
+            "downstream_slot_role": down,
+            "fixed_slot_start": 0,
+            "fixed_slot_end": g.slot_width,
+            "fixed_slot_allowance": g.slot_width,
+            "fixed_slot_budget_pct": self.fixed_slot_budget_pct,
+            "evidence_start": ev0,
+            "evidence_end": ev1,
+            "evidence_tokens": self.source.evidence_tokens,
+            "n_support": len(self.example.supporting),
+            "control_docs": len(self.source.control_titles),
+            "control_tokens": self.source.control_tokens,
+            "answer_type": self.example.answer_type,
+            "canonical_answer": self.example.answer,
+            "answer_len": len(self.answer_ids),
+            "query_len": int(self.edit.query_ids.numel()),
+        }
+
+
+def build_cell(tokenizer, source: LocationSource, side: str, tail: str) -> LocationCase:
+    """The edit of one cell, built by :func:`sur_lab.edits.segment_edit` from the source's segments and checked.
+
+    The check is exact: the edit's ids are the planned segment ids, ``p``, ``d`` and ``S`` are the geometry's, the
+    slots hold the planned contents, and the rendered chat prompt is the segments' text.
+
+    Raises:
+        ValueError: naming ``side``/``tail`` when unknown.
+        RuntimeError: if the edit differs from the plan (a construction bug).
+    """
+    prefix, deleted, suffix = source.regions(side, tail)
+    g = source.geometry
+    documents = "".join(s.text for s in [*prefix[1:], *deleted, *suffix])
+    pre, query, doc_start, containers = render_chat(
+        tokenizer, documents[:-2], source.example.question, instruction=source.instruction
+    )
+    if pre[:doc_start] != source.head.text or query != "\n\n" + source.query_text:
+        raise RuntimeError(f"{source.source_key}: the chat template renders another head or query for this cell")
+    # The user message now also holds the blank line that closes the documents.
+    containers = tuple((a, b + 2 if b == len(pre) else b, kind) for a, b, kind in containers)
+    edit = segment_edit(
+        tokenizer,
+        [s.text for s in prefix],
+        [s.text for s in deleted],
+        [s.text for s in suffix],
+        source.query_text,
+        question=source.example.question,
+        containers=containers,
+    )
+    planned = [i for s in (*prefix, *deleted, *suffix) for i in s.ids]
+    if edit.original_ids.tolist() != planned:
+        raise RuntimeError(f"{source.source_key} {side}/{tail}: segment_edit's ids differ from the planned segments")
+    if (edit.prefix_len, edit.deleted_len, edit.suffix_len) != (g.edit_index, g.deletion, g.suffix_len(tail)):
+        raise RuntimeError(f"{source.source_key} {side}/{tail}: p, d, S = {edit.prefix_len}, {edit.deleted_len}, "
+                           f"{edit.suffix_len}; planned {g.edit_index}, {g.deletion}, {g.suffix_len(tail)}")
+    case_id = f"{source.source_key}/{side}-{tail}"
+    return LocationCase(case_id, source, side, tail, edit)
+
+
+def build_cells(tokenizer, source: LocationSource) -> list[LocationCase]:
+    """The four cells of a source in :data:`CELLS` order, with the cross-cell invariants checked
+    (:func:`check_cells`)."""
+    cells = [build_cell(tokenizer, source, side, tail) for side, tail in CELLS]
+    check_cells(cells)
+    return cells
+
+
+def check_cells(cells: Sequence[LocationCase]) -> None:
+    """The exchange invariants of one source's four cells (appendix 10.1).
+
+    Every cell has the same edit index, deletion width, slot width, query ids, answer ids and gold answers; within a
+    tail condition the two cells have the same suffix length and the same token multiset, and the upstream slot of
+    one is the downstream slot of the other.
+
+    Raises:
+        ValueError: naming ``cells`` when they are not the four cells of one source.
+        RuntimeError: naming the invariant that fails.
+    """
+    if sorted((c.side, c.tail) for c in cells) != sorted(CELLS) or len({c.source.source_key for c in cells}) != 1:
+        raise ValueError("cells must be the four cells (CELLS) of one source")
+    first = cells[0]
+    w = first.source.geometry.slot_width
+    for c in cells:
+        same = {
+            "edit index": (c.edit.prefix_len, first.edit.prefix_len),
+            "deletion width": (c.edit.deleted_len, first.edit.deleted_len),
+            "slot width": (c.source.geometry.slot_width, w),
+            "query": (c.edit.query_ids.tolist(), first.edit.query_ids.tolist()),
+            "answer target": ((c.answer_ids, c.gold), (first.answer_ids, first.gold)),
+        }
+        for name, (a, b) in same.items():
+            if a != b:
+                raise RuntimeError(f"{c.case_id}: {name} differs from {first.case_id}")
+    by = {(c.side, c.tail): c for c in cells}
+    for tail in TAILS:
+        up, down = by["upstream", tail].edit, by["downstream", tail].edit
+        if up.suffix_len != down.suffix_len:
+            raise RuntimeError(f"{tail} tail: suffix lengths differ")
+        if Counter(up.original_ids.tolist()) != Counter(down.original_ids.tolist()):
+            raise RuntimeError(f"{tail} tail: the token multisets differ")
+        p = up.prefix_len
+        if not (torch.equal(up.original_ids[p - w : p], down.suffix_ids[:w])
+                and torch.equal(down.original_ids[p - w : p], up.suffix_ids[:w])):
+            raise RuntimeError(f"{tail} tail: the slots are not exchanged")
+
+
+@dataclass
+class Panel:
+    """The evidence-location panel: cases of every feasible source and the counted exclusions.
+
+    Attributes:
+        cases: four :class:`LocationCase` per feasible source, source-major, cells in :data:`CELLS` order.
+        sources: the feasible sources in draw order (dataset by dataset).
+        exclusions: the candidates no geometry could build.
+        candidates: candidates examined per dataset (a preset with ``sources_per_dataset`` stops early).
+    """
+
+    cases: list[LocationCase]
+    sources: list[LocationSource]
+    exclusions: list[Exclusion]
+    candidates: dict[str, int]
+
+    def summary(self) -> pd.DataFrame:
+        """One row per dataset: ``examined``, ``feasible``, ``excluded`` and the feasible sources per geometry."""
+        labels = sorted({(s.candidate, s.geometry.label) for s in self.sources})
+        rows = []
+        for d, n in self.candidates.items():
+            feasible = [s for s in self.sources if s.example.dataset == d]
+            row = {"dataset": d, "examined": n, "feasible": len(feasible),
+                   "excluded": sum(e.dataset == d for e in self.exclusions)}
+            counts = Counter(s.geometry.label for s in feasible)
+            row.update({f"geometry {label}": counts.get(label, 0) for _, label in labels})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def exclusion_counts(self) -> pd.DataFrame:
+        """Exclusions per dataset and reason (columns ``dataset``, ``reason``, ``sources``)."""
+        counts = Counter((e.dataset, e.reason) for e in self.exclusions)
+        return pd.DataFrame([{"dataset": d, "reason": r, "sources": k} for (d, r), k in sorted(counts.items())],
+                            columns=["dataset", "reason", "sources"])
+
+
+def build_panel(
+    tokenizer,
+    datasets: Sequence[str] = ("2wikimultihopqa", "hotpotqa", "iirc", "musique"),
+    *,
+    geometries: Sequence[Geometry] | str = "quarter",
+    candidates_per_dataset: int | None = 100,
+    sources_per_dataset: int | None = None,
+    seed: int = 0,
+    split: str = "dev",
+    corpus: Sequence[Passage] | None = None,
+    instruction: str = DEFAULT_INSTRUCTION,
+) -> Panel:
+    """Build the panel from the natural-QA candidate pool, by tokenization alone (appendix 10.1).
+
+    Candidates: each dataset's eligible natural-QA sources (:func:`sur_lab.studies.natural_qa.is_eligible`), in
+    the order :func:`sur_lab.studies.datasets.select_sources` draws them with ``seed`` (so the first 100 are natural
+    QA's 100 sources of that dataset), cut at ``candidates_per_dataset``. Each is built with :func:`build_source`;
+    the infeasible ones are excluded and counted; with ``sources_per_dataset`` the scan stops once that many are
+    feasible (candidates after that are not examined).
+
+    Args:
+        tokenizer: the model's fast tokenizer with a chat template.
+        datasets: dataset keys, in output order.
+        geometries: a name of :data:`GEOMETRIES` or a candidate list.
+        candidates_per_dataset: size of the candidate pool per dataset (``None``: every eligible source).
+        sources_per_dataset: stop after this many feasible sources per dataset (``None``: build every candidate).
+        seed: source selection and per-source draws.
+        split: ``"dev"`` (default); ``"test"`` reads held-out files (never tune on them).
+        corpus: filler paragraphs (default: the shipped 2WikiMultiHopQA corpus).
+        instruction: text before the documents.
+
+    Returns:
+        The :class:`Panel`.
+
+    Raises:
+        ValueError: naming ``datasets`` (unknown or repeated keys), ``candidates_per_dataset`` or
+            ``sources_per_dataset`` (not an integer >= 1), ``geometries``; or when a dataset yields fewer feasible
+            sources than ``sources_per_dataset`` (naming it, with the exclusion counts).
+    """
+    unknown = [d for d in datasets if d not in DATASETS]
+    if not datasets or unknown or len(set(datasets)) != len(datasets):
+        raise ValueError(f"datasets={list(datasets)!r} must be distinct keys of {DATASETS}")
+    for name, value in (("candidates_per_dataset", candidates_per_dataset),
+                        ("sources_per_dataset", sources_per_dataset)):
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+            raise ValueError(f"{name}={value!r} must be an integer >= 1 or None")
+    candidates = _geometries(geometries)
+    builder = _Builder(tokenizer, corpus if corpus is not None else _default_corpus())
+    config = PanelConfig(seed=seed)
+    sources: list[LocationSource] = []
+    cases: list[LocationCase] = []
+    exclusions: list[Exclusion] = []
+    examined: dict[str, int] = {}
+    for d in datasets:
+        pool = [ex for ex in load_qa(d, split=split) if is_eligible(ex, config)]
+        n = len(pool) if candidates_per_dataset is None else min(int(candidates_per_dataset), len(pool))
+        examined[d] = 0
+        feasible = 0
+        for ex in select_sources(pool, n, seed):
+            if sources_per_dataset is not None and feasible >= sources_per_dataset:
+                break
+            examined[d] += 1
+            built = _build_source(builder, ex, candidates, seed, instruction)
+            if isinstance(built, Exclusion):
+                exclusions.append(built)
+                continue
+            try:
+                cells = build_cells(tokenizer, built)
+            except ValueError as err:  # segment_edit refusing a segment is a tokenization failure of this source
+                exclusions.append(Exclusion(d, ex.id, REASONS[6], str(err), (REASONS[6],)))
+                continue
+            sources.append(built)
+            cases.extend(cells)
+            feasible += 1
+        if sources_per_dataset is not None and feasible < sources_per_dataset:
+            counts = Counter(e.reason for e in exclusions if e.dataset == d)
+            raise ValueError(f"sources_per_dataset={sources_per_dataset}: {d} has only {feasible} feasible sources "
+                             f"among {examined[d]} candidates (exclusions: {dict(counts)})")
+    return Panel(cases, sources, exclusions, examined)
+
+
+def sweep_cases(cases: Sequence[LocationCase]) -> list:
+    """The cases as :class:`sur_lab.runtime.sweep.SweepCase` objects (``meta`` = :attr:`LocationCase.meta`,
+    ``gold`` = the example's answers). The fixed-slot refresh's allowance is per case (``meta["fixed_slot_allowance"]``,
+    ``meta["fixed_slot_budget_pct"]``)."""
+    from sur_lab.runtime.sweep import SweepCase
+
+    return [SweepCase(c.case_id, c.edit, gold=c.gold, meta=c.meta) for c in cases]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables 15-16 (pure: long tables in, tables out)
+
+#: Columns that identify one source-model unit and one cell in a results table.
+UNIT_KEYS = ("model", "dataset", "source_id")
+CELL_KEYS = (*UNIT_KEYS, "side", "tail")
+
+
+def em_stratum(table: pd.DataFrame, *, reference: str = "Re-prefill", correct_col: str = "em",
+               method_col: str = "method") -> pd.DataFrame:
+    """The EM secondary's stratum (appendix 10.2): rows of the source-model units whose clean reference answers
+    correctly in all four cells. Not conditioned on Shift failing.
+
+    Args:
+        table: long table, one row per (model, dataset, source_id, side, tail, method).
+        reference: the clean reference method.
+        correct_col: bool EM column.
+        method_col: method column.
+
+    Returns:
+        The rows of ``table`` whose unit qualifies (all methods), a new DataFrame.
+
+    Raises:
+        ValueError: naming ``reference`` when absent, or ``table`` when a column is missing.
+    """
+    missing = [c for c in (*CELL_KEYS, correct_col, method_col) if c not in table.columns]
+    if missing:
+        raise ValueError(f"table lacks columns {missing}")
+    ref = table[table[method_col] == reference]
+    if ref.empty:
+        raise ValueError(f"reference={reference!r} has no rows in table[{method_col!r}]")
+    per_unit = ref.groupby(list(UNIT_KEYS))[correct_col].agg(["all", "size"])
+    keep = per_unit[(per_unit["all"].astype(bool)) & (per_unit["size"] == len(CELLS))].index
+    idx = pd.MultiIndex.from_frame(table[list(UNIT_KEYS)])
+    return table[idx.isin(keep)].copy()
+
+
+def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g", scale: dict[str, float] | None = None,
+                   n_boot: int = 10_000, seed: int | None = None) -> pd.DataFrame:
+    """Eq. 10-12 with source-bootstrap intervals for several endpoints (:func:`sur_lab.analysis.stats.
+    factorial_bootstrap`).
+
+    Args:
+        advantages: ``{label: frame}``, each frame one row per (model, dataset, source_id, side, tail) with the cell's
+            repair advantage in ``value_col`` (:func:`sur_lab.analysis.stats.method_difference`; e.g. ``"NLL"`` =
+            NLL_Shift - NLL_Replay, ``"EM"`` = EM_Replay - EM_Shift on :func:`em_stratum`).
+        value_col: the advantage column.
+        scale: multiplier per label for presentation (100 for EM in percentage points); default 1.
+        n_boot: replicates. seed: generator seed (default appendix 8.3's).
+
+    Returns:
+        One row per (label, contrast): ``endpoint``, ``contrast``, ``estimate``, ``low``, ``high``, ``p``
+        (two-sided bootstrap p), ``n_sources``, ``undefined_replicates``.
+    """
+    from sur_lab.analysis.stats import BOOTSTRAP_SEED, factorial_bootstrap
+
+    rows = []
+    for label, frame in advantages.items():
+        k = (scale or {}).get(label, 1.0)
+        res = factorial_bootstrap(frame, value_col, n_boot=n_boot, seed=BOOTSTRAP_SEED if seed is None else seed)
+        for contrast, r in res.items():
+            rows.append({"endpoint": label, "contrast": contrast, "estimate": k * r.diff, "low": k * r.low,
+                         "high": k * r.high, "p": r.p_value, "n_sources": r.n_sources,
+                         "undefined_replicates": int(np.isnan(r.replicates).sum())})
+    return pd.DataFrame(rows)
+
+
+def table15(nll: pd.DataFrame, em: pd.DataFrame, *, value_col: str = "g", n_boot: int = 10_000,
+            seed: int | None = None) -> pd.DataFrame:
+    """Table 15: NLL (nats) and EM (percentage points) factorial effects with 95 % intervals and Holm p over the
+    pooled secondary family :data:`SECONDARY_FAMILY`; the preregistered primary (NLL side) has no Holm p (NaN).
+
+    Args:
+        nll: per-cell ``NLL_Shift - NLL_Replay`` advantages of every complete source (see :func:`contrast_table`).
+        em: per-cell ``EM_Replay - EM_Shift`` (0/1 differences) on the :func:`em_stratum` units.
+        value_col, n_boot, seed: as :func:`contrast_table`.
+
+    Returns:
+        :func:`contrast_table`'s rows with ``hypothesis`` (e.g. ``"EM side"``) and ``holm_p``.
+    """
+    from sur_lab.analysis.stats import holm
+
+    out = contrast_table({"NLL": nll, "EM": em}, value_col=value_col, scale={"EM": 100.0}, n_boot=n_boot, seed=seed)
+    out["hypothesis"] = out["endpoint"] + " " + out["contrast"]
+    adjusted = holm(dict(zip(out["hypothesis"], out["p"])), family=SECONDARY_FAMILY)
+    out["holm_p"] = out["hypothesis"].map(adjusted)
+    return out

@@ -1,0 +1,357 @@
+"""Evidence-location construction (appendix 10.1) on SmolLM2's and Qwen2.5's real tokenizers: the exchange
+invariants of every source's four cells, admissible control and filler content, and counted exclusions; and the
+fixed-slot allocator."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sur_lab.allocators import AllocationRequest, allocate
+from sur_lab.analysis.scoring import normalize_answer
+from sur_lab.budget import allowance, budget_for_allowance
+from sur_lab.edits import token_edit
+from sur_lab.studies.datasets import Passage, QAExample
+from sur_lab.studies.evidence_location import (
+    CELLS,
+    FIXED_SLOT_METHOD,
+    GEOMETRIES,
+    PAD_WORDS,
+    PRESETS,
+    Exclusion,
+    Geometry,
+    LocationSource,
+    build_cells,
+    build_panel,
+    build_source,
+    neutral_padding,
+    special_token_ids,
+    sweep_cases,
+)
+
+QWEN_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizers" / "qwen2.5-coder-0.5b-instruct"
+if not QWEN_DIR.is_dir():
+    QWEN_DIR = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
+def tokenizer(request):
+    from transformers import AutoTokenizer
+
+    if request.param == "qwen2.5":
+        if not (QWEN_DIR / "tokenizer.json").is_file():
+            pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_DIR}")
+        return AutoTokenizer.from_pretrained(QWEN_DIR)
+    from sur_lab.models import embedded_tokenizer
+
+    try:
+        return embedded_tokenizer()
+    except FileNotFoundError as err:
+        pytest.skip(f"SmolLM2 tokenizer unavailable: {err}")
+
+
+@pytest.fixture(scope="module")
+def panel(tokenizer, data_dir):
+    return build_panel(tokenizer, ["hotpotqa", "musique", "2wikimultihopqa"], geometries="quarter",
+                       sources_per_dataset=2)
+
+
+def _decode(tok, ids) -> str:
+    return tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# exchange invariants
+
+
+def test_every_cell_of_a_source_is_matched(panel, tokenizer):
+    assert len(panel.sources) == 6 and len(panel.cases) == 24
+    for k, source in enumerate(panel.sources):
+        cells = {(c.side, c.tail): c for c in panel.cases[4 * k : 4 * k + 4]}
+        assert list(cells) == list(CELLS)
+        g = source.geometry
+        assert g in GEOMETRIES["quarter"]
+        for (side, tail), c in cells.items():
+            e = c.edit
+            # Same edit index, deletion width and slot width in every cell; the planned suffix length per tail.
+            assert (e.prefix_len, e.deleted_len) == (g.edit_index, g.deletion)
+            assert e.suffix_len == (g.short_suffix if tail == "short" else g.long_suffix)
+            assert (c.meta["slot_width"], c.meta["edit_index"]) == (g.slot_width, g.edit_index)
+            assert c.case_id == f"{c.example.dataset}/{c.example.id}/{side}-{tail}"
+            # Same query and answer target everywhere.
+            assert torch.equal(e.query_ids, cells["upstream", "short"].edit.query_ids)
+            assert c.answer_ids == cells["upstream", "short"].answer_ids and c.gold == c.example.answers
+            # The canonical answer after the query is its own tokenization (the query ends in "\n").
+            assert list(c.answer_ids) == tokenizer(c.example.answer, add_special_tokens=False)["input_ids"]
+        w, p = g.slot_width, g.edit_index
+        for tail in ("short", "long"):
+            up, down = cells["upstream", tail].edit, cells["downstream", tail].edit
+            assert up.suffix_len == down.suffix_len
+            assert Counter(up.original_ids.tolist()) == Counter(down.original_ids.tolist())  # token multiset
+            assert Counter(up.edited_ids.tolist()) == Counter(down.edited_ids.tolist())
+            # The slots immediately before and after the deletion are exchanged; everything else is shared.
+            assert torch.equal(up.original_ids[p - w : p], down.suffix_ids[:w])
+            assert torch.equal(down.original_ids[p - w : p], up.suffix_ids[:w])
+            assert torch.equal(up.original_ids[: p - w], down.original_ids[: p - w])
+            assert torch.equal(up.original_ids[p : p + g.deletion], down.original_ids[p : p + g.deletion])
+            assert torch.equal(up.suffix_ids[w:], down.suffix_ids[w:])
+        for side in ("upstream", "downstream"):
+            short, long_ = cells[side, "short"].edit, cells[side, "long"].edit
+            # The long tail extends the short one after the slots: prefix, deletion and short suffix are shared.
+            assert torch.equal(long_.original_ids[: short.num_tokens], short.original_ids)
+
+
+def test_evidence_sits_in_the_slot_that_the_metadata_names(panel, tokenizer):
+    for c in panel.cases:
+        support_text = "".join(f"Title: {p.title}\n{p.text.strip()}\n\n" for p in c.example.supporting)
+        e0, e1 = c.evidence_span
+        assert _decode(tokenizer, c.edit.edited_ids[e0:e1]) == support_text  # untruncated, in order
+        s0, s1 = c.fixed_slot
+        slot = _decode(tokenizer, c.edit.suffix_ids[s0:s1])
+        assert slot.startswith(support_text) == (c.side == "downstream")
+        assert (c.meta["downstream_slot_role"] == "evidence") == (c.side == "downstream")
+        assert (s0, s1) == (0, c.source.geometry.slot_width) == (c.meta["fixed_slot_start"], c.meta["fixed_slot_end"])
+        assert allowance(c.edit.suffix_len, c.fixed_slot_budget_pct) == s1 - s0 == c.fixed_slot_allowance
+
+
+def test_rendered_text_is_the_chat_prompt(panel, tokenizer):
+    from sur_lab.edits import render_chat
+
+    c = panel.cases[1]
+    pre, query, start, _ = render_chat(tokenizer, "DOCS", c.example.question)
+    text = c.edit.original_text
+    assert text.startswith(pre[:start]) and text.endswith("\n\n")
+    assert (text + c.source.query_text).endswith(query[2:])
+    assert _decode(tokenizer, c.edit.original_ids) == text
+    assert _decode(tokenizer, c.edit.query_ids) == c.source.query_text
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# admissible content
+
+
+def _protected(example: QAExample) -> list[str]:
+    checked = example.answer_type in ("span", "spans", "number")
+    needles = [normalize_answer(a) for a in example.answers] if checked else []
+    return [n for n in needles + [normalize_answer(p.title) for p in example.supporting] if n]
+
+
+def test_control_and_filler_hold_no_alias_or_support_title(panel, tokenizer):
+    special = special_token_ids(tokenizer)
+    for source in panel.sources:
+        ex = source.example
+        protected = _protected(ex)
+        controls = [s for s in source.control if s.kind == "control"]
+        assert 1 <= len(controls) <= 4
+        native = {(p.title, p.text.strip()) for p in ex.distractors}
+        support_titles = {p.title for p in ex.supporting}
+        for seg in controls:
+            title, body = seg.text[len("Title: "):].split("\n", 1)
+            assert (title, body.strip()) in native  # a native non-supporting document, whole
+            assert title not in support_titles
+        for region in (source.lead, source.evidence, source.control, source.deleted, source.tail, source.extension):
+            for seg in region:
+                assert not special & set(seg.ids)
+                if seg.kind == "evidence":
+                    continue
+                words = f" {normalize_answer(seg.text)} "
+                assert not [n for n in protected if f" {n} " in words], (seg.kind, seg.text[:60])
+    # No special-token id anywhere between the chat head and the query.
+    for c in panel.cases:
+        assert not special & set(c.edit.original_ids[len(c.source.head):].tolist())
+
+
+def test_neutral_padding_family(tokenizer):
+    for k in (0, 1, 2, 7, 40):
+        text = neutral_padding(tokenizer, k)
+        assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) == k
+        assert text == "" or text.endswith("\n\n")
+    assert neutral_padding(tokenizer, 3) == f"{PAD_WORDS[0]} {PAD_WORDS[1]}\n\n"
+    with pytest.raises(ValueError, match="k"):
+        neutral_padding(tokenizer, -1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# exclusions
+
+
+CORPUS = tuple(Passage(f"Filler {i}", f"Filler paragraph number {i} says little about anything at all here.", False)
+               for i in range(200))
+TINY = (Geometry(48, 160, 96, 192, 16),)
+
+
+def _example(support_words: int, distractors, answer="Zanzibar", answer_type="span") -> QAExample:
+    support = (Passage("Alpha", " ".join(["alpha"] * support_words) + f" {answer}.", True),
+               Passage("Beta", "Beta is short.", True))
+    return QAExample("x1", "Which island?", (answer,), answer_type, support, tuple(distractors), "hotpotqa")
+
+
+def test_infeasible_sources_are_excluded_with_their_reason(tokenizer):
+    ok = _example(3, [Passage("Gamma", "Gamma is a third thing.", False)])
+    built = build_source(tokenizer, ok, TINY, corpus=CORPUS)
+    assert isinstance(built, LocationSource)
+    assert len(build_cells(tokenizer, built)) == 4
+    wide = build_source(tokenizer, _example(200, [Passage("Gamma", "Gamma.", False)]), TINY, corpus=CORPUS)
+    assert isinstance(wide, Exclusion) and wide.reason == "evidence wider than the slot"
+    none = build_source(tokenizer, _example(3, []), TINY, corpus=CORPUS)
+    assert isinstance(none, Exclusion) and none.reason == "no admissible native control document"
+    leaking = [Passage("Gamma", "Gamma mentions Zanzibar.", False), Passage("Delta", "Delta cites Alpha.", False)]
+    leak = build_source(tokenizer, _example(3, leaking), TINY, corpus=CORPUS)
+    assert isinstance(leak, Exclusion) and leak.reason == "no admissible native control document"
+    # An answer made of padding words cannot be protected from the neutral padding: excluded, not built.
+    padded = build_source(tokenizer, _example(3, [Passage("Gamma", "Gamma.", False)], answer="quiet fields"), TINY,
+                          corpus=CORPUS)
+    assert isinstance(padded, Exclusion) and padded.reason == "protected answer string in inserted content"
+    # A yes/no gold is not protected (it says nothing about a passage).
+    assert isinstance(build_source(tokenizer, _example(3, [Passage("Gamma", "Gamma.", False)], answer="yes",
+                                                       answer_type="binary"), TINY, corpus=CORPUS), LocationSource)
+    # The next wider candidate rescues a source whose evidence does not fit the first.
+    two = (TINY[0], Geometry(160, 400, 320, 480, 16))
+    rescued = build_source(tokenizer, _example(60, [Passage("Gamma", "Gamma.", False)]), two, corpus=CORPUS)
+    assert isinstance(rescued, LocationSource) and rescued.candidate == 1
+    # A special token written in a control document is never inserted.
+    special = _example(3, [Passage("Gamma", "Gamma <|im_end|> text.", False)])
+    assert isinstance(build_source(tokenizer, special, TINY, corpus=CORPUS), Exclusion)
+
+
+def test_panel_counts_every_examined_candidate(tokenizer, data_dir):
+    panel = build_panel(tokenizer, ["iirc"], geometries="quarter", candidates_per_dataset=30)
+    summary = panel.summary().iloc[0]
+    assert summary["examined"] == 30 == summary["feasible"] + summary["excluded"]
+    assert panel.exclusion_counts()["sources"].sum() == len(panel.exclusions) == summary["excluded"]
+    assert len(panel.cases) == 4 * len(panel.sources)
+    assert {e.reason for e in panel.exclusions} <= {"no admissible native control document",
+                                                      "evidence wider than the slot"}
+    with pytest.raises(ValueError, match="sources_per_dataset"):
+        build_panel(tokenizer, ["iirc"], candidates_per_dataset=5, sources_per_dataset=5)
+    with pytest.raises(ValueError, match="datasets"):
+        build_panel(tokenizer, ["hotpot"])
+    with pytest.raises(ValueError, match="geometries"):
+        build_panel(tokenizer, ["iirc"], geometries="tiny")
+
+
+def test_presets_and_geometries():
+    assert [(g.slot_width, g.edit_index, g.short_suffix, g.long_suffix, g.deletion) for g in GEOMETRIES["paper"]] == [
+        (512, 2048, 1024, 4096, 256), (768, 3072, 1536, 4096, 256), (1024, 4096, 2048, 4096, 256)]
+    assert [g.slot_width for g in GEOMETRIES["quarter"]] == [128, 192, 256]
+    assert GEOMETRIES["half"][0].deletion == 128
+    assert set(PRESETS) == {"smoke", "default", "paper"}
+    assert PRESETS["smoke"]["sources_per_dataset"] * len(PRESETS["smoke"]["datasets"]) == 2
+    assert PRESETS["default"]["sources_per_dataset"] * len(PRESETS["default"]["datasets"]) >= 24
+    assert PRESETS["paper"]["geometry"] == "paper" and PRESETS["paper"]["candidates_per_dataset"] == 100
+    for preset in PRESETS.values():
+        assert preset["geometry"] in GEOMETRIES
+    with pytest.raises(ValueError, match="geometry"):
+        Geometry(64, 32, 96, 128, 8)
+
+
+def test_sweep_cases_carry_flat_meta(panel):
+    from sur_lab.runtime.sweep import _check_meta
+
+    for sc in sweep_cases(panel.cases[:4]):
+        _check_meta(sc)
+        assert sc.meta["cell"] in {f"{z}/{t}" for z, t in CELLS}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the fixed-slot refresh: the edit-local window at B = W
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20_000), st.data())
+def test_budget_for_allowance_is_exact(s, data):
+    b_pos = data.draw(st.integers(0, s))
+    b = budget_for_allowance(s, b_pos)
+    assert 0 <= b <= 100 and allowance(s, b) == b_pos
+
+
+def test_budget_for_allowance_validation():
+    assert budget_for_allowance(4096, 512) == 12.5 and budget_for_allowance(1024, 512) == 50.0
+    with pytest.raises(ValueError, match="suffix_len"):
+        budget_for_allowance(0, 0)
+    with pytest.raises(ValueError, match="positions"):
+        budget_for_allowance(10, 11)
+    with pytest.raises(ValueError, match="positions"):
+        budget_for_allowance(10, True)
+
+
+def test_fixed_slot_refresh_covers_exactly_the_downstream_slot(panel, tokenizer):
+    for c in panel.cases[:4]:
+        w = c.fixed_slot_allowance
+        for request in (AllocationRequest(None, c.edit, allowance=w),
+                        AllocationRequest(None, c.edit, c.fixed_slot_budget_pct)):
+            sel = allocate(FIXED_SLOT_METHOD, request)
+            assert sel.support.intervals == [c.fixed_slot] == [(0, w)]
+        suffix = c.edit.suffix_ids.tolist()
+        slot = [suffix[i] for i in sel.support.positions]
+        bundle = c.source.evidence if c.side == "downstream" else c.source.control
+        assert slot == [i for s in bundle for i in s.ids]  # the slot's content, whichever bundle it holds
+        assert c.meta["fixed_slot_allowance"] == w
+
+
+def test_fixed_slot_refresh_through_the_dispatcher(tiny_lm):
+    from sur_lab.repair import prepare, repair
+
+    g = torch.Generator().manual_seed(0)
+    edit = token_edit(torch.randint(1, 90, (30,), generator=g), 6, 4, [3, 4])
+    res = repair(tiny_lm, prepare(tiny_lm, edit), FIXED_SLOT_METHOD, budget_for_allowance(edit.suffix_len, 5))
+    assert res.support.intervals == [(0, 5)] and res.allowance == 5
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tables 15-16 on synthetic records
+
+
+def _long_table(seed: int = 0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in ("a", "b"):
+        for s in range(6):
+            for side, tail in CELLS:
+                down = side == "downstream"
+                for method, nll, em in (("Shift", 2.0 + 0.5 * down + rng.normal(0, .1), rng.random() < 0.4 - .2 * down),
+                                        ("Replay", 1.0 + rng.normal(0, .1), rng.random() < 0.6),
+                                        ("Re-prefill", 1.0, s % 3 != 0)):
+                    rows.append(("m", d, f"{d}{s}", side, tail, method, nll, bool(em)))
+    return pd.DataFrame(rows, columns=["model", "dataset", "source_id", "side", "tail", "method", "gold_nll", "em"])
+
+
+def test_em_stratum_keeps_units_the_reference_answers_in_all_cells():
+    from sur_lab.studies.evidence_location import em_stratum
+
+    t = _long_table()
+    kept = em_stratum(t)
+    assert set(kept["source_id"]) == {f"{d}{s}" for d in "ab" for s in range(6) if s % 3 != 0}
+    assert len(kept) == len(t) * 8 // 12  # whole units, every method and cell
+    with pytest.raises(ValueError, match="reference"):
+        em_stratum(t, reference="Oracle")
+
+
+def test_table15_holm_over_the_secondary_family():
+    from sur_lab.analysis.stats import holm, method_difference
+    from sur_lab.studies.evidence_location import SECONDARY_FAMILY, em_stratum, table15
+
+    t = _long_table()
+    nll = method_difference(t, "gold_nll", "Shift", "Replay").rename(columns={"gold_nll": "g"})
+    stratum = em_stratum(t)
+    em = method_difference(stratum.assign(em=stratum.em.astype(float)), "em", "Replay", "Shift")
+    tab = table15(nll, em.rename(columns={"em": "g"}), n_boot=300, seed=1)
+    assert len(tab) == 6
+    side = tab.set_index("hypothesis").loc["NLL side"]
+    assert side["estimate"] == pytest.approx(0.5, abs=0.1) and side["low"] > 0 and np.isnan(side["holm_p"])
+    secondary = tab[tab["hypothesis"].isin(SECONDARY_FAMILY)]
+    assert secondary["holm_p"].tolist() == pytest.approx(
+        list(holm(dict(zip(secondary["hypothesis"], secondary["p"]))).values()))
+    from sur_lab.analysis.stats import factorial_contrasts
+
+    raw = factorial_contrasts(em.rename(columns={"em": "g"}), "g")
+    got = tab[tab.endpoint == "EM"].set_index("contrast")["estimate"]
+    assert {c: got[c] for c in raw} == pytest.approx({c: 100 * v for c, v in raw.items()})  # percentage points
