@@ -30,6 +30,12 @@ the duration of the traversal, nothing else:
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
                 afterwards) and is excluded from benchmark timings. ``flex_compile=False`` runs the eager reference
                 (materializes the scores; about 1 s per layer at N = 2K on a CPU: for tests only).
+  ``"cpp"``     the one-pass C++ CPU kernel of :mod:`sur_lab.executors.kernels.onepass` (registered as
+                ``"packed-cpp"``): each K/V tile is read once for every packed row that sees it (one score GEMM and
+                one ``P V`` GEMM over all those rows, online softmax, GQA folded into the rows), with a tile plan built
+                once per refresh (the 64-key tiles of Eq. 23-24 at row granularity). Compiled on first use and cached
+                in the model cache folder; where it cannot run (no compiler, a failed build, tensors off the CPU) the
+                ``"sdpa"`` path with ``sdpa_split=True`` runs instead, after one warning line.
   ``"triton"``  the indexed-attention kernel of :mod:`sur_lab.executors.kernels` with one plan per refresh reused across layers
                 (FP16/BF16/FP32, head dim 64 or 128). On a CPU it runs only under ``TRITON_INTERPRET=1`` set before
                 the kernels were imported; otherwise the kernel module falls back to its PyTorch SDPA reference.
@@ -98,7 +104,7 @@ from sur_lab.models import (
 #: rotary is applied by its own attention module at the positions U, so packed traversal stays exact for them too.
 PACKED_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 #: Attention backends of the packed executor, by name.
-PACKED_BACKENDS = ("sdpa", "flex", "triton")
+PACKED_BACKENDS = ("sdpa", "flex", "triton", "cpp")
 #: Name under which the packed attention function is registered in transformers' ``AttentionInterface``.
 ATTENTION_IMPLEMENTATION = "sur_lab_packed"
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
@@ -392,7 +398,7 @@ class _PackedAttention:
     segments: tuple[tuple[KeySegment, torch.Tensor | None], ...] | None = None  # split sdpa: (segment, mask)
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
-    plan: Any = None  # triton: IndexedAttentionPlan
+    plan: Any = None  # triton: IndexedAttentionPlan; cpp: OnePassPlan
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
         """``[1, Hq, B, d]`` x ``[1, Hkv, kv_len, d]`` -> ``[1, Hq, B, d]`` packed causal attention (Eq. 22)."""
@@ -405,6 +411,10 @@ class _PackedAttention:
                 # The eager (uncompiled) path warns that it materializes scores: that is why it is the test path.
                 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
                 return self.flex(query, key, value, block_mask=self.block_mask, scale=scale, enable_gqa=True)
+        if self.backend == "cpp":
+            from sur_lab.executors.kernels.onepass import _attend
+
+            return _attend(query, key, value, self.plan, scale)
         from sur_lab.executors.kernels import indexed_attention
 
         return indexed_attention(query, key, value, self.plan, scale=scale)
@@ -695,6 +705,12 @@ def _make_attention(
     sdpa_split: bool = False,
     num_kv_groups: int = 1,
 ) -> _PackedAttention:
+    if backend == "cpp":
+        from sur_lab.executors.kernels.onepass import build_onepass_plan, onepass_available
+
+        if positions.device.type == "cpu" and positions.numel() and onepass_available():
+            return _PackedAttention("cpp", plan=build_onepass_plan(positions, group=num_kv_groups))
+        backend, sdpa_split = "sdpa", True  # the fallback: the key split on a CPU, one masked call elsewhere
     if backend == "sdpa":
         if sdpa_split and positions.device.type == "cpu" and positions.numel() and _has_cpu_flash():
             # Module attributes read at call time: tests lower the call cost to force several segments.
@@ -814,7 +830,7 @@ def refresh_packed(
         shift: Shift cache of ``p ⊕ s`` (``p + S`` rows, ``[1, H_kv, p + S, d_h]`` per layer); not modified.
         edit: the edit (its edited token ids are gathered at U).
         positions: a ``Support`` or ``[B]`` suffix-local positions, strictly increasing in ``[0, S)``.
-        backend: ``"sdpa"``, ``"flex"`` or ``"triton"`` (module docstring).
+        backend: ``"sdpa"``, ``"flex"``, ``"triton"`` or ``"cpp"`` (module docstring).
         fused_scatter: write fresh K/V with the kernel module's indexed scatter instead of ``index_copy_``
             (``backend="triton"`` only).
         flex_compile: compile ``flex_attention`` (``backend="flex"``); False runs the eager reference.
@@ -991,6 +1007,7 @@ _register("packed-sdpa", backend="sdpa")
 _register("packed-sdpa-split", backend="sdpa", sdpa_split=True)
 _register("packed-flex", backend="flex")
 _register("packed-flex-eager", backend="flex", flex_compile=False)
+_register("packed-cpp", backend="cpp")
 _register("packed-triton", backend="triton")
 _register("packed-triton-fused", backend="triton", fused_scatter=True)
 _register("direct-sequential", refresh_direct_sequential)
