@@ -138,6 +138,7 @@ __all__ = [
     "ATTENTION_IMPLEMENTATION",
     "FLASH_Q_BLOCKS",
     "FLEX_BLOCK_SIZE",
+    "FLEX_RECOMPILE_LIMIT",
     "PACKED_BACKENDS",
     "PACKED_MODEL_TYPES",
     "SPLIT_BLOCK_COST",
@@ -375,17 +376,33 @@ def flex_block_mask(positions: torch.Tensor, kv_len: int, *, block_size: int = F
 
 
 _COMPILED_FLEX: Callable | None = None
+#: Compiled flex graphs kept per process (one per shape); dynamo's default of 8 would send a ninth shape (e.g. a
+#: Replay sweep over several budgets) to the eager path, which materializes the scores.
+FLEX_RECOMPILE_LIMIT = 64
 
 
 def _flex_attention(compiled: bool) -> Callable:
-    """The flex_attention callable: compiled once per process (``dynamic=False``: one graph per shape) or eager."""
+    """The flex_attention callable: compiled once per process or eager.
+
+    Compiled with ``dynamic=False``: one graph per (B, kv_len) shape, kept in the process for up to
+    :data:`FLEX_RECOMPILE_LIMIT` shapes and on disk by inductor's FX graph cache (on by default; later processes load
+    it instead of compiling). Dynamic shapes would share one graph across B, but torch 2.13's CPU flex template fails
+    to compile with them (``CppCompileError``: an undeclared ``cur_qSplitSize``), so they are not used.
+    """
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        graph = torch.compile(flex_attention, dynamic=False)
+
+        def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+            with torch._dynamo.config.patch(recompile_limit=max(FLEX_RECOMPILE_LIMIT,
+                                                                torch._dynamo.config.recompile_limit)):
+                return graph(*args, **kwargs)
+
+        _COMPILED_FLEX = call
     return _COMPILED_FLEX
 
 
