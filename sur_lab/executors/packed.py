@@ -10,13 +10,13 @@ the duration of the traversal, nothing else:
   the output cache *before* attention (Eq. 21) and returns that layer's complete K/V rows ``[0, u_B]``;
 * the attention function is ours (registered in transformers' ``AttentionInterface`` and selected for the traversal
   only): packed row r attends to keys ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift
-  rows in the gaps (Eq. 22), with one of three backends chosen by name:
+  rows in the gaps (Eq. 22), with one of four backends chosen by name:
 
   ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
                 once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
                 ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
                 call would fall back to the math kernel (transformers does the same). ``sdpa_split=True``
-                (registered as ``"packed-sdpa-split"`` and as the default ``"packed"``, CPU only) splits the keys
+                (registered as ``"packed-sdpa-split"``, CPU only; the default ``"packed"``'s fallback) splits the keys
                 instead: key segment ``[k0, k1)`` is attended only by the packed rows with ``u_r >= k0`` (the rows
                 that can see any of it; a segment is a complete-prefix tile for every later row, Eq. 23-24), with
                 the GQA group folded into the query rows so each K/V segment is read once per KV head and query
@@ -35,7 +35,8 @@ the duration of the traversal, nothing else:
                 one ``P V`` GEMM over all those rows, online softmax, GQA folded into the rows), with a tile plan built
                 once per refresh (the 64-key tiles of Eq. 23-24 at row granularity). Compiled on first use and cached
                 in the model cache folder; where it cannot run (no compiler, a failed build, tensors off the CPU) the
-                ``"sdpa"`` path with ``sdpa_split=True`` runs instead, after one warning line.
+                ``"sdpa"`` path with ``sdpa_split=True`` runs instead, after one warning line. The default
+                ``"packed"`` uses this backend.
   ``"triton"``  the indexed-attention kernel of :mod:`sur_lab.executors.kernels` with one plan per refresh reused across layers
                 (FP16/BF16/FP32, head dim 64 or 128). On a CPU it runs only under ``TRITON_INTERPRET=1`` set before
                 the kernels were imported; otherwise the kernel module falls back to its PyTorch SDPA reference.
@@ -1019,7 +1020,10 @@ def _register(name: str, fn: Callable[..., DynamicCache] = None, **options: Any)
         register_executor(full)(executor)
 
 
-_register("packed", backend="sdpa", sdpa_split=True)  # the default: key split on a CPU, one masked call elsewhere
+# The default: the one-pass C++ kernel on a CPU (faster than the key split at every support the benchmark times:
+# scripts/attention_paths.py, scripts/bench_packed_refresh.py), the key split where it cannot be built, one masked
+# SDPA call elsewhere.
+_register("packed", backend="cpp")
 _register("packed-sdpa", backend="sdpa")
 _register("packed-sdpa-split", backend="sdpa", sdpa_split=True)
 _register("packed-flex", backend="flex")
