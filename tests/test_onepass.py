@@ -162,6 +162,20 @@ def test_kernel_row_chunks_and_small_tiles(dtype, monkeypatch):
     assert_matches_oracle(onepass.onepass_attention(q, k, v, plan), q, k, v, positions)
 
 
+@pytest.mark.parametrize("hkv", [2, 3])
+def test_kernel_with_two_threads(hkv):
+    # Several threads: (KV head, row chunk) items are spread over them; each row's result is still its own.
+    positions = _intervals((2, 9), (100, 130), (500, 511))
+    q, k, v = _qkv(3 * hkv, hkv, len(positions), 600, 64, torch.float32, seed=4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = onepass.onepass_attention(q, k, v, positions)
+    finally:
+        torch.set_num_threads(before)
+    assert_matches_oracle(out, q, k, v, positions)
+
+
 def test_kernel_strided_inputs_and_scale():
     positions = _intervals((0, 7), (64, 80), (150, 161), (230, 239))
     b = len(positions)

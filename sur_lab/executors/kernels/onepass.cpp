@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 extern "C" {
@@ -166,16 +167,26 @@ void attend_chunk(const scalar_t* q, int64_t q_sh, int64_t q_sr,  // q [Hq, B, d
                   const scalar_t* v, int64_t v_sr,
                   scalar_t* out, int64_t o_sr, int64_t o_sh,  // out [B, Hq, d]: row stride, head stride
                   const int64_t* pos, const int64_t* bounds, int64_t num_tiles, int64_t kv_head, int64_t group,
-                  int64_t r0, int64_t r1, int64_t d, int64_t max_tile, acc_t scale) {
+                  int64_t r0, int64_t r1, int64_t d, acc_t scale) {
   const int64_t rows = (r1 - r0) * group;  // folded rows of this chunk, (row, group) order
-  std::vector<acc_t> qf(rows * d), acc(rows * d, acc_t(0)), mx(rows, -std::numeric_limits<acc_t>::infinity()),
-      sum(rows, acc_t(0)), scores(rows * max_tile);
+  // The largest score tile of this chunk: visiting rows shrink as tiles advance while tiles grow.
+  int64_t score_size = 0, tile_keys = 0;
+  for (int64_t t = 0, first = r0; t < num_tiles; ++t) {
+    while (first < r1 && pos[first] < bounds[t]) ++first;
+    if (first >= r1) break;
+    score_size = std::max(score_size, (r1 - first) * group * (bounds[t + 1] - bounds[t]));
+    tile_keys = std::max(tile_keys, bounds[t + 1] - bounds[t]);
+  }
+  // Scratch that is fully written before it is read is left uninitialised (no per-layer memset of the score tile);
+  // the accumulator must start at 0 (its first rescale multiplies it by 0).
+  std::unique_ptr<acc_t[]> qf(new acc_t[rows * d]), scores(new acc_t[std::max<int64_t>(score_size, 1)]);
+  std::vector<acc_t> acc(rows * d, acc_t(0)), mx(rows, -std::numeric_limits<acc_t>::infinity()), sum(rows, acc_t(0));
   constexpr bool widen = !std::is_same<scalar_t, acc_t>::value;
-  std::vector<acc_t> kt(widen ? max_tile * d : 0), vt(widen ? max_tile * d : 0);
+  std::unique_ptr<acc_t[]> kt(new acc_t[widen ? tile_keys * d : 1]), vt(new acc_t[widen ? tile_keys * d : 1]);
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t g = 0; g < group; ++g) {
       const scalar_t* src = q + (kv_head * group + g) * q_sh + r * q_sr;
-      acc_t* dst = qf.data() + ((r - r0) * group + g) * d;
+      acc_t* dst = qf.get() + ((r - r0) * group + g) * d;
       for (int64_t c = 0; c < d; ++c) dst[c] = static_cast<acc_t>(src[c]) * scale;  // the softmax scale, once
     }
   }
@@ -194,8 +205,8 @@ void attend_chunk(const scalar_t* q, int64_t q_sh, int64_t q_sr,  // q [Hq, B, d
           vt[j * d + c] = static_cast<acc_t>(v[(k0 + j) * v_sr + c]);
         }
       }
-      kp = kt.data();
-      vp = vt.data();
+      kp = kt.get();
+      vp = vt.get();
       ldk = ldv = d;
     } else {
       kp = reinterpret_cast<const acc_t*>(k + k0 * k_sr);
@@ -205,8 +216,8 @@ void attend_chunk(const scalar_t* q, int64_t q_sh, int64_t q_sr,  // q [Hq, B, d
     }
     const int64_t f0 = (first - r0) * group;  // first visiting folded row
     const int64_t m_rows = rows - f0;
-    acc_t* s = scores.data();  // [m_rows, n], leading dimension n
-    gemm_abt<acc_t>(m_rows, n, d, qf.data() + f0 * d, d, kp, ldk, s, n);
+    acc_t* s = scores.get();  // [m_rows, n], leading dimension n
+    gemm_abt<acc_t>(m_rows, n, d, qf.get() + f0 * d, d, kp, ldk, s, n);
     for (int64_t f = f0; f < rows; ++f) {
       const int64_t r = r0 + f / group;
       acc_t* srow = s + (f - f0) * n;
@@ -256,13 +267,14 @@ at::Tensor onepass_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t group = hq / hkv;
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* bnd = bounds.data_ptr<int64_t>();
-  int64_t max_tile = 0;
-  for (int64_t t = 0; t < num_tiles; ++t) max_tile = std::max(max_tile, bnd[t + 1] - bnd[t]);
-  // Row chunks: at most max_chunk_rows folded rows each (their state stays in cache), and enough chunks that every
-  // thread has a (KV head, chunk) item.
-  const int64_t threads = at::get_num_threads();
-  int64_t chunks = std::max<int64_t>(1, (b * group + max_chunk_rows - 1) / std::max<int64_t>(1, max_chunk_rows));
-  chunks = std::min<int64_t>(b, std::max<int64_t>(chunks, (threads + hkv - 1) / hkv));
+  // Row chunks: at most max_chunk_rows folded rows each (their state stays in cache), and, when there are several
+  // threads, a count that gives every thread the same number of (KV head, chunk) items where the rows allow it.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t min_chunks =
+      std::max<int64_t>(1, (b * group + max_chunk_rows - 1) / std::max<int64_t>(1, max_chunk_rows));
+  int64_t chunks = min_chunks;
+  while (chunks < b && chunks < min_chunks * threads && (hkv * chunks) % threads != 0) ++chunks;
+  chunks = std::min<int64_t>(chunks, b);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "onepass_attention", [&] {
     using acc_t = std::conditional_t<std::is_same<scalar_t, double>::value, double, float>;
     const scalar_t* qp = qc.data_ptr<scalar_t>();
@@ -276,7 +288,7 @@ at::Tensor onepass_attention(const at::Tensor& q, const at::Tensor& k, const at:
         if (r0 == r1) continue;
         attend_chunk<scalar_t, acc_t>(qp, qc.stride(1), qc.stride(2), kp + h * kc.stride(1), kc.stride(2),
                                       vp + h * vc.stride(1), vc.stride(2), op, out.stride(1), out.stride(2), pos,
-                                      bnd, num_tiles, h, group, r0, r1, d, max_tile, static_cast<acc_t>(scale));
+                                      bnd, num_tiles, h, group, r0, r1, d, static_cast<acc_t>(scale));
       }
     });
   });
