@@ -268,11 +268,13 @@ def test_disabled_by_environment(monkeypatch):
 # ---- the packed-cpp executor -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_packed_cpp_equals_sequential_in_float64_on_random_supports(kind, monkeypatch):
+@pytest.mark.parametrize(("kind", "heads", "kv_heads"), [("llama", 4, 2), ("qwen3", 4, 2), ("llama", 4, 4),
+                                                          ("qwen3", 6, 2), ("llama", 7, 1)],
+                         ids=["llama-g2", "qwen3-g2", "llama-g1", "qwen3-g3", "llama-g7"])
+def test_packed_cpp_equals_sequential_in_float64_on_random_supports(kind, heads, kv_heads, monkeypatch):
     # Small tiles so that the tiny model's ~70 keys span several tiles and row ends fall inside them.
     monkeypatch.setattr(onepass, "ONEPASS_BLOCK_N", 16)
-    lm = make_tiny_model(kind)
+    lm = make_tiny_model(kind, heads=heads, kv_heads=kv_heads, hidden=8 * heads)  # hidden: a multiple of the heads
     edit, shift_cache = _setup(lm)
     before = clone_cache(shift_cache)
     calls = []
