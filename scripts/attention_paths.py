@@ -1,19 +1,22 @@
 #!/usr/bin/env python
-"""Packed attention alone: the CPU paths of ``packed-sdpa`` and ``packed-sdpa-split`` on one layer's shapes.
+"""Packed attention alone: the CPU paths of the packed executors on one layer's shapes, against their throughput floor.
 
-For the benchmark grid's matched supports (``sur_lab.studies.bench.matched_support``: B positions in R intervals,
-M(U) equal for every R) this times one layer's packed attention, ``[1, Hq, B, d]`` queries against ``[1, Hkv, u_B + 1,
-d]`` keys, four ways, interleaved, and prints medians in ms:
+For the benchmark grid's matched supports (``sur_lab.studies.bench.matched_support``: B positions in R intervals, M(U)
+equal for every R) and the Replay sweep's b % supports (``spread_support``, 16 intervals) this times one layer's
+packed attention, ``[1, Hq, B, d]`` queries against ``[1, Hkv, N, d]`` keys, with ``sur_lab.studies.bench.
+attention_only`` (interleaved rounds, medians; masks, splits, plans and compilation excluded, first calls reported
+apart):
 
-- ``single-gqa``: one masked ``F.scaled_dot_product_attention(enable_gqa=True)`` call over keys ``[0, u_B]``
-  (``packed-sdpa``);
-- ``split``: what ``packed-sdpa-split`` runs: the key split (:func:`sur_lab.executors.packed.split_segments`
-  segments, GQA folded into the query rows, one CPU flash call per segment, log-sum-exp merge);
-- ``split-1``: the same folded flash op as a single call over ``[0, u_B]``;
-- ``pairs``: the row-key pairs each path computes, against M(U).
+- ``sdpa-gqa``: one masked SDPA call over all keys (``packed-sdpa``);
+- ``split``: the key split of ``packed-sdpa-split`` (one CPU flash call per key segment, log-sum-exp merge);
+- ``onepass``: the one-pass C++ kernel of ``packed-cpp`` (each K/V tile read once for all rows that see it);
+- ``flex``: compiled FlexAttention with its block mask (``packed-flex``; the first call compiles, cached on disk by
+  inductor's FX graph cache afterwards);
+- ``unmasked``: one unmasked flash call over the same number of row-key pairs, the floor of the issue-30 target
+  (one-pass at R = 16 within 1.1x of it).
 
-    .venv/bin/python scripts/attention_paths.py                     # SmolLM2 shapes (Hq 9, Hkv 3, d 64), N = 8184
-    .venv/bin/python scripts/attention_paths.py --heads 14 2 --context-len 2040 --intervals 1 4 16
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/attention_paths.py                  # SmolLM2 shapes, N = 8184
+    .venv/bin/python scripts/attention_paths.py --heads 14 2 --context-len 2040 --backends split onepass unmasked
 
 Per-layer time times the layer count is the attention share of a refresh; the rest (projections, MLP) is the same
 for every R at a given B.
@@ -22,19 +25,26 @@ for every R at a given B.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+import pandas as pd
 import torch
+
+BACKENDS = ("sdpa-gqa", "split", "onepass", "flex", "unmasked")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--context-len", type=int, default=8184, help="N, tokens of the edited context")
-    p.add_argument("--selected", type=int, default=64, help="B, positions refreshed")
-    p.add_argument("--intervals", type=int, nargs="+", default=[1, 4, 16], help="R values (each divides B)")
+    p.add_argument("--selected", type=int, default=64, help="B, positions of the matched supports")
+    p.add_argument("--intervals", type=int, nargs="*", default=[1, 4, 16], help="R values (each divides B)")
+    p.add_argument("--budgets", type=float, nargs="*", default=[5.0],
+                   help="b %% of the suffix for spread supports in 16 intervals (the Replay sweep's)")
     p.add_argument("--heads", type=int, nargs=2, default=[9, 3], metavar=("HQ", "HKV"), help="query and KV heads")
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    p.add_argument("--warmups", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
@@ -43,63 +53,61 @@ def parse_args(argv=None) -> argparse.Namespace:
     for r in args.intervals:
         if r < 1 or args.selected % r:
             p.error(f"--intervals {r}: must be >= 1 and divide --selected {args.selected}")
-    if args.repeats < 1 or args.threads < 1:
-        p.error("--repeats and --threads must be >= 1")
+    for b in args.budgets:
+        if not 0 < b <= 100:
+            p.error(f"--budgets {b}: must be in (0, 100]")
+    if args.warmups < 0 or args.repeats < 1 or args.threads < 1:
+        p.error("--warmups must be >= 0, --repeats and --threads >= 1")
+    if not args.intervals and not args.budgets:
+        p.error("give at least one --intervals or --budgets value")
     return args
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from sur_lab.executors import packed
-    from sur_lab.studies.bench import PREFIX_LEN, matched_support
+    from sur_lab.budget import allowance
+    from sur_lab.studies import bench
 
     torch.set_num_threads(args.threads)
-    gen = torch.Generator().manual_seed(0)
-    hq, hkv = args.heads
-    n, b, d = args.context_len, args.selected, args.head_dim
-    k = torch.randn(1, hkv, n, d, generator=gen)
-    v = torch.randn(1, hkv, n, d, generator=gen)
-    q = torch.randn(1, hq, b, d, generator=gen)
-    scale = d**-0.5
-    rows = []
-    for r in args.intervals:
-        support = matched_support(n, PREFIX_LEN, b, r)
-        u = torch.as_tensor(np.asarray(support.positions) + PREFIX_LEN)
-        kv_len = int(u[-1]) + 1
-        group = hq // hkv
-        # What packed-sdpa and packed-sdpa-split (= packed on a CPU) run.
-        single = packed._make_attention("sdpa", u, kv_len, torch.float32, flex_compile=False, num_kv_groups=group)
-        split = packed._make_attention("sdpa", u, kv_len, torch.float32, flex_compile=False, sdpa_split=True,
-                                       num_kv_groups=group)
-        segments = [seg for seg, _ in split.segments]
-        whole = packed._segment_masks(u, [packed.KeySegment(0, 0, kv_len, 0)], torch.float32, group)
-        kk, vv = k[:, :, :kv_len], v[:, :, :kv_len]
-        timings = {"single-gqa": lambda: single.attend(q, kk, vv, scale),
-                   "split": lambda: split.attend(q, kk, vv, scale),
-                   "split-1": lambda: packed._split_sdpa(q, kk, vv, whole, scale)}
-        medians = {name: [] for name in timings}
-        for _ in range(3):  # interleaved rounds
-            for name, fn in timings.items():
-                medians[name].append(_median_ms(fn, args.repeats))
-        m_u = int(torch.sum(u + 1))
-        pairs = sum((b - seg.call_row) * (seg.key_end - seg.key_start) for seg in segments)  # padding rows too
-        rows.append({"R": r, "segments": len(segments), "u_B + 1": kv_len,
-                     **{f"{name} (ms)": round(float(np.median(v)), 2) for name, v in medians.items()},
-                     "split pairs / M(U)": round(pairs / m_u, 3), "single pairs / M(U)": round(b * kv_len / m_u, 3)})
-    import pandas as pd
-
-    print(f"N = {n}, B = {b}, heads {hq}/{hkv}, d = {d}, {args.threads} thread(s); medians of 3 x {args.repeats}")
-    print(pd.DataFrame(rows).to_string(index=False))
+    n, (hq, hkv), d = args.context_len, args.heads, args.head_dim
+    common = dict(num_heads=hq, num_kv_heads=hkv, head_dim=d, dtype=getattr(torch, args.dtype), device="cpu",
+                  backends=args.backends, warmups=args.warmups, repeats=args.repeats)
+    supports = [(f"R = {r}", r, None) for r in args.intervals]
+    s = n - bench.PREFIX_LEN
+    for b in args.budgets:
+        positions = bench.spread_support(s, allowance(s, b), 16).absolute(bench.PREFIX_LEN)
+        supports.append((f"b = {b:g} %", 16, positions))
+    frames = []
+    for label, r, positions in supports:
+        df = bench.attention_only(n, r, num_selected=args.selected, positions=positions, **common)
+        frames.append(df.assign(support=label))
+        print(f"{label}: done", flush=True)
+    table = pd.concat(frames, ignore_index=True)
+    table["ms"] = table["median_us"] / 1e3
+    order = [b for b in BACKENDS if b in set(table.backend)]
+    labels = list(dict.fromkeys(table.support))
+    wide = table.pivot(index="support", columns="backend", values="ms").reindex(index=labels, columns=order)
+    print(f"\nN = {n}, heads {hq}/{hkv}, d = {d}, {args.dtype}, {args.threads} thread(s); median ms of "
+          f"{args.repeats} interleaved rounds after {args.warmups} warm-ups (one layer, all heads)")
+    print(wide.to_string(float_format="{:.2f}".format))
+    if "unmasked" in wide:
+        print("\nover the unmasked call over the same row-key pairs:")
+        print(wide.drop(columns="unmasked").div(wide["unmasked"], axis=0).to_string(float_format="{:.3f}".format))
+    print("\nrow-key pairs computed / M(U), first call (s; flex: compilation), max |error| vs the FP64 oracle:")
+    detail = table.pivot(index="support", columns="backend", values=["work_over_pairs", "first_call_s",
+                                                                      "max_abs_vs_fp64"]).reindex(index=labels)
+    print(detail.to_string(float_format="{:.3g}".format))
+    r_labels = [f"R = {r}" for r in args.intervals]
+    if "R = 1" in r_labels and "R = 16" in r_labels:
+        print("\nR = 16 over R = 1:", ", ".join(f"{b} {wide.loc['R = 16', b] / wide.loc['R = 1', b]:.3f}"
+                                               for b in order if b != "unmasked"))
+    at16 = table[table.support == "R = 16"]
+    targets = bench.target_ratios(pd.DataFrame(columns=["context_len", "num_intervals", "executor", "median_ms"]),
+                                  attention=at16).set_index("ratio")
+    row = targets.loc["attention_R16_over_unmasked"]
+    verdict = {True: "met", False: "NOT met", None: ""}[row.met]
+    value = "n/a" if np.isnan(row.value) else f"{row.value:.3f}"
+    print(f"\ntarget: one-pass at R = 16 within 1.1x of the unmasked call: {value} {verdict} {row.note}")
     return 0
 
 

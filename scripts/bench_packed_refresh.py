@@ -4,14 +4,19 @@
 Same code as notebooks/04_packed_refresh_benchmark.ipynb (``sur_lab.studies.bench``). N is the edited context (the
 Shift cache's rows: a 16-token prefix and the suffix); its Dirty prefill also holds the 8 deleted tokens, N + 8 in all,
 which must fit the model's max_position_embeddings (8192 for SmolLM2; a larger N is refused before any prefill).
-Defaults follow the issues: the embedded model, N in {2040, 8184} (original contexts of 2048 and 8192 tokens), B = 64, R in {1, 4, 16}, executors sequential, direct-sequential, one-shot,
-packed-sdpa, packed-sdpa-split, packed-flex, the in-place forms packed-inplace and direct-sequential-inplace (a fresh
-copy of the Shift cache per call, untimed) and the arithmetic floor append-forward (packed-triton added and timed on
-CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then packed executors against Replay for budgets
-1-20 % of the suffix at N = 8184 (fewer repetitions: one Replay of 8K tokens takes tens of seconds on 2 CPU cores); then
-serial vs overlapped recovery (appendix 13.3) on a 2,412-token natural-text edit; then the targets of issue 17.
+Defaults follow the issues: the embedded model, N in {2040, 8184} (original contexts of 2048 and 8192 tokens), B = 64,
+R in {1, 4, 16}, executors sequential, direct-sequential, one-shot, packed-sdpa, packed-sdpa-split, packed-flex,
+packed-cpp (the one-pass C++ kernel; built on first use), the in-place forms packed-inplace and
+direct-sequential-inplace (a fresh copy of the Shift cache per call, untimed) and the arithmetic floor append-forward
+(packed-triton added and timed on CUDA only), 10 warm-ups then 20 interleaved repetitions, medians; then packed
+executors against two Replays for budgets 1-20 % of the suffix at N = 8184: transformers' Replay and each executor at
+a 100 % support (the same attention path), beside the floors B/S (Eq. 15) and the causal-pair fraction and bound
+(Eq. 18) (fewer repetitions: one Replay of 8K tokens takes about a minute on one core); then serial vs overlapped
+recovery (appendix 13.3) on a 2,412-token natural-text edit; then one layer's attention alone at the model's heads
+(one-pass kernel, key split, and the unmasked call over the same row-key pairs, their floor); then the targets of
+issues 17 and 30, each with met / NOT met.
 
-    .venv/bin/python scripts/bench_packed_refresh.py --threads 1         # full default grid (about 30 min, 2 cores)
+    .venv/bin/python scripts/bench_packed_refresh.py --threads 1         # full default grid (about 40 min, 2 cores)
     .venv/bin/python scripts/bench_packed_refresh.py --context-lengths 1024 --warmups 1 --repeats 3 --budgets 5
 
 Wall times come from time.perf_counter (CUDA synchronized). Run on a quiet machine: timings are medians, not bounds.
@@ -59,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--executors",
         nargs="+",
         default=["sequential", "direct-sequential", "one-shot", "packed-sdpa", "packed-sdpa-split", "packed-flex",
-                 "packed-triton", "packed-inplace", "direct-sequential-inplace", "append-forward"],
+                 "packed-cpp", "packed-triton", "packed-inplace", "direct-sequential-inplace", "append-forward"],
         help="registered executor names (packed-triton* are skipped off CUDA; *-inplace get an untimed fresh copy "
              "per call; append-forward is the plain-forward floor)",
     )
@@ -73,8 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                              f"context of 8192)")
     parser.add_argument("--sweep-intervals", type=int_arg("--sweep-intervals", 1), default=16,
                         help="R of the sweep's supports (>= 1)")
-    parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa", "packed-sdpa-split", "packed-inplace"],
-                        help="packed executors timed beside Replay")
+    parser.add_argument("--sweep-executors", nargs="+", default=["packed-sdpa-split", "packed-inplace"],
+                        help="packed executors timed beside Replay (each also at a 100 %% support unless "
+                             "--no-full-support; packed-sdpa there would build a [S, S] mask)")
+    parser.add_argument("--no-full-support", dest="full_support", action="store_false",
+                        help="skip the packed executors' 100 %% supports (the same-path Replay baseline)")
     parser.add_argument("--replay-warmups", type=int_arg("--replay-warmups", 0), default=1)
     parser.add_argument("--replay-repeats", type=int_arg("--replay-repeats", 1), default=5)
     parser.add_argument("--overlap-context-length", type=int_arg("--overlap-context-length", MIN_OVERLAP_TOKENS,
@@ -87,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="executor of the overlap comparison (its in-place form is used)")
     parser.add_argument("--overlap-warmups", type=int_arg("--overlap-warmups", 0), default=10)
     parser.add_argument("--overlap-repeats", type=int_arg("--overlap-repeats", 1), default=20)
+    parser.add_argument("--attention-repeats", type=int_arg("--attention-repeats", 1, zero=True), default=15,
+                        help="interleaved rounds of the attention-only timing at the model's heads and the largest "
+                             "N (0: skip it)")
+    parser.add_argument("--attention-backends", nargs="+", default=["split", "onepass", "unmasked"],
+                        choices=["sdpa-gqa", "split", "onepass", "flex", "unmasked"],
+                        help="paths of the attention-only timing (sur_lab.studies.bench.attention_only)")
     parser.add_argument("--target-executor", default="packed-inplace",
                         help="the packed executor whose ratios the targets are about")
     parser.add_argument("--seed", type=int, default=0)
@@ -224,6 +238,7 @@ def main(argv=None) -> int:
             budgets=args.budgets,
             num_intervals=args.sweep_intervals,
             executors=args.sweep_executors,
+            full_support=args.full_support,
             warmups=args.replay_warmups,
             repeats=args.replay_repeats,
             seed=args.seed,
@@ -231,8 +246,11 @@ def main(argv=None) -> int:
         )
         replay = bench.replay_medians(sweep)
         print(f"\nPacked vs Replay, N={args.replay_context_length}, R<={args.sweep_intervals}, "
-              f"{args.replay_warmups} warm-up(s) + {args.replay_repeats} repetitions:")
-        print(replay.to_string(index=False, float_format="{:.3f}".format))
+              f"{args.replay_warmups} warm-up(s) + {args.replay_repeats} repetitions. fraction_of_replay: over "
+              "transformers' Replay; fraction_of_packed_replay: over the same executor at a 100 % support; floors: "
+              "token_fraction B/S (Eq. 15), pair_fraction and pair_bound min(1, 2B/S) (Eq. 18); over_token_floor = "
+              "fraction_of_packed_replay / token_fraction:")
+        print(replay.to_string(index=False, float_format="{:.4f}".format))
 
     overlap = None
     if overlap_edit is not None:
@@ -248,20 +266,34 @@ def main(argv=None) -> int:
         print(overlap.to_string(index=False, float_format="{:.2f}".format))
 
     context_len = max(args.context_lengths)
+    attention = None
+    if args.attention_repeats:
+        frames = []
+        for r in args.intervals:
+            frames.append(bench.attention_only(
+                context_len, r, num_selected=args.num_selected, num_heads=lm.spec.num_heads,
+                num_kv_heads=lm.spec.num_kv_heads, head_dim=lm.spec.head_dim, dtype=lm.dtype, device=lm.device,
+                backends=args.attention_backends, warmups=3, repeats=args.attention_repeats, seed=args.seed))
+        attention = pd.concat(frames, ignore_index=True)
+        print(f"\nOne layer's attention alone, N={context_len}, B={args.num_selected}, heads "
+              f"{lm.spec.num_heads}/{lm.spec.num_kv_heads}, d_h {lm.spec.head_dim} (median us of "
+              f"{args.attention_repeats} interleaved rounds; unmasked: one call over the same row-key pairs):")
+        print(attention.to_string(index=False, float_format="{:.3g}".format))
     ratios = pd.concat(
-        [bench.target_ratios(medians, replay, context_len=context_len, packed=p, overlap=overlap).assign(packed=p)
+        [bench.target_ratios(medians, replay, context_len=context_len, packed=p, overlap=overlap,
+                             attention=attention).assign(packed=p)
          for p in timed if p.startswith("packed")],
         ignore_index=True,
     )
-    print(f"\nTarget ratios (grid ratios at N={context_len}, the 5 % ratio at N={args.replay_context_length}; "
+    print(f"\nTarget ratios (grid ratios at N={context_len}, the 5 % ratios at N={args.replay_context_length}; "
           "measured, not asserted):")
     print(ratios.to_string(index=False, float_format="{:.3f}".format))
     focus = ratios[ratios.packed == args.target_executor]
     if len(focus):
-        print(f"\nIssue 17 targets for {args.target_executor}:")
+        print(f"\nTargets of issues 17 and 30 for {args.target_executor} (attention alone: the one-pass kernel):")
         for row in focus.itertuples():
             verdict = {True: "met", False: "NOT met", None: ""}[row.met]
-            print(f"  {row.ratio:32s} {row.value:8.3f}   target {row.target:9s} {verdict}")
+            print(f"  {row.ratio:32s} {row.value:8.4f}   target {row.target:9s} {verdict} {row.note}")
 
     if args.save:
         from sur_lab.analysis.plotting import run_tag, save_table
@@ -274,6 +306,8 @@ def main(argv=None) -> int:
             save_table(overlap, "bench_packed_overlap", tag=tag)
         if replay is not None:
             save_table(replay, "bench_packed_replay", tag=tag)
+        if attention is not None:
+            save_table(attention, "bench_packed_attention", tag=tag)
     return 0
 
 

@@ -2,10 +2,12 @@
 """Profile one packed refresh with torch.profiler (issue 17, lean per-layer path): the top CPU operators.
 
 Embedded SmolLM2-135M by default, N = 8184 (an 8,192-token original context), B = 64 in R = 16 matched intervals
-(``sur_lab.studies.bench``), one thread. Prints the profiler's operator table sorted by self CPU time; on a shared
-machine compare percentages, not ms.
+(``sur_lab.studies.bench``), one thread, the default executor in place (``packed-inplace``: on a CPU the one-pass C++
+kernel, whose operator is ``sur_lab_onepass::attention``). Prints the profiler's operator table sorted by self CPU
+time; on a shared machine compare percentages, not ms.
 
-    .venv/bin/python scripts/profile_packed_refresh.py --executor packed-inplace --threads 1
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/profile_packed_refresh.py --intervals 16
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/profile_packed_refresh.py --executor packed-sdpa-split-inplace
 
 An older commit is profiled by putting its checkout first on the path (the script also runs on the pre-layout
 package, e.g. 1af7246, the state when issue 17 was filed):
@@ -29,7 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--context-length", type=int, default=8184, help="N, tokens of the edited context")
     parser.add_argument("--num-selected", type=int, default=64, help="B, positions")
     parser.add_argument("--intervals", type=int, default=16, help="R")
-    parser.add_argument("--executor", default="packed-sdpa-split", help="registered executor name")
+    parser.add_argument("--executor", default="packed-inplace", help="registered executor name")
     parser.add_argument("--warmups", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--rows", type=int, default=20, help="operator rows printed")

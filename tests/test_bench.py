@@ -93,31 +93,52 @@ def test_ratio_tables_from_hand_made_medians():
     medians = bench.grid_medians(pd.DataFrame(rows))
     table = bench.table18(medians, ["sequential", "packed-sdpa"])
     assert list(table.columns) == ["context_len", "num_intervals", "sequential", "packed-sdpa"]
+    # Replay pairs: S P + S (S + 1) / 2 with P = 16, S = 8176; the 5 % support's pairs are made up (Eq. 18's numerator).
+    replay_pairs = 8176 * 16 + 8176 * 8177 // 2
     sweep = pd.DataFrame([
         {"context_len": 8192, "method": "Replay", "budget_pct": 100.0, "num_selected": 8176, "num_intervals": 1,
-         "rep": 0, "ms": 200.0},
+         "pairs": replay_pairs, "rep": 0, "ms": 200.0},
         {"context_len": 8192, "method": "packed-sdpa", "budget_pct": 5.0, "num_selected": 409, "num_intervals": 16,
-         "rep": 0, "ms": 20.0},
+         "pairs": 1_700_000, "rep": 0, "ms": 20.0},
+        {"context_len": 8192, "method": "packed-sdpa", "budget_pct": 100.0, "num_selected": 8176, "num_intervals": 1,
+         "pairs": replay_pairs, "rep": 0, "ms": 125.0},
     ])
     replay = bench.replay_medians(sweep)
-    packed_row = replay[replay.method == "packed-sdpa"].iloc[0]
+    packed_row = replay[(replay.method == "packed-sdpa") & (replay.budget_pct == 5.0)].iloc[0]
     assert packed_row.fraction_of_replay == pytest.approx(0.1)
+    assert packed_row.fraction_of_packed_replay == pytest.approx(20.0 / 125.0)
     assert packed_row.token_fraction == pytest.approx(409 / 8176)
+    assert packed_row.pair_fraction == pytest.approx(1_700_000 / replay_pairs)
     assert packed_row.pair_bound == pytest.approx(2 * 409 / 8176)
+    assert packed_row.over_token_floor == pytest.approx(0.16 / (409 / 8176))
+    assert np.isnan(replay[replay.method == "Replay"].fraction_of_packed_replay.iloc[0])
     overlap = pd.DataFrame({"mode": ["serial", "overlap"], "median_ms": [50.0, 45.0]})
-    targets = bench.target_ratios(medians, replay, packed="packed-sdpa", overlap=overlap).set_index("ratio")
+    attention = pd.DataFrame({"backend": ["onepass", "unmasked", "onepass"], "num_intervals": [16, 16, 1],
+                              "median_us": [6300.0, 6000.0, 5000.0]})
+    targets = bench.target_ratios(medians, replay, packed="packed-sdpa", overlap=overlap,
+                                  attention=attention).set_index("ratio")
+    assert list(targets.index) == list(bench.TARGETS)
     assert targets.loc["packed_R16_over_R1", "value"] == pytest.approx(1.25)
     assert targets.loc["sequential_over_packed_R16", "value"] == pytest.approx(16.0)
     assert targets.loc["packed_R1_over_append_forward", "value"] == pytest.approx(8.0 / 7.0)
     assert targets.loc["packed_5pct_over_replay", "value"] == pytest.approx(0.1)
+    assert targets.loc["packed_5pct_over_packed_replay", "value"] == pytest.approx(0.16)
+    assert targets.loc["packed_5pct_over_token_floor", "value"] == pytest.approx(0.16 * 8176 / 409)
+    assert targets.loc["attention_R16_over_unmasked", "value"] == pytest.approx(1.05)
     assert targets.loc["overlap_over_serial_recovery", "value"] == pytest.approx(0.9)
-    assert targets["met"].tolist() == [True, False, True, False, None]
+    assert targets["met"].tolist() == [True, False, True, False, None, False, True, None]
     assert (targets["note"] == "").all()  # every ratio measured
     missing = bench.target_ratios(medians, None, packed="packed-sdpa").set_index("ratio")
-    assert np.isnan(missing.loc["packed_5pct_over_replay", "value"])
-    assert missing.loc["packed_5pct_over_replay", "met"] is None
-    assert missing.loc["packed_5pct_over_replay", "note"] == "not measured: no packed-vs-Replay sweep"
+    for name in ("packed_5pct_over_replay", "packed_5pct_over_packed_replay", "packed_5pct_over_token_floor"):
+        assert np.isnan(missing.loc[name, "value"]) and missing.loc[name, "met"] is None
+        assert missing.loc[name, "note"] == "not measured: no packed-vs-Replay sweep"
     assert missing.loc["overlap_over_serial_recovery", "note"] == "not measured: no overlap comparison"
+    assert missing.loc["attention_R16_over_unmasked", "note"] == "not measured: no attention-only timing"
+    no_full = bench.target_ratios(medians, bench.replay_medians(sweep.iloc[:2]), packed="packed-sdpa")
+    no_full = no_full.set_index("ratio")
+    assert no_full.loc["packed_5pct_over_replay", "note"] == ""
+    assert no_full.loc["packed_5pct_over_token_floor", "note"] == (
+        "not measured: packed-sdpa not timed at a 100 % support")
     # A smoke grid times R = 1 and 4 only: the R = 16 ratios are NaN and say why; the R = 1 ratio is measured.
     smoke = bench.target_ratios(medians[medians.num_intervals != 16], replay, packed="packed-sdpa").set_index("ratio")
     for name in ("sequential_over_packed_R16", "packed_R16_over_R1"):
@@ -127,7 +148,8 @@ def test_ratio_tables_from_hand_made_medians():
     other = bench.target_ratios(medians, replay, context_len=2048, packed="packed-inplace", target_budget=2)
     assert other.set_index("ratio")["note"].tolist() == [
         "not measured: N = 2048 not in context_lengths"] * 3 + [
-        "not measured: b = 2 % not in the sweep's budgets", "not measured: no overlap comparison"]
+        "not measured: b = 2 % not in the sweep's budgets"] * 3 + [
+        "not measured: no attention-only timing", "not measured: no overlap comparison"]
     unpacked = bench.target_ratios(medians, replay, packed="packed-inplace").set_index("ratio")
     assert unpacked.loc["packed_R16_over_R1", "note"] == "not measured: packed-inplace not timed"
     assert unpacked.loc["packed_5pct_over_replay", "note"] == "not measured: packed-inplace not in the sweep's executors"
@@ -145,8 +167,13 @@ def test_refresh_grid_and_replay_sweep_on_a_tiny_model():
     assert checks["unselected_identical"].all()
     assert (checks["selected_max_abs"] <= 1e-9).all()
     sweep = bench.replay_sweep(lm, ctx, budgets=[5, 50], warmups=0, repeats=1, num_intervals=4)
-    assert sorted(sweep["method"]) == ["Replay"] + ["packed-sdpa"] * 2 + ["packed-sdpa-split"] * 2
-    assert sorted(sweep["num_selected"]) == [5, 5, 44, 44, 88]
+    assert sorted(sweep["method"]) == ["Replay"] + ["packed-sdpa"] * 3 + ["packed-sdpa-split"] * 3
+    assert sorted(sweep["num_selected"]) == [5, 5, 44, 44, 88, 88, 88]  # b = 100 %: the same-path Replay
+    full = sweep[sweep.num_selected == 88]
+    assert full["pairs"].nunique() == 1 and full["pairs"].iloc[0] == sum(range(8 + 1, 96 + 1))
+    replay = bench.replay_medians(sweep)
+    assert (replay[replay.budget_pct == 100.0].pair_fraction == 1.0).all()
+    assert (replay[replay.method != "Replay"].fraction_of_packed_replay > 0).all()
 
 
 def test_inplace_executors_floor_and_overlap_on_a_tiny_model():
@@ -162,7 +189,8 @@ def test_inplace_executors_floor_and_overlap_on_a_tiny_model():
     floor = timings[timings.executor == bench.APPEND_FORWARD]
     assert len(floor) == 2 and (floor["num_intervals"] == 1).all()
     assert (floor["pairs"] == sum(range(96 - 8 + 1, 96 + 1))).all()
-    sweep = bench.replay_sweep(lm, ctx, budgets=[5], warmups=0, repeats=1, executors=["packed-inplace"])
+    sweep = bench.replay_sweep(lm, ctx, budgets=[5], warmups=0, repeats=1, executors=["packed-inplace"],
+                               full_support=False)
     assert sorted(sweep["method"]) == ["Replay", "packed-inplace"]
     assert caches_equal(ctx.shift, before)
     timings, summary = bench.overlap_recovery(lm, ctx.edit, budget_pct=10, warmups=1, repeats=2)

@@ -415,8 +415,8 @@ def test_split_executor_takes_the_split_path_and_equals_sequential(case, monkeyp
 
 def test_registered_executor_names():
     get_executor("sequential")  # triggers the optional import of sur_lab.executors.packed
-    for name in ("packed", "packed-sdpa", "packed-sdpa-split", "packed-flex", "packed-flex-eager", "packed-triton",
-                 "packed-triton-fused", "direct-sequential", "one-shot"):
+    for name in ("packed", "packed-sdpa", "packed-sdpa-split", "packed-flex", "packed-flex-eager", "packed-cpp",
+                 "packed-triton", "packed-triton-fused", "direct-sequential", "one-shot"):
         assert name in EXECUTORS
 
 

@@ -12,13 +12,13 @@ the duration of the traversal, nothing else:
   ``attention_mask`` and the model's dispatching attention (:mod:`sur_lab.attention`, installed once per model) hands
   a call carrying a plan to it and every other call to the model's own function. Packed row r attends to keys
   ``0..u_r`` of the mixed cache, fresh rows at selected positions and reused Shift rows in the gaps (Eq. 22), with
-  one of three backends chosen by name:
+  one of four backends chosen by name:
 
   ``"sdpa"``    ``torch.nn.functional.scaled_dot_product_attention`` with an explicit ``[B, u_B + 1]`` mask built
                 once per refresh (boolean ``j <= u_r``, stored in SDPA's additive form); GQA through
                 ``enable_gqa=True`` on the CPU (no copy) and ``repeat_kv`` on accelerators, where a masked GQA
                 call would fall back to the math kernel (transformers does the same). ``sdpa_split=True``
-                (registered as ``"packed-sdpa-split"`` and as the default ``"packed"``, CPU only) splits the keys
+                (registered as ``"packed-sdpa-split"``, CPU only; the default ``"packed"``'s fallback) splits the keys
                 instead: key segment ``[k0, k1)`` is attended only by the packed rows with ``u_r >= k0`` (the rows
                 that can see any of it; a segment is a complete-prefix tile for every later row, Eq. 23-24), with
                 the GQA group folded into the query rows so each K/V segment is read once per KV head and query
@@ -32,6 +32,13 @@ the duration of the traversal, nothing else:
                 default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
                 afterwards) and is excluded from benchmark timings. ``flex_compile=False`` runs the eager reference
                 (materializes the scores; about 1 s per layer at N = 2K on a CPU: for tests only).
+  ``"cpp"``     the one-pass C++ CPU kernel of :mod:`sur_lab.executors.kernels.onepass` (registered as
+                ``"packed-cpp"``): each K/V tile is read once for every packed row that sees it (one score GEMM and
+                one ``P V`` GEMM over all those rows, online softmax, GQA folded into the rows), with a tile plan built
+                once per refresh (the 64-key tiles of Eq. 23-24 at row granularity). Compiled on first use and cached
+                in the model cache folder; where it cannot run (no compiler, a failed build, tensors off the CPU) the
+                ``"sdpa"`` path with ``sdpa_split=True`` runs instead, after one warning line. The default
+                ``"packed"`` uses this backend.
   ``"triton"``  the indexed-attention kernel of :mod:`sur_lab.executors.kernels` with one plan per refresh reused across layers
                 (FP16/BF16/FP32, head dim 64 or 128). On a CPU it runs only under ``TRITON_INTERPRET=1`` set before
                 the kernels were imported; otherwise the kernel module falls back to its PyTorch SDPA reference.
@@ -107,7 +114,7 @@ from sur_lab.models import (
 #: rotary is applied by its own attention module at the positions U, so packed traversal stays exact for them too.
 PACKED_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 #: Attention backends of the packed executor, by name.
-PACKED_BACKENDS = ("sdpa", "flex", "triton")
+PACKED_BACKENDS = ("sdpa", "flex", "triton", "cpp")
 #: FlexAttention tile size (query rows and K/V positions), flex's own default.
 FLEX_BLOCK_SIZE = 128
 #: Cost model of the key-split path (:func:`split_segments`), in units of one folded query row times one key (all KV
@@ -138,6 +145,7 @@ FLASH_Q_BLOCKS = ((768, 256, 1.3), (192, 64, 1.0), (0, 32, 1.0))
 __all__ = [
     "FLASH_Q_BLOCKS",
     "FLEX_BLOCK_SIZE",
+    "FLEX_RECOMPILE_LIMIT",
     "PACKED_BACKENDS",
     "PACKED_MODEL_TYPES",
     "SPLIT_BLOCK_COST",
@@ -376,10 +384,19 @@ def flex_block_mask(positions: torch.Tensor, kv_len: int, *, block_size: int = F
 
 _COMPILED_FLEX: Callable | None = None
 _COMPILED_FLEX_LOCK = threading.Lock()
+#: Compiled flex graphs kept per process (one per shape); dynamo's default of 8 would send a ninth shape (e.g. a
+#: Replay sweep over several budgets) to the eager path, which materializes the scores.
+FLEX_RECOMPILE_LIMIT = 64
 
 
 def _flex_attention(compiled: bool) -> Callable:
-    """The flex_attention callable: compiled once per process (``dynamic=False``: one graph per shape) or eager."""
+    """The flex_attention callable: compiled once per process or eager.
+
+    Compiled with ``dynamic=False``: one graph per (B, kv_len) shape, kept in the process for up to
+    :data:`FLEX_RECOMPILE_LIMIT` shapes and on disk by inductor's FX graph cache (on by default; later processes load
+    it instead of compiling). Dynamic shapes would share one graph across B, but torch 2.13's CPU flex template fails
+    to compile with them (``CppCompileError``: an undeclared ``cur_qSplitSize``), so they are not used.
+    """
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -387,7 +404,14 @@ def _flex_attention(compiled: bool) -> Callable:
         return flex_attention
     with _COMPILED_FLEX_LOCK:  # two threads' first refreshes would otherwise wrap (and compile) it twice
         if _COMPILED_FLEX is None:
-            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+            graph = torch.compile(flex_attention, dynamic=False)
+
+            def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+                with torch._dynamo.config.patch(recompile_limit=max(FLEX_RECOMPILE_LIMIT,
+                                                                    torch._dynamo.config.recompile_limit)):
+                    return graph(*args, **kwargs)
+
+            _COMPILED_FLEX = call
         return _COMPILED_FLEX
 
 
@@ -401,7 +425,7 @@ class _PackedAttention(RoutedMask):
     segments: tuple[tuple[KeySegment, torch.Tensor | None], ...] | None = None  # split sdpa: (segment, mask)
     block_mask: Any = None  # flex: BlockMask
     flex: Callable | None = None
-    plan: Any = None  # triton: IndexedAttentionPlan
+    plan: Any = None  # triton: IndexedAttentionPlan; cpp: OnePassPlan
 
     def __call__(self, module: torch.nn.Module, query, key, value, **kwargs: Any) -> tuple[torch.Tensor, None]:
         return _packed_attention_forward(module, query, key, value, self, **kwargs)
@@ -417,6 +441,10 @@ class _PackedAttention(RoutedMask):
                 # The eager (uncompiled) path warns that it materializes scores: that is why it is the test path.
                 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
                 return self.flex(query, key, value, block_mask=self.block_mask, scale=scale, enable_gqa=True)
+        if self.backend == "cpp":
+            from sur_lab.executors.kernels.onepass import _attend
+
+            return _attend(query, key, value, self.plan, scale)
         from sur_lab.executors.kernels import indexed_attention
 
         return indexed_attention(query, key, value, self.plan, scale=scale)
@@ -685,6 +713,12 @@ def _make_attention(
     sdpa_split: bool = False,
     num_kv_groups: int = 1,
 ) -> _PackedAttention:
+    if backend == "cpp":
+        from sur_lab.executors.kernels.onepass import build_onepass_plan, onepass_available
+
+        if positions.device.type == "cpu" and positions.numel() and onepass_available():
+            return _PackedAttention("cpp", plan=build_onepass_plan(positions, group=num_kv_groups))
+        backend, sdpa_split = "sdpa", True  # the fallback: the key split on a CPU, one masked call elsewhere
     if backend == "sdpa":
         if sdpa_split and positions.device.type == "cpu" and positions.numel() and _has_cpu_flash():
             # Module attributes read at call time: tests lower the call cost to force several segments.
@@ -804,7 +838,7 @@ def refresh_packed(
         shift: Shift cache of ``p ⊕ s`` (``p + S`` rows, ``[1, H_kv, p + S, d_h]`` per layer); not modified.
         edit: the edit (its edited token ids are gathered at U).
         positions: a ``Support`` or ``[B]`` suffix-local positions, strictly increasing in ``[0, S)``.
-        backend: ``"sdpa"``, ``"flex"`` or ``"triton"`` (module docstring).
+        backend: ``"sdpa"``, ``"flex"``, ``"triton"`` or ``"cpp"`` (module docstring).
         fused_scatter: write fresh K/V with the kernel module's indexed scatter instead of ``index_copy_``
             (``backend="triton"`` only).
         flex_compile: compile ``flex_attention`` (``backend="flex"``); False runs the eager reference.
@@ -980,11 +1014,15 @@ def _register(name: str, fn: Callable[..., DynamicCache] = None, **options: Any)
         register_executor(full)(executor)
 
 
-_register("packed", backend="sdpa", sdpa_split=True)  # the default: key split on a CPU, one masked call elsewhere
+# The default: the one-pass C++ kernel on a CPU (faster than the key split at every support the benchmark times:
+# scripts/attention_paths.py, scripts/bench_packed_refresh.py), the key split where it cannot be built, one masked
+# SDPA call elsewhere.
+_register("packed", backend="cpp")
 _register("packed-sdpa", backend="sdpa")
 _register("packed-sdpa-split", backend="sdpa", sdpa_split=True)
 _register("packed-flex", backend="flex")
 _register("packed-flex-eager", backend="flex", flex_compile=False)
+_register("packed-cpp", backend="cpp")
 _register("packed-triton", backend="triton")
 _register("packed-triton-fused", backend="triton", fused_scatter=True)
 _register("direct-sequential", refresh_direct_sequential)
