@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
-from sur_lab.runtime import distributed
-from sur_lab.runtime.distributed import CONCURRENCY_FIELDS, check_concurrency, check_workers, model_args_of
-from sur_lab.runtime.sweep import TIMING_FIELDS, run_sweep
+from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency
+from sur_lab.sweeps import TIMING_FIELDS, run_sweep
+from sur_lab.sweeps import ray as distributed
+from sur_lab.sweeps.ray import check_workers, model_args_of
 from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
 from test_allocators import char_tokenizer
 from test_niah import CORPUS
@@ -184,7 +185,7 @@ def test_missing_ray_says_how_to_install(monkeypatch, args, cases, tmp_path):
 
 
 def test_importing_sur_lab_does_not_import_ray():
-    code = ("import sys, sur_lab, sur_lab.runtime.sweep, sur_lab.runtime.distributed, sur_lab.runtime.cli, "
+    code = ("import sys, sur_lab, sur_lab.sweeps, sur_lab.sweeps.ray, sur_lab.runtime.cli, "
             "sur_lab.runtime.params; assert 'ray' not in sys.modules, 'ray imported'")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
@@ -220,15 +221,17 @@ def test_two_workers_equal_the_serial_run(ray_session, args, cases, serial, tmp_
 
 @pytest.mark.ray
 def test_resume_after_the_driver_is_interrupted(ray_session, args, cases, serial, tmp_path, monkeypatch):
-    real = distributed._count_records
+    from sur_lab.sweeps.store import SweepStore
 
-    def interrupt_once_records_exist(path):
-        n = real(path)
+    real = SweepStore.count
+
+    def interrupt_once_records_exist(self, case_id):
+        n = real(self, case_id)
         if n:
             raise KeyboardInterrupt
         return n
 
-    monkeypatch.setattr(distributed, "_count_records", interrupt_once_records_exist)
+    monkeypatch.setattr(SweepStore, "count", interrupt_once_records_exist)
     kwargs = dict(workers=2, threads=1, max_new_tokens=4, scorer=niah_scorer, parser=parse_niah_answer, seed=1,
                   progress=False)
     with pytest.raises(KeyboardInterrupt):
@@ -240,7 +243,7 @@ def test_resume_after_the_driver_is_interrupted(ray_session, args, cases, serial
             rec = json.loads(line)
             before[(rec["case_id"], rec["method"], str(rec["budget_pct"]))] = rec["latency_ms"]
     assert 0 < len(before) < len(serial)
-    monkeypatch.setattr(distributed, "_count_records", real)
+    monkeypatch.setattr(SweepStore, "count", real)
     df = run_sweep(args, cases, METHODS, BUDGETS, tmp_path, **kwargs)
     _assert_same_records(df, serial)
     kept = {(r.case_id, r.method, str(r.budget_pct)): r.latency_ms for r in df.itertuples()}

@@ -31,8 +31,8 @@ from sur_lab.answer import answer, continuation_nll
 from sur_lab.cache_ops import caches_equal, max_abs_diff, to_tensors
 from sur_lab.edits import token_edit
 from sur_lab.repair import prepare, repair
-from sur_lab.runtime.fingerprint import model_fingerprint, weights_hash
-from sur_lab.runtime.sweep import SweepCase, run_sweep, sweep_folder
+from sur_lab.fingerprint import model_fingerprint, weights_hash
+from sur_lab.sweeps import Case, run_sweep, sweep_folder
 from sur_lab.studies.noprefix import (
     RagRequest,
     RepairSpec,
@@ -67,7 +67,7 @@ def _edit(seed=0, n=40, p=6, d=5, q=4):
 
 
 def _sweep(lm, out, cases=None, **kw):
-    cases = cases or [SweepCase("c0", _edit(0))]
+    cases = cases or [Case("c0", _edit(0))]
     return run_sweep(lm, cases, ("Shift", "Re-prefill"), (), out, max_new_tokens=2, progress=False, **kw)
 
 
@@ -113,12 +113,15 @@ def test_sweep_resume_refuses_another_executor_options_and_old_records(lm64, tmp
         _sweep(lm64, tmp_path, options={"aux_model": _same_name_other_weights()})
     with pytest.raises(ValueError, match="another seed"):
         _sweep(lm64, tmp_path, seed=5)
-    # A record written before fingerprints existed (no model_weights field) is refused, not trusted.
+    # A record written before fingerprints existed (no model_weights field) is not trusted: it fails the schema, is
+    # reported with its file and line, and recomputed.
     part = next((tmp_path / "parts").glob("*.jsonl"))
     recs = [json.loads(line) for line in part.read_text().splitlines()]
     part.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "model_weights"}) + "\n" for r in recs))
-    with pytest.raises(ValueError, match="another model_weights \\(None"):
-        _sweep(lm64, tmp_path)
+    with pytest.warns(UserWarning, match=r"\.jsonl:1: not a valid sweep record \(field 'model_weights' is missing"):
+        again = _sweep(lm64, tmp_path)
+    assert set(again["model_weights"]) == {weights_hash(lm64)}
+    assert all(json.loads(line)["model_weights"] == weights_hash(lm64) for line in part.read_text().splitlines())
 
 
 def test_concurrent_sweep_into_one_folder_is_refused(lm64, tmp_path):
@@ -441,7 +444,7 @@ def test_shipped_files_are_verified_against_sha256sums(data_copy, label, damage,
 
 
 def test_data_dir_that_does_not_exist_is_an_error(monkeypatch, tmp_path):
-    from sur_lab.runtime.paths import default_data_dir
+    from sur_lab.paths import default_data_dir
     from sur_lab.studies.datasets import load_qa
 
     monkeypatch.setenv("SUR_LAB_DATA_DIR", str(tmp_path / "nothing"))

@@ -385,12 +385,12 @@ def test_sweep_cases_trials_and_scorer():
 def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
     from sur_lab.studies.natural_qa import make_scorer, sweep_cases
     from sur_lab.analysis.scoring import extract_answer, score_example
-    from sur_lab.runtime.sweep import run_sweep
+    from sur_lab.sweeps import run_sweep
 
     src = select_panel(("2wikimultihopqa",), 1, PanelConfig(seed=3))[0]  # a short prompt (322 tokens)
     cases = [build_case(smol.tokenizer, src, "after")]
     records = run_sweep(smol, sweep_cases(cases, trials=2), ["SUR", "Shift", "Re-prefill"], [5], tmp_path,
-                        max_new_tokens=2, scorer=make_scorer(cases), progress=False)
+                        max_new_tokens=2, scorer=make_scorer(cases), progress=False, timed=True)
     table = results_table(records)
     for row in table.itertuples():
         assert row.correct == score_example(extract_answer(row.answer_text), src.example)

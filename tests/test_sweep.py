@@ -1,4 +1,5 @@
-"""The sweep runner: one record per (case, method, budget), shared per-case state, exact resume; NR_TV (Eq. 14)."""
+"""The sweep pipeline (sur_lab.sweeps): one record per (case, method, budget), shared per-case state, exact resume;
+NR_TV (Eq. 14)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sur_lab.runtime.sweep as sweep_mod
+import sur_lab.sweeps.case as case_mod
 from conftest import make_tiny_model
 from sur_lab.budget import allowance
 from sur_lab.analysis.endpoints import nr_tv, reference_continuation
 from sur_lab.analysis.scoring import extract_answer
 from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
-from sur_lab.runtime.sweep import TIMING_FIELDS, SweepCase, case_seed, run_sweep
+from sur_lab.sweeps import TIMING_FIELDS, Case, case_seed, run_sweep
 from sur_lab.studies.niah import budget_table
 from test_allocators import char_tokenizer
 from test_niah import CORPUS
@@ -56,7 +57,8 @@ def test_nr_tv_is_eq14():
 
 def test_sweep_writes_one_record_per_case_method_budget(lm, cases, tmp_path):
     df = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path, max_new_tokens=6, parser=parse_niah_answer,
-                   scorer=niah_scorer, seed=3, progress=False)
+                   scorer=niah_scorer, seed=3, progress=False, timed=True)
+    assert df.timed.all()
     assert len(df) == 2 * (4 + 3 * 2)
     stored = pd.read_parquet(tmp_path / "records.parquet")
     keys = ["case_id", "method", "budget_pct", "answer", "em", "tv_reprefill"]
@@ -91,7 +93,7 @@ def test_sweep_writes_one_record_per_case_method_budget(lm, cases, tmp_path):
 
 def test_shift_cache_and_references_are_computed_once_per_case(lm, cases, tmp_path, monkeypatch):
     calls = {"prepare": 0, "Re-prefill": 0}
-    real_prepare, real_repair = sweep_mod.prepare, sweep_mod.repair
+    real_prepare, real_repair = case_mod.prepare, case_mod.repair
 
     def counting_prepare(*args, **kwargs):
         calls["prepare"] += 1
@@ -101,8 +103,8 @@ def test_shift_cache_and_references_are_computed_once_per_case(lm, cases, tmp_pa
         calls[method] = calls.get(method, 0) + 1
         return real_repair(lm_, prepared, method, *args, **kwargs)
 
-    monkeypatch.setattr(sweep_mod, "prepare", counting_prepare)
-    monkeypatch.setattr(sweep_mod, "repair", counting_repair)
+    monkeypatch.setattr(case_mod, "prepare", counting_prepare)
+    monkeypatch.setattr(case_mod, "repair", counting_repair)
     run_sweep(lm, cases, METHODS, BUDGETS, tmp_path, max_new_tokens=3, progress=False)
     assert calls["prepare"] == 2 and calls["Re-prefill"] == 2 and calls["Dirty"] == 2 and calls["SUR"] == 4
 
@@ -132,7 +134,8 @@ def test_sweep_resumes_after_a_crash_with_identical_records(lm, cases, tmp_path)
         resumed_calls["n"] += 1
         return niah_scorer(case, text)
 
-    resumed = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=counting_scorer, **kwargs)
+    with pytest.warns(UserWarning, match=r"\.jsonl:3: not a valid sweep record \(torn"):
+        resumed = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=counting_scorer, **kwargs)
     assert resumed_calls["n"] == len(full) - 12  # finished records are not recomputed
     pd.testing.assert_frame_equal(_comparable(resumed), _comparable(full))
     for name, text in before.items():  # finished records are kept byte for byte
@@ -170,12 +173,12 @@ def test_sweep_validates_before_any_work(lm, cases, tmp_path, kwargs, match):
 def test_sweep_rejects_duplicate_ids_and_nested_meta(lm, cases, tmp_path):
     with pytest.raises(ValueError, match="unique"):
         run_sweep(lm, [cases[0], cases[0]], ("Shift",), (), tmp_path, progress=False)
-    bad = SweepCase("x", cases[0].edit, meta={"nested": [1, 2]})
     with pytest.raises(ValueError, match="meta"):
-        run_sweep(lm, [bad], ("Shift",), (), tmp_path, progress=False)
-    clash = SweepCase("x", cases[0].edit, meta={"method": "a"})
+        Case("x", cases[0].edit, meta={"nested": [1, 2]})
     with pytest.raises(ValueError, match="collides"):
-        run_sweep(lm, [clash], ("Shift",), (), tmp_path, progress=False)
+        Case("x", cases[0].edit, meta={"method": "a"})
+    with pytest.raises(ValueError, match="Case objects"):
+        run_sweep(lm, [cases[0].edit], ("Shift",), (), tmp_path, progress=False)
 
 
 def test_default_scoring_uses_extracted_answers_and_gold_aliases(lm, cases, tmp_path):

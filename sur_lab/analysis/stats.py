@@ -329,7 +329,7 @@ def agreement_rate(
 
 
 #: Record fields saying under what concurrency a sweep record was measured: ``workers`` (processes sharing the
-#: machine, :mod:`sur_lab.runtime.distributed`) and ``threads`` (torch intra-op threads of the process).
+#: machine, :mod:`sur_lab.sweeps.ray`) and ``threads`` (torch intra-op threads of the process).
 CONCURRENCY_FIELDS = ("workers", "threads")
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sur_lab.runtime.paths import REPO_ROOT, outputs_dir
+from sur_lab.paths import REPO_ROOT, outputs_dir
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 BENCH_SCRIPT = REPO_ROOT / "scripts" / "bench_packed_refresh.py"
@@ -147,8 +147,8 @@ def run_study_sweep(args) -> Path:
 
     from sur_lab.analysis.plotting import run_tag
     from sur_lab.models import load_model
-    from sur_lab.runtime.distributed import check_workers, model_label
-    from sur_lab.runtime.sweep import run_sweep
+    from sur_lab.sweeps import run_sweep
+    from sur_lab.sweeps.ray import check_workers, model_label
 
     params = sweep_preset(args.study, args.preset)
     for key in ("max_new_tokens", "num_cases", "budgets", "context_lens", "n_per_dataset"):

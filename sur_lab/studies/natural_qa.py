@@ -437,7 +437,7 @@ def build_cases(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Sweep glue (the shared runner is sur_lab.runtime.sweep.run_sweep)
+# Sweep glue (the shared runner is sur_lab.sweeps.run_sweep)
 
 
 def trial_case_id(case_id: str, trial: int) -> str:
@@ -446,7 +446,7 @@ def trial_case_id(case_id: str, trial: int) -> str:
 
 
 def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
-    """Placement cases as :class:`sur_lab.runtime.sweep.SweepCase` objects, ``trials`` timed trials per case.
+    """Placement cases as :class:`sur_lab.sweeps.Case` objects, ``trials`` timed trials per case.
 
     Trial t > 0 of a case is a separate sweep case (:func:`trial_case_id`) with the same edit, so each trial is
     timed once and resumes independently; trials are ordered trial-major (every case once, then again), so that
@@ -463,19 +463,19 @@ def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
     Raises:
         ValueError: naming ``trials`` when it is not an integer >= 1.
     """
-    from sur_lab.runtime.sweep import SweepCase
+    from sur_lab.sweeps import Case
 
     if int(trials) != trials or trials < 1:
         raise ValueError(f"trials={trials!r} must be an integer >= 1")
     return [
-        SweepCase(trial_case_id(c.case_id, t), c.edit, gold=tuple(c.example.answers), meta={**c.meta, "trial": t})
+        Case(trial_case_id(c.case_id, t), c.edit, gold=tuple(c.example.answers), meta={**c.meta, "trial": t})
         for t in range(int(trials))
         for c in cases
     ]
 
 
 def make_scorer(cases: Sequence[PlacementCase]):
-    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.runtime.sweep.run_sweep`.
+    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.sweeps.run_sweep`.
 
     It extracts the answer once (:func:`sur_lab.analysis.scoring.extract_answer`) and applies the example's dataset rule
     (:func:`sur_lab.analysis.scoring.score_example`: HotpotQA string EM, 2Wiki and MuSiQue over aliases, IIRC with DROP

@@ -27,7 +27,7 @@ import pandas as pd
 
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
-from sur_lab.runtime.sweep import REFERENCES
+from sur_lab.repair import REFERENCE_METHODS as REFERENCES
 
 #: RULER's multi-value NIAH instruction, placed before the documents.
 NIAH_INSTRUCTION = (
@@ -211,10 +211,10 @@ class NiahCase:
         }
 
     def sweep_case(self):
-        """This case as a :class:`sur_lab.runtime.sweep.SweepCase` (gold = the edited answer, meta = :meth:`meta`)."""
-        from sur_lab.runtime.sweep import SweepCase
+        """This case as a :class:`sur_lab.sweeps.Case` (gold = the edited answer, meta = :meth:`meta`)."""
+        from sur_lab.sweeps import Case
 
-        return SweepCase(self.case_id, self.edit, self.gold, self.meta())
+        return Case(self.case_id, self.edit, self.gold, self.meta())
 
 
 def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
