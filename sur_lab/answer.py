@@ -118,16 +118,26 @@ def greedy_answer(
     return Answer(text, tuple(generated), first, finished, timings)
 
 
-def _check_cache(cache: DynamicCache, edit: EditedContext) -> None:
-    """Refuse a cache built for another context: it must hold the edited context's ``p + S`` rows (every repair),
-    or the original ``N = p + d + S`` rows (Dirty keeps the deleted span)."""
+def check_cache_rows(cache: DynamicCache, edit: EditedContext, name: str = "cache") -> int:
+    """The one check of a pre-query cache's length against its edit; returns the length (rows).
+
+    A cache must hold the edited context's ``p + S`` rows (every repair of the deleted span) or the original
+    ``N = p + d + S`` rows (Dirty keeps the deleted span); any other length was built for another edit. This is the
+    only place that knows which lengths an edit allows: a reference operator whose cache has another length (e.g. the
+    Dirty cache followed by a prefilled correction note) extends this check, and nothing else (the sweep groups caches
+    by their actual length; the query is processed after a cache's last row, whatever its length).
+
+    Raises:
+        ValueError: naming ``name`` with its length and the lengths the edit allows.
+    """
     rows = cache_length(cache)
     edited = edit.prefix_len + edit.suffix_len
     if rows not in (edited, edit.num_tokens):
         raise ValueError(
-            f"cache has {rows} rows; the edit's context has p + S = {edited} rows (repaired) or N = {edit.num_tokens} "
+            f"{name} has {rows} rows; the edit's context has p + S = {edited} rows (repaired) or N = {edit.num_tokens} "
             "(Dirty): it was built for another edit"
         )
+    return rows
 
 
 def answer(
@@ -137,7 +147,8 @@ def answer(
 
     Args:
         lm: the model.
-        cache: a repaired pre-query cache (any method): ``p + S`` rows, or ``N = p + d + S`` for Dirty.
+        cache: a repaired pre-query cache (any method): ``p + S`` rows, or ``N = p + d + S`` for Dirty
+            (:func:`check_cache_rows`).
         edit: the edit, for its query.
         max_new_tokens: decoding limit, tokens (>= 1).
         copy: decode on a clone so ``cache`` is left unchanged (the clone is not timed, as a harness clone);
@@ -148,10 +159,10 @@ def answer(
 
     Raises:
         TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
-        ValueError: if ``max_new_tokens`` < 1, or naming ``cache`` when its length is neither ``p + S`` nor ``N``
+        ValueError: if ``max_new_tokens`` < 1, or naming ``cache`` when its length fails :func:`check_cache_rows`
             (a cache built for another edit).
     """
-    _check_cache(cache, edit)
+    check_cache_rows(cache, edit)
     return greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens, copy=copy)
 
 
@@ -168,7 +179,7 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
     continuation = as_token_ids(continuation, "continuation", allow_empty=True)
     if continuation.numel() == 0:
         raise ValueError("continuation must contain at least one token")
-    _check_cache(cache, edit)
+    check_cache_rows(cache, edit)
     work = clone_cache(cache)
     ids = torch.cat((edit.query_ids, continuation[:-1]))
     logits = forward_tokens(lm, ids, work, logits="all")[-len(continuation) :]

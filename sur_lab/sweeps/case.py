@@ -29,7 +29,7 @@ from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.fingerprint import digest
 from sur_lab.models import LoadedModel
-from sur_lab.repair import REFERENCE_METHODS, PreparedEdit, RepairResult, prepare, repair
+from sur_lab.repair import REFERENCE_OPERATORS, PreparedEdit, RepairResult, prepare, repair
 from sur_lab.sweeps.record import NO_BUDGET, Record, check_meta, config_fields, record_key
 
 #: Default :func:`run_case` ``eval_batch`` (records answered together at most).
@@ -110,7 +110,7 @@ def method_grid(methods: Sequence[str], budgets: Sequence[float]) -> list[tuple[
     """
     grid: list[tuple[str, float]] = []
     for m in methods:
-        if m in REFERENCE_METHODS:
+        if m in REFERENCE_OPERATORS:
             grid.append((m, NO_BUDGET))
             continue
         get_allocator(m)
