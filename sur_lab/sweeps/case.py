@@ -2,9 +2,24 @@
 objects.
 
 Per case: the Dirty prefill and its Shift are computed once (:meth:`Case.prepare`); every (method, budget) of the grid
-is repaired by the one Algorithm 1 dispatcher (:func:`sur_lab.repair.repair`); each repaired cache is answered
-greedily after the query; the answers are scored against the gold answers and against Re-prefill (its answer, its
-first-token distribution, and the teacher-forced NLL of its greedy continuation).
+is repaired by the one Algorithm 1 dispatcher (:func:`sur_lab.repair.repair`); the repaired caches are answered
+greedily after the query, ``eval_batch`` at a time (:class:`sur_lab.answer.AnswerBatch`: one query forward, batched
+decoding with per-row stopping, teacher-forced scoring in the same batch); each answer is scored against the gold
+answers and against Re-prefill (its answer and token ids, its first-token distribution, the NLL of its greedy
+continuation). Answer timings come only from unbatched passes (:attr:`Record.timed`).
+
+Adding an endpoint (a record field computed from each answer):
+
+1. declare the field in :class:`~sur_lab.sweeps.record.Record` with its unit, and its type in
+   :data:`~sur_lab.sweeps.record.FIELD_TYPES`;
+2. if it needs teacher forcing, add the token sequence to :func:`_targets` under a name (e.g. the gold answer's ids,
+   ``lm.tokenizer(" " + case.gold[0], add_special_tokens=False)["input_ids"]``): every row's log-probabilities of it
+   are then computed in one batched forward and passed to :func:`_endpoints` as ``logprobs[name]`` (``[T]`` float64);
+3. compute the field in :func:`_endpoints` from ``ans`` (text, token ids, float32 first-token logits), ``logprobs``
+   and the case's references ``refs`` (Re-prefill's answer, Dirty's first-token logits), e.g.
+   ``"gold_nll": float(-logprobs["gold"].mean())``.
+
+Nothing else changes: the store, the schedulers and the tables take the new field as it comes.
 """
 
 from __future__ import annotations
@@ -18,22 +33,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
-from sur_lab.allocators import get_allocator
+from sur_lab.allocators import Selection, get_allocator
 from sur_lab.analysis.endpoints import nr_tv, reference_continuation
 from sur_lab.analysis.scoring import agreement, exact_match, extract_answer, first_token_tv
-from sur_lab.answer import Answer, answer, continuation_nll
+from sur_lab.answer import Answer, AnswerBatch, check_cache_rows, greedy_answer
 from sur_lab.budget import check_budget
-from sur_lab.cache_ops import cache_length
+from sur_lab.cache_ops import cache_length, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.fingerprint import digest
 from sur_lab.models import LoadedModel
-from sur_lab.repair import REFERENCE_OPERATORS, PreparedEdit, RepairResult, prepare, repair
+from sur_lab.repair import REFERENCE_OPERATORS, PreparedEdit, prepare, repair
 from sur_lab.sweeps.record import NO_BUDGET, Record, check_meta, config_fields, record_key
 
-#: Default :func:`run_case` ``eval_batch`` (records answered together at most).
-EVAL_BATCH = 1
+#: Default :func:`run_case` ``eval_batch``: records answered together at most. 16 answers a whole NIAH default case
+#: (4 references + 6 allocators x 2 budgets) in one batch; on the Qwen study model at 1K tokens its peak resident
+#: memory stays under 6 GB (``scripts/bench_study_throughput.py`` measures it).
+EVAL_BATCH = 16
+#: Bytes of stacked pre-query caches a batch may hold: a chunk has at most ``EVAL_BATCH_BYTES // cache bytes`` rows
+#: (at least one), so long contexts answer in smaller batches instead of running out of memory (2 GiB: 85 rows of a
+#: 1K-token Qwen2.5-0.5B cache in float32, 2 rows at 32K).
+EVAL_BATCH_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -153,6 +175,77 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+@dataclass(frozen=True)
+class _Repaired:
+    """What a record keeps of a repair once its cache went into a batch."""
+
+    method: str
+    budget: float
+    selection: Selection | None
+    timings_ms: dict
+    allowance: int
+    cache_len: int
+
+
+@dataclass
+class _References:
+    """The case's references: Re-prefill's answer (and parsed answer) and Dirty's first-token logits."""
+
+    reprefill: Answer | None = None
+    parsed: Any = None
+    dirty_logits: torch.Tensor | None = None
+
+
+def _targets(lm: LoadedModel, case: Case, refs: _References) -> dict[str, list[int]]:
+    """Token sequences teacher-forced after the query for every row, by name (scored in one batched forward each by
+    :meth:`sur_lab.answer.AnswerBatch.score`)."""
+    return {"reprefill": reference_continuation(refs.reprefill.token_ids)}
+
+
+def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs: _References,
+               scorer: Callable[[Case, str], bool] | None, parser: Callable[[str], Any] | None) -> dict[str, Any]:
+    """Every endpoint field of a record, from this row's answer (text, token ids, first-token logits), its
+    teacher-forced log-probabilities by target name, and the case's references."""
+    ref = refs.reprefill
+    parsed = parser(ans.text) if parser is not None else extract_answer(ans.text)
+    if scorer is not None:
+        em = bool(scorer(case, ans.text))
+    elif case.gold:
+        if parser is not None and isinstance(parsed, (list, tuple)):
+            em = tuple(parsed) == tuple(case.gold)
+        else:
+            em = bool(exact_match(str(parsed), list(case.gold)))
+    else:
+        em = None
+    tv = first_token_tv(ans.first_token_logits, ref.first_token_logits)
+    tv_dirty = (first_token_tv(refs.dirty_logits, ref.first_token_logits) if refs.dirty_logits is not None
+                else float("nan"))
+    continuation = logprobs["reprefill"]
+    return {
+        "prediction": _as_text(parsed),
+        "em": em,
+        "agree_reprefill": bool(_same(parsed, refs.parsed) if parser is not None else agreement(parsed, refs.parsed)),
+        "sequence_agree": tuple(ans.token_ids) == tuple(ref.token_ids),
+        "tv_reprefill": tv,
+        "tv_dirty_reprefill": tv_dirty,
+        "nr_tv": nr_tv(min(tv, 1.0), min(tv_dirty, 1.0)) if not math.isnan(tv_dirty) else float("nan"),
+        "nll_reprefill": float(-continuation.sum()) if continuation.size else float("nan"),
+        "nll_tokens": int(continuation.size),
+    }
+
+
+def _chunks(rows: list, size: int) -> list[list]:
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _chunk_rows(prepared: PreparedEdit, eval_batch: int) -> int:
+    """Rows per batch: ``eval_batch``, fewer when that many copies of the case's largest cache would pass
+    :data:`EVAL_BATCH_BYTES` (a deterministic function of the case, so a resumed case batches the same way)."""
+    biggest = prepared.dirty_cache if prepared.dirty_cache is not None else prepared.shift_cache
+    row_bytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in to_tensors(biggest))
+    return max(1, min(eval_batch, EVAL_BATCH_BYTES // max(row_bytes, 1)))
+
+
 def run_case(
     lm: LoadedModel,
     case: Case,
@@ -173,6 +266,17 @@ def run_case(
 ) -> list[Record]:
     """Repair ``case`` with every (method, budget) of the grid, answer the query, score, and return the records.
 
+    The case is prepared once (:meth:`Case.prepare`). Re-prefill and Dirty are always answered (their answers define
+    every record's endpoints), first. Records are made in chunks of at most ``eval_batch``: each chunk's repairs run one
+    at a time (timed: select, shift, refresh), then its caches are answered together (:class:`sur_lab.answer.
+    AnswerBatch`: one query forward, greedy decoding with per-row stopping, and the teacher-forced NLL of
+    Re-prefill's continuation), so at most ``eval_batch`` repaired caches are alive at once.
+
+    Timing honesty: answer timings (``query_ms``, ``decode_ms``, ``answer_ms`` and so ``latency_ms``, Eq. 20) are never
+    taken from a batched pass. With ``eval_batch=1`` every record is answered alone and its timings are per request;
+    with ``eval_batch > 1`` they are measured only when ``timed``, by answering each record's cache once more alone
+    (:func:`sur_lab.answer.greedy_answer`), and are NaN otherwise. :attr:`Record.timed` says which.
+
     Args:
         lm: the model.
         case: the case.
@@ -180,7 +284,9 @@ def run_case(
         budgets: budgets b in [0, 100], % of the suffix.
         executor: sparse-refresh executor name.
         max_new_tokens: greedy decoding limit, tokens (EOS-aware).
-        eval_batch: records answered together at most (1: each record alone).
+        eval_batch: records answered together at most (1: each record alone, the per-record path). Memory grows with
+            it: about ``eval_batch`` copies of the pre-query cache plus the decoded rows; a batch never holds more
+            than :data:`EVAL_BATCH_BYTES` of caches (fewer rows on long contexts).
         timed: measure every record's answer timings on the record alone (per request, Eq. 20).
         seed: sweep seed; the case's allocators get :func:`case_seed` ``(seed, case.case_id)``.
         options: allocator options passed to every allocator (the case's Dirty cache is added as
@@ -202,10 +308,9 @@ def run_case(
         ValueError: for an unknown method or executor, a budget outside [0, 100], or ``max_new_tokens`` /
             ``eval_batch`` < 1 (before any model call).
     """
-    import torch
-
     grid = check_run_args([case], methods, budgets, executor, max_new_tokens, eval_batch)
-    todo = [(m, b) for m, b in grid if record_key(m, b) not in set(skip)]
+    skip = set(skip)
+    todo = [(m, b) for m, b in grid if record_key(m, b) not in skip]
     if not todo:
         return []
     edit = case.edit
@@ -213,67 +318,72 @@ def run_case(
                            options=options)
     prepared = case.prepare(lm)
     seed_c = case_seed(seed, case.case_id)
-    opts = {**dict(options or {})}
-    if prepared.dirty_cache is not None:
-        opts["dirty_cache"] = prepared.dirty_cache
-    ref_result = repair(lm, prepared, "Re-prefill")
-    ref = answer(lm, ref_result.cache, edit, max_new_tokens=max_new_tokens)
-    dirty_result = repair(lm, prepared, "Dirty")
-    wants_dirty = any(m == "Dirty" for m, _ in todo)
-    dirty_ans = answer(lm, dirty_result.cache, edit, max_new_tokens=max_new_tokens if wants_dirty else 1)
-    computed = {"Re-prefill": (ref_result, ref), "Dirty": (dirty_result, dirty_ans)}
-    continuation = reference_continuation(ref.token_ids)
-    tv_dirty = first_token_tv(dirty_ans.first_token_logits, ref.first_token_logits)
-    ref_parsed = parser(ref.text) if parser is not None else extract_answer(ref.text)
+    per_request = bool(timed) or eval_batch == 1
     base = {
         **config, "case_id": case.case_id, "case_seed": seed_c, "case_fingerprint": case.fingerprint(),
-        "workers": int(workers), "threads": torch.get_num_threads(), "meta": case.meta,
+        "workers": int(workers), "threads": torch.get_num_threads(), "timed": per_request, "meta": case.meta,
         "prefix_len": edit.prefix_len, "deleted_len": edit.deleted_len, "suffix_len": edit.suffix_len,
         "gold": case.gold, "dirty_ms": prepared.dirty_ms,
     }
-    records = []
-    for method, budget in todo:
-        if method in computed:
-            result, ans = computed[method]
-        else:
-            result = repair(lm, prepared, method, budget, executor=executor, seed=seed_c, options=opts)
-            ans = answer(lm, result.cache, edit, max_new_tokens=max_new_tokens)
-        nll = continuation_nll(lm, result.cache, edit, continuation) if continuation else float("nan")
-        record = _record(base, case, method, budget, result, ans, ref, ref_parsed, tv_dirty, nll, len(continuation),
-                         scorer, parser, timed=True)
-        if emit is not None:
-            emit(record)
-        records.append(record)
-    return records
+    wanted = {record_key(m, b) for m, b in todo}
+    # The references first: every record's endpoints compare with Re-prefill (and Dirty, Eq. 14's normaliser).
+    references = [("Re-prefill", NO_BUDGET)] + ([("Dirty", NO_BUDGET)] if prepared.dirty_cache is not None else [])
+    rows = references + [(m, b) for m, b in todo if m not in ("Re-prefill", "Dirty")]
+    refs = _References()
+    pending: list = []
+    made: dict[tuple, Record] = {}
+    nan_timings = {"query": float("nan"), "decode": float("nan"), "answer": float("nan")}
+    for chunk in _chunks(rows, _chunk_rows(prepared, int(eval_batch))):
+        results = [repair(lm, prepared, m, b, executor=executor, seed=seed_c, options=options) for m, b in chunk]
+        emitted = [record_key(m, b) in wanted for m, b in chunk]
+        solo = None
+        if per_request and eval_batch > 1 and any(emitted):
+            # Latency is per request: each emitted record's cache is answered once more, alone, for its timings.
+            solo = [greedy_answer(lm, r.cache, edit.query_ids, max_new_tokens=max_new_tokens).timings_ms if e
+                    else None for r, e in zip(results, emitted)]
+        kept = [_Repaired(m, b, r.selection, r.timings_ms, r.allowance, cache_length(r.cache))
+                for (m, b), r in zip(chunk, results)]
+        for r in results:
+            check_cache_rows(r.cache, edit, name=f"the {r.method} cache")
+        batch = AnswerBatch(lm, [r.cache for r in results], edit.query_ids, copy=False)
+        del results  # their caches were consumed by the batch
+        needs_answer = [e or m == "Re-prefill" for e, (m, _) in zip(emitted, chunk)]
+        answers = batch.decode(max_new_tokens) if any(needs_answer) else [None] * len(chunk)
+        for (m, _), ans, i in zip(chunk, answers, range(len(chunk))):
+            if m == "Re-prefill" and refs.reprefill is None:
+                refs.reprefill = ans
+                refs.parsed = parser(ans.text) if parser is not None else extract_answer(ans.text)
+            if m == "Dirty" and refs.dirty_logits is None:
+                refs.dirty_logits = batch.first_token_logits[i]
+        if any(emitted):
+            scores = {name: batch.score(ids) for name, ids in _targets(lm, case, refs).items()}
+            for i, (row, ans, e) in enumerate(zip(kept, answers, emitted)):
+                if e:
+                    timing = (solo[i] if solo is not None else ans.timings_ms) if per_request else nan_timings
+                    pending.append((row, ans, {name: lp[i] for name, lp in scores.items()}, timing))
+        del batch
+        if prepared.dirty_cache is not None and refs.dirty_logits is None:
+            continue  # eval_batch = 1: the records wait for Dirty's logits (the next chunk)
+        for row, ans, logprobs, timing in pending:
+            record = _record(base, row, ans, timing, _endpoints(case, ans, logprobs, refs, scorer, parser))
+            if emit is not None:
+                emit(record)
+            made[record.key] = record
+        pending = []
+    return [made[record_key(m, b)] for m, b in todo]
 
 
-def _record(base: dict, case: Case, method: str, budget: float, result: RepairResult, ans: Answer, ref: Answer,
-            ref_parsed: Any, tv_dirty: float, nll: float, nll_tokens: int, scorer, parser, *, timed: bool) -> Record:
-    """The record of one answered repair: support, timings, answer, and the endpoints against the gold answers and
-    Re-prefill."""
-    parsed = parser(ans.text) if parser is not None else extract_answer(ans.text)
-    if scorer is not None:
-        em = bool(scorer(case, ans.text))
-    elif case.gold:
-        if parser is not None and isinstance(parsed, (list, tuple)):
-            em = tuple(parsed) == tuple(case.gold)
-        else:
-            em = bool(exact_match(str(parsed), list(case.gold)))
-    else:
-        em = None
-    agree = _same(parsed, ref_parsed) if parser is not None else agreement(parsed, ref_parsed)
-    tv = first_token_tv(ans.first_token_logits, ref.first_token_logits)
-    support, sel, t = result.support, result.selection, result.timings_ms
-    nan = float("nan")
-    answer_t = ans.timings_ms if timed else {"query": nan, "decode": nan, "answer": nan}
+def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float], endpoints: dict) -> Record:
+    """The record of one answered repair: its support, timings and answer, and its endpoints."""
+    sel, t = row.selection, row.timings_ms
+    support = sel.support if sel is not None else None
     return Record(
         **base,
-        method=method,
-        budget_pct=float(budget),
-        timed=bool(timed),
-        cache_len=cache_length(result.cache),
-        allowance=int(result.allowance),
-        num_intervals=support.num_intervals if support is not None else (1 if result.allowance else 0),
+        method=row.method,
+        budget_pct=float(row.budget),
+        cache_len=row.cache_len,
+        allowance=int(row.allowance),
+        num_intervals=support.num_intervals if support is not None else (1 if row.allowance else 0),
         positions=tuple(support.positions.tolist()) if support is not None else (),
         intervals=tuple(tuple(iv) for iv in support.intervals) if support is not None else (),
         extra_forward_tokens=int(sel.extra_forward_tokens) if sel is not None else 0,
@@ -283,22 +393,14 @@ def _record(base: dict, case: Case, method: str, budget: float, result: RepairRe
         select_ms=t["select"],
         shift_ms=t["shift"],
         refresh_ms=t["refresh"],
-        query_ms=answer_t["query"],
-        decode_ms=answer_t["decode"],
-        answer_ms=answer_t["answer"],
-        latency_ms=t["select"] + t["shift"] + t["refresh"] + answer_t["answer"],
+        query_ms=timing["query"],
+        decode_ms=timing["decode"],
+        answer_ms=timing["answer"],
+        latency_ms=t["select"] + t["shift"] + t["refresh"] + timing["answer"],
         answer=ans.text,
-        prediction=_as_text(parsed),
         finished=bool(ans.finished),
-        em=em,
-        agree_reprefill=bool(agree),
-        sequence_agree=tuple(ans.token_ids) == tuple(ref.token_ids),
-        tv_reprefill=tv,
-        tv_dirty_reprefill=tv_dirty,
-        nr_tv=nr_tv(min(tv, 1.0), min(tv_dirty, 1.0)),
-        nll_reprefill=nll,
-        nll_tokens=nll_tokens,
+        **endpoints,
     )
 
 
-__all__ = ["EVAL_BATCH", "Case", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]
+__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]
