@@ -243,3 +243,32 @@ def test_budget_table_and_figures_cover_every_method(lm, cases, tmp_path):
     with pytest.raises(ValueError, match="metrics"):
         plot_budget_curves(df, ["nope"])
     assert len(plot_intervals(df).axes[0].patches) >= 4  # one box per (allocator, budget)
+
+
+def test_seeded_subset_is_nested_declared_and_independent_of_order():
+    from sur_lab.sweeps import seeded_subset
+
+    ids = [f"c{i}" for i in range(20)]
+    subsets = [seeded_subset(ids, k, seed=3) for k in range(21)]
+    assert [len(s) for s in subsets] == list(range(21))
+    for small, big in zip(subsets, subsets[1:]):
+        assert set(small) < set(big)  # nested: raising k keeps the cases already timed
+    assert subsets[5] == [i for i in ids if i in subsets[5]]  # input order
+    assert seeded_subset(list(reversed(ids)), 5, seed=3) == list(reversed(subsets[5]))  # the same ids, any order
+    assert seeded_subset(ids, 5, seed=4) != subsets[5]
+    assert seeded_subset(ids, None) == ids and seeded_subset(ids, 0) == []
+    with pytest.raises(ValueError, match="k must be"):
+        seeded_subset(ids, -1)
+
+
+def test_timed_cases_are_checked_and_recorded(lm, cases, tmp_path):
+    with pytest.raises(ValueError, match="timed names case ids"):
+        run_sweep(lm, cases, ("Shift",), (), tmp_path, timed=["nope"], progress=False)
+    df = run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, max_new_tokens=2, timed=[cases[1].case_id],
+                   progress=False)
+    assert df.groupby("case_id")["timed"].all().to_dict() == {cases[0].case_id: False, cases[1].case_id: True}
+    assert df[~df.timed].answer_ms.isna().all() and df[df.timed].answer_ms.notna().all()
+    assert json.loads((tmp_path / "sweep.json").read_text())["timed_cases"] == [cases[1].case_id]
+    # Resuming with another timed subset would mix records timed and untimed: refused, naming the field.
+    with pytest.raises(ValueError, match="another timed"):
+        run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, max_new_tokens=2, timed=True, progress=False)

@@ -54,10 +54,11 @@ from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
     N_BOOT,
     agreement_rate,
-    check_concurrency,
+    check_timing,
     error_transitions,
     paired_bootstrap,
     pooled_em,
+    timed_records,
 )
 from sur_lab.edits import (
     DEFAULT_INSTRUCTION,
@@ -567,12 +568,13 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
     deterministic, so every trial gives the same answer; ``answers_consistent`` records whether it did.
 
     Raises:
-        ValueError: naming ``table`` when a case/condition lacks trial 0, or when its trials were timed under
-            different concurrency (``workers``/``threads``; :func:`sur_lab.analysis.stats.check_concurrency`).
+        ValueError: naming ``table`` when a case/condition lacks trial 0, or when its trials were not all timed per
+            request or were timed under different concurrency (``timed``/``workers``/``threads``;
+            :func:`sur_lab.analysis.stats.check_timing`).
     """
     if "trial" not in table.columns or table["trial"].nunique() <= 1:
         return table.copy()
-    check_concurrency(table, what="trial timings (averaged per case)")
+    check_timing(table, what="trial timings (averaged per case)")
     keys = [*CASE_KEYS, "condition"]
     timing = [*LATENCY_PARTS, "latency_ms"]
     first = table[table["trial"] == 0].set_index(keys)
@@ -586,13 +588,13 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _check_timing_concurrency(table: pd.DataFrame, mixed_concurrency: str, what: str) -> None:
-    """Refuse or warn when ``table``'s timings mix concurrency settings; warn when they were measured by several
-    workers sharing a machine."""
+    """Refuse or warn when ``table``'s timings were not all measured per request or mix concurrency settings; warn
+    when they were measured by several workers sharing a machine."""
     import warnings
 
     if mixed_concurrency not in ("raise", "warn"):
         raise ValueError(f"mixed_concurrency={mixed_concurrency!r} must be 'raise' or 'warn'")
-    check_concurrency(table, what=f"timings in one {what}", strict=mixed_concurrency == "raise")
+    check_timing(table, what=f"timings in one {what}", strict=mixed_concurrency == "raise")
     if "workers" in table.columns and (pd.to_numeric(table["workers"], errors="coerce") > 1).any():
         warnings.warn(
             f"{what}: timings were measured with {int(pd.to_numeric(table['workers']).max())} workers sharing the "
@@ -619,10 +621,14 @@ def quality_latency_table(
 ) -> pd.DataFrame:
     """Tables 7-8: pooled EM (Eq. 9), agreement with ``reference`` and mean post-edit latency with its breakdown.
 
+    Quality comes from every case; latency (Eq. 20) only from the records timed per request (``timed``): every case, or
+    the declared subset a sweep timed (``timed_cases``). A condition without timed records gets NaN latency and a
+    warning.
+
     Args:
         table: output of :func:`results_table` (after :func:`aggregate_trials` when trials were repeated).
         reference: condition whose extracted answers define agreement (Re-prefill).
-        mixed_concurrency: what to do when the records' timings were measured under different concurrency
+        mixed_concurrency: what to do when the timed records were measured under different concurrency
             (``workers``/``threads`` differ, e.g. a sweep resumed with another worker count): ``"raise"`` (default)
             or ``"warn"`` (:func:`sur_lab.analysis.stats.check_concurrency`). Timings made by several workers sharing
             a machine are contended; run latency studies with one worker.
@@ -630,22 +636,29 @@ def quality_latency_table(
     Returns:
         One row per condition in table order: ``condition``, ``method``, ``budget_pct``, ``cases``, ``correct``,
         ``em_pct`` (unrounded), ``agree_pct`` (% of cases whose answer equals the reference's after normalization),
-        the mean Eq. 20 parts ``select_ms``, ``shift_ms``, ``refresh_ms``, ``answer_ms``, mean ``latency_ms`` and
-        ``latency_s``, ``speedup_vs_reference`` (reference latency / latency), mean ``allowance`` and
-        ``num_intervals`` where recorded.
+        ``timed_cases`` (cases whose latency is averaged), the mean Eq. 20 parts ``select_ms``, ``shift_ms``,
+        ``refresh_ms``, ``answer_ms``, mean ``latency_ms`` and ``latency_s``, ``speedup_vs_reference`` (reference
+        latency / latency), mean ``allowance`` and ``num_intervals`` where recorded.
 
     Raises:
         ValueError: naming ``reference`` when it is not a condition of ``table``, ``mixed_concurrency`` when not
-            "raise"/"warn", or (``"raise"``) listing the concurrency settings the timings mix.
+            "raise"/"warn", or (``"raise"``) listing the concurrency settings the timed records mix.
     """
-    _check_timing_concurrency(table, mixed_concurrency, "latency table")
+    import warnings
+
+    timed = timed_records(table)
+    _check_timing_concurrency(timed, mixed_concurrency, "latency table")
+    if timed.empty:
+        warnings.warn("latency table: no record was timed per request (timed=False everywhere); latency is NaN. Time "
+                      "the cases (timed_cases) to fill it", UserWarning, stacklevel=2)
     conditions = _ordered_conditions(table)
     if reference not in conditions:
         raise ValueError(f"reference={reference!r} is not a condition of the table ({conditions})")
-    ref_latency = table.loc[table["condition"] == reference, "latency_ms"].mean()
+    ref_latency = timed.loc[timed["condition"] == reference, "latency_ms"].mean()
     rows = []
     for cond in conditions:
         sub = table[table["condition"] == cond]
+        sub_timed = timed[timed["condition"] == cond]
         row = {
             "condition": cond,
             "method": sub["method"].iloc[0],
@@ -654,11 +667,12 @@ def quality_latency_table(
             "correct": int(sub["correct"].sum()),
             "em_pct": pooled_em(sub["correct"].to_numpy()),
             "agree_pct": agreement_rate(table, cond, reference, method_col="condition") if cond != reference else 100.0,
+            "timed_cases": len(sub_timed),
         }
         for part in (*LATENCY_PARTS, "latency_ms"):
-            row[part] = float(sub[part].mean())
+            row[part] = float(sub_timed[part].mean()) if len(sub_timed) else float("nan")
         row["latency_s"] = row["latency_ms"] / 1e3
-        row["speedup_vs_reference"] = float(ref_latency / row["latency_ms"])
+        row["speedup_vs_reference"] = float(ref_latency / row["latency_ms"]) if row["latency_ms"] else float("nan")
         for extra in ("allowance", "num_intervals"):
             if extra in sub.columns:
                 row[extra] = float(sub[extra].mean())

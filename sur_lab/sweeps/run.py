@@ -9,9 +9,11 @@ depend on the scheduler (only ``workers``/``threads`` say how they were measured
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sur_lab.sweeps.case import EVAL_BATCH, Case, check_run_args
@@ -35,6 +37,25 @@ def timed_set(cases: Sequence[Case], timed: bool | Collection[str]) -> frozenset
     if unknown:
         raise ValueError(f"timed names case ids that are not among the cases: {unknown[:5]}")
     return frozenset(timed)
+
+
+def seeded_subset(ids: Sequence[str], k: int | None, seed: int = 0) -> list[str]:
+    """A declared, seeded subset of ``k`` ids (e.g. the cases whose answers a study times per request).
+
+    The first ``k`` ids of a permutation seeded by ``seed`` and the ids themselves (independent of any model output),
+    in input order. Nested: the subset of k is part of the subset of k + 1. ``k=None`` (or ``k >= len(ids)``) is every
+    id; ``k=0`` none.
+
+    Raises:
+        ValueError: naming ``k`` when it is negative or not an integer.
+    """
+    if k is None:
+        return list(ids)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"k must be None (every id) or an integer >= 0; got {k!r}")
+    keys = [int(np.random.SeedSequence([int(seed), zlib.crc32(i.encode())]).generate_state(1)[0]) for i in ids]
+    chosen = set(sorted(range(len(ids)), key=lambda j: (keys[j], j))[: int(k)])
+    return [i for j, i in enumerate(ids) if j in chosen]
 
 
 def run_sweep(
@@ -103,4 +124,4 @@ def run_sweep(
                      progress=progress)
 
 
-__all__ = ["run_sweep", "timed_set"]
+__all__ = ["run_sweep", "seeded_subset", "timed_set"]
