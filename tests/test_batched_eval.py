@@ -195,8 +195,15 @@ def test_run_case_batched_equals_per_record(eos_lm, case, per_record, eval_batch
         assert b.select_ms >= 0 and np.isfinite(b.refresh_ms)  # repairs are timed one at a time, always
 
 
-def test_timed_batched_records_are_timed_alone(lm, case):
+def test_timed_cases_are_answered_one_record_at_a_time(monkeypatch, lm, case):
+    import sur_lab.sweeps.case as case_mod
+
+    sizes = []
+    real = case_mod.AnswerBatch
+    monkeypatch.setattr(case_mod, "AnswerBatch", lambda lm_, caches, q, **kw: sizes.append(len(caches)) or real(
+        lm_, caches, q, **kw))
     recs = run_case(lm, case, ("Shift", "Re-prefill", "SUR"), (20,), max_new_tokens=3, eval_batch=8, timed=True)
+    assert set(sizes) == {1}
     for r in recs:
         assert r.timed and r.answer_ms == pytest.approx(r.query_ms + r.decode_ms)
         assert r.latency_ms == pytest.approx(r.select_ms + r.shift_ms + r.refresh_ms + r.answer_ms)

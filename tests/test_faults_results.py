@@ -34,12 +34,11 @@ from sur_lab.repair import prepare, repair
 from sur_lab.fingerprint import model_fingerprint, weights_hash
 from sur_lab.sweeps import Case, run_sweep, sweep_folder
 from sur_lab.studies.noprefix import (
-    RagRequest,
-    RepairSpec,
     build_caches,
     compose_tokens,
+    composed_case,
+    measure_drift,
     prefix_cache,
-    run_requests,
 )
 
 EPS64 = torch.finfo(torch.float64).eps
@@ -176,11 +175,10 @@ def test_prefix_cache_of_other_tokens_is_refused(lm64):
         build_caches(lm64, _prompt(new), prefix_kv=prefix_cache(lm64, _prompt(old)))
 
 
-def test_run_requests_does_not_reuse_documents_across_prefixes(lm64):
+def test_composed_cases_do_not_reuse_documents_across_prefixes(lm64):
     old, new = PREFIX_CHANGES[0][1], PREFIX_CHANGES[0][2]
-    requests = [RagRequest(_prompt(pre), {"source_id": "same"}) for pre in (old, new)]
-    df = run_requests(lm64, requests, [RepairSpec("none")], max_new_tokens=1, keep_drift=True, progress=False)
-    full = df[df["unit"] == "full"]
+    cases = [composed_case(f"same/{i}", _prompt(pre), meta={"source_id": "same"}) for i, pre in enumerate((old, new))]
+    full = measure_drift(lm64, cases)  # both requests prepared in one process, sharing its document cache store
     assert len(full) == 2
     for drift in full["drift"]:  # relative drift of document 0: rounding only, for both prefixes
         assert drift[0] < _rounding(lm64) and drift[1] > 1e-3

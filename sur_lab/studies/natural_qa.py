@@ -31,8 +31,15 @@ Choices the paper leaves open, fixed here (all before any model output; :class:`
 
 Latency (Eq. 20; appendix 8.2): post-edit latency = select + shift + refresh + answer, where Re-prefill's refresh is its
 rebuild of the edited prompt and answer is query processing plus decoding; the Dirty prefill and harness clones are
-excluded. The sweep runner times one trial per case; :func:`sweep_cases` with ``trials > 1`` adds repeated trials
-that :func:`aggregate_trials` averages.
+excluded. Latency is per request: the cases of the first ``timed_sources`` sources per dataset (a declared subset,
+fixed by the panel's seed) are answered one record at a time and timed, once per case; :func:`sweep_cases` with
+``trials > 1`` adds repeated trials that :func:`aggregate_trials` averages. The other cases are answered in batches
+for quality only (their records carry no latency; :func:`quality_latency_table` takes latency from the timed ones).
+
+Study API (notebook 03 and ``sur-lab sweep natural-qa`` call the same functions): :data:`PRESETS` and :data:`FIXED`,
+:func:`params`, :func:`cases` (:func:`placement_cases` for the roster), :func:`folder`, :func:`sweep`, and the report
+functions (:func:`results_table`, :func:`quality_latency_table`, :func:`dataset_em_table`,
+:func:`paired_difference_table`, :func:`transition_table`, the figures).
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ import functools
 import math
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,18 +92,28 @@ PAPER_ALLOCATORS = ("SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-
 REFERENCES = ("Shift", "Replay", "Re-prefill")
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default``: 12 sources per
 #: dataset, the bootstrap's minimum to separate SUR-5 % from Shift on the Qwen study model if the effect exists.
+#: ``n_per_dataset`` is the quality sample (raise it to decide more); ``timed_sources`` the first sources per dataset
+#: (of the seeded panel, so nested) whose cases are answered one record at a time and timed for latency (Eq. 20); the
+#: other cases are answered in batches and carry no latency.
 PRESETS = {
-    "smoke": {"datasets": ["hotpotqa", "iirc"], "n_per_dataset": 1, "placements": ["after"], "allocators": ["SUR"],
-              "references": ["Shift", "Replay", "Re-prefill"], "budgets": [5], "max_new_tokens": 4, "n_boot": 200},
+    "smoke": {"datasets": ["hotpotqa", "iirc"], "n_per_dataset": 1, "timed_sources": 1, "placements": ["after"],
+              "allocators": ["SUR"], "references": ["Shift", "Replay", "Re-prefill"], "budgets": [5],
+              "max_new_tokens": 4, "n_boot": 200},
     "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 12,
-                "placements": ["before", "between", "after"], "allocators": ["SUR"],
+                "timed_sources": 12, "placements": ["before", "between", "after"], "allocators": ["SUR"],
                 "references": ["Shift", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 16, "n_boot": 10_000},
     "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 100,
-              "placements": ["before", "between", "after"],
+              "timed_sources": 100, "placements": ["before", "between", "after"],
               "allocators": ["SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted"],
               "references": ["Shift", "Replay", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 64,
               "n_boot": 10_000},
 }
+#: The study's name in the registry (``sur-lab sweep natural-qa``), its notebook, and its sweep folders' prefix.
+NAME = "natural-qa"
+NOTEBOOK = "03_natural_qa_latency"
+FOLDER = "03_natural_qa"
+#: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
+FIXED = {"trials": 1, "lead": 0, "tail": 1, "include_unanswerable": False}
 #: Budgets of the comparison, % of the retained suffix.
 PAPER_BUDGETS = (2.0, 5.0)
 #: Column headings of Tables 10-11.
@@ -516,6 +534,116 @@ def available_methods(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Study API: parameters, cases, the sweep
+
+
+def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
+    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
+    (``None`` keeps the default).
+
+    Raises:
+        ValueError: naming ``preset`` or an unknown parameter.
+    """
+    from sur_lab.studies.presets import study_params
+
+    return study_params(PRESETS, FIXED, preset, **overrides)
+
+
+def placement_cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[PlacementCase]:
+    """The study's placement cases at ``preset`` (sources by :func:`select_panel`, cases by :func:`build_cases`).
+
+    Raises:
+        ValueError: as :func:`params`, :func:`select_panel` and :func:`build_cases`.
+    """
+    p = params(preset, **overrides)
+    config = PanelConfig(lead=p["lead"], tail=p["tail"], include_unanswerable=p["include_unanswerable"], seed=seed)
+    sources = select_panel(p["datasets"], p["n_per_dataset"], config)
+    return build_cases(tokenizer, sources, p["placements"], instruction=config.instruction)
+
+
+def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list:
+    """The study's sweep cases at ``preset``: :func:`placement_cases` as :class:`sur_lab.sweeps.Case` objects, one per
+    timed trial (:func:`sweep_cases`)."""
+    p = params(preset, **overrides)
+    return sweep_cases(placement_cases(tokenizer, preset=preset, seed=seed, **overrides), p["trials"])
+
+
+def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trials: int = 1) -> list[str]:
+    """The sweep case ids timed per request: every placement and trial of the first ``timed_sources`` sources of each
+    dataset in panel order (a declared subset, fixed by the panel's seed before any model output; nested).
+
+    Raises:
+        ValueError: naming ``timed_sources`` when it is not an integer >= 0.
+    """
+    if isinstance(timed_sources, bool) or int(timed_sources) != timed_sources or timed_sources < 0:
+        raise ValueError(f"timed_sources={timed_sources!r} must be an integer >= 0 (sources per dataset)")
+    order: dict[str, list[str]] = {}
+    for c in placement:
+        seen = order.setdefault(c.example.dataset, [])
+        if c.example.id not in seen:
+            seen.append(c.example.id)
+    timed = {(d, i) for d, ids in order.items() for i in ids[: int(timed_sources)]}
+    return [trial_case_id(c.case_id, t) for t in range(int(trials)) for c in placement
+            if (c.example.dataset, c.example.id) in timed]
+
+
+def methods(p: Mapping[str, Any]) -> list[str]:
+    """The sweep's methods for parameters ``p``: the registered allocators, then the references
+    (:func:`available_methods`; unregistered allocators are left out)."""
+    return available_methods(p["allocators"], p["references"])[0]
+
+
+def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
+           outputs: Path | None = None) -> Path:
+    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`); :func:`sweep` uses it, so
+    notebook 03 and ``sur-lab sweep natural-qa`` with the same parameters share a folder."""
+    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
+
+    extra = {} if executor == "sequential" else {"ex": executor}
+    return sweep_folder(FOLDER, lm, outputs=outputs, data=[DATASET_LABELS.get(d, d) for d in p["datasets"]],
+                        n=p["n_per_dataset"], timed=p["timed_sources"], b=p["budgets"], tok=p["max_new_tokens"],
+                        seed=seed, trials=p["trials"], eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
+
+
+def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
+          threads: int | None = None, address: str | None = None, executor: str = "sequential",
+          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+    """Run (or resume) the study's sweep: every placement case x methods x budgets, scored by the dataset rules.
+
+    Cases of the first ``timed_sources`` sources per dataset are answered one record at a time and timed (Eq. 20);
+    the others are answered ``eval_batch`` at a time, for quality only.
+
+    Args:
+        lm: the model (a :class:`sur_lab.models.LoadedModel`).
+        preset, overrides: the parameters (:func:`params`; e.g. ``n_per_dataset=24``, ``timed_sources=6``).
+        out: the sweep folder (default :func:`folder`).
+        seed: source selection and passage draw (fixed before any model output), allocator seed.
+        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); keep ``workers=1`` for latency.
+        executor: sparse-refresh executor.
+        eval_batch: records answered together in untimed cases (default :data:`sur_lab.sweeps.EVAL_BATCH`).
+        progress: show a progress bar.
+
+    Returns:
+        ``(records, folder)``.
+
+    Raises:
+        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
+    """
+    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+
+    p = params(preset, **overrides)
+    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
+    placement = placement_cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    timed = timed_case_ids(placement, p["timed_sources"], p["trials"])
+    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
+    records = run_sweep(lm, sweep_cases(placement, p["trials"]), methods(p), p["budgets"], where,
+                        max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch, timed=timed,
+                        scorer=make_scorer(placement), seed=seed, workers=workers, threads=threads, address=address,
+                        progress=progress)
+    return records, where
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Results tables
 
 
@@ -574,7 +702,13 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
     """
     if "trial" not in table.columns or table["trial"].nunique() <= 1:
         return table.copy()
-    check_timing(table, what="trial timings (averaged per case)")
+    # Only per-request timings are averaged; cases answered in batches carry none (their means stay NaN).
+    check_timing(timed_records(table), what="trial timings (averaged per case)")
+    if "timed" in table.columns:
+        mixed = table.groupby([*CASE_KEYS, "condition"])["timed"].nunique() > 1
+        if mixed.any():
+            raise ValueError("table: some case's trial timings mix timed and batched (untimed) records; time every "
+                             "trial of a case or none")
     keys = [*CASE_KEYS, "condition"]
     timing = [*LATENCY_PARTS, "latency_ms"]
     first = table[table["trial"] == 0].set_index(keys)

@@ -30,7 +30,7 @@ import math
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -38,14 +38,14 @@ import torch
 from sur_lab.allocators import Selection, get_allocator
 from sur_lab.analysis.endpoints import nr_tv, reference_continuation
 from sur_lab.analysis.scoring import agreement, exact_match, extract_answer, first_token_tv
-from sur_lab.answer import Answer, AnswerBatch, check_cache_rows, greedy_answer
+from sur_lab.answer import Answer, AnswerBatch, check_cache_rows
 from sur_lab.budget import check_budget
 from sur_lab.cache_ops import cache_length, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.fingerprint import digest
 from sur_lab.models import LoadedModel
-from sur_lab.repair import REFERENCE_OPERATORS, PreparedEdit, prepare, repair
+from sur_lab.repair import REFERENCE_OPERATORS, PreparedEdit, RepairResult, prepare, repair
 from sur_lab.sweeps.record import NO_BUDGET, Record, check_meta, config_fields, record_key
 
 #: Default :func:`run_case` ``eval_batch``: records answered together at most. 16 answers a whole NIAH default case
@@ -124,19 +124,66 @@ def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mappin
     return h.hexdigest()[:16]
 
 
-def method_grid(methods: Sequence[str], budgets: Sequence[float]) -> list[tuple[str, float]]:
-    """Cross allocator methods with budgets; reference methods appear once with a NaN budget.
+@runtime_checkable
+class Method(Protocol):
+    """A study's own method: neither a reference operator nor a registered allocator, yet dispatched like one.
+
+    A study whose repairs are not an allocator at a budget (e.g. the non-prefix reuse study's repair units, with a
+    ``"donor"`` protocol that copies rows from the reference cache) passes such objects among ``methods``; each is one
+    record per case, with its own budget (NaN when it has none) and protocol. They must pickle (Ray).
+
+    Attributes:
+        name: the record's ``method`` (unique among the sweep's methods of the same protocol and budget).
+        budget_pct: the record's ``budget_pct``, % of the suffix (NaN when the method has no budget).
+        protocol: the record's ``protocol`` (``"forward"`` or ``"donor"``).
+    """
+
+    name: str
+    budget_pct: float
+    protocol: str
+
+    def repair(self, lm: LoadedModel, prepared: PreparedEdit, *, executor: str, seed: int,
+               options: Mapping[str, Any] | None) -> RepairResult:
+        """The repaired pre-query cache (a new one: ``prepared`` is not modified), with its selection, timings
+        (``select``, ``shift``, ``refresh``, ms) and allowance, as :func:`sur_lab.repair.repair` returns."""
+        ...
+
+
+def method_name(method: str | Method) -> str:
+    """The record's ``method`` of a grid entry."""
+    return method if isinstance(method, str) else method.name
+
+
+def method_protocol(method: str | Method) -> str:
+    """The record's ``protocol`` of a grid entry (``"forward"`` for references and allocators)."""
+    return "forward" if isinstance(method, str) else method.protocol
+
+
+def method_grid(methods: Sequence[str | Method], budgets: Sequence[float]) -> list[tuple[str | Method, float]]:
+    """Cross allocator methods with budgets; reference methods appear once with a NaN budget, and :class:`Method`
+    objects once with their own budget.
 
     Raises:
-        ValueError: for an unknown method name or a budget outside [0, 100] (before any work).
+        ValueError: for an unknown method name, a budget outside [0, 100], or two entries with the same record key
+            (name, budget, protocol) (before any work).
     """
-    grid: list[tuple[str, float]] = []
+    grid: list[tuple[str | Method, float]] = []
     for m in methods:
+        if not isinstance(m, str):
+            if not isinstance(m, Method):
+                raise ValueError(f"methods must hold method names or Method objects; got {type(m).__name__}")
+            budget = m.budget_pct
+            grid.append((m, NO_BUDGET if budget is None or math.isnan(budget) else check_budget(budget)))
+            continue
         if m in REFERENCE_OPERATORS:
             grid.append((m, NO_BUDGET))
             continue
         get_allocator(m)
         grid.extend((m, check_budget(b)) for b in budgets)
+    keys = [record_key(method_name(m), b, method_protocol(m)) for m, b in grid]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"methods repeat the record {dup} (method, budget, protocol)")
     return grid
 
 
@@ -181,6 +228,7 @@ class _Repaired:
 
     method: str
     budget: float
+    protocol: str
     selection: Selection | None
     timings_ms: dict
     allowance: int
@@ -273,21 +321,23 @@ def run_case(
     Re-prefill's continuation), so at most ``eval_batch`` repaired caches are alive at once.
 
     Timing honesty: answer timings (``query_ms``, ``decode_ms``, ``answer_ms`` and so ``latency_ms``, Eq. 20) are never
-    taken from a batched pass. With ``eval_batch=1`` every record is answered alone and its timings are per request;
-    with ``eval_batch > 1`` they are measured only when ``timed``, by answering each record's cache once more alone
-    (:func:`sur_lab.answer.greedy_answer`), and are NaN otherwise. :attr:`Record.timed` says which.
+    taken from a batched pass. A ``timed`` case (and every case at ``eval_batch=1``) is answered one record at a time
+    (a batch of one makes :func:`sur_lab.answer.greedy_answer`'s forwards), so its timings are per request; the other
+    cases are answered in batches and their answer timings are NaN. :attr:`Record.timed` says which.
 
     Args:
         lm: the model.
         case: the case.
-        methods: reference operators (one record each, budget NaN) and allocator names (one record per budget).
+        methods: reference operators (one record each, budget NaN), allocator names (one record per budget) and
+            :class:`Method` objects (one record each).
         budgets: budgets b in [0, 100], % of the suffix.
         executor: sparse-refresh executor name.
         max_new_tokens: greedy decoding limit, tokens (EOS-aware).
         eval_batch: records answered together at most (1: each record alone, the per-record path). Memory grows with
             it: about ``eval_batch`` copies of the pre-query cache plus the decoded rows; a batch never holds more
             than :data:`EVAL_BATCH_BYTES` of caches (fewer rows on long contexts).
-        timed: measure every record's answer timings on the record alone (per request, Eq. 20).
+        timed: answer every record of the case alone, timed (per request, Eq. 20); its quality endpoints then come
+            from that per-record pass too.
         seed: sweep seed; the case's allocators get :func:`case_seed` ``(seed, case.case_id)``.
         options: allocator options passed to every allocator (the case's Dirty cache is added as
             ``"dirty_cache"``).
@@ -310,7 +360,7 @@ def run_case(
     """
     grid = check_run_args([case], methods, budgets, executor, max_new_tokens, eval_batch)
     skip = set(skip)
-    todo = [(m, b) for m, b in grid if record_key(m, b) not in skip]
+    todo = [(m, b) for m, b in grid if _key(m, b) not in skip]
     if not todo:
         return []
     edit = case.edit
@@ -325,26 +375,23 @@ def run_case(
         "prefix_len": edit.prefix_len, "deleted_len": edit.deleted_len, "suffix_len": edit.suffix_len,
         "gold": case.gold, "dirty_ms": prepared.dirty_ms,
     }
-    wanted = {record_key(m, b) for m, b in todo}
+    wanted = {_key(m, b) for m, b in todo}
     # The references first: every record's endpoints compare with Re-prefill (and Dirty, Eq. 14's normaliser).
     references = [("Re-prefill", NO_BUDGET)] + ([("Dirty", NO_BUDGET)] if prepared.dirty_cache is not None else [])
-    rows = references + [(m, b) for m, b in todo if m not in ("Re-prefill", "Dirty")]
+    rows = references + [(m, b) for m, b in todo if _key(m, b) not in {_key(*r) for r in references}]
     refs = _References()
     pending: list = []
     made: dict[tuple, Record] = {}
     nan_timings = {"query": float("nan"), "decode": float("nan"), "answer": float("nan")}
-    for chunk in _chunks(rows, _chunk_rows(prepared, int(eval_batch))):
-        results = [repair(lm, prepared, m, b, executor=executor, seed=seed_c, options=options) for m, b in chunk]
-        emitted = [record_key(m, b) in wanted for m, b in chunk]
-        solo = None
-        if per_request and eval_batch > 1 and any(emitted):
-            # Latency is per request: each emitted record's cache is answered once more, alone, for its timings.
-            solo = [greedy_answer(lm, r.cache, edit.query_ids, max_new_tokens=max_new_tokens).timings_ms if e
-                    else None for r, e in zip(results, emitted)]
-        kept = [_Repaired(m, b, r.selection, r.timings_ms, r.allowance, cache_length(r.cache))
-                for (m, b), r in zip(chunk, results)]
-        for r in results:
-            check_cache_rows(r.cache, edit, name=f"the {r.method} cache")
+    # A timed case is answered one record at a time: latency (Eq. 20) is per request, never from a batched pass.
+    for chunk in _chunks(rows, 1 if per_request else _chunk_rows(prepared, int(eval_batch))):
+        results = [repair(lm, prepared, m, b, executor=executor, seed=seed_c, options=options) if isinstance(m, str)
+                   else m.repair(lm, prepared, executor=executor, seed=seed_c, options=options) for m, b in chunk]
+        emitted = [_key(m, b) in wanted for m, b in chunk]
+        kept = [_Repaired(method_name(m), b, method_protocol(m), r.selection, r.timings_ms, r.allowance,
+                          cache_length(r.cache)) for (m, b), r in zip(chunk, results)]
+        for row, r in zip(kept, results):
+            check_cache_rows(r.cache, edit, name=f"the {row.method} cache")
         batch = AnswerBatch(lm, [r.cache for r in results], edit.query_ids, copy=False)
         del results  # their caches were consumed by the batch
         needs_answer = [e or m == "Re-prefill" for e, (m, _) in zip(emitted, chunk)]
@@ -359,7 +406,7 @@ def run_case(
             scores = {name: batch.score(ids) for name, ids in _targets(lm, case, refs).items()}
             for i, (row, ans, e) in enumerate(zip(kept, answers, emitted)):
                 if e:
-                    timing = (solo[i] if solo is not None else ans.timings_ms) if per_request else nan_timings
+                    timing = ans.timings_ms if per_request else nan_timings
                     pending.append((row, ans, {name: lp[i] for name, lp in scores.items()}, timing))
         del batch
         if prepared.dirty_cache is not None and refs.dirty_logits is None:
@@ -370,7 +417,21 @@ def run_case(
                 emit(record)
             made[record.key] = record
         pending = []
-    return [made[record_key(m, b)] for m, b in todo]
+    return [made[_key(m, b)] for m, b in todo]
+
+
+def _key(method: str | Method, budget: float) -> tuple[str, str, str]:
+    return record_key(method_name(method), budget, method_protocol(method))
+
+
+def grid_keys(methods: Sequence[str | Method], budgets: Sequence[float]) -> list[tuple[str, str, str]]:
+    """The record keys (:func:`sur_lab.sweeps.record.record_key`) of the grid of ``methods`` x ``budgets``, in grid
+    order.
+
+    Raises:
+        ValueError: as :func:`method_grid`.
+    """
+    return [_key(m, b) for m, b in method_grid(methods, budgets)]
 
 
 def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float], endpoints: dict) -> Record:
@@ -381,6 +442,7 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
         **base,
         method=row.method,
         budget_pct=float(row.budget),
+        protocol=row.protocol,
         cache_len=row.cache_len,
         allowance=int(row.allowance),
         num_intervals=support.num_intervals if support is not None else (1 if row.allowance else 0),
@@ -403,4 +465,4 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
     )
 
 
-__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]
+__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 
 from sur_lab.models import LoadedModel
-from sur_lab.sweeps.case import Case, method_grid, run_case
-from sur_lab.sweeps.record import Record, config_fields, record_key
+from sur_lab.sweeps.case import Case, grid_keys, run_case
+from sur_lab.sweeps.record import Record, config_fields
 from sur_lab.sweeps.store import SweepStore, check_fingerprint
 
 
@@ -52,7 +52,7 @@ def run_local(
 
     config = config_fields(lm, **{k: case_args[k] for k in ("seed", "executor", "max_new_tokens", "eval_batch",
                                                               "options")})
-    keys = [record_key(m, b) for m, b in method_grid(methods, budgets)]
+    keys = grid_keys(methods, budgets)
     with store.lock():
         stored = {c.case_id: store.read(c.case_id) for c in cases}
         for case in cases:

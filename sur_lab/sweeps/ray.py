@@ -25,13 +25,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from sur_lab.sweeps.case import Case, method_grid, run_case
-from sur_lab.sweeps.record import config_fields, record_key
+from sur_lab.sweeps.case import Case, grid_keys, run_case
+from sur_lab.sweeps.record import config_fields
 from sur_lab.sweeps.store import SweepStore, check_fingerprint
 #: How often the driver refreshes the progress bar while waiting for cases, seconds.
 POLL_S = 0.5
@@ -274,7 +273,7 @@ def run_ray(
     model_args = model_args_of(lm)
     check_local_gpus(model_args, workers, address)
     ray = require_ray()
-    keys = [record_key(m, b) for m, b in method_grid(methods, budgets)]
+    keys = grid_keys(methods, budgets)
     ids = [c.case_id for c in cases]
     eval_batch = int(case_args["eval_batch"])
     # The fingerprint fields the driver knows without the model; the actors check the whole fingerprint.

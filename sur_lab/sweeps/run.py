@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.sweeps.case import EVAL_BATCH, Case, check_run_args
+from sur_lab.sweeps.case import EVAL_BATCH, Case, Method, check_run_args, method_name
 from sur_lab.sweeps.store import SweepStore
 
 
@@ -61,7 +61,7 @@ def seeded_subset(ids: Sequence[str], k: int | None, seed: int = 0) -> list[str]
 def run_sweep(
     lm: Any,
     cases: Sequence[Case],
-    methods: Sequence[str],
+    methods: Sequence[str | Method],
     budgets: Sequence[float],
     out_dir: Path | str,
     *,
@@ -109,7 +109,7 @@ def run_sweep(
     timed_ids = timed_set(cases, timed)
     case_args = dict(executor=executor, max_new_tokens=int(max_new_tokens), eval_batch=int(eval_batch),
                      seed=int(seed), options=options, scorer=scorer, parser=parser)
-    manifest = dict(methods=list(methods), budgets=[float(b) for b in budgets], cases=[c.case_id for c in cases],
+    manifest = dict(methods=[method_name(m) for m in methods], budgets=[float(b) for b in budgets], cases=[c.case_id for c in cases],
                     timed_cases=sorted(timed_ids))
     store = SweepStore(out_dir)
     if type(workers) is not int or workers != 1 or address is not None:

@@ -60,10 +60,11 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
 
     Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``preservation`` (mean) with
     ``ci_low``/``ci_high`` (:func:`bootstrap_ci`), ``token_exact`` (mean), ``gold_em`` (mean, NaN without a
-    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``ttfl_ms`` and ``full_ttfl_ms`` (medians),
+    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``timed`` (requests whose time to first logit was
+    measured per request: only they enter the timing columns), ``ttfl_ms`` and ``full_ttfl_ms`` (medians),
     ``speedup`` (``full_ttfl_ms / ttfl_ms`` of the medians) and the per-request speed-up's geometric mean
     ``speedup_gmean`` with its bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (paired: each request's
-    full-prefill TTFL over its reuse TTFL).
+    full-prefill TTFL over its reuse TTFL). Timing columns are NaN for a group without timed requests.
 
     Raises:
         ValueError: naming ``by`` when a column is missing.
@@ -84,13 +85,19 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
             "token_exact": float(g["token_exact"].mean()),
             "gold_em": float(em.astype(float).mean()) if len(em) else np.nan,
             "changed_wrong": int(cw.astype(bool).sum()), "repair_ratio": float(g["repair_ratio"].mean()),
-            "ttfl_ms": float(g["ttfl_ms"].median()), "full_ttfl_ms": float(g["full_ttfl_ms"].median()),
         })
+        # Timings only from the requests timed per request (a batched pass yields none: their TTFL is NaN).
+        t = g[np.isfinite(g["ttfl_ms"].astype(float)) & np.isfinite(g["full_ttfl_ms"].astype(float))]
+        row.update({"timed": len(t), "ttfl_ms": float(t["ttfl_ms"].median()) if len(t) else np.nan,
+                    "full_ttfl_ms": float(t["full_ttfl_ms"].median()) if len(t) else np.nan})
         row["speedup"] = row["full_ttfl_ms"] / row["ttfl_ms"] if row["ttfl_ms"] > 0 else np.nan
-        log_ratio = np.log(g["full_ttfl_ms"].to_numpy(np.float64) / g["ttfl_ms"].to_numpy(np.float64))
-        lo, hi = bootstrap_ci(log_ratio, confidence=confidence, seed=seed)
-        row.update({"speedup_gmean": float(np.exp(log_ratio.mean())), "speedup_ci_low": float(np.exp(lo)),
-                    "speedup_ci_high": float(np.exp(hi))})
+        if len(t):
+            log_ratio = np.log(t["full_ttfl_ms"].to_numpy(np.float64) / t["ttfl_ms"].to_numpy(np.float64))
+            lo, hi = bootstrap_ci(log_ratio, confidence=confidence, seed=seed)
+            row.update({"speedup_gmean": float(np.exp(log_ratio.mean())), "speedup_ci_low": float(np.exp(lo)),
+                        "speedup_ci_high": float(np.exp(hi))})
+        else:
+            row.update({"speedup_gmean": np.nan, "speedup_ci_low": np.nan, "speedup_ci_high": np.nan})
         rows.append(row)
     return pd.DataFrame(rows)
 
