@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,7 @@ from sur_lab.budget import allowance
 from sur_lab.analysis.endpoints import nr_tv, reference_continuation
 from sur_lab.analysis.scoring import extract_answer
 from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
-from sur_lab.sweeps import TIMING_FIELDS, Case, case_seed, run_sweep
+from sur_lab.sweeps import TIMING_FIELDS, Case, case_seed, run_case, run_sweep
 from sur_lab.studies.niah import budget_table
 from test_allocators import char_tokenizer
 from test_niah import CORPUS
@@ -272,3 +273,58 @@ def test_timed_cases_are_checked_and_recorded(lm, cases, tmp_path):
     # Resuming with another timed subset would mix records timed and untimed: refused, naming the field.
     with pytest.raises(ValueError, match="another timed"):
         run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, max_new_tokens=2, timed=True, progress=False)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"case_id": "case/0", "answer": "x"}', "field 'method' is missing"),  # valid JSON, not a record
+    ("\x00\x01 garbage", "not JSON"),  # unreadable
+    ("", "empty line"),
+    (None, "field 'em' must be bool?"),  # a record with a field of the wrong type
+    ("other-case", "a record of case 'case/1', not 'case/0'"),  # a record of another case in this case's file
+])
+def test_invalid_stored_lines_are_reported_with_file_and_line_and_recomputed(lm, cases, tmp_path, bad, why):
+    """Issue 24: every part-file line is validated against the record schema; a line that is not a valid record of
+    its case is reported (warning naming the file and line), dropped and its record recomputed, never a crash."""
+    kwargs = dict(max_new_tokens=2, parser=parse_niah_answer, scorer=niah_scorer, progress=False)
+    full = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR"), (5,), tmp_path, **kwargs)
+    part = next(p for p in (tmp_path / "parts").glob("*.jsonl") if p.name.startswith("case_0"))
+    lines = part.read_text().splitlines()
+    if bad is None:
+        rec = json.loads(lines[1])
+        rec["em"] = "yes"
+        bad = json.dumps(rec)
+    elif bad == "other-case":
+        other = next(p for p in (tmp_path / "parts").glob("*.jsonl") if p.name.startswith("case_1"))
+        bad = other.read_text().splitlines()[0]
+    part.write_text("\n".join([lines[0], bad, *lines[2:]]) + "\n")  # line 2 replaced: its record is lost
+    with pytest.warns(UserWarning, match=rf"{part.name}:2: not a valid sweep record \({re.escape(why)}"):
+        again = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR"), (5,), tmp_path, **kwargs)
+    pd.testing.assert_frame_equal(_comparable(again), _comparable(full))
+    kept = part.read_text().splitlines()
+    assert kept[0] == lines[0] and len(kept) == len(lines)  # valid lines kept byte for byte; the lost one recomputed
+    assert all(json.loads(x)["case_id"] == "case/0" for x in kept)
+
+
+def test_record_round_trips_through_a_json_line_and_a_parquet_row(lm, cases, tmp_path):
+    from sur_lab.sweeps import FIELD_NAMES, Record, parse_line, records_frame
+    from sur_lab.sweeps.record import frame_records
+
+    recs = run_case(lm, cases[0], ("Dirty", "Shift", "SUR"), (5,), max_new_tokens=2, parser=parse_niah_answer)
+    other = dataclasses.replace(recs[0], case_id="x", meta={"only_here": 1.5})
+    recs = [*recs, other]
+    for r in recs:  # compared as lines: NaN fields (the references' budget, untimed answers) are never == themselves
+        assert parse_line(r.to_line()).to_line() == r.to_line()
+        assert isinstance(r.positions, tuple) and all(isinstance(p, int) for p in r.positions)
+    df = records_frame(recs)
+    assert list(df.columns)[-len(FIELD_NAMES):] == list(FIELD_NAMES)  # meta columns first, then the schema
+    records_frame(recs[:-1]).to_parquet(tmp_path / "r.parquet", index=False)
+    back = frame_records(pd.read_parquet(tmp_path / "r.parquet"))
+    assert [r.to_line() for r in back] == [r.to_line() for r in recs[:-1]]
+    mixed = frame_records(df)  # a meta column some records lack is not added to them
+    assert "only_here" not in mixed[0].meta and mixed[-1].meta == {"only_here": 1.5}
+    with pytest.raises(ValueError, match="field 'threads' must be int"):
+        Record.from_json({**recs[0].to_json(), "threads": "two"})
+    with pytest.raises(ValueError, match="collides with a record field"):
+        dataclasses.replace(recs[0], meta={"method": "x"})
+    empty = records_frame([])
+    assert list(empty.columns) == list(FIELD_NAMES) and empty.empty

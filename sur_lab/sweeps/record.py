@@ -358,6 +358,9 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
 def frame_records(df: pd.DataFrame) -> list[Record]:
     """The records of a DataFrame written by :func:`records_frame` (e.g. read back from ``records.parquet``).
 
+    A meta column that only some records have is NaN for the others and is left out of their meta; in a frame that
+    mixes such records, an integer meta column comes back as floats (the part files keep the exact values).
+
     Raises:
         ValueError: as :meth:`Record.from_row`, for the first row that is not a record.
     """
