@@ -141,8 +141,8 @@ def main(argv=None) -> int:
     for eb, df in runs.items():
         if eb == base_eb:
             continue
-        merged = base.merge(df, on=["case_id", "method", "budget_pct"], suffixes=("_base", "_run"), how="outer",
-                            dropna=False)
+        # pandas matches NaN budgets (the references) with NaN in merge keys.
+        merged = base.merge(df, on=["case_id", "method", "budget_pct"], suffixes=("_base", "_run"), how="outer")
         same = merged["answer_base"] == merged["answer_run"]
         agree[eb] = float(same.mean())
         for row in merged[~same].itertuples():

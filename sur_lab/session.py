@@ -642,10 +642,10 @@ class EditSession:
                             seed=policy.seed, options=dict(policy.options))
         timings["select"] = result.timings_ms["select"]
         timings["refresh"] = result.timings_ms["refresh"]
-        if result.allowance == 0:  # B = 0 (or an empty suffix): Shift's cache, nothing recomputed
-            return shifted, result.selection, 0, np.zeros(0, dtype=np.int64)
-        if policy.method == "Re-prefill":
+        if policy.method == "Re-prefill":  # every row rebuilt, whatever S (stale rows before the edit included)
             rows = np.arange(n, dtype=np.int64)
+        elif result.allowance == 0:  # B = 0 (or an empty suffix): Shift's cache, nothing recomputed
+            return shifted, result.selection, 0, np.zeros(0, dtype=np.int64)
         elif result.selection is None:  # Replay
             rows = np.arange(p, p + S, dtype=np.int64)
         else:

@@ -135,3 +135,18 @@ def test_recover_and_repair_share_the_path_rule(monkeypatch):
     repair_mod.recover(lm, edit, prepared.dirty_cache, "SUR", 20.0, executor="sequential")
     S = edit.suffix_len
     assert seen == [(S, allowance(S, 20.0))] * 2
+
+
+def test_reprefill_in_a_session_rebuilds_every_row_even_when_nothing_follows_the_edit():
+    """Deleting the last rows leaves S = 0; Re-prefill still rebuilds the whole context (rows made stale by an earlier
+    Shift-only edit included), as before the dispatcher was shared."""
+    from sur_lab.forward import prefill
+
+    session = EditSession(tiny(), method="Shift")
+    session.append(torch.arange(3, 43))
+    session.delete(5, 9)  # Shift only: the rows after 5 are stale
+    assert session.debt > 0
+    record = session.delete(30, 36, method="Re-prefill")  # nothing after the span: S = 0
+    assert record.suffix_len == 0 and session.debt == 0 and len(record.refreshed_rows) == len(session)
+    clean = prefill(tiny(), session.tokens)[0]
+    assert caches_equal(session.cache, clean)

@@ -187,8 +187,8 @@ def method_grid(methods: Sequence[str | Method], budgets: Sequence[float]) -> li
     return grid
 
 
-def check_run_args(cases: Sequence[Case], methods, budgets, executor: str, max_new_tokens: int,
-                   eval_batch: int) -> list[tuple[str, float]]:
+def check_run_args(cases: Sequence[Case], methods: Sequence[str | Method], budgets: Sequence[float], executor: str,
+                   max_new_tokens: int, eval_batch: int) -> list[tuple[str | Method, float]]:
     """Check a sweep's arguments before any work; return the (method, budget) grid.
 
     Raises:
@@ -297,7 +297,7 @@ def _chunk_rows(prepared: PreparedEdit, eval_batch: int) -> int:
 def run_case(
     lm: LoadedModel,
     case: Case,
-    methods: Sequence[str],
+    methods: Sequence[str | Method],
     budgets: Sequence[float],
     *,
     executor: str = "sequential",

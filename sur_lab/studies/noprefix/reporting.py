@@ -22,7 +22,7 @@ from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
 def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
     """Measured drift of the composed cache and its rank agreement with the risk score, per ``by`` group.
 
-    Uses one record per request (the full-prefill row) of :func:`run_requests` with ``keep_drift=True``; documents
+    Uses one row per request of :func:`~sur_lab.studies.noprefix.study.measure_drift` (``unit`` ``"full"``); documents
     after the first are pooled (the first document's drift is exactly 0 and its risk 0).
 
     Returns:
@@ -36,7 +36,7 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
     from scipy.stats import spearmanr
 
     if "drift" not in runs.columns or "risk" not in runs.columns:
-        raise ValueError("runs has no drift/risk columns; run with keep_drift=True")
+        raise ValueError("runs has no drift/risk columns; pass sur_lab.studies.noprefix.measure_drift's rows")
     full = runs[runs["unit"] == "full"]
     rows = []
     for key, g in full.groupby(by, sort=False):
@@ -56,7 +56,7 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
 
 def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "label", "protocol"), *,
               confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Per-group endpoints of :func:`evaluate_prompt` records.
+    """Per-group endpoints of :func:`~sur_lab.studies.noprefix.study.runs_table` rows.
 
     Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``preservation`` (mean) with
     ``ci_low``/``ci_high`` (:func:`bootstrap_ci`), ``token_exact`` (mean), ``gold_em`` (mean, NaN without a
