@@ -60,6 +60,7 @@ from sur_lab.edits import EditedContext, chat_segments, splice_replacement, toke
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, as_loaded_model
+from sur_lab.repair import PreparedEdit, repair
 from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
@@ -1013,46 +1014,27 @@ class EditSession:
         )
 
     def _repair(self, shifted: _State, edit: EditedContext, policy: _Policy, timings: dict):
-        """Refresh ``shifted`` per ``policy``; returns ``(state, selection, B, refreshed absolute rows)``."""
-        lm = self.lm
+        """Refresh ``shifted`` per ``policy`` through the one Algorithm 1 dispatcher (:func:`sur_lab.repair.repair`);
+        returns ``(state, selection, B, refreshed absolute rows)``."""
         p, S, n = edit.prefix_len, edit.suffix_len, shifted.n
-        shift_cache = shifted.cache()
-        method = policy.method
-        selection = None
-        if method == "Re-prefill":
-            t0 = time.perf_counter()
-            if n == 0:
-                return shifted, None, 0, np.zeros(0, dtype=np.int64)
-            cache = prefill(lm, edit.edited_ids)[0]
-            timings["refresh"] = _ms(t0)
-            return self._with_rows(shifted, cache, np.arange(n, dtype=np.int64)), None, S, np.arange(n)
-        if method == "Shift":
+        if policy.method == "Shift":  # the shifted state is the result; the dispatcher would only clone it
             return shifted, None, 0, np.zeros(0, dtype=np.int64)
-        B = S if method == "Replay" else allowance(S, policy.budget_pct)
-        if B == 0:
-            if method != "Replay":
-                selection = Selection(Support(np.zeros(0, dtype=np.int64), S))
-            return shifted, selection, 0, np.zeros(0, dtype=np.int64)
-        if B == S:
-            # Algorithm 1, step 2: a full budget is Replay from the valid prefix rows.
-            t0 = time.perf_counter()
-            cache = replay(lm, shift_cache, edit)
-            timings["refresh"] = _ms(t0)
-            if method != "Replay":
-                selection = Selection(Support.full(S))
-            rows = np.arange(p, p + S, dtype=np.int64)
-            return self._with_rows(shifted, cache, rows), selection, S, rows
+        # A session holds no Dirty cache: Replay (and B = S) read the valid prefix rows from the Shift cache.
+        prepared = PreparedEdit(edit, None, shifted.cache(), 0.0, 0.0)
         with fractions_expected():  # the session warned when the budget was given
-            request = AllocationRequest(
-                lm, edit, policy.budget_pct, shift_cache=shift_cache, seed=policy.seed, options=dict(policy.options)
-            )
-        selection = allocate(method, request)
-        timings["select"] = selection.select_ms
-        t0 = time.perf_counter()
-        cache = get_executor(policy.executor)(lm, shift_cache, edit, selection.support)
-        timings["refresh"] = _ms(t0)
-        rows = selection.support.absolute(p)
-        return self._with_rows(shifted, cache, rows), selection, B, rows
+            result = repair(self.lm, prepared, policy.method, policy.budget_pct, executor=policy.executor,
+                            seed=policy.seed, options=dict(policy.options))
+        timings["select"] = result.timings_ms["select"]
+        timings["refresh"] = result.timings_ms["refresh"]
+        if policy.method == "Re-prefill":  # every row rebuilt, whatever S (stale rows before the edit included)
+            rows = np.arange(n, dtype=np.int64)
+        elif result.allowance == 0:  # B = 0 (or an empty suffix): Shift's cache, nothing recomputed
+            return shifted, result.selection, 0, np.zeros(0, dtype=np.int64)
+        elif result.selection is None:  # Replay
+            rows = np.arange(p, p + S, dtype=np.int64)
+        else:
+            rows = result.selection.support.absolute(p)
+        return self._with_rows(shifted, result.cache, rows), result.selection, result.allowance, rows
 
     def _with_rows(self, state: _State, cache: DynamicCache, rows: np.ndarray) -> _State:
         """``state`` with ``cache`` as its live tensors; ``rows`` were recomputed at their current positions."""
