@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,20 @@ from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tok
 SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
 #: Relevance fallback when no query is pending: the last this-many tokens of the edited context (tokens).
 FALLBACK_QUERY_TOKENS = 32
+
+
+#: The model check ``EditSession(check=True)`` runs: ``fn(lm) -> report``, raising
+#: :class:`~sur_lab.model_check.ModelCheckError` for a model that fails. :mod:`sur_lab.model_check` (a higher module:
+#: it runs sessions) registers :func:`~sur_lab.model_check.check_model_once` here when it is imported, which importing
+#: ``sur_lab`` always does, so this module never imports it (no import cycle, ``tests/test_layout.py``).
+_MODEL_CHECK: Callable[[LoadedModel], Any] | None = None
+
+
+def register_model_check(fn: Callable[[LoadedModel], Any]) -> None:
+    """Register the gate ``EditSession(check=True)`` runs (done by :mod:`sur_lab.model_check`; one gate at a time, a
+    second registration replaces the first)."""
+    global _MODEL_CHECK
+    _MODEL_CHECK = fn
 
 
 def _ms(t0: float) -> float:
@@ -272,9 +286,9 @@ class EditSession:
             raise ValueError(f"sync_policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
         self._sync_policy = sync_policy if sync_policy is not None else SyncPolicy()
         if check:
-            from sur_lab.model_check import check_model_once
-
-            check_model_once(lm)
+            if _MODEL_CHECK is None:  # only when sur_lab.model_check was never imported (importing sur_lab does it)
+                raise RuntimeError("EditSession(check=True): no model check registered; import sur_lab.model_check")
+            _MODEL_CHECK(lm)
         self._state = _State(
             ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
             angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),

@@ -59,6 +59,7 @@ def test_no_command_is_a_usage_error(capsys):
         (["sweep", "noprefix", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
         (["sweep", "noprefix", "-p", "protocols", "['copy']"], "-p: protocol='copy'; allowed: forward, donor"),
         (["sweep", "niah", "-p", "n_per_dataset", "3"], "-p n_per_dataset: not a parameter of the niah sweep"),
+        (["sweep", "niah", "-p", "num_cases", "0"], "-p: 02_allocation_geometry.ipynb: parameter 'num_cases' must be >= 1"),
         (["sweep", "niah", "--eval-batch", "0"], "--eval-batch must be an integer >= 1; got '0'"),
         (["sweep", "niah", "--out", str(REPO / "pyproject.toml")], "is an existing file; a sweep writes a folder"),
         (["models", "--name", "GPT-9"], "--name 'GPT-9' is not an embedded model"),

@@ -80,7 +80,8 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
     Raises:
         CliError: naming ``--preset`` when the study has no such preset, ``-p NAME`` when NAME is not one of its
             parameters (listing them), or ``-p`` with the error when a value is out of range (an unknown method, a
-            budget outside [0, 100]).
+            budget outside [0, 100], or outside the range the study's notebook declares for it,
+            :func:`sur_lab.runtime.params.check_notebook_parameters`).
     """
     overrides = {name: _literal(value) for name, value in pairs}
     try:
@@ -98,6 +99,14 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
         method_grid(study.methods(params), params.get("budgets", ()))  # methods and budgets, before any model
     except ValueError as err:
         raise CliError(f"-p: {err}") from None
+    notebook = NOTEBOOK_DIR / f"{study.NOTEBOOK}.ipynb"
+    if overrides and notebook.exists():  # the ranges its notebook's parameters cell declares (robust, issue 24)
+        from sur_lab.runtime.params import ParameterError, check_notebook_parameters
+
+        try:
+            check_notebook_parameters(notebook, overrides)
+        except (ParameterError, ValueError) as err:
+            raise CliError(f"-p: {err}") from None
     return overrides
 
 
