@@ -70,7 +70,7 @@ def stage_notebooks(run: Path | None, stage: Path) -> list[Path]:
 
 @mkdocs.plugins.event_priority(100)  # before mkdocs-jupyter wraps the .ipynb files
 def on_files(files, config):
-    from sur_lab.runtime.paths import outputs_dir
+    from sur_lab.paths import outputs_dir
     from sur_lab.runtime.results_page import results_markdown
 
     run = run_folder()

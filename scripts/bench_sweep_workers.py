@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _results(df: pd.DataFrame) -> pd.DataFrame:
     from sur_lab.analysis.stats import CONCURRENCY_FIELDS
-    from sur_lab.runtime.sweep import TIMING_FIELDS
+    from sur_lab.sweeps import TIMING_FIELDS
 
     return df.drop(columns=[*TIMING_FIELDS, *CONCURRENCY_FIELDS]).reset_index(drop=True)
 
@@ -77,7 +77,7 @@ def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
 
 
 def _killer(parts: Path, after: int, done: threading.Event, log: dict) -> None:
-    from sur_lab.runtime import distributed
+    from sur_lab.sweeps import ray as distributed
 
     while not done.is_set():
         n = sum(1 for f in parts.glob("*.jsonl") for _ in f.open("rb")) if parts.exists() else 0
@@ -94,8 +94,8 @@ def main(argv=None) -> int:
     import torch
 
     from sur_lab.models import load_model
-    from sur_lab.runtime import distributed
-    from sur_lab.runtime.sweep import run_sweep
+    from sur_lab.sweeps import ray as distributed
+    from sur_lab.sweeps import run_sweep
     from sur_lab.studies.niah import build_niah_cases, niah_scorer, parse_niah_answer
 
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_sweep_workers_"))

@@ -184,7 +184,7 @@ def main() -> None:
         print("\nrepair turns, median stage times of the last timed sync (ms):")
         print(repaired.groupby("arm")[stages].median().round(1).to_string())
     if args.out:
-        from sur_lab.runtime.paths import atomic_path
+        from sur_lab.paths import atomic_path
 
         with atomic_path(args.out) as tmp:
             df.to_csv(tmp, index=False)

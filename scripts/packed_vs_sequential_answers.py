@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sur_lab.models import load_model
-from sur_lab.runtime.sweep import run_sweep
+from sur_lab.sweeps import run_sweep
 from sur_lab.studies.niah import build_niah_cases, niah_scorer, parse_niah_answer
 
 lm = load_model()

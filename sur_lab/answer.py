@@ -1,18 +1,28 @@
-"""Query processing and greedy decoding from any repaired cache (Algorithm 1 step 11; Eq. 20's answer term)."""
+"""Query processing and greedy decoding from any repaired cache (Algorithm 1 step 11; Eq. 20's answer term).
+
+:func:`greedy_answer` is the one greedy decoder of one cache. :class:`AnswerBatch` is its batched form: several
+pre-query caches (of any lengths; shorter ones are left-padded and masked) are stacked along the batch dimension, the
+query is forwarded once for all of them, greedy decoding runs with per-row stopping, and :meth:`AnswerBatch.score`
+teacher-forces any target token sequence after the query for every row in one forward (the NLL endpoints). With one
+cache it is the per-record path: the same forwards as :func:`greedy_answer`. Timings of a batch are the batch's; they
+are per request only for a batch of one.
+"""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
-from sur_lab.cache_ops import cache_length, clone_cache, slice_rows
+from sur_lab.cache_ops import cache_length, clone_cache, crop_, slice_rows, stack_caches_
 from sur_lab.checks import as_count, as_token_ids, check_vocab
 from sur_lab.edits import EditedContext
-from sur_lab.forward import decode_step, forward_tokens, one_context_warning
+from sur_lab.forward import decode_step, forward_batch, forward_tokens, one_context_warning
 from sur_lab.models import LoadedModel
 
 
@@ -25,7 +35,8 @@ class Answer:
         token_ids: generated ids (the EOS token, if reached, is excluded).
         first_token_logits: ``[V]`` float32 logits after the query (CPU).
         finished: True when an EOS token ended decoding (False when ``max_new_tokens`` was reached).
-        timings_ms: ``query`` (query processing), ``decode`` (greedy decoding), ``answer`` (their sum), ms.
+        timings_ms: ``query`` (query processing), ``decode`` (greedy decoding), ``answer`` (their sum), ms; NaN for
+            an answer of a batch of several rows (:class:`AnswerBatch`), whose time is not one request's.
     """
 
     text: str
@@ -119,16 +130,26 @@ def greedy_answer(
     return Answer(text, tuple(generated), first, finished, timings)
 
 
-def _check_cache(cache: DynamicCache, edit: EditedContext) -> None:
-    """Refuse a cache built for another context: it must hold the edited context's ``p + S`` rows (every repair),
-    or the original ``N = p + d + S`` rows (Dirty keeps the deleted span)."""
+def check_cache_rows(cache: DynamicCache, edit: EditedContext, name: str = "cache") -> int:
+    """The one check of a pre-query cache's length against its edit; returns the length (rows).
+
+    A cache must hold the edited context's ``p + S`` rows (every repair of the deleted span) or the original
+    ``N = p + d + S`` rows (Dirty keeps the deleted span); any other length was built for another edit. This is the
+    only place that knows which lengths an edit allows: a reference operator whose cache has another length (e.g. the
+    Dirty cache followed by a prefilled correction note) extends this check, and nothing else (the sweep groups caches
+    by their actual length; the query is processed after a cache's last row, whatever its length).
+
+    Raises:
+        ValueError: naming ``name`` with its length and the lengths the edit allows.
+    """
     rows = cache_length(cache)
     edited = edit.prefix_len + edit.suffix_len
     if rows not in (edited, edit.num_tokens):
         raise ValueError(
-            f"cache has {rows} rows; the edit's context has p + S = {edited} rows (repaired) or N = {edit.num_tokens} "
+            f"{name} has {rows} rows; the edit's context has p + S = {edited} rows (repaired) or N = {edit.num_tokens} "
             "(Dirty): it was built for another edit"
         )
+    return rows
 
 
 def answer(
@@ -138,7 +159,8 @@ def answer(
 
     Args:
         lm: the model.
-        cache: a repaired pre-query cache (any method): ``p + S`` rows, or ``N = p + d + S`` for Dirty.
+        cache: a repaired pre-query cache (any method): ``p + S`` rows, or ``N = p + d + S`` for Dirty
+            (:func:`check_cache_rows`).
         edit: the edit, for its query.
         max_new_tokens: decoding limit, tokens (>= 1).
         copy: decode on a clone so ``cache`` is left unchanged (the clone is not timed, as a harness clone);
@@ -149,10 +171,10 @@ def answer(
 
     Raises:
         TypeError: if ``max_new_tokens`` is not an integer (``True``, ``None``, ``2.0``).
-        ValueError: if ``max_new_tokens`` < 1, or naming ``cache`` when its length is neither ``p + S`` nor ``N``
+        ValueError: if ``max_new_tokens`` < 1, or naming ``cache`` when its length fails :func:`check_cache_rows`
             (a cache built for another edit).
     """
-    _check_cache(cache, edit)
+    check_cache_rows(cache, edit)
     return greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens, copy=copy)
 
 
@@ -171,10 +193,195 @@ def continuation_nll(lm: LoadedModel, cache: DynamicCache, edit: EditedContext, 
     if continuation.numel() == 0:
         raise ValueError("continuation must contain at least one token")
     check_vocab(continuation, lm.spec.vocab_size, "continuation")
-    _check_cache(cache, edit)
+    check_cache_rows(cache, edit)
     work = clone_cache(cache)
     ids = torch.cat((edit.query_ids, continuation[:-1]))
     logits = forward_tokens(lm, ids, work, logits="all")[-len(continuation) :]
     logp = torch.log_softmax(logits.double(), dim=-1)
     target = continuation.to(logp.device)
     return float(-logp.gather(1, target[:, None]).sum())
+
+
+class AnswerBatch:
+    """Several pre-query caches answered together: the batched form of :func:`greedy_answer`.
+
+    At construction the caches are stacked along the batch dimension (:func:`sur_lab.cache_ops.stack_caches_`; shorter
+    caches left-padded with masked zero rows, each row keeping its own positions) and the query is forwarded once for
+    all rows; :attr:`first_token_logits` holds each row's logits after the query. :meth:`decode` then decodes greedily
+    with per-row stopping (EOS or ``max_new_tokens``), and :meth:`score` teacher-forces a target token sequence after
+    the query for every row. Both start from the state right after the query (the rows they append are cropped off
+    again), so they may be called in any order and :meth:`score` any number of times.
+
+    Each row's results equal :func:`greedy_answer` on its cache alone up to the rounding of a batched forward (a batch of
+    one makes exactly the same forwards).
+
+    Args:
+        lm: the model.
+        caches: B >= 1 pre-query caches, each ``[1, H_kv, L_i, d_h]`` per layer (same layout).
+        query_ids: ``[Q]`` int64, Q >= 1, the query appended to every row.
+        copy: stack copies, leaving ``caches`` unchanged (default); ``False`` consumes them (the list is cleared and
+            each cache emptied layer by layer while stacking, so peak memory is about one stacked copy).
+
+    Attributes:
+        first_token_logits: ``[B, V]`` float32 logits after the query (CPU).
+        lengths: rows of each input cache.
+        query_ms: wall time of the batched query forward, ms (per request only when B = 1).
+
+    Raises:
+        ValueError: naming ``caches`` (empty, not batch 1, layouts differ) or ``query_ids`` (empty, not 1-D, an id
+            outside the vocabulary), before any forward.
+    """
+
+    @one_context_warning
+    @torch.inference_mode()
+    def __init__(self, lm: LoadedModel, caches: Sequence[DynamicCache], query_ids: torch.Tensor, *,
+                 copy: bool = True) -> None:
+        query_ids = as_token_ids(query_ids, "query_ids")
+        if not len(caches):
+            raise ValueError("caches is empty; answer at least one cache")
+        self.lm = lm
+        self.query_ids = query_ids.reshape(-1)
+        self.lengths = [cache_length(c) for c in caches]
+        work = [clone_cache(c) for c in caches] if copy else caches
+        self._cache, pads = stack_caches_(work)
+        batch, q = len(self.lengths), int(self.query_ids.numel())
+        longest = max(self.lengths)
+        device = lm.device
+        # Padding rows are hidden; rows without padding need no mask (the unbatched forward's own path).
+        self._mask = None
+        if any(pads):
+            self._mask = torch.arange(longest, device=device)[None, :] >= torch.tensor(pads, device=device)[:, None]
+        self._next = torch.tensor(self.lengths, dtype=torch.long, device=device)  # each row's next position
+        self._base = longest + q
+        t0 = time.perf_counter()
+        logits = forward_batch(lm, self.query_ids.to(device).expand(batch, q), self._cache,
+                               self._next[:, None] + torch.arange(q, device=device), self._extend_mask(q),
+                               logits="last")
+        self.query_ms = (time.perf_counter() - t0) * 1e3
+        self._first = logits  # [B, V] on the model's device
+        self._mask = self._extend_mask(q)
+        self.first_token_logits = logits.detach().float().cpu().clone()
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def _extend_mask(self, extra: int) -> torch.Tensor | None:
+        if self._mask is None:
+            return None
+        return torch.cat((self._mask, self._mask.new_ones(self._mask.shape[0], extra)), dim=1)
+
+    def _restore(self) -> None:
+        """Back to the state right after the query (rows appended by decode or score dropped)."""
+        if cache_length(self._cache) != self._base:
+            crop_(self._cache, self._base)
+
+    @one_context_warning
+    @torch.inference_mode()
+    def decode(self, max_new_tokens: int = 64) -> list[Answer]:
+        """Greedy decoding of every row until its EOS or ``max_new_tokens``: :func:`greedy_answer`'s rule per row.
+
+        Finished rows stay in the batch (fed their last argmax, their outputs ignored) until every row has stopped.
+
+        Returns:
+            One :class:`Answer` per row, in input order; ``timings_ms`` per request when B = 1, NaN otherwise (the
+            batch's wall times are :attr:`query_ms` and the ``decode_ms`` attribute set here).
+
+        Raises:
+            TypeError, ValueError: for ``max_new_tokens`` as :func:`greedy_answer`.
+        """
+        _check_max_new_tokens(max_new_tokens)
+        self._restore()
+        lm, batch, device = self.lm, len(self), self.lm.device
+        eos = set(lm.eos_token_ids)
+        generated: list[list[int]] = [[] for _ in range(batch)]
+        finished = [False] * batch
+        active = [True] * batch
+        mask = self._mask
+        current = self._first
+        t0 = time.perf_counter()
+        for step in range(int(max_new_tokens)):
+            tokens = torch.argmax(current, dim=-1).tolist()
+            for i in range(batch):
+                if not active[i]:
+                    continue
+                if tokens[i] in eos:
+                    finished[i], active[i] = True, False
+                    continue
+                generated[i].append(tokens[i])
+                if step + 1 >= max_new_tokens:
+                    active[i] = False
+            if not any(active):
+                break
+            feed = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]
+            positions = self._next[:, None] + (int(self.query_ids.numel()) + step)
+            if mask is not None:
+                mask = torch.cat((mask, mask.new_ones(batch, 1)), dim=1)
+            current = forward_batch(lm, feed, self._cache, positions, mask, logits="last")
+        self.decode_ms = (time.perf_counter() - t0) * 1e3
+        self._restore()
+        if batch == 1:
+            timings = {"query": self.query_ms, "decode": self.decode_ms, "answer": self.query_ms + self.decode_ms}
+        else:
+            timings = {"query": math.nan, "decode": math.nan, "answer": math.nan}
+        out = []
+        for i in range(batch):
+            text = lm.tokenizer.decode(generated[i], skip_special_tokens=True).strip() if lm.tokenizer is not None else ""
+            out.append(Answer(text, tuple(generated[i]), self.first_token_logits[i], finished[i], dict(timings)))
+        return out
+
+    @one_context_warning
+    @torch.inference_mode()
+    def score(self, target: Sequence[int] | torch.Tensor) -> np.ndarray:
+        """Teacher-forced log-probabilities of ``target`` after the query, for every row: one batched forward.
+
+        Token t of the target is scored by the logits after the query and ``target[:t]`` (the first token by
+        :attr:`first_token_logits`). The forward of ``target[:-1]`` is cropped off afterwards.
+
+        Args:
+            target: ``[T]`` token ids (T >= 0).
+
+        Returns:
+            ``[B, T]`` float64 log-probabilities (``log_softmax`` of the float32 logits, in float64); ``[B, 0]`` for
+            an empty target. The NLL of row b is ``-out[b].sum()`` nats.
+
+        Raises:
+            TypeError: if ``target`` holds non-integer ids.
+            ValueError: if an id lies outside the vocabulary.
+        """
+        target = as_token_ids(list(target) if not isinstance(target, torch.Tensor) else target, "target",
+                              allow_empty=True).reshape(-1)
+        check_vocab(target, self.lm.spec.vocab_size, "target")
+        batch, length = len(self), int(target.numel())
+        out = np.zeros((batch, length), dtype=np.float64)
+        if length == 0:
+            return out
+        self._restore()
+        tgt = target.to(self.lm.device)
+        rows = [self._first]  # [B, V] scores target[0]
+        if length > 1:
+            q = int(self.query_ids.numel())
+            positions = self._next[:, None] + q + torch.arange(length - 1, device=self.lm.device)
+            logits = forward_batch(self.lm, tgt[:-1].expand(batch, length - 1), self._cache, positions,
+                                   self._extend_mask(length - 1), logits="all")  # [B, T - 1, V]
+            self._restore()
+        for b in range(batch):
+            # One row at a time: a [T, V] float64 log-softmax, not [B, T, V].
+            scores = rows[0][b : b + 1] if length == 1 else torch.cat((rows[0][b : b + 1], logits[b]), dim=0)
+            logp = torch.log_softmax(scores.double(), dim=-1)
+            out[b] = logp.gather(1, tgt[:, None]).squeeze(1).cpu().numpy()
+        return out
+
+
+def greedy_answers(lm: LoadedModel, caches: Sequence[DynamicCache], query_ids: torch.Tensor, *,
+                   max_new_tokens: int = 64) -> list[Answer]:
+    """:func:`greedy_answer` for several caches at once (:class:`AnswerBatch`): one query forward, batched greedy
+    decoding with per-row stopping. The caches are not modified.
+
+    Returns:
+        One :class:`Answer` per cache, in order (timings per request only for a single cache).
+
+    Raises:
+        ValueError, TypeError: as :class:`AnswerBatch` and :func:`greedy_answer`.
+    """
+    _check_max_new_tokens(max_new_tokens)
+    return AnswerBatch(lm, caches, query_ids).decode(max_new_tokens)

@@ -390,6 +390,72 @@ def scatter_rows_(cache: DynamicCache, layer: int, positions: torch.Tensor, keys
     v.index_copy_(2, positions, values.to(v.dtype))
 
 
+def stack_caches_(caches: list[DynamicCache]) -> tuple[DynamicCache, list[int]]:
+    """Stack batch-1 caches of any lengths into one batch cache, left-padded with zero rows; consumes the inputs.
+
+    Row i of the result holds cache i's rows at the end of the sequence axis, after ``Lmax - L_i`` zero rows (no
+    re-rotation: each row keeps the positions its keys were rotated for; the caller masks the padding and passes each
+    row's own positions). Built layer by layer, and each input layer is released once copied, so peak memory is about
+    one stacked copy plus one layer. Every cache of ``caches`` is emptied (its layers set to zero rows) and the list is
+    cleared: the caller gives them up.
+
+    Args:
+        caches: B >= 1 caches, each ``[1, H_kv, L_i, d_h]`` per layer, same layer count, heads, head dim, dtype and
+            device.
+
+    Returns:
+        ``(stacked, pads)``: a cache ``[B, H_kv, Lmax, d_h]`` per layer and the zero rows ``Lmax - L_i`` before row i.
+
+    Raises:
+        ValueError: naming ``caches`` when it is empty, a cache is not batch 1, or the layouts differ (nothing is
+            consumed then).
+    """
+    if not caches:
+        raise ValueError("caches is empty; stack at least one cache")
+    first = to_tensors(caches[0])
+    lengths = []
+    for i, c in enumerate(caches):
+        kv = to_tensors(c)
+        if len(kv) != len(first):
+            raise ValueError(f"caches[{i}] has {len(kv)} layers; caches[0] has {len(first)}")
+        k0, k = first[0][0], kv[0][0]
+        if k.shape[0] != 1 or k.shape[1] != k0.shape[1] or k.shape[3] != k0.shape[3] or k.dtype != k0.dtype:
+            raise ValueError(f"caches[{i}] has keys {tuple(k.shape)} {k.dtype}; caches[0] has {tuple(k0.shape)} "
+                             f"{k0.dtype} (stacking needs batch 1 and the same heads, head dim and dtype)")
+        lengths.append(k.shape[2])
+    longest = max(lengths)
+    pads = [longest - n for n in lengths]
+    layers = []
+    for layer in range(len(first)):
+        ks, vs = [], []
+        for c, pad in zip(caches, pads):
+            k, v = layer_kv(c, layer)
+            if pad:
+                k = torch.cat((k.new_zeros(1, k.shape[1], pad, k.shape[3]), k), dim=2)
+                v = torch.cat((v.new_zeros(1, v.shape[1], pad, v.shape[3]), v), dim=2)
+            ks.append(k)
+            vs.append(v)
+        layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
+        for c in caches:  # release this layer of every input before the next one is copied
+            entry = c.layers[layer]
+            entry.keys, entry.values = entry.keys[:, :, :0], entry.values[:, :, :0]
+    caches.clear()
+    return from_tensors(layers), pads
+
+
+def crop_(cache: DynamicCache, length: int) -> None:
+    """In place: keep the first ``length`` rows of every layer (rows appended after them are dropped).
+
+    Raises:
+        ValueError: if ``length`` is outside ``[0, N]``.
+    """
+    n = cache_length(cache)
+    if not 0 <= length <= n:
+        raise ValueError(f"length={length} must lie in [0, {n}]")
+    for entry in cache.layers:
+        entry.keys, entry.values = entry.keys[:, :, :length], entry.values[:, :, :length]
+
+
 def caches_equal(a: DynamicCache, b: DynamicCache) -> bool:
     """True when both caches have the same shapes, dtypes and bitwise-identical keys and values."""
     if num_layers(a) != num_layers(b):

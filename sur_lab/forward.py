@@ -1,14 +1,15 @@
 """Ordinary model forwards against a cache: prefill and appending tokens at explicit positions.
 
 Phases are named for what they are: ``prefill`` builds a cache from an empty one, ``forward_tokens`` appends tokens
-at given positions to an existing cache (query processing, interval replay), ``decode_step`` appends one token.
+at given positions to an existing cache (query processing, interval replay), ``decode_step`` appends one token, and
+``forward_batch`` appends tokens to a batch of sequences at once (batched answering, :mod:`sur_lab.answer`).
 
-Context length. Every forward that grows a context runs through :func:`forward_tokens` (prefill, decoding, query
-processing, Replay and Re-prefill, :class:`sur_lab.session.EditSession` appends and replacements); it and the packed
-executors' traversals call :func:`check_context_length`, which warns (:class:`ContextLengthWarning`, a
-``UserWarning``) when a position reaches past the model's ``max_position_embeddings``. A public call that runs many
-forwards (``answer`` decoding token by token, a repair, a session edit) is wrapped in :func:`one_context_warning`, so
-it warns once, not once per forward.
+Context length. Every forward that grows a context runs through :func:`forward_tokens` or :func:`forward_batch`
+(prefill, decoding, query processing, Replay and Re-prefill, :class:`sur_lab.session.EditSession` appends and
+replacements, batched answering); they and the packed executors' traversals call :func:`check_context_length`, which
+warns (:class:`ContextLengthWarning`, a ``UserWarning``) when a position reaches past the model's
+``max_position_embeddings``. A public call that runs many forwards (``answer`` decoding token by token, a repair, a
+session edit) is wrapped in :func:`one_context_warning`, so it warns once, not once per forward.
 """
 
 from __future__ import annotations
@@ -160,3 +161,71 @@ def decode_step(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tenso
         ContextLengthWarning: as :func:`forward_tokens`.
     """
     return forward_tokens(lm, torch.tensor([token], dtype=torch.long), cache)
+
+
+@torch.inference_mode()
+def forward_batch(
+    lm: LoadedModel,
+    ids: torch.Tensor,
+    cache: DynamicCache,
+    positions: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    logits: str | int = "last",
+) -> torch.Tensor | None:
+    """Append ``ids`` ``[B, L]`` to a batch cache (in place), row b at positions ``positions[b]``.
+
+    The cache holds B sequences ``[B, H_kv, N, d_h]`` per layer, shorter ones left-padded (:func:`sur_lab.cache_ops.
+    stack_caches_`); ``attention_mask`` ``[B, N + L]`` (True: a real row) hides the padding, ``None`` when there is
+    none. Causality is by cache row (the new tokens follow row N - 1 of every sequence); RoPE uses ``positions``, each
+    row's own positions, so a padded row answers exactly as it would alone, up to the rounding of a batched forward.
+
+    Args:
+        lm: the model.
+        ids: ``[B, L]`` int64 tokens, L >= 1.
+        cache: the batch cache to extend (mutated: the caller owns it).
+        positions: ``[B, L]`` int64 positions of the new tokens.
+        attention_mask: ``[B, N + L]`` bool, or ``None`` (no padding).
+        logits: ``"last"`` (float32 ``[B, V]``), ``"all"`` (float32 ``[B, L, V]``), ``"none"``, or an int k in
+            [1, L] (float32 ``[B, k, V]`` of the last k positions).
+
+    Returns:
+        Logits as requested, on the model's device, float32.
+
+    Warns:
+        ContextLengthWarning: when a position reaches past the model's ``max_position_embeddings``
+            (:func:`check_context_length`).
+
+    Raises:
+        ValueError: naming ``ids``, ``positions`` or ``attention_mask`` when their shapes disagree, an id outside
+            ``[0, vocab_size)``, or ``logits`` not one of the allowed values.
+    """
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"ids must be a non-empty [B, L] tensor; got shape {tuple(getattr(ids, 'shape', ()))}")
+    check_vocab(ids.reshape(-1), lm.spec.vocab_size, "ids")
+    if tuple(positions.shape) != tuple(ids.shape):
+        raise ValueError(f"positions has shape {tuple(positions.shape)}; ids has {tuple(ids.shape)}")
+    n = cache_length(cache)
+    if attention_mask is not None and tuple(attention_mask.shape) != (ids.shape[0], n + ids.shape[1]):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected "
+                         f"({ids.shape[0]}, {n + ids.shape[1]}) (cache rows + new tokens)")
+    length = ids.shape[1]
+    if isinstance(logits, bool) or not (
+        logits in ("last", "all", "none") or (isinstance(logits, int) and 1 <= logits <= length)
+    ):
+        raise ValueError(f"logits={logits!r}; allowed: 'last', 'all', 'none' or an int in [1, {length}]")
+    if positions.numel():
+        check_context_length(lm, int(positions.max()) + 1)
+    device = lm.device
+    out = lm.model(
+        input_ids=ids.to(device),
+        cache=cache,
+        position_ids=positions.to(device),
+        attention_mask=attention_mask.to(device) if attention_mask is not None else None,
+        use_cache=True,
+        logits_to_keep=logits if isinstance(logits, int) else (0 if logits == "all" else 1),
+    )
+    if logits == "none":
+        return None
+    result = out.logits.float()
+    return result[:, -1] if logits == "last" else result

@@ -36,6 +36,8 @@ from sur_lab.executors import get_executor, reprefill
 from sur_lab.forward import prefill
 from sur_lab.models import LoadedModel, as_loaded_model
 from sur_lab.repair import prepare, repair
+from sur_lab.session import EditSession, register_model_check
+from sur_lab.sync import SyncPolicy
 
 #: Executors compared with ``"sequential"`` by default (the packed default and its one-call SDPA form).
 DEFAULT_EXECUTORS = ("packed", "packed-sdpa")
@@ -186,9 +188,6 @@ def check_model(
         ModelCheckError: with ``strict=True``, when a check fails (the message names it and holds the report).
         UnsupportedModelError: for a family repair does not cover.
     """
-    from sur_lab.session import EditSession
-    from sur_lab.sync import SyncPolicy
-
     lm = as_loaded_model(lm_or_model, tokenizer, name="lm_or_model")
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 24:
         raise ValueError(f"num_tokens must be an integer >= 24; got {num_tokens!r}")
@@ -265,3 +264,6 @@ def check_model_once(lm: LoadedModel) -> ModelCheckReport:
     if not report.passed:
         raise ModelCheckError(report)
     return report
+
+
+register_model_check(check_model_once)  # EditSession(check=True) runs it (sur_lab.session never imports this module)

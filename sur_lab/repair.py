@@ -5,6 +5,18 @@
 breakdown (Eq. 20: select, shift, refresh). The prepared caches are never modified, unless ``repair(...,
 inplace=True)`` is asked to consume them (a cache the caller gives up: no output clone).
 
+``repair`` is the one Algorithm 1 dispatcher: the sweep's case runner (:func:`sur_lab.sweeps.run_case`) and every
+edit of an :class:`~sur_lab.session.EditSession` call it. Its rules: a reference operator by name
+(:data:`REFERENCE_OPERATORS`); otherwise an allocator at budget b, whose allowance B = B(S, b) (Eq. 3) picks the path
+(:func:`algorithm1_path`): B = S > 0 is Replay from the valid prefix (step 2, no Shift), B = 0 is Shift, anything
+else is the allocator's support refreshed by the executor. ``recover`` follows the same path rule.
+
+Adding a reference operator (e.g. one whose cache is the Dirty cache plus a prefilled correction note) takes one
+function in this module decorated with :func:`reference_operator`: it receives the model, the prepared edit, whether
+it may consume the prepared caches, and the options, and returns a :class:`RepairResult`. Its cache may have any
+length: the sweep groups caches by their actual length, and the one place that knows which lengths an edit allows is
+:func:`sur_lab.answer.check_cache_rows` (extend it there for a cache of another length).
+
 ``recover`` is the post-edit critical path from a Dirty cache in one call (appendix 13.1 "recovery", 13.3): Shift,
 selection and refresh, serially or with the preparation overlap of appendix 13.3 (``overlap=True``): unit
 construction and allocation run on a reusable worker thread while Shift runs on the calling thread. Both orders give
@@ -15,14 +27,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 from transformers import DynamicCache
 
-from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
-from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
+from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate, allowance_for
+from sur_lab.budget import Support, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import clone_cache
 from sur_lab.checks import as_count, check_vocab
 from sur_lab.edits import EditedContext
@@ -31,8 +44,6 @@ from sur_lab.forward import one_context_warning
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
 
-#: Methods that are not allocators (appendix 7.1).
-REFERENCE_METHODS = ("Dirty", "Shift", "Replay", "Re-prefill")
 #: Allocators whose signals do not read the Shift cache, so their unit construction and allocation can overlap Shift
 #: (``overlap=True``; appendix 13.3). The adapted prior-work signals that read it are not among them.
 OVERLAP_METHODS = ("SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)", "Random semantic units")
@@ -63,15 +74,18 @@ class PreparedEdit:
 
     Attributes:
         edit: the edit.
-        dirty_cache: prefill of ``p ⊕ e ⊕ s`` (N rows).
-        shift_cache: Shift of it (``p + S`` rows).
+        dirty_cache: prefill of ``p ⊕ e ⊕ s`` (N rows); ``None`` when the caller holds no Dirty cache (an edit
+            session, a composed cache): Dirty is then unavailable and Replay reads the valid prefix from the Shift
+            cache.
+        shift_cache: Shift of it (``p + S`` rows), or any stale cache of the edited context with its rows at their
+            edited positions.
         dirty_ms: prefill time, ms (excluded from post-edit latency).
         shift_ms: Shift time, ms (the position-correction term of Eq. 20).
         units: SUR's semantic units of the suffix (computed on first use).
     """
 
     edit: EditedContext
-    dirty_cache: DynamicCache
+    dirty_cache: DynamicCache | None
     shift_cache: DynamicCache
     dirty_ms: float
     shift_ms: float
@@ -144,45 +158,145 @@ class RepairResult:
         return self.selection.support if self.selection is not None else None
 
 
+def algorithm1_path(suffix_len: int, allowance_: int) -> str:
+    """Algorithm 1's path for an allocator at allowance B on a suffix of S positions: ``"replay"`` when B = S > 0
+    (step 2: Replay from the valid prefix, no Shift), ``"shift"`` when B = 0 (the Shift cache is the result), else
+    ``"refresh"`` (the allocator's support recomputed by the executor).
+
+    Raises:
+        ValueError: naming ``allowance_`` when it is outside [0, S].
+    """
+    if not 0 <= allowance_ <= suffix_len:
+        raise ValueError(f"allowance_={allowance_} must lie in [0, S={suffix_len}]")
+    if allowance_ == suffix_len and suffix_len > 0:
+        return "replay"
+    return "shift" if allowance_ == 0 else "refresh"
+
+
+#: A reference operator: ``fn(lm, prepared, *, inplace, options) -> RepairResult``.
+ReferenceOperator = Callable[..., "RepairResult"]
+#: Reference operators by name (appendix 7.1), in table order; :func:`reference_operator` registers one.
+REFERENCE_OPERATORS: dict[str, ReferenceOperator] = {}
+
+
+def reference_operator(name: str) -> Callable[[ReferenceOperator], ReferenceOperator]:
+    """Decorator registering a reference operator (a method with no budget) under ``name`` for :func:`repair`.
+
+    The operator is called as ``fn(lm, prepared, *, inplace, options)`` and returns a :class:`RepairResult` whose
+    ``budget_pct`` is NaN; ``inplace`` says it may consume (return or write into) the prepared caches, in which case
+    it sets the consumed attribute of ``prepared`` to ``None``. Register operators in this module, so that
+    :data:`REFERENCE_METHODS` lists them.
+
+    Raises:
+        ValueError: when ``name`` is already registered.
+    """
+
+    def wrap(fn: ReferenceOperator) -> ReferenceOperator:
+        if name in REFERENCE_OPERATORS:
+            raise ValueError(f"reference operator {name!r} is already registered")
+        REFERENCE_OPERATORS[name] = fn
+        return fn
+
+    return wrap
+
+
+def _result(method: str, cache: DynamicCache, timings: tuple[float, float, float], allowance_: int,
+            selection: Selection | None = None, budget_pct: float = float("nan")) -> "RepairResult":
+    select, shift_ms, refresh = timings
+    return RepairResult(cache, method, budget_pct, selection, {"select": select, "shift": shift_ms, "refresh": refresh},
+                        allowance_)
+
+
+@reference_operator("Dirty")
+def _dirty_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
+    """Dirty: the untreated cache of the original context (N rows, deleted span included)."""
+    return _result("Dirty", _take(prepared, "dirty_cache", inplace), (0.0, 0.0, 0.0), 0)
+
+
+@reference_operator("Shift")
+def _shift_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
+    """Shift: the span's rows dropped, suffix keys re-rotated (Eq. 2); no recompute (its time is the Shift's)."""
+    return _result("Shift", _take(prepared, "shift_cache", inplace), (0.0, prepared.shift_ms, 0.0), 0)
+
+
+@reference_operator("Replay")
+def _replay_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
+    """Replay: the valid prefix plus a full recompute of the suffix (appendix 7.1); nothing is consumed."""
+    t0 = time.perf_counter()
+    cache = replay(lm, _prefix_source(prepared), prepared.edit)
+    return _result("Replay", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
+
+
+@reference_operator("Re-prefill")
+def _reprefill_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
+    """Re-prefill: the edited prompt rebuilt from an empty cache (its rebuild is its refresh)."""
+    t0 = time.perf_counter()
+    cache = reprefill(lm, prepared.edit)
+    return _result("Re-prefill", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
+
+
+#: Methods that are not allocators (appendix 7.1): the registered reference operators, in table order.
+REFERENCE_METHODS = tuple(REFERENCE_OPERATORS)
+
+
+def _prefix_source(prepared: PreparedEdit) -> DynamicCache:
+    """The cache Replay reads the valid prefix rows ``[0, p)`` from: the Dirty cache (Algorithm 1 step 2 needs no
+    Shift), else the Shift cache (its prefix rows are the Dirty cache's, bitwise)."""
+    if prepared.dirty_cache is not None:
+        return prepared.dirty_cache
+    return _owned(prepared, "shift_cache")
+
+
 @one_context_warning
 def repair(
     lm: LoadedModel,
     prepared: PreparedEdit,
     method: str = "SUR",
-    budget_pct: float = 5.0,
+    budget_pct: float | None = 5.0,
     *,
     executor: str = "sequential",
     seed: int = 0,
     options: dict | None = None,
     inplace: bool = False,
+    allowance: int | None = None,
 ) -> RepairResult:
-    """Repair ``prepared.edit`` with ``method`` at budget ``budget_pct`` (Algorithm 1).
+    """Repair ``prepared.edit`` with ``method`` at budget ``budget_pct``: the one Algorithm 1 dispatcher.
 
     Args:
         lm: the model.
-        prepared: output of :func:`prepare` (its caches are not modified unless ``inplace``).
-        method: ``"Dirty"``, ``"Shift"``, ``"Replay"``, ``"Re-prefill"`` or a registered allocator name (``"SUR"``).
-        budget_pct: b in [0, 100] (ignored by reference methods). B = 0 returns Shift; B = S returns Replay.
+        prepared: output of :func:`prepare` (its caches are not modified unless ``inplace``), or a
+            :class:`PreparedEdit` built by the caller (``dirty_cache=None`` when there is none).
+        method: a reference operator (:data:`REFERENCE_METHODS`: ``"Dirty"``, ``"Shift"``, ``"Replay"``,
+            ``"Re-prefill"``) or a registered allocator name (``"SUR"``).
+        budget_pct: b in [0, 100] (ignored by reference methods); ``None`` when ``allowance`` is given alone. B is
+            the allocator's (:func:`sur_lab.allocators.allowance_for`: Eq. 3's ``B(S, b)``, on the whole-prompt base
+            for a variant binding ``allowance_base=prompt``). B = 0 returns Shift; B = S returns Replay
+            (:func:`algorithm1_path`).
         executor: registered executor name for sparse refresh (``"sequential"`` reference); checked for every
             method, the reference ones included.
         seed: case-fixed seed passed to randomized allocators, an integer >= 0 (TypeError / ValueError naming ``seed``
             otherwise, before any work).
-        options: allocator-specific options. ``"dirty_cache"`` defaults to ``prepared.dirty_cache`` (Cache-Craft-Adapted
-            reads the deleted span's keys from it instead of re-running the span).
+        options: allocator-specific options, also passed to reference operators. ``"dirty_cache"`` defaults to
+            ``prepared.dirty_cache`` when there is one (Cache-Craft-Adapted reads the deleted span's keys from it
+            instead of re-running the span).
         inplace: the caller gives up the prepared cache the method starts from, which is consumed: the refresh
             writes into ``prepared.shift_cache`` itself through the executor's in-place form
             (``get_executor(executor, inplace=True)``), with no output clone; Dirty, Shift and B = 0 return the
             prepared cache itself instead of a clone. The consumed attribute of ``prepared`` is set to ``None``
             (a later repair that needs it raises). Results are bitwise those of ``inplace=False``. Replay and
             Re-prefill consume nothing.
+        allowance: an exact per-case B in [0, S] (suffix positions; e.g. the matched-token protocol or a fixed slot,
+            ``AllocationRequest(..., allowance=B)``), used as given instead of ``B(S, b)``; ``budget_pct`` is then
+            only the nominal budget the result carries (NaN when ``None``). Ignored by reference methods.
 
     Returns:
         RepairResult with a timing breakdown in ms.
 
     Raises:
-        ValueError: for a budget outside [0, 100], an unknown method or executor, an executor without an in-place
-            form (``inplace=True``), or a prepared cache already consumed by an in-place repair — before any model
-            call.
+        ValueError: for a budget outside [0, 100], neither a budget nor an allowance, an allowance outside [0, S], an
+            unknown method or executor, an executor without an in-place form (``inplace=True``), a prepared cache
+            already consumed by an in-place repair, or Dirty without a Dirty cache — before any model call.
+        TypeError: naming ``allowance`` when it is not an integer.
 
     Warns:
         BudgetFractionWarning: (a ``UserWarning``, once per call) when 0 < ``budget_pct`` < 1: b is a percentage,
@@ -193,73 +307,71 @@ def repair(
     # Looked up first so that every method, the reference ones included, refuses an unknown executor name.
     run = get_executor(executor)
     as_count(seed, "seed", minimum=0)  # numpy generators take non-negative integer seeds; 1.5 is not truncated
-    if method in REFERENCE_METHODS:
-        nan = float("nan")
-        t0 = time.perf_counter()
-        if method == "Dirty":
-            cache = _take(prepared, "dirty_cache", inplace)
-            return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": 0.0}, 0)
-        if method == "Shift":
-            return RepairResult(
-                _take(prepared, "shift_cache", inplace), method, nan, None,
-                {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
-            )
-        if method == "Replay":
-            _owned(prepared, "dirty_cache")
-        if method == "Replay":
-            cache = replay(lm, prepared.dirty_cache, edit)
-            return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, edit.suffix_len)
-        cache = reprefill(lm, edit)
-        return RepairResult(cache, method, nan, None, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, edit.suffix_len)
+    options = dict(options or {})
+    if method in REFERENCE_OPERATORS:
+        return REFERENCE_OPERATORS[method](lm, prepared, inplace=inplace, options=options)
 
-    budget_pct = check_budget(budget_pct)
-    warn_if_fraction(budget_pct)
     if method not in ALLOCATORS:
         raise ValueError(
-            f"unknown method={method!r}; allowed: {', '.join(REFERENCE_METHODS)} or an allocator "
+            f"unknown method={method!r}; allowed: {', '.join(REFERENCE_OPERATORS)} or an allocator "
             f"({', '.join(sorted(ALLOCATORS))})"
         )
     run = get_executor(executor, inplace=inplace)
     S = edit.suffix_len
-    B = allowance(S, budget_pct)
-    if B == S and S > 0:
-        _owned(prepared, "dirty_cache")
-        # Algorithm 1, step 2: a full budget is Replay from the valid prefix (no Shift needed).
-        t0 = time.perf_counter()
-        cache = replay(lm, prepared.dirty_cache, edit)
-        sel = Selection(Support.full(S))
-        return RepairResult(cache, method, budget_pct, sel, {"select": 0.0, "shift": 0.0, "refresh": _ms(t0)}, S)
-    _owned(prepared, "shift_cache")
-    if B == 0:
-        sel = Selection(Support(np.zeros(0, dtype=np.int64), S))
-        return RepairResult(
-            _take(prepared, "shift_cache", inplace), method, budget_pct, sel,
-            {"select": 0.0, "shift": prepared.shift_ms, "refresh": 0.0}, 0,
-        )
-    # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
-    options = dict(options or {})
     # Algorithm 1 starts from the Dirty cache: allocators that read it (Cache-Craft-Adapted takes the deleted span's
     # keys from it) must not re-run the span.
-    options.setdefault("dirty_cache", prepared.dirty_cache)
-    with fractions_expected():  # warned above, once per call
-        request = AllocationRequest(
-            lm, edit, budget_pct, shift_cache=prepared.shift_cache, units=None, seed=seed, options=options
-        )
+    if prepared.dirty_cache is not None:
+        options.setdefault("dirty_cache", prepared.dirty_cache)
+    # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
+    request, B = _request(lm, edit, method, budget_pct, allowance, prepared.shift_cache, seed, options)
+    budget_pct = _nominal(request)
+    path = algorithm1_path(S, B)
+    if path == "replay":
+        t0 = time.perf_counter()
+        cache = replay(lm, _prefix_source(prepared), edit)
+        return _result(method, cache, (0.0, 0.0, _ms(t0)), S, Selection(Support.full(S)), budget_pct)
+    _owned(prepared, "shift_cache")
+    if path == "shift":
+        sel = Selection(Support(np.zeros(0, dtype=np.int64), S))
+        return _result(method, _take(prepared, "shift_cache", inplace), (0.0, prepared.shift_ms, 0.0), 0, sel,
+                       budget_pct)
     selection = allocate(method, request)
     if prepared.units is None and request.units is not None:
         prepared.units = request.units
     t0 = time.perf_counter()
     cache = run(lm, prepared.shift_cache, edit, selection.support)
-    timings = {"select": selection.select_ms, "shift": prepared.shift_ms, "refresh": _ms(t0)}
+    timings = (selection.select_ms, prepared.shift_ms, _ms(t0))
     if inplace:
         prepared.shift_cache = None  # consumed: it is now the output
-    return RepairResult(cache, method, budget_pct, selection, timings, B)
+    return _result(method, cache, timings, B, selection, budget_pct)
+
+
+def _request(lm: LoadedModel, edit: EditedContext, method: str, budget_pct: float | None, allowance: int | None,
+             shift_cache: DynamicCache | None, seed: int, options: dict) -> tuple[AllocationRequest, int]:
+    """The allocation request of a repair and the B its method selects (:func:`sur_lab.allocators.allowance_for`),
+    checked before any work; warns once about a sub-1 % budget."""
+    if budget_pct is None and allowance is None:
+        raise ValueError("budget_pct is None and no allowance is given; give b in [0, 100] or an exact allowance in "
+                         f"[0, S={edit.suffix_len}]")
+    if budget_pct is not None:
+        budget_pct = check_budget(budget_pct)
+        warn_if_fraction(budget_pct)
+    with fractions_expected():  # warned above, once per call
+        request = AllocationRequest(lm, edit, budget_pct, shift_cache=shift_cache, units=None, seed=seed,
+                                    options=options, allowance=allowance)
+    return request, allowance_for(method, request)
+
+
+def _nominal(request: AllocationRequest) -> float:
+    """The budget a result carries: the request's b, NaN when only an exact allowance was given."""
+    return float("nan") if request.budget_pct is None else request.budget_pct
 
 
 def _owned(prepared: PreparedEdit, name: str) -> DynamicCache:
     cache = getattr(prepared, name)
     if cache is None:
-        raise ValueError(f"prepared.{name} was consumed by an earlier repair(..., inplace=True); call prepare() again")
+        raise ValueError(f"prepared.{name} is None: consumed by an earlier repair(..., inplace=True) or never built "
+                         "(a PreparedEdit without a Dirty cache); call prepare() again")
     return cache
 
 
@@ -278,13 +390,14 @@ def recover(
     edit: EditedContext,
     dirty_cache: DynamicCache,
     method: str = "SUR",
-    budget_pct: float = 5.0,
+    budget_pct: float | None = 5.0,
     *,
     executor: str = "packed",
     overlap: bool = False,
     inplace: bool = False,
     seed: int = 0,
     options: dict | None = None,
+    allowance: int | None = None,
 ) -> RepairResult:
     """Post-edit recovery from the Dirty cache in one call: Shift, selection and refresh (appendix 13.1, 13.3).
 
@@ -300,7 +413,8 @@ def recover(
         edit: the edit.
         dirty_cache: prefill of ``p ⊕ e ⊕ s`` (N rows); not modified unless ``inplace``.
         method: a registered allocator name; with ``overlap=True`` one of :data:`OVERLAP_METHODS`.
-        budget_pct: b in [0, 100]. B = 0 returns Shift; B = S returns Replay from the valid prefix.
+        budget_pct: b in [0, 100] (``None`` with an exact ``allowance``). B is the allocator's, as in :func:`repair`;
+            B = 0 returns Shift; B = S returns Replay from the valid prefix.
         executor: registered executor name (default ``"packed"``).
         overlap: run unit construction and allocation concurrently with Shift (off by default).
         inplace: consume ``dirty_cache``: Shift in place (:func:`sur_lab.executors.shift_inplace`, one compaction
@@ -308,6 +422,7 @@ def recover(
             cache is ``dirty_cache`` itself. Bitwise equal to ``inplace=False``.
         seed: case-fixed seed for randomized allocators, an integer >= 0 (checked before any work).
         options: allocator-specific options.
+        allowance: an exact B in [0, S], as in :func:`repair`.
 
     Returns:
         RepairResult with ``timings_ms`` ``select`` (allocator wall time, ms; on the worker when overlapped),
@@ -315,17 +430,15 @@ def recover(
         ``shift_cache`` (the Shift cache; ``None`` when ``inplace``, where it became the output).
 
     Raises:
-        ValueError: naming ``budget_pct`` (outside [0, 100]), ``method`` (not an allocator, or not in
-            :data:`OVERLAP_METHODS` with ``overlap=True``), ``executor`` (unknown, or without an in-place form when
-            ``inplace``), or ``dirty_cache`` (not the edit's N rows) — before any work.
+        ValueError: naming ``budget_pct`` (outside [0, 100]), ``allowance`` (outside [0, S]), ``method`` (not an
+            allocator, or not in :data:`OVERLAP_METHODS` with ``overlap=True``), ``executor`` (unknown, or without an
+            in-place form when ``inplace``), or ``dirty_cache`` (not the edit's N rows) — before any work.
 
     Warns:
         BudgetFractionWarning: as :func:`repair`, when 0 < ``budget_pct`` < 1.
     """
     from sur_lab.cache_ops import cache_length
 
-    budget_pct = check_budget(budget_pct)
-    warn_if_fraction(budget_pct)
     as_count(seed, "seed", minimum=0)
     if method not in ALLOCATORS:
         raise ValueError(f"unknown method={method!r}; recover takes an allocator ({', '.join(sorted(ALLOCATORS))})")
@@ -338,20 +451,20 @@ def recover(
     if cache_length(dirty_cache) != edit.num_tokens:
         raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the edit's context has {edit.num_tokens}")
     S = edit.suffix_len
-    B = allowance(S, budget_pct)
+    request, B = _request(lm, edit, method, budget_pct, allowance, None, seed, dict(options or {}))
+    budget_pct = _nominal(request)
+    path = algorithm1_path(S, B)
     do_shift = shift_inplace if inplace else shift
     worker = preparation_worker() if overlap else None  # created outside the timed region
     t_start = time.perf_counter()
-    if B == S and S > 0:  # Algorithm 1, step 2: Replay from the valid prefix, no Shift
+    if path == "replay":  # Algorithm 1, step 2: Replay from the valid prefix, no Shift
         cache = replay(lm, dirty_cache, edit)
         ms = _ms(t_start)
         timings = {"select": 0.0, "shift": 0.0, "refresh": ms, "recovery": ms}
         return RepairResult(cache, method, budget_pct, Selection(Support.full(S)), timings, S)
-    with fractions_expected():  # warned above, once per call
-        request = AllocationRequest(lm, edit, budget_pct, shift_cache=None, seed=seed, options=dict(options or {}))
 
     def select() -> Selection:
-        if B == 0:
+        if path == "shift":
             return Selection(Support(np.zeros(0, dtype=np.int64), S))
         return allocate(method, request)  # unit construction, relevance scoring and allocation (timed together)
 
@@ -368,7 +481,7 @@ def recover(
         request.shift_cache = shift_cache
         selection = select()
     t0 = time.perf_counter()
-    cache = run(lm, shift_cache, edit, selection.support) if B else shift_cache
+    cache = run(lm, shift_cache, edit, selection.support) if path == "refresh" else shift_cache
     refresh_ms = _ms(t0)
     timings = {"select": selection.select_ms, "shift": shift_ms, "refresh": refresh_ms, "recovery": _ms(t_start)}
     return RepairResult(cache, method, budget_pct, selection, timings, B, None if inplace else shift_cache)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,12 +60,27 @@ from sur_lab.edits import EditedContext, chat_segments, splice_replacement, toke
 from sur_lab.executors import get_executor, replay
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, as_loaded_model
+from sur_lab.repair import PreparedEdit, repair
 from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
 SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
 #: Relevance fallback when no query is pending: the last this-many tokens of the edited context (tokens).
 FALLBACK_QUERY_TOKENS = 32
+
+
+#: The model check ``EditSession(check=True)`` runs: ``fn(lm) -> report``, raising
+#: :class:`~sur_lab.model_check.ModelCheckError` for a model that fails. :mod:`sur_lab.model_check` (a higher module:
+#: it runs sessions) registers :func:`~sur_lab.model_check.check_model_once` here when it is imported, which importing
+#: ``sur_lab`` always does, so this module never imports it (no import cycle, ``tests/test_layout.py``).
+_MODEL_CHECK: Callable[[LoadedModel], Any] | None = None
+
+
+def register_model_check(fn: Callable[[LoadedModel], Any]) -> None:
+    """Register the gate ``EditSession(check=True)`` runs (done by :mod:`sur_lab.model_check`; one gate at a time, a
+    second registration replaces the first)."""
+    global _MODEL_CHECK
+    _MODEL_CHECK = fn
 
 
 def _ms(t0: float) -> float:
@@ -271,9 +286,9 @@ class EditSession:
             raise ValueError(f"sync_policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
         self._sync_policy = sync_policy if sync_policy is not None else SyncPolicy()
         if check:
-            from sur_lab.model_check import check_model_once
-
-            check_model_once(lm)
+            if _MODEL_CHECK is None:  # only when sur_lab.model_check was never imported (importing sur_lab does it)
+                raise RuntimeError("EditSession(check=True): no model check registered; import sur_lab.model_check")
+            _MODEL_CHECK(lm)
         self._state = _State(
             ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
             angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),
@@ -1013,46 +1028,27 @@ class EditSession:
         )
 
     def _repair(self, shifted: _State, edit: EditedContext, policy: _Policy, timings: dict):
-        """Refresh ``shifted`` per ``policy``; returns ``(state, selection, B, refreshed absolute rows)``."""
-        lm = self.lm
+        """Refresh ``shifted`` per ``policy`` through the one Algorithm 1 dispatcher (:func:`sur_lab.repair.repair`);
+        returns ``(state, selection, B, refreshed absolute rows)``."""
         p, S, n = edit.prefix_len, edit.suffix_len, shifted.n
-        shift_cache = shifted.cache()
-        method = policy.method
-        selection = None
-        if method == "Re-prefill":
-            t0 = time.perf_counter()
-            if n == 0:
-                return shifted, None, 0, np.zeros(0, dtype=np.int64)
-            cache = prefill(lm, edit.edited_ids)[0]
-            timings["refresh"] = _ms(t0)
-            return self._with_rows(shifted, cache, np.arange(n, dtype=np.int64)), None, S, np.arange(n)
-        if method == "Shift":
+        if policy.method == "Shift":  # the shifted state is the result; the dispatcher would only clone it
             return shifted, None, 0, np.zeros(0, dtype=np.int64)
-        B = S if method == "Replay" else allowance(S, policy.budget_pct)
-        if B == 0:
-            if method != "Replay":
-                selection = Selection(Support(np.zeros(0, dtype=np.int64), S))
-            return shifted, selection, 0, np.zeros(0, dtype=np.int64)
-        if B == S:
-            # Algorithm 1, step 2: a full budget is Replay from the valid prefix rows.
-            t0 = time.perf_counter()
-            cache = replay(lm, shift_cache, edit)
-            timings["refresh"] = _ms(t0)
-            if method != "Replay":
-                selection = Selection(Support.full(S))
-            rows = np.arange(p, p + S, dtype=np.int64)
-            return self._with_rows(shifted, cache, rows), selection, S, rows
+        # A session holds no Dirty cache: Replay (and B = S) read the valid prefix rows from the Shift cache.
+        prepared = PreparedEdit(edit, None, shifted.cache(), 0.0, 0.0)
         with fractions_expected():  # the session warned when the budget was given
-            request = AllocationRequest(
-                lm, edit, policy.budget_pct, shift_cache=shift_cache, seed=policy.seed, options=dict(policy.options)
-            )
-        selection = allocate(method, request)
-        timings["select"] = selection.select_ms
-        t0 = time.perf_counter()
-        cache = get_executor(policy.executor)(lm, shift_cache, edit, selection.support)
-        timings["refresh"] = _ms(t0)
-        rows = selection.support.absolute(p)
-        return self._with_rows(shifted, cache, rows), selection, B, rows
+            result = repair(self.lm, prepared, policy.method, policy.budget_pct, executor=policy.executor,
+                            seed=policy.seed, options=dict(policy.options))
+        timings["select"] = result.timings_ms["select"]
+        timings["refresh"] = result.timings_ms["refresh"]
+        if policy.method == "Re-prefill":  # every row rebuilt, whatever S (stale rows before the edit included)
+            rows = np.arange(n, dtype=np.int64)
+        elif result.allowance == 0:  # B = 0 (or an empty suffix): Shift's cache, nothing recomputed
+            return shifted, result.selection, 0, np.zeros(0, dtype=np.int64)
+        elif result.selection is None:  # Replay
+            rows = np.arange(p, p + S, dtype=np.int64)
+        else:
+            rows = result.selection.support.absolute(p)
+        return self._with_rows(shifted, result.cache, rows), result.selection, result.allowance, rows
 
     def _with_rows(self, state: _State, cache: DynamicCache, rows: np.ndarray) -> _State:
         """``state`` with ``cache`` as its live tensors; ``rows`` were recomputed at their current positions."""

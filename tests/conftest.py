@@ -98,7 +98,7 @@ def smol_tokenizer(smol):
 
 @pytest.fixture(scope="session")
 def data_dir():
-    from sur_lab.runtime.paths import default_data_dir
+    from sur_lab.paths import default_data_dir
 
     try:
         return default_data_dir()

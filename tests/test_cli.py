@@ -54,10 +54,14 @@ def test_no_command_is_a_usage_error(capsys):
         (["sweep", "niah", "--workers", "two"], "--workers must be an integer >= 1; got 'two'"),
         (["sweep", "niah", "--workers", "2", "--address", "nowhere"], "--address: address must be"),
         (["sweep", "niah", "--threads", "-1"], "--threads must be an integer >= 1"),
-        (["sweep", "niah", "--budgets", "150"], "budgets must be numbers in [0, 100]"),
-        (["sweep", "noprefix", "--workers", "2"], "--workers/--address: the noprefix study"),
+        (["sweep", "niah", "-p", "budgets", "[150]"], "-p: budget_pct must be in [0, 100]"),
+        (["sweep", "niah", "-p", "allocators", "['Nope']"], "-p: unknown allocator name='Nope'"),
         (["sweep", "noprefix", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
-        (["sweep", "niah", "--n-per-dataset", "3"], "--n-per-dataset does not apply to the niah sweep"),
+        (["sweep", "noprefix", "-p", "protocols", "['copy']"], "-p: protocol='copy'; allowed: forward, donor"),
+        (["sweep", "niah", "-p", "n_per_dataset", "3"], "-p n_per_dataset: not a parameter of the niah sweep"),
+        (["sweep", "niah", "-p", "num_cases", "0"], "-p: 02_allocation_geometry.ipynb: parameter 'num_cases' must be >= 1"),
+        (["sweep", "niah", "--eval-batch", "0"], "--eval-batch must be an integer >= 1; got '0'"),
+        (["sweep", "niah", "--out", str(REPO / "pyproject.toml")], "is an existing file; a sweep writes a folder"),
         (["models", "--name", "GPT-9"], "--name 'GPT-9' is not an embedded model"),
         (["models", "--checksum", "--list-only"], "not allowed with argument"),
         (["bench", "--repeats", "many"], "argument --repeats: --repeats must be an integer >= 1; got 'many'"),
@@ -210,49 +214,63 @@ def test_runner_applies_suite_parameters_and_p_overrides_them(monkeypatch, capsy
     assert "workers" not in calls[-1][1]  # smoke runs keep one process
 
 
-def test_sweep_presets():
-    paper = cli.sweep_preset("niah", "paper")
+def test_every_registered_study_resolves_and_implements_the_api():
+    from sur_lab.studies import STUDIES, get_study
+    from sur_lab.studies.presets import PRESET_NAMES
+
+    assert list(STUDIES) == ["niah", "natural-qa", "noprefix"]
+    for name in STUDIES:
+        study = get_study(name)
+        assert study.NAME == name and (REPO / "notebooks" / f"{study.NOTEBOOK}.ipynb").is_file()
+        assert tuple(study.PRESETS) == PRESET_NAMES and isinstance(study.FIXED, dict)
+        for fn in ("params", "cases", "methods", "folder", "sweep"):
+            assert callable(getattr(study, fn)), (name, fn)
+        params = study.params("default")
+        assert set(params) == set(study.FIXED) | set(study.PRESETS["default"])
+        params["budgets"].append(99)  # a copy: overriding a value never changes the study's tables
+        assert 99 not in study.params("default")["budgets"]
+    with pytest.raises(ValueError, match="unknown study 'nope'; registered studies: niah, natural-qa, noprefix"):
+        get_study("nope")
+
+
+def test_unknown_study_exits_2_listing_the_known_ones(capsys):
+    code, _, err = _run(capsys, "sweep", "nope")
+    assert code == 2 and "invalid choice: 'nope' (choose from 'niah', 'natural-qa', 'noprefix')" in err
+
+
+def test_study_presets():
+    from sur_lab.studies import get_study
+
+    paper = get_study("niah").params("paper")
     assert paper["num_cases"] == 96 and paper["budgets"] == [2, 5, 10, 20, 40, 80] and len(paper["allocators"]) == 14
-    assert cli.sweep_preset("natural-qa", "paper")["n_per_dataset"] == 100
-    assert cli.sweep_preset("niah", "default")["num_cases"] == 24  # the old CLI copy said 2
-    assert cli.sweep_preset("noprefix", "default")["n_sources"] == [6, 2]  # the old CLI copy said [5, 2]
-    assert cli.sweep_preset("noprefix", "paper")["n_sources"] == [100, 100]
-    with pytest.raises(cli.CliError, match="--preset 'huge' is not available for noprefix; choose from smoke"):
-        cli.sweep_preset("noprefix", "huge")
+    assert get_study("natural-qa").params("paper")["n_per_dataset"] == 100
+    assert get_study("niah").params("default")["num_cases"] == 24
+    assert get_study("noprefix").params("default")["n_sources"] == [6, 2]
+    with pytest.raises(ValueError, match="preset='huge' is not one of smoke, default, paper"):
+        get_study("noprefix").params("huge")
+    with pytest.raises(ValueError, match="num_cases is not a parameter of this study"):
+        get_study("noprefix").params("default", num_cases=3)
     from sur_lab.studies.presets import preset_model
 
     with pytest.raises(ValueError, match="preset='huge' is not one of smoke, default, paper"):
         preset_model("huge")
 
 
-def _study_presets():
-    from sur_lab.studies import natural_qa, niah, noprefix
-
-    return {"niah": niah.PRESETS, "natural-qa": natural_qa.PRESETS, "noprefix": noprefix.PRESETS}
-
-
-@pytest.mark.parametrize("study", cli.STUDIES)
-@pytest.mark.parametrize("preset", ["smoke", "default", "paper"])
-def test_sweep_sizes_are_the_study_presets(study, preset):
-    sizes = _study_presets()[study][preset]
-    params = cli.sweep_preset(study, preset)
-    assert {k: params[k] for k in sizes} == sizes
-    assert set(params) == set(sizes) | set(cli.SWEEP_FIXED[study])
-    params["budgets"].append(99)  # a copy: overriding a value never changes the study's table
-    assert 99 not in cli.sweep_preset(study, preset)["budgets"]
-
-
-@pytest.mark.parametrize("study", cli.STUDIES)
-def test_sweep_other_parameters_are_the_notebook_defaults(study):
+@pytest.mark.parametrize("study", ["niah", "natural-qa", "noprefix"])
+def test_study_fixed_parameters_are_the_notebook_defaults(study):
     import ast
 
     from sur_lab.runtime.run_notebooks import declared_parameters
+    from sur_lab.studies import get_study
+    from sur_lab.sweeps import EVAL_BATCH
 
-    declared = declared_parameters(REPO / "notebooks" / f"{cli.SWEEP_NOTEBOOKS[study]}.ipynb")
-    for name, value in cli.SWEEP_FIXED[study].items():
+    module = get_study(study)
+    declared = declared_parameters(REPO / "notebooks" / f"{module.NOTEBOOK}.ipynb")
+    for name, value in module.FIXED.items():
         assert ast.literal_eval(declared[name]["default"]) == value, name
-    for name in _study_presets()[study]["default"]:  # every size is a None-default notebook parameter
+    for name in module.PRESETS["default"]:  # every size is a None-default notebook parameter
         assert declared[name]["default"] == "None", name
+    assert ast.literal_eval(declared["eval_batch"]["default"]) == EVAL_BATCH  # notebook and command share folders
 
 
 @pytest.mark.parametrize("preset, model", [("smoke", None), ("default", "qwen2.5-coder-0.5b"),
@@ -267,28 +285,29 @@ def test_sweep_default_model_per_preset(preset, model):
     assert cli._model_args(given)["name"] == "some/model"
 
 
-@pytest.mark.parametrize("study", cli.STUDIES)
+@pytest.mark.parametrize("study", ["niah", "natural-qa", "noprefix"])
 def test_sweep_default_model_is_the_notebooks(study):
     import ast
 
     import nbformat
 
     from sur_lab.runtime.run_notebooks import declared_parameters
+    from sur_lab.studies import get_study
 
-    path = REPO / "notebooks" / f"{cli.SWEEP_NOTEBOOKS[study]}.ipynb"
+    path = REPO / "notebooks" / f"{get_study(study).NOTEBOOK}.ipynb"
     assert ast.literal_eval(declared_parameters(path)["model_name"]["default"]) == cli.sweep_model("default", None)
     smoke = nbformat.read(path, as_version=4).metadata["sur_lab"]["smoke_parameters"]
     assert smoke["preset"] == "smoke" and smoke["model_name"] == "" and cli.sweep_model("smoke", None) is None
 
 
-def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
+def _tiny_byte_model(tmp_path):
+    """A tiny float64 Llama with a byte-level tokenizer (one id per byte, no merges: every segment of real corpus text
+    round-trips, as segment edits require) saved where load_model can find it."""
     from conftest import make_tiny_model
     from test_allocators import CHAT_TEMPLATE
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    # A byte-level tokenizer with no merges (one id per byte): every segment of real corpus text round-trips, as
-    # segment edits require, and the tiny model's vocabulary stays at 256.
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     tok = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -298,14 +317,92 @@ def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
     model_dir = tmp_path / "tiny"
     make_tiny_model("llama", vocab_size=len(alphabet)).model.save_pretrained(model_dir)
     fast.save_pretrained(model_dir)
+    return model_dir
+
+
+def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
+    model_dir = _tiny_byte_model(tmp_path)
     out = tmp_path / "sweep"
     code, stdout, err = _run(capsys, "sweep", "niah", "--preset", "smoke", "--model", str(model_dir), "--dtype",
-                             "float64", "--context-lens", "400", "--budgets", "5", "--out", str(out), "--no-progress")
+                             "float64", "-p", "context_lens", "[400]", "-p", "budgets", "[5]", "--out", str(out),
+                             "--no-progress")
     assert code == 0, err
     records = pd.read_parquet(out / "records.parquet")
     assert len(records) == 4 + 6  # four references + six smoke allocators at one budget
     assert set(records["workers"]) == {1}
     assert f"{len(records)} records -> {out / 'records.parquet'}" in stdout
+
+
+def test_the_command_names_its_folder_as_the_study_does(capsys, tmp_path, data_dir, monkeypatch):
+    """Without --out, the command's folder is the study's own (niah.folder), so sweep() in a notebook resumes it."""
+    from sur_lab.models import load_model
+    from sur_lab.studies import niah
+
+    monkeypatch.setenv("SUR_LAB_OUTPUTS_DIR", str(tmp_path / "outputs"))
+    model_dir = _tiny_byte_model(tmp_path)
+    argv = ["sweep", "niah", "--preset", "smoke", "--model", str(model_dir), "--dtype", "float64", "-p",
+            "context_lens", "[400]", "-p", "budgets", "[5]", "--no-progress"]
+    code, stdout, err = _run(capsys, *argv)
+    assert code == 0, err
+    lm = load_model(str(model_dir), dtype="float64")
+    folder = niah.folder(lm, niah.params("smoke", context_lens=[400], budgets=[5]))
+    assert f"-> {folder / 'records.parquet'}" in stdout
+    before = {p.name: p.read_bytes() for p in (folder / "parts").glob("*.jsonl")}
+    records, again = niah.sweep(lm, preset="smoke", context_lens=[400], budgets=[5], progress=False)
+    assert again == folder and len(records) == 10
+    assert {p.name: p.read_bytes() for p in (folder / "parts").glob("*.jsonl")} == before  # nothing recomputed
+
+
+@pytest.mark.slow
+def test_resume_across_notebook_and_command(capsys, tmp_path, data_dir, monkeypatch):
+    """The command starts a sweep folder and is interrupted; notebook 02 (its smoke run) finishes it without
+    recomputing what was done. Then records are lost from the folder and the command finishes it again."""
+    import json
+
+    from sur_lab.runtime.run_notebooks import run_notebook, smoke_parameters
+    from sur_lab.sweeps.store import SweepStore
+
+    outputs = tmp_path / "outputs"
+    monkeypatch.setenv("SUR_LAB_OUTPUTS_DIR", str(outputs))
+    argv = ["sweep", "niah", "--preset", "smoke", "--no-progress"]
+
+    class Stop(Exception):
+        pass
+
+    real = SweepStore.append
+    written = []
+
+    def append_then_stop(self, record):
+        real(self, record)
+        written.append(record.key)
+        if len(written) == 5:
+            raise Stop  # the command is interrupted after its fifth record
+
+    monkeypatch.setattr(SweepStore, "append", append_then_stop)
+    with pytest.raises(Stop):
+        cli.main(argv)
+    monkeypatch.setattr(SweepStore, "append", real)
+    capsys.readouterr()
+    (folder,) = (outputs / "sweeps").iterdir()
+    (part,) = (folder / "parts").glob("*.jsonl")
+    started = part.read_bytes()
+    assert len(started.splitlines()) == 5 and not (folder / "records.parquet").exists()
+
+    notebook = REPO / "notebooks" / "02_allocation_geometry.ipynb"
+    run_notebook(notebook, smoke_parameters(notebook), outputs=tmp_path / "executed", progress=False)
+    assert [p.name for p in (outputs / "sweeps").iterdir()] == [folder.name]  # the notebook used the same folder
+    finished = part.read_bytes()
+    assert finished.startswith(started)  # the command's five records were kept, not recomputed
+    lines = finished.splitlines()
+    assert len(lines) == 4 + 6 * 2  # the smoke grid: four references, six allocators at two budgets
+    assert len({(json.loads(x)["method"], json.loads(x)["budget_pct"]) for x in lines}) == len(lines)
+
+    part.write_bytes(b"".join(line + b"\n" for line in lines[:7]))  # records lost: the command finishes them
+    code, stdout, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert f"-> {folder / 'records.parquet'}" in stdout
+    assert part.read_bytes().startswith(b"".join(line + b"\n" for line in lines[:7]))
+    assert len(pd.read_parquet(folder / "records.parquet")) == len(lines)
 
 
 # --- notebook parameter validation (sur_lab.runtime.params) ----------------------------------------------------------

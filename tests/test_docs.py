@@ -61,7 +61,7 @@ def test_readme_is_a_front_page():
 @pytest.mark.parametrize("block_id, mode, code", [
     pytest.param(*b, marks=[pytest.mark.slow] if b[1] == "slow" else []) for b in BLOCKS], ids=[b[0] for b in BLOCKS])
 def test_code_block_runs(block_id, mode, code, tmp_path):
-    from sur_lab.runtime.paths import default_data_dir
+    from sur_lab.paths import default_data_dir
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "SUR_LAB_OUTPUTS_DIR": str(tmp_path / "outputs")}
@@ -88,8 +88,8 @@ def test_sphinx_roles_resolve_to_checked_links():
     session = collection["sur_lab.session"]
     assert rewrite(":class:`~sur_lab.budget.Support`", session, collection) == "[`Support`][sur_lab.budget.Support]"
     # a name imported into the module resolves to where it is defined
-    assert rewrite(":func:`load_model`", collection["sur_lab.runtime.sweep"], collection) in (
-        "[`load_model`][sur_lab.models.load_model]", "[`load_model`][load_model]")
+    assert rewrite(":class:`LoadedModel`", collection["sur_lab.sweeps.case"], collection) == (
+        "[`LoadedModel`][sur_lab.models.LoadedModel]")
     # outside the package: shown as code, unlinked; unknown inside: left as a link that fails the strict build
     assert rewrite(":class:`torch.Tensor`", session, collection) == "`torch.Tensor`"
     assert rewrite(":func:`sur_lab.no_such_function`", session, collection) == (

@@ -252,10 +252,12 @@ def test_presets_and_geometries():
 
 
 def test_sweep_cases_carry_flat_meta(panel):
-    from sur_lab.runtime.sweep import _check_meta
+    from sur_lab.sweeps import Case
+    from sur_lab.sweeps.record import check_meta
 
     for sc in sweep_cases(panel.cases[:4]):
-        _check_meta(sc)
+        assert isinstance(sc, Case)
+        check_meta(sc.meta, sc.case_id)
         assert sc.meta["cell"] in {f"{z}/{t}" for z, t in CELLS}
 
 

@@ -33,15 +33,14 @@ from sur_lab.answer import answer, continuation_nll
 from sur_lab.cache_ops import caches_equal, max_abs_diff, to_tensors
 from sur_lab.edits import token_edit
 from sur_lab.repair import prepare, repair
-from sur_lab.runtime.fingerprint import model_fingerprint, weights_hash
-from sur_lab.runtime.sweep import SweepCase, run_sweep, sweep_folder
+from sur_lab.fingerprint import model_fingerprint, weights_hash
+from sur_lab.sweeps import Case, run_sweep, sweep_folder
 from sur_lab.studies.noprefix import (
-    RagRequest,
-    RepairSpec,
     build_caches,
     compose_tokens,
+    composed_case,
+    measure_drift,
     prefix_cache,
-    run_requests,
 )
 
 EPS64 = torch.finfo(torch.float64).eps
@@ -69,7 +68,7 @@ def _edit(seed=0, n=40, p=6, d=5, q=4):
 
 
 def _sweep(lm, out, cases=None, **kw):
-    cases = cases or [SweepCase("c0", _edit(0))]
+    cases = cases or [Case("c0", _edit(0))]
     return run_sweep(lm, cases, ("Shift", "Re-prefill"), (), out, max_new_tokens=2, progress=False, **kw)
 
 
@@ -115,12 +114,15 @@ def test_sweep_resume_refuses_another_executor_options_and_old_records(lm64, tmp
         _sweep(lm64, tmp_path, options={"aux_model": _same_name_other_weights()})
     with pytest.raises(ValueError, match="another seed"):
         _sweep(lm64, tmp_path, seed=5)
-    # A record written before fingerprints existed (no model_weights field) is refused, not trusted.
+    # A record written before fingerprints existed (no model_weights field) is not trusted: it fails the schema, is
+    # reported with its file and line, and recomputed.
     part = next((tmp_path / "parts").glob("*.jsonl"))
     recs = [json.loads(line) for line in part.read_text().splitlines()]
     part.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "model_weights"}) + "\n" for r in recs))
-    with pytest.raises(ValueError, match="another model_weights \\(None"):
-        _sweep(lm64, tmp_path)
+    with pytest.warns(UserWarning, match=r"\.jsonl:1: not a valid sweep record \(field 'model_weights' is missing"):
+        again = _sweep(lm64, tmp_path)
+    assert set(again["model_weights"]) == {weights_hash(lm64)}
+    assert all(json.loads(line)["model_weights"] == weights_hash(lm64) for line in part.read_text().splitlines())
 
 
 def test_concurrent_sweep_into_one_folder_is_refused(lm64, tmp_path):
@@ -175,11 +177,10 @@ def test_prefix_cache_of_other_tokens_is_refused(lm64):
         build_caches(lm64, _prompt(new), prefix_kv=prefix_cache(lm64, _prompt(old)))
 
 
-def test_run_requests_does_not_reuse_documents_across_prefixes(lm64):
+def test_composed_cases_do_not_reuse_documents_across_prefixes(lm64):
     old, new = PREFIX_CHANGES[0][1], PREFIX_CHANGES[0][2]
-    requests = [RagRequest(_prompt(pre), {"source_id": "same"}) for pre in (old, new)]
-    df = run_requests(lm64, requests, [RepairSpec("none")], max_new_tokens=1, keep_drift=True, progress=False)
-    full = df[df["unit"] == "full"]
+    cases = [composed_case(f"same/{i}", _prompt(pre), meta={"source_id": "same"}) for i, pre in enumerate((old, new))]
+    full = measure_drift(lm64, cases)  # both requests prepared in one process, sharing its document cache store
     assert len(full) == 2
     for drift in full["drift"]:  # relative drift of document 0: rounding only, for both prefixes
         assert drift[0] < _rounding(lm64) and drift[1] > 1e-3
@@ -443,7 +444,7 @@ def test_shipped_files_are_verified_against_sha256sums(data_copy, label, damage,
 
 
 def test_data_dir_that_does_not_exist_is_an_error(monkeypatch, tmp_path):
-    from sur_lab.runtime.paths import default_data_dir
+    from sur_lab.paths import default_data_dir
     from sur_lab.studies.datasets import load_qa
 
     monkeypatch.setenv("SUR_LAB_DATA_DIR", str(tmp_path / "nothing"))

@@ -1,10 +1,10 @@
-"""The package layout is the architecture (ARCHITECTURE.md): lower layers never import higher ones.
+"""The package layout is the architecture (ARCHITECTURE.md): lower layers never import higher ones, and no modules
+import each other in a loop.
 
-Layers, lowest first: the core (top-level operator modules, ``allocators/``, ``executors/``), ``analysis/`` (which may
-read ``runtime.paths``, a leaf), the runtime infrastructure (``runtime.paths``, ``runtime.sweep``), ``studies/``, and
-the runtime entry points on top. Checked two
-ways: statically (every import statement, including imports inside functions, in every module of a layer) and at run
-time (importing the core and resolving every executor loads no module of a higher layer).
+Layers, lowest first: the core (top-level modules, ``allocators/``, ``executors/``; ``paths`` and ``fingerprint`` are
+leaves of it), ``analysis/``, ``sweeps/``, ``studies/``, and ``runtime/`` (entry points) on top. Checked statically
+over every import statement, including imports inside functions, and at run time (importing the core and resolving
+every executor loads no module of a higher layer). Every module of the package belongs to a layer.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import pytest
 import sur_lab
 
 PKG = Path(sur_lab.__file__).resolve().parent
-HIGHER = {
-    "core": ("sur_lab.analysis", "sur_lab.studies", "sur_lab.runtime"),
-    "analysis": ("sur_lab.studies", "sur_lab.runtime.sweep", "sur_lab.runtime.run_notebooks", "sur_lab.runtime.cli"),
-    "runtime-infrastructure": ("sur_lab.studies",),
-}
+#: Layers, lowest first; a module may import its own layer and the ones before it.
+LAYERS = ("core", "analysis", "sweeps", "studies", "runtime")
+PACKAGES = {"analysis": "analysis", "sweeps": "sweeps", "studies": "studies", "runtime": "runtime"}
 
 
 def _module_name(path: Path) -> str:
@@ -32,64 +30,126 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _layer(path: Path) -> str | None:
-    rel = path.relative_to(PKG).parts
-    if len(rel) == 1 or rel[0] in ("allocators", "executors"):
-        return "core"
-    if rel[0] == "analysis":
-        return "analysis"
-    if rel[0] == "runtime" and rel[-1] in ("paths.py", "sweep.py", "fingerprint.py", "__init__.py"):
-        return "runtime-infrastructure"
-    return None
+def _layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in PACKAGES:
+        return PACKAGES[parts[1]]
+    return "core"  # sur_lab itself, its top-level modules, allocators/, executors/
+
+
+MODULES = sorted(PKG.rglob("*.py"))
+NAMES = {_module_name(p): p for p in MODULES}
 
 
 def _imports(path: Path) -> list[str]:
-    """Absolute names of every module an import statement in ``path`` can load (relative imports resolved)."""
+    """The sur_lab modules an import statement in ``path`` loads, each resolved to the deepest existing module
+    (``from sur_lab.x import f`` -> ``sur_lab.x``; ``from sur_lab import x`` -> ``sur_lab.x`` when it is a module)."""
     tree = ast.parse(path.read_text())
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    names = []
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             mod = ".".join(base + ([node.module] if node.module else []))
-            names += [mod] + [f"{mod}.{a.name}" for a in node.names]
-    return names
+            names = [f"{mod}.{a.name}" for a in node.names] + [mod]
+        else:
+            continue
+        for name in names:
+            while name and name not in NAMES:
+                name = name.rpartition(".")[0]
+            if name.startswith("sur_lab"):
+                found.append(name)
+    return sorted(set(found))
 
 
-MODULES = sorted(p for p in PKG.rglob("*.py") if _layer(p) is not None)
+GRAPH = {name: [m for m in _imports(path) if m != name] for name, path in NAMES.items()}
 
 
 def test_layers_cover_the_core_modules():
-    core = {_module_name(p) for p in MODULES if _layer(p) == "core"}
+    core = {n for n in NAMES if _layer_of(n) == "core"}
     for name in ("sur_lab.models", "sur_lab.edits", "sur_lab.cache_ops", "sur_lab.budget", "sur_lab.units",
-                 "sur_lab.forward", "sur_lab.answer", "sur_lab.repair", "sur_lab.allocators.sur",
-                 "sur_lab.executors.sequential", "sur_lab.executors.packed", "sur_lab.executors.kernels.reference"):
+                 "sur_lab.forward", "sur_lab.answer", "sur_lab.repair", "sur_lab.paths", "sur_lab.fingerprint",
+                 "sur_lab.allocators.sur", "sur_lab.executors.sequential", "sur_lab.executors.packed",
+                 "sur_lab.executors.kernels.reference"):
         assert name in core
+    for name in ("sur_lab.sweeps.record", "sur_lab.sweeps.case", "sur_lab.sweeps.store", "sur_lab.sweeps.local",
+                 "sur_lab.sweeps.ray"):
+        assert _layer_of(name) == "sweeps"
+    # runtime/ holds the entry points only
+    assert {n for n in NAMES if _layer_of(n) == "runtime"} == {
+        "sur_lab.runtime", "sur_lab.runtime.cli", "sur_lab.runtime.params", "sur_lab.runtime.results_page",
+        "sur_lab.runtime.run_notebooks"}
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
-def test_no_upward_imports(path):
-    forbidden = HIGHER[_layer(path)]
-    bad = [n for n in _imports(path) if n.startswith(forbidden)]
-    assert not bad, f"{_module_name(path)} ({_layer(path)}) imports a higher layer: {bad}"
+@pytest.mark.parametrize("name", sorted(NAMES), ids=lambda n: n.removeprefix("sur_lab."))
+def test_no_upward_imports(name):
+    rank = LAYERS.index(_layer_of(name))
+    bad = [m for m in GRAPH[name] if LAYERS.index(_layer_of(m)) > rank]
+    assert not bad, f"{name} ({_layer_of(name)}) imports a higher layer: {bad}"
 
 
-def test_importing_the_core_loads_no_study():
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), i.e. modules importing each other in a
+    loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+    assert _cycles({"a": ["b"], "b": []}) == []
+
+
+def test_no_import_cycles():
+    assert _cycles(GRAPH) == []
+
+
+def test_importing_the_core_loads_no_higher_layer():
     code = (
         "import json, sys, sur_lab\n"
         "from sur_lab.executors import EXECUTORS, get_executor\n"
         "get_executor('sequential')\n"  # also imports the packed backends
         "import sur_lab.allocators.prior, sur_lab.allocators.signals, sur_lab.executors.kernels\n"
+        "import sur_lab.paths, sur_lab.fingerprint\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sur_lab'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     loaded = json.loads(out.strip().splitlines()[-1])
     assert "sur_lab.executors.packed" in loaded
-    assert not [m for m in loaded if m.startswith(HIGHER["core"])], loaded
+    assert not [m for m in loaded if _layer_of(m) != "core"], loaded
 
 
 def test_public_api_is_importable_from_the_top_level():

@@ -385,12 +385,12 @@ def test_sweep_cases_trials_and_scorer():
 def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
     from sur_lab.studies.natural_qa import make_scorer, sweep_cases
     from sur_lab.analysis.scoring import extract_answer, score_example
-    from sur_lab.runtime.sweep import run_sweep
+    from sur_lab.sweeps import run_sweep
 
     src = select_panel(("2wikimultihopqa",), 1, PanelConfig(seed=3))[0]  # a short prompt (322 tokens)
     cases = [build_case(smol.tokenizer, src, "after")]
     records = run_sweep(smol, sweep_cases(cases, trials=2), ["SUR", "Shift", "Re-prefill"], [5], tmp_path,
-                        max_new_tokens=2, scorer=make_scorer(cases), progress=False)
+                        max_new_tokens=2, scorer=make_scorer(cases), progress=False, timed=True)
     table = results_table(records)
     for row in table.itertuples():
         assert row.correct == score_example(extract_answer(row.answer_text), src.example)
@@ -412,3 +412,36 @@ def test_transition_table_on_agreement():
     assert (by_em.repairs + by_em.regressions > 0).any()
     with pytest.raises(ValueError, match="metric_col"):
         transition_table(table, metric_col="nope")
+
+
+def test_latency_comes_from_the_timed_subset_and_never_pools_batched_records():
+    """Quality from every case; latency (Eq. 20) only from the records timed per request. Untimed records carry NaN
+    answer timings (they were answered in a batch), so pooling them with timed ones is refused."""
+    from sur_lab.analysis.stats import check_timing, timed_records
+
+    records = _records()
+    timed_ids = set(records["source_id"].unique()[::2])  # a declared subset: every other source
+    records = records.assign(timed=records["source_id"].isin(timed_ids), workers=1, threads=1)
+    records.loc[~records["timed"], "answer_ms"] = math.nan
+    table = results_table(records)
+    summary = quality_latency_table(table).set_index("condition")
+    full = quality_latency_table(results_table(_records())).set_index("condition")
+    assert (summary["cases"] == full["cases"]).all() and (summary["em_pct"] == full["em_pct"]).all()
+    sub = table[table["timed"]]
+    for cond, row in summary.iterrows():
+        assert row["timed_cases"] == (sub["condition"] == cond).sum() < row["cases"]
+        assert row["latency_ms"] == pytest.approx(sub.loc[sub["condition"] == cond, "latency_ms"].mean())
+    with pytest.raises(ValueError, match=r"answered in a batch .*timed_records"):
+        check_timing(table, what="latency")
+    with pytest.warns(UserWarning, match="answered in a batch"):
+        check_timing(table, what="latency", strict=False)
+    check_timing(timed_records(table))
+    assert len(timed_records(table)) == len(sub) and len(timed_records(_records())) == len(_records())
+    untimed = results_table(records.assign(timed=False))
+    with pytest.warns(UserWarning, match="no record was timed"):
+        none = quality_latency_table(untimed)
+    assert none["latency_ms"].isna().all() and (none["timed_cases"] == 0).all()
+    trials = _records(trials=2)
+    trials = results_table(trials.assign(timed=trials["trial"] == 0))
+    with pytest.raises(ValueError, match="trial timings"):
+        aggregate_trials(trials)

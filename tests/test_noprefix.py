@@ -17,18 +17,19 @@ from sur_lab.answer import greedy_answer
 from sur_lab.budget import Support
 from sur_lab.studies.noprefix import build_caches, compose_tokens, composition_edit
 from sur_lab.studies.noprefix import (
-    SPEC_PARAMETER_COLUMNS,
-    RagRequest,
+    RepairMethod,
     RepairSpec,
     adaptive_suffix_support,
     answers_agree,
     design_ledger,
+    composed_case,
     document_support,
-    evaluate_prompt,
     linked_support,
+    measure_drift,
     operating_rule,
     oracle_scores,
     place_evidence,
+    preservation_text,
     query_scores,
     rag_passages,
     rank_documents,
@@ -36,7 +37,7 @@ from sur_lab.studies.noprefix import (
     risk_components,
     risk_scores,
     run_protocol,
-    run_requests,
+    runs_table,
     start_candidates,
     suffix_support,
     summarize,
@@ -267,57 +268,93 @@ def test_greedy_answer_with_a_draft_equals_plain_greedy(tiny_lm):
         greedy_answer(tiny_lm, caches.full, prompt.query_ids, max_new_tokens=0)
 
 
-def test_evaluate_prompt_records():
+def _sweep_records(lm, prompt, specs, *, eval_batch=16, timed=True, scorer=None):
+    """One composed request through the sweep pipeline (run_case): the references and every spec x protocol."""
+    from sur_lab.sweeps import records_frame, run_case
+
+    case = composed_case("req/0", prompt, meta={"dataset": "x", "source_id": "a", "num_docs": prompt.num_docs,
+                                                 "slot": -1, "workload": "W"})
+    methods = ["Re-prefill", "Replay", "Shift"] + [RepairMethod(s, p) for s in specs if s.unit not in ("none", "full")
+                                                  for p in ("forward", "donor")]
+    recs = run_case(lm, case, methods, [], max_new_tokens=4, eval_batch=eval_batch, timed=timed,
+                    parser=preservation_text, scorer=scorer)
+    return records_frame(recs), case
+
+
+def test_composed_requests_go_through_the_sweep_pipeline():
     lm = make_tiny_model("llama")
     prompt = tiny_prompt()
     specs = [RepairSpec("none"), RepairSpec("suffix", "oracle", 1), RepairSpec("doc", "oracle", 2),
              RepairSpec("window", "risk", 1, width=2), RepairSpec("adaptive", "risk", 2, budget_pct=40),
              RepairSpec("sur", budget_pct=30)]
-    df = pd.DataFrame(evaluate_prompt(lm, prompt, specs, protocols=("forward", "donor"), max_new_tokens=4,
-                                      scorer=lambda pred: False, keep_drift=True))
-    assert list(df["label"].iloc[:3]) == ["Full prefill", "Prefix composition", "Prefix composition"]
+    records, _ = _sweep_records(lm, prompt, specs, scorer=lambda case, text: False)
+    assert set(records["protocol"]) == {"forward", "donor"} and records["timed"].all()
+    df = runs_table(records)
+    assert "Re-prefill" not in set(df["label"])
     full = df[df["unit"] == "full"].iloc[0]
-    assert full["preserved"] and full["token_exact"] and full["repair_ratio"] == 1.0
+    assert full["label"] == "Full prefill" and full["preserved"] and full["token_exact"] and full["repair_ratio"] == 1.0
     assert full["ttfl_ms"] == full["full_ttfl_ms"]
     comp = df[df["unit"] == "none"]
+    assert set(comp["protocol"]) == {"forward", "donor"} and (comp["label"] == "Prefix composition").all()
     assert (comp["tv_full"] > 0).all() and (comp["allowance"] == 0).all()
     # The oracle suffix starts at the first gold document (1): 20 of 26 positions; the first document is untouched.
     suf = df[df["label"] == "Suffix K1 · oracle"]
-    assert (suf["start_doc"] == 1).all() and (suf["allowance"] == 20).all()
-    assert suf["repair_ratio"].iloc[0] == 20 / 26
+    assert (suf["allowance"] == 20).all() and suf["repair_ratio"].iloc[0] == 20 / 26
+    assert [tuple(iv) for iv in suf["intervals"].iloc[0]] == [(6, 26)]
     doc = df[df["label"] == "Doc K2 · oracle"].iloc[0]
-    assert doc["allowance"] == 8 + 7 and doc["num_intervals"] == 2 and doc["candidates"] == [1, 3]
-    sur = df[df["label"] == "SUR 30%"]
-    assert (sur["allowance"] == 8).all()  # B(26, 30 %) = ceil(7.8)
+    assert doc["allowance"] == 8 + 7 and doc["num_intervals"] == 2
+    assert (df[df["label"] == "SUR 30%"]["allowance"] == 8).all()  # B(26, 30 %) = ceil(7.8)
     ada = df[df["label"] == "Adaptive K2 40% · risk"].iloc[0]
-    assert ada["allowance"] == min(11, 26 - int(prompt.doc_starts[ada["start_doc"]]))  # B(26, 40 %) = 11
-    assert (df["changed_wrong"] == ~df["preserved"]).all()  # scorer says every answer is gold-wrong
-    # Document 0's composed rows come from a 6-token forward and full prefill's from a 26-token forward: the same math,
-    # but float64 GEMM rounding depends on the row count, so drift[0] is rounding, not 0. Bound: per layer an inner
-    # product of length K = intermediate_size has relative error <= K * eps64 (Higham's gamma_K), and it compounds
+    start = int(start_candidates(risk_scores(prompt), 2)[0])
+    assert ada["allowance"] == min(11, 26 - int(prompt.doc_starts[start]))  # B(26, 40 %) = 11
+    assert (df["changed_wrong"] == ~df["preserved"]).all()  # the scorer says every answer is gold-wrong
+    assert (df["ttfl_ms"] == df["shift_ms"] + df["select_ms"] + df["refresh_ms"] + df["query_ms"]).all()
+    # Batched (untimed) answers give the same quality endpoints and no time to first logit.
+    batched, _ = _sweep_records(lm, prompt, specs, timed=False, scorer=lambda case, text: False)
+    bt = runs_table(batched)
+    assert (bt["preserved"].tolist(), bt["token_exact"].tolist()) == (df["preserved"].tolist(),
+                                                                       df["token_exact"].tolist())
+    assert bt["ttfl_ms"].isna().all() and not batched["timed"].any()
+
+
+def test_measured_drift_of_the_composed_cache():
+    lm = make_tiny_model("llama")
+    prompt = tiny_prompt()
+    case = composed_case("req/0", prompt, meta={"workload": "W"})
+    drift = measure_drift(lm, [case]).iloc[0]
+    # Document 0's composed rows and full prefill's come from forwards of different lengths (6 and 26 tokens): the same
+    # math, but float64 GEMM rounding depends on the row count, so drift[0] is rounding, not 0. Bound: per layer an
+    # inner product of length K = intermediate_size has relative error <= K * eps64 (Higham's gamma_K), compounding
     # additively over the L layers. The stale documents' drift is ~1e-1, eleven orders above this bound.
     cfg = lm.model.config
     rounding = cfg.num_hidden_layers * cfg.intermediate_size * torch.finfo(torch.float64).eps
-    assert len(full["drift"]) == 4 and full["drift"][0] <= rounding and min(full["drift"][1:]) > 1e3 * rounding
-    with pytest.raises(ValueError, match="protocols"):
-        evaluate_prompt(lm, prompt, specs, protocols=("copy",))
-    with pytest.raises(ValueError, match="executor"):
-        evaluate_prompt(lm, prompt, specs, executor="nope")
+    assert len(drift["drift"]) == 4 and drift["drift"][0] <= rounding and min(drift["drift"][1:]) > 1e3 * rounding
+    assert drift["risk"] == risk_scores(prompt).tolist() and drift["unit"] == "full"
 
 
-def test_run_requests_keeps_spec_parameter_columns_only_where_a_spec_has_them(tiny_lm):
-    requests = [RagRequest(tiny_prompt(), {"source_id": "a", "slot": 0})]
-    sweep = run_requests(tiny_lm, requests, sweep_specs(), max_new_tokens=2, progress=False)
+def test_runs_table_keeps_spec_parameter_columns_only_where_a_spec_has_them(tiny_lm):
+    records, _ = _sweep_records(tiny_lm, tiny_prompt(), sweep_specs(), timed=False)
+    sweep = runs_table(records)
     # The position sweep has no window and no budgeted spec: no all-NaN width / budget_pct columns.
-    assert SPEC_PARAMETER_COLUMNS == ("width", "budget_pct")
     assert "width" not in sweep and "budget_pct" not in sweep
-    assert sweep["label"].tolist() == ["Full prefill", "Prefix composition", "Doc K2 · oracle", "Suffix K1 · oracle"]
-    assert sweep["slot"].tolist() == [0] * 4
+    assert sweep["label"].tolist()[:4] == ["Full prefill", "Prefix composition", "Doc K2 · oracle", "Doc K2 · oracle"]
     specs = [RepairSpec("none"), RepairSpec("window", "risk", 1, width=3)]
-    windows = run_requests(tiny_lm, requests, specs, max_new_tokens=2, progress=False)
+    windows = runs_table(_sweep_records(tiny_lm, tiny_prompt(), specs, timed=False)[0])
     assert "budget_pct" not in windows
-    assert windows["unit"].tolist() == ["full", "none", "window"]
-    assert windows["width"].tolist()[2:] == [3.0] and np.isnan(windows["width"].tolist()[:2]).all()
+    assert set(windows["unit"]) == {"full", "none", "window"}
+    w = windows[windows["unit"] == "window"]["width"]
+    assert (w == 3.0).all() and windows[windows["unit"] != "window"]["width"].isna().all()
+    with pytest.raises(ValueError, match="not the noprefix study's"):
+        runs_table(records.assign(method="Something else"))
+
+
+def test_repair_method_refuses_reference_units_and_unknown_protocols():
+    with pytest.raises(ValueError, match="reference operator"):
+        RepairMethod(RepairSpec("none"))
+    with pytest.raises(ValueError, match="protocol='copy'"):
+        RepairMethod(RepairSpec("suffix", "risk", 1), "copy")
+    m = RepairMethod(RepairSpec("adaptive", "risk", 2, budget_pct=40), "donor")
+    assert (m.name, m.budget_pct, m.protocol) == ("Adaptive K2 40% · risk", 40.0, "donor")
 
 
 def test_forward_and_donor_agree_when_the_start_is_the_first_stale_document():

@@ -201,7 +201,7 @@ def test_scorer_on_a_case(tokenizer, cases):
     assert sf.is_stale_answer(case, f" {case.old}.") and not sf.is_stale_answer(case, " nothing")
     swept = case.sweep_case()
     assert swept.gold == (case.gold,) and swept.meta["stale_value"] == case.old and swept.edit is case.edit
-    # The sweep hands the scorer its SweepCase: the same classes from the meta.
+    # The sweep hands the scorer its Case: the same classes from the meta.
     for other in cases:
         for text in (f" {other.gold}.", f" {other.old}.", " nothing", f" {other.gold} or {other.new}"):
             assert sf.answer_class(other.sweep_case(), text) == sf.answer_class(other, text)

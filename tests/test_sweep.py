@@ -1,22 +1,24 @@
-"""The sweep runner: one record per (case, method, budget), shared per-case state, exact resume; NR_TV (Eq. 14)."""
+"""The sweep pipeline (sur_lab.sweeps): one record per (case, method, budget), shared per-case state, exact resume;
+NR_TV (Eq. 14)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
-import sur_lab.runtime.sweep as sweep_mod
+import sur_lab.sweeps.case as case_mod
 from conftest import make_tiny_model
 from sur_lab.budget import allowance
 from sur_lab.analysis.endpoints import nr_tv, reference_continuation
 from sur_lab.analysis.scoring import extract_answer
 from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
-from sur_lab.runtime.sweep import TIMING_FIELDS, SweepCase, case_seed, run_sweep
+from sur_lab.sweeps import TIMING_FIELDS, Case, case_seed, run_case, run_sweep
 from sur_lab.studies.niah import budget_table
 from test_allocators import char_tokenizer
 from test_niah import CORPUS
@@ -56,7 +58,8 @@ def test_nr_tv_is_eq14():
 
 def test_sweep_writes_one_record_per_case_method_budget(lm, cases, tmp_path):
     df = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path, max_new_tokens=6, parser=parse_niah_answer,
-                   scorer=niah_scorer, seed=3, progress=False)
+                   scorer=niah_scorer, seed=3, progress=False, timed=True)
+    assert df.timed.all()
     assert len(df) == 2 * (4 + 3 * 2)
     stored = pd.read_parquet(tmp_path / "records.parquet")
     keys = ["case_id", "method", "budget_pct", "answer", "em", "tv_reprefill"]
@@ -91,7 +94,7 @@ def test_sweep_writes_one_record_per_case_method_budget(lm, cases, tmp_path):
 
 def test_shift_cache_and_references_are_computed_once_per_case(lm, cases, tmp_path, monkeypatch):
     calls = {"prepare": 0, "Re-prefill": 0}
-    real_prepare, real_repair = sweep_mod.prepare, sweep_mod.repair
+    real_prepare, real_repair = case_mod.prepare, case_mod.repair
 
     def counting_prepare(*args, **kwargs):
         calls["prepare"] += 1
@@ -101,8 +104,8 @@ def test_shift_cache_and_references_are_computed_once_per_case(lm, cases, tmp_pa
         calls[method] = calls.get(method, 0) + 1
         return real_repair(lm_, prepared, method, *args, **kwargs)
 
-    monkeypatch.setattr(sweep_mod, "prepare", counting_prepare)
-    monkeypatch.setattr(sweep_mod, "repair", counting_repair)
+    monkeypatch.setattr(case_mod, "prepare", counting_prepare)
+    monkeypatch.setattr(case_mod, "repair", counting_repair)
     run_sweep(lm, cases, METHODS, BUDGETS, tmp_path, max_new_tokens=3, progress=False)
     assert calls["prepare"] == 2 and calls["Re-prefill"] == 2 and calls["Dirty"] == 2 and calls["SUR"] == 4
 
@@ -132,7 +135,8 @@ def test_sweep_resumes_after_a_crash_with_identical_records(lm, cases, tmp_path)
         resumed_calls["n"] += 1
         return niah_scorer(case, text)
 
-    resumed = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=counting_scorer, **kwargs)
+    with pytest.warns(UserWarning, match=r"\.jsonl:3: not a valid sweep record \(torn"):
+        resumed = run_sweep(lm, cases, METHODS, BUDGETS, tmp_path / "crash", scorer=counting_scorer, **kwargs)
     assert resumed_calls["n"] == len(full) - 12  # finished records are not recomputed
     pd.testing.assert_frame_equal(_comparable(resumed), _comparable(full))
     for name, text in before.items():  # finished records are kept byte for byte
@@ -170,12 +174,12 @@ def test_sweep_validates_before_any_work(lm, cases, tmp_path, kwargs, match):
 def test_sweep_rejects_duplicate_ids_and_nested_meta(lm, cases, tmp_path):
     with pytest.raises(ValueError, match="unique"):
         run_sweep(lm, [cases[0], cases[0]], ("Shift",), (), tmp_path, progress=False)
-    bad = SweepCase("x", cases[0].edit, meta={"nested": [1, 2]})
     with pytest.raises(ValueError, match="meta"):
-        run_sweep(lm, [bad], ("Shift",), (), tmp_path, progress=False)
-    clash = SweepCase("x", cases[0].edit, meta={"method": "a"})
+        Case("x", cases[0].edit, meta={"nested": [1, 2]})
     with pytest.raises(ValueError, match="collides"):
-        run_sweep(lm, [clash], ("Shift",), (), tmp_path, progress=False)
+        Case("x", cases[0].edit, meta={"method": "a"})
+    with pytest.raises(ValueError, match="Case objects"):
+        run_sweep(lm, [cases[0].edit], ("Shift",), (), tmp_path, progress=False)
 
 
 def test_default_scoring_uses_extracted_answers_and_gold_aliases(lm, cases, tmp_path):
@@ -240,3 +244,87 @@ def test_budget_table_and_figures_cover_every_method(lm, cases, tmp_path):
     with pytest.raises(ValueError, match="metrics"):
         plot_budget_curves(df, ["nope"])
     assert len(plot_intervals(df).axes[0].patches) >= 4  # one box per (allocator, budget)
+
+
+def test_seeded_subset_is_nested_declared_and_independent_of_order():
+    from sur_lab.sweeps import seeded_subset
+
+    ids = [f"c{i}" for i in range(20)]
+    subsets = [seeded_subset(ids, k, seed=3) for k in range(21)]
+    assert [len(s) for s in subsets] == list(range(21))
+    for small, big in zip(subsets, subsets[1:]):
+        assert set(small) < set(big)  # nested: raising k keeps the cases already timed
+    assert subsets[5] == [i for i in ids if i in subsets[5]]  # input order
+    assert seeded_subset(list(reversed(ids)), 5, seed=3) == list(reversed(subsets[5]))  # the same ids, any order
+    assert seeded_subset(ids, 5, seed=4) != subsets[5]
+    assert seeded_subset(ids, None) == ids and seeded_subset(ids, 0) == []
+    with pytest.raises(ValueError, match="k must be"):
+        seeded_subset(ids, -1)
+
+
+def test_timed_cases_are_checked_and_recorded(lm, cases, tmp_path):
+    with pytest.raises(ValueError, match="timed names case ids"):
+        run_sweep(lm, cases, ("Shift",), (), tmp_path, timed=["nope"], progress=False)
+    df = run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, max_new_tokens=2, timed=[cases[1].case_id],
+                   progress=False)
+    assert df.groupby("case_id")["timed"].all().to_dict() == {cases[0].case_id: False, cases[1].case_id: True}
+    assert df[~df.timed].answer_ms.isna().all() and df[df.timed].answer_ms.notna().all()
+    assert json.loads((tmp_path / "sweep.json").read_text())["timed_cases"] == [cases[1].case_id]
+    # Resuming with another timed subset would mix records timed and untimed: refused, naming the field.
+    with pytest.raises(ValueError, match="another timed"):
+        run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, max_new_tokens=2, timed=True, progress=False)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"case_id": "case/0", "answer": "x"}', "field 'method' is missing"),  # valid JSON, not a record
+    ("\x00\x01 garbage", "not JSON"),  # unreadable
+    ("", "empty line"),
+    (None, "field 'em' must be bool?"),  # a record with a field of the wrong type
+    ("other-case", "a record of case 'case/1', not 'case/0'"),  # a record of another case in this case's file
+])
+def test_invalid_stored_lines_are_reported_with_file_and_line_and_recomputed(lm, cases, tmp_path, bad, why):
+    """Issue 24: every part-file line is validated against the record schema; a line that is not a valid record of
+    its case is reported (warning naming the file and line), dropped and its record recomputed, never a crash."""
+    kwargs = dict(max_new_tokens=2, parser=parse_niah_answer, scorer=niah_scorer, progress=False)
+    full = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR"), (5,), tmp_path, **kwargs)
+    part = next(p for p in (tmp_path / "parts").glob("*.jsonl") if p.name.startswith("case_0"))
+    lines = part.read_text().splitlines()
+    if bad is None:
+        rec = json.loads(lines[1])
+        rec["em"] = "yes"
+        bad = json.dumps(rec)
+    elif bad == "other-case":
+        other = next(p for p in (tmp_path / "parts").glob("*.jsonl") if p.name.startswith("case_1"))
+        bad = other.read_text().splitlines()[0]
+    part.write_text("\n".join([lines[0], bad, *lines[2:]]) + "\n")  # line 2 replaced: its record is lost
+    with pytest.warns(UserWarning, match=rf"{part.name}:2: not a valid sweep record \({re.escape(why)}"):
+        again = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR"), (5,), tmp_path, **kwargs)
+    pd.testing.assert_frame_equal(_comparable(again), _comparable(full))
+    kept = part.read_text().splitlines()
+    assert kept[0] == lines[0] and len(kept) == len(lines)  # valid lines kept byte for byte; the lost one recomputed
+    assert all(json.loads(x)["case_id"] == "case/0" for x in kept)
+
+
+def test_record_round_trips_through_a_json_line_and_a_parquet_row(lm, cases, tmp_path):
+    from sur_lab.sweeps import FIELD_NAMES, Record, parse_line, records_frame
+    from sur_lab.sweeps.record import frame_records
+
+    recs = run_case(lm, cases[0], ("Dirty", "Shift", "SUR"), (5,), max_new_tokens=2, parser=parse_niah_answer)
+    other = dataclasses.replace(recs[0], case_id="x", meta={"only_here": 1.5})
+    recs = [*recs, other]
+    for r in recs:  # compared as lines: NaN fields (the references' budget, untimed answers) are never == themselves
+        assert parse_line(r.to_line()).to_line() == r.to_line()
+        assert isinstance(r.positions, tuple) and all(isinstance(p, int) for p in r.positions)
+    df = records_frame(recs)
+    assert list(df.columns)[-len(FIELD_NAMES):] == list(FIELD_NAMES)  # meta columns first, then the schema
+    records_frame(recs[:-1]).to_parquet(tmp_path / "r.parquet", index=False)
+    back = frame_records(pd.read_parquet(tmp_path / "r.parquet"))
+    assert [r.to_line() for r in back] == [r.to_line() for r in recs[:-1]]
+    mixed = frame_records(df)  # a meta column some records lack is not added to them
+    assert "only_here" not in mixed[0].meta and mixed[-1].meta == {"only_here": 1.5}
+    with pytest.raises(ValueError, match="field 'threads' must be int"):
+        Record.from_json({**recs[0].to_json(), "threads": "two"})
+    with pytest.raises(ValueError, match="collides with a record field"):
+        dataclasses.replace(recs[0], meta={"method": "x"})
+    empty = records_frame([])
+    assert list(empty.columns) == list(FIELD_NAMES) and empty.empty

@@ -268,7 +268,7 @@ def test_sync_policy_refuses_out_of_range_fields(kwargs, match):
 def qwen_tokenizer():
     from transformers import AutoTokenizer
 
-    from sur_lab.runtime.paths import default_data_dir
+    from sur_lab.paths import default_data_dir
 
     try:  # the tokenizers sit beside the QA data: ../shared/data/tokenizers
         folder = default_data_dir().parent / "tokenizers" / "qwen2.5-coder-0.5b-instruct"
@@ -460,7 +460,7 @@ def test_the_agent_loop_example_in_the_docs_runs(smol, capsys):
     """The ``python test="slow"`` block of docs/sessions.md, as a user would run it (it loads the embedded model)."""
     import re
 
-    from sur_lab.runtime.paths import REPO_ROOT
+    from sur_lab.paths import REPO_ROOT
 
     text = (REPO_ROOT / "docs" / "sessions.md").read_text()
     blocks = re.findall(r'```python test="slow"\n(.*?)```', text, flags=re.S)

@@ -3,7 +3,7 @@ the token view (:func:`token_view`: the edited context as HTML, where a repair g
 
 Files go under ``outputs/figures`` and ``outputs/tables`` (or ``$SUR_LAB_OUTPUTS_DIR``) with the run's parameter
 values in their names (:func:`run_tag`), so runs with other parameters do not overwrite each other. Every file is
-written to a temporary name and renamed into place (:func:`sur_lab.runtime.paths.atomic_path`), so a failed or
+written to a temporary name and renamed into place (:func:`sur_lab.paths.atomic_path`), so a failed or
 interrupted run never leaves a torn figure or table and never destroys the previous one.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sur_lab.runtime.paths import atomic_path, outputs_dir
+from sur_lab.paths import atomic_path, outputs_dir
 
 
 def setup_style() -> None:

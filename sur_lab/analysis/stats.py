@@ -346,7 +346,7 @@ def agreement_rate(
 
 
 #: Record fields saying under what concurrency a sweep record was measured: ``workers`` (processes sharing the
-#: machine, :mod:`sur_lab.runtime.distributed`) and ``threads`` (torch intra-op threads of the process).
+#: machine, :mod:`sur_lab.sweeps.ray`) and ``threads`` (torch intra-op threads of the process).
 CONCURRENCY_FIELDS = ("workers", "threads")
 
 
@@ -378,6 +378,43 @@ def check_concurrency(records: pd.DataFrame, *, what: str = "timings", strict: b
     if strict:
         raise ValueError(msg)
     warnings.warn(msg, UserWarning, stacklevel=2)
+
+
+def timed_records(records: pd.DataFrame) -> pd.DataFrame:
+    """The records whose answer timings were measured per request (``timed``; every record when the field is absent:
+    records made before it existed were all answered one at a time)."""
+    if "timed" not in records.columns:
+        return records
+    return records[records["timed"].astype(bool)]
+
+
+def check_timing(records: pd.DataFrame, *, what: str = "timings", strict: bool = True) -> None:
+    """Refuse (or warn about) pooling timings that were not measured the same way.
+
+    Latency (Eq. 20) is per request: a record answered in a batch (``timed`` False, :attr:`sur_lab.sweeps.Record.timed`)
+    carries no answer timings (NaN), and pooling it with timed records would average a subset silently. So the records
+    must all be timed, and measured under one concurrency setting (:func:`check_concurrency`). Filter with
+    :func:`timed_records` first to pool the timed subset of a sweep that times a declared subset of its cases.
+
+    Args:
+        records: sweep records (``timed``, ``workers``, ``threads`` columns when present).
+        what: what is being pooled, for the message.
+        strict: raise (``True``) or only warn (``False``).
+
+    Raises:
+        ValueError: when ``strict`` and some records are not timed, listing how many and how to filter; or as
+            :func:`check_concurrency`.
+    """
+    if "timed" in records.columns and len(records):
+        untimed = int((~records["timed"].astype(bool)).sum())
+        if untimed:
+            msg = (f"{untimed} of these {len(records)} records were answered in a batch and carry no per-request "
+                   f"timings (timed=False); pooling their {what} would average the timed subset only. Filter with "
+                   "sur_lab.analysis.stats.timed_records(records), or time every case (timed=True / eval_batch=1)")
+            if strict:
+                raise ValueError(msg)
+            warnings.warn(msg, UserWarning, stacklevel=2)
+    check_concurrency(records, what=what, strict=strict)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Runtime: resumable sweeps (``sweep``), the papermill notebook runner (``run_notebooks``) and path defaults
-(``paths``). ``paths`` and ``sweep`` are infrastructure the studies use; the runner sits on top and reaches the studies
-only through the notebooks.
+"""Runtime: the entry points, on top of every other layer: the ``sur-lab`` command (``cli``), the papermill notebook
+runner (``run_notebooks``) and notebook parameter checks (``params``). Nothing imports this package except tests and
+scripts.
 """

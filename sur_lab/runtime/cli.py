@@ -5,6 +5,7 @@
     sur-lab run 00 02 --preset smoke                   # notebooks under papermill -> outputs/
     sur-lab run notebooks/03_natural_qa_latency.ipynb -p datasets '["hotpotqa"]'
     sur-lab sweep niah --preset smoke                  # a study sweep without a notebook; prints model and records
+    sur-lab sweep niah -p num_cases 48                 # -p overrides any study parameter, as the notebook's
     sur-lab sweep niah --preset paper --workers 16     # the paper's grid on the Qwen study model, 16 Ray actors
     sur-lab sweep niah --preset paper --address auto   # the same on the Ray cluster this machine belongs to
     sur-lab bench --context-lengths 1024 --repeats 3   # scripts/bench_packed_refresh.py (its own --help)
@@ -26,12 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sur_lab.runtime.paths import REPO_ROOT, outputs_dir
+from sur_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 BENCH_SCRIPT = REPO_ROOT / "scripts" / "bench_packed_refresh.py"
 PRESETS = ("smoke", "default", "paper")
-STUDIES = ("niah", "natural-qa", "noprefix")
 #: ``sur-lab --help``'s description (plain text; the module docstring is reST).
 DESCRIPTION = """\
 Budgeted KV-cache repair research suite: notebooks, study sweeps (locally or on Ray), the refresh
@@ -41,6 +41,7 @@ examples:
   sur-lab run 00 02 --preset smoke                   notebooks under papermill -> outputs/
   sur-lab run notebooks/03_natural_qa_latency.ipynb -p datasets '["hotpotqa"]'
   sur-lab sweep niah --preset smoke                  a study sweep without a notebook (smoke: SmolLM2)
+  sur-lab sweep niah -p num_cases 48 -p context_lens '[1024, 2048]'   override a study parameter
   sur-lab sweep niah --preset paper --workers 16     the paper's grid on the Qwen study model, 16 Ray actors
   sur-lab sweep niah --preset paper --address auto   the same on the Ray cluster this machine belongs to
   sur-lab bench --context-lengths 1024 --repeats 3   the packed-refresh benchmark (sur-lab bench --help)
@@ -58,60 +59,7 @@ class CliError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Sweep presets (the notebooks' smoke/default parameters, and the paper's grid where the paper has one)
-
-
-#: Per study: its notebook and the parameters of its sweep that are not preset sizes, at the notebook's defaults (the
-#: literals of its ``parameters`` cell; ``tests/test_cli.py`` checks them against the notebook).
-SWEEP_NOTEBOOKS = {"niah": "02_allocation_geometry", "natural-qa": "03_natural_qa_latency",
-                   "noprefix": "06_noprefix_reuse"}
-SWEEP_FIXED: dict[str, dict[str, Any]] = {
-    "niah": {"depths": [0.25, 0.5, 0.75], "references": ["Dirty", "Shift", "Replay", "Re-prefill"]},
-    "natural-qa": {"trials": 1, "lead": 0, "tail": 1, "include_unanswerable": False},
-    "noprefix": {"budgets": [50], "protocols": ["forward", "donor"]},
-}
-# Sizes the CLI sweep does not use (the bootstrap of notebook 03's tables, notebook 06's position sweep): left out of
-# the sweep folder's name.
-_UNUSED_SIZES = ("n_boot", "sweep_sources")
-
-
-def study_presets(study: str) -> dict[str, dict[str, Any]]:
-    """``study``'s ``PRESETS`` table (sizes by preset name) from its study module, the one source of sizes.
-
-    Raises:
-        CliError: naming the study when it is not one of :data:`STUDIES`.
-    """
-    if study == "niah":
-        from sur_lab.studies.niah import PRESETS
-    elif study == "natural-qa":
-        from sur_lab.studies.natural_qa import PRESETS
-    elif study == "noprefix":
-        from sur_lab.studies.noprefix import PRESETS
-    else:
-        raise CliError(f"study {study!r} is not one of {', '.join(STUDIES)}")
-    return PRESETS
-
-
-def sweep_preset(study: str, preset: str) -> dict[str, Any]:
-    """The parameters of ``study``'s sweep at ``preset``: the sizes of the study module's ``PRESETS[preset]``
-    (``sur_lab.studies.presets.resolve_preset``) and the other parameters at the notebook's defaults
-    (:data:`SWEEP_FIXED`), as notebooks 02, 03 and 06 run them.
-
-    Returns:
-        A new dict (lists copied: the caller may override values).
-
-    Raises:
-        CliError: naming the study when unknown, or ``--preset`` when the study has no such preset.
-    """
-    from sur_lab.studies.presets import resolve_preset
-
-    presets = study_presets(study)
-    try:
-        sizes = resolve_preset(presets, preset)
-    except ValueError:
-        raise CliError(f"--preset {preset!r} is not available for {study}; choose from {', '.join(presets)}") from None
-    params = {**SWEEP_FIXED[study], **sizes}
-    return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+# sweep (a registered study's sweep() without its notebook)
 
 
 def sweep_model(preset: str, model: str | None) -> str | None:
@@ -126,16 +74,40 @@ def _model_args(args) -> dict:
     return {"name": sweep_model(args.preset, args.model), "dtype": args.dtype, "device": args.device}
 
 
-def _driver_tokenizer(model_args: dict):
-    """The tokenizer the cases are built with, without loading the model on the driver when it is not the small
-    embedded one."""
-    from sur_lab.models import embedded_model, embedded_tokenizer
+def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any]:
+    """The ``-p NAME VALUE`` overrides of a sweep, parsed as literals and checked against the study's parameters.
 
-    if embedded_model(model_args["name"]) is not None:
-        return embedded_tokenizer(model_args["name"])
-    from transformers import AutoTokenizer
+    Raises:
+        CliError: naming ``--preset`` when the study has no such preset, ``-p NAME`` when NAME is not one of its
+            parameters (listing them), or ``-p`` with the error when a value is out of range (an unknown method, a
+            budget outside [0, 100], or outside the range the study's notebook declares for it,
+            :func:`sur_lab.runtime.params.check_notebook_parameters`).
+    """
+    overrides = {name: _literal(value) for name, value in pairs}
+    try:
+        known = study.params(preset)
+    except ValueError:
+        raise CliError(f"--preset {preset!r} is not available for {study.NAME}; choose from "
+                       f"{', '.join(study.PRESETS)}") from None
+    for name in overrides:
+        if name not in known:
+            raise CliError(f"-p {name}: not a parameter of the {study.NAME} sweep; parameters: {', '.join(known)}")
+    from sur_lab.sweeps import method_grid
 
-    return AutoTokenizer.from_pretrained(model_args["name"])
+    try:
+        params = study.params(preset, **overrides)
+        method_grid(study.methods(params), params.get("budgets", ()))  # methods and budgets, before any model
+    except ValueError as err:
+        raise CliError(f"-p: {err}") from None
+    notebook = NOTEBOOK_DIR / f"{study.NOTEBOOK}.ipynb"
+    if overrides and notebook.exists():  # the ranges its notebook's parameters cell declares (robust, issue 24)
+        from sur_lab.runtime.params import ParameterError, check_notebook_parameters
+
+        try:
+            check_notebook_parameters(notebook, overrides)
+        except (ParameterError, ValueError) as err:
+            raise CliError(f"-p: {err}") from None
+    return overrides
 
 
 def check_out_folder(out: Path, writes: str = "a sweep writes a folder (records.parquet, parts/)") -> None:
@@ -183,7 +155,8 @@ def check_sweep_args(args, margs: dict) -> None:
 
 
 def run_study_sweep(args) -> Path:
-    """Build ``args.study``'s cases with its study module and run them (``run_sweep``; noprefix: its protocol runner).
+    """Run (or resume) ``args.study``'s sweep through its study module's ``sweep()`` (the registry
+    :data:`sur_lab.studies.STUDIES`), in the folder its notebook uses for the same parameters.
 
     Every option that can be checked without a model (:func:`check_sweep_args`) is checked before one is loaded.
 
@@ -192,98 +165,38 @@ def run_study_sweep(args) -> Path:
     """
     import torch
 
-    from sur_lab.analysis.plotting import run_tag
     from sur_lab.models import load_model
-    from sur_lab.runtime.distributed import check_workers, model_label
-    from sur_lab.runtime.sweep import run_sweep
+    from sur_lab.studies import get_study
+    from sur_lab.sweeps.ray import check_workers, model_label
 
-    params = sweep_preset(args.study, args.preset)
-    for key in ("max_new_tokens", "num_cases", "budgets", "context_lens", "n_per_dataset"):
-        value = getattr(args, key, None)
-        if value is not None:
-            if key not in params:
-                raise CliError(f"--{key.replace('_', '-')} does not apply to the {args.study} sweep")
-            params[key] = value
+    study = get_study(args.study)
+    overrides = sweep_overrides(study, args.preset, args.p)
     try:
         check_workers(args.workers, args.address, args.threads)
     except ValueError as err:
         raise CliError(f"--{str(err).split()[0]}: {err}") from None
     distributed = args.workers > 1 or args.address is not None
-    if args.study == "noprefix" and distributed:
-        raise CliError("--workers/--address: the noprefix study runs its own composition protocol (run_requests), "
-                       "not run_sweep; run it with --workers 1")
-    if distributed and args.study == "natural-qa":
-        print(f"note: natural-QA latencies measured by {args.workers} workers sharing a machine are contended; "
-              "its latency tables refuse to pool them with 1-worker records (records carry workers and threads)")
     margs = _model_args(args)
     check_sweep_args(args, margs)
     label = model_label(margs)
-    tag = run_tag(model=label, preset=args.preset, seed=args.seed,
-                  **{k: v for k, v in params.items()
-                     if k not in ("allocators", "references", "protocols", *_UNUSED_SIZES)})
-    out = Path(args.out) if args.out else outputs_dir() / "sweeps" / f"cli_{args.study}_{tag}"
-    print(f"{args.study} sweep ({args.preset}) on {label}"
-          f"{'' if args.model else f' (the {args.preset} preset default; --model to change)'}: records in {out}",
-          flush=True)
+    if distributed:
+        print(f"note: timings measured by {args.workers} workers sharing a machine are contended; latency tables "
+              "refuse to pool them with 1-worker records (records carry workers and threads)")
     if args.threads and not distributed:
         torch.set_num_threads(args.threads)
-    if distributed:
-        lm, tokenizer = margs, _driver_tokenizer(margs)
-    else:
-        lm = load_model(**margs)
-        tokenizer = lm.tokenizer
-    common = dict(workers=args.workers, address=args.address, threads=args.threads, executor=args.executor,
-                  seed=args.seed, max_new_tokens=params["max_new_tokens"], progress=not args.no_progress)
-    if args.study == "niah":
-        from sur_lab.studies.niah import PAPER_ALLOCATORS, build_niah_cases, niah_scorer, parse_niah_answer
-
-        niah = build_niah_cases(tokenizer, context_lens=params["context_lens"], depths=params["depths"],
-                                num_cases=params["num_cases"], seed=args.seed)
-        allocators = [a for a in PAPER_ALLOCATORS if a in params["allocators"]] + [
-            a for a in params["allocators"] if a not in PAPER_ALLOCATORS]
-        records = run_sweep(lm, [c.sweep_case() for c in niah], list(params["references"]) + allocators,
-                            params["budgets"], out, scorer=niah_scorer, parser=parse_niah_answer, **common)
-    elif args.study == "natural-qa":
-        from sur_lab.studies.natural_qa import (PanelConfig, available_methods, build_cases, make_scorer,
-                                                select_panel, sweep_cases)
-
-        config = PanelConfig(lead=params["lead"], tail=params["tail"],
-                             include_unanswerable=params["include_unanswerable"], seed=args.seed)
-        sources = select_panel(params["datasets"], params["n_per_dataset"], config)
-        cases = build_cases(tokenizer, sources, params["placements"], instruction=config.instruction)
-        methods, missing = available_methods(params["allocators"], params["references"])
-        if missing:
-            print(f"not registered (skipped): {missing}")
-        records = run_sweep(lm, sweep_cases(cases, params["trials"]), methods, params["budgets"], out, scorer=make_scorer(cases),
-                            **common)
-    else:
-        records = _noprefix(lm, params, args, out)
-    print(f"{len(records)} records -> {out / 'records.parquet'}")
-    return out
-
-
-def _noprefix(lm, params: dict, args, out: Path):
-    from sur_lab.studies.datasets import load_qa, select_sources
-    from sur_lab.studies.noprefix import build_request, default_specs, run_requests
-
-    pools = {ds: load_qa(ds, split="dev") for ds in params["datasets"]}
-    filler = {ds: [p for ex in pools[ds] for p in (*ex.supporting, *ex.distractors)] for ds in params["datasets"]}
-    requests = []
-    for ds in params["datasets"]:
-        for i, ex in enumerate(select_sources(pools[ds], max(params["n_sources"]), args.seed)):
-            for n, k in zip(params["num_docs"], params["n_sources"]):
-                if i < k:
-                    requests.append(build_request(lm.tokenizer, ex, n, seed=args.seed, filler=filler[ds],
-                                                  max_doc_tokens=params["max_doc_tokens"]))
-    runs = run_requests(lm, requests, default_specs(params["budgets"]), protocols=params["protocols"],
-                        executor=args.executor, max_new_tokens=params["max_new_tokens"],
-                        progress=not args.no_progress)
-    runs = runs.assign(model=lm.spec.name, seed=args.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "records.parquet.tmp"
-    runs.to_parquet(tmp, index=False)
-    os.replace(tmp, out / "records.parquet")
-    return runs
+    # The driver loads the model too: the sweep folder is named by its fingerprint (weights hash), as the notebook's.
+    lm = load_model(**margs)
+    params = study.params(args.preset, **overrides)
+    folder = Path(args.out) if args.out else study.folder(lm, params, seed=args.seed, eval_batch=args.eval_batch,
+                                                          executor=args.executor)
+    print(f"{args.study} sweep ({args.preset}) on {label}"
+          f"{'' if args.model else f' (the {args.preset} preset default; --model to change)'}: records in {folder}",
+          flush=True)
+    records, folder = study.sweep(lm, preset=args.preset, out=folder, seed=args.seed, workers=args.workers,
+                                  threads=args.threads, address=args.address, executor=args.executor,
+                                  eval_batch=args.eval_batch, progress=not args.no_progress, **overrides)
+    print(f"{len(records)} records -> {folder / 'records.parquet'}")
+    return folder
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -550,17 +463,24 @@ def build_parser() -> argparse.ArgumentParser:
                           "or a string")
     run.add_argument("--out", help="directory for the executed copies (default: outputs/)")
 
+    from sur_lab.studies import STUDIES
+    from sur_lab.sweeps import EVAL_BATCH
+
     sw = sub.add_parser("sweep", help="run a study sweep without a notebook (locally or on Ray)",
-                        description="Run a study's sweep without a notebook and print the model and where its records "
-                                    "are. Sizes come from the study module's PRESETS (sur_lab.studies.niah, "
-                                    ".natural_qa, .noprefix), the other parameters are the notebook's defaults "
-                                    "(02, 03, 06). smoke runs the embedded SmolLM2-135M-Instruct; default and paper "
+                        description="Run (or resume) a registered study's sweep without its notebook, through the "
+                                    "study module's sweep() (sur_lab.studies.STUDIES), in the folder the notebook "
+                                    "uses for the same parameters, and print where the records are. Sizes come from "
+                                    "the study's PRESETS, the other parameters from its FIXED defaults; -p overrides "
+                                    "any of them. smoke runs the embedded SmolLM2-135M-Instruct; default and paper "
                                     "run the embedded Qwen2.5-Coder-0.5B-Instruct unless --model is given. "
-                                    "--workers N or --address runs the cases on Ray actors (NIAH, natural QA).")
-    sw.add_argument("study", choices=STUDIES, metavar="STUDY", help=f"one of {', '.join(STUDIES)}")
+                                    "--workers N or --address runs the cases on Ray actors.")
+    sw.add_argument("study", choices=list(STUDIES), metavar="STUDY", help=f"one of {', '.join(STUDIES)}")
     sw.add_argument("--preset", choices=PRESETS, default="default",
                     help="study size, from the study module's PRESETS (as the notebooks' preset parameter): smoke "
                          "(minutes, SmolLM2), default (the notebook's defaults, Qwen), paper (the paper's grid, Qwen)")
+    sw.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="parameter override, as the notebook's: VALUE is a Python/JSON literal (-p num_cases 48, "
+                         "-p context_lens '[1024, 2048]')")
     sw.add_argument("--workers", type=int_arg("--workers"), default=1,
                     help="Ray actors, each with its own model copy (default 1: run here, no Ray)")
     sw.add_argument("--address", default=None,
@@ -574,19 +494,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "Qwen2.5-Coder-0.5B-Instruct, qwen2.5-coder-0.5b)")
     sw.add_argument("--dtype", default="float32", help="parameter dtype (float32, bfloat16, float16)")
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
-    sw.add_argument("--out", default=None, help="sweep directory (default: outputs/sweeps/cli_<study>_<tag>)")
+    sw.add_argument("--out", default=None, help="sweep directory (default: the study's folder under outputs/sweeps, "
+                                                "the one its notebook uses)")
     sw.add_argument("--executor", default="sequential", help="sparse-refresh executor")
     sw.add_argument("--seed", type=int_arg("--seed", 0), default=0,
                     help="roster / source selection and allocator seed (>= 0)")
-    sw.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=None,
-                    help="greedy decoding limit, tokens (default: the preset's)")
-    sw.add_argument("--num-cases", type=int_arg("--num-cases"), default=None, help="NIAH cases")
-    sw.add_argument("--context-lens", type=int_arg("--context-lens"), nargs="+", default=None,
-                    help="NIAH context lengths, tokens")
-    sw.add_argument("--n-per-dataset", type=int_arg("--n-per-dataset"), default=None,
-                    help="natural-QA sources per dataset")
-    sw.add_argument("--budgets", type=budget_arg("--budgets", zero=True), nargs="+", default=None,
-                    help="budgets, %% of the suffix")
+    sw.add_argument("--eval-batch", type=int_arg("--eval-batch"), default=EVAL_BATCH,
+                    help=f"records answered together (default {EVAL_BATCH}; 1: one at a time)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sub.add_parser("bench", add_help=False, help="the packed-refresh benchmark (sur-lab bench --help for its options)",

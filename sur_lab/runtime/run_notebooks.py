@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from sur_lab.runtime.paths import REPO_ROOT, outputs_dir
+from sur_lab.paths import REPO_ROOT, outputs_dir
 from sur_lab.checks import pid_alive as _pid_alive
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -204,7 +204,7 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
     Args:
         path: the notebook.
         parameters: papermill parameters.
-        outputs: folder for the executed copy (default :func:`sur_lab.runtime.paths.outputs_dir`).
+        outputs: folder for the executed copy (default :func:`sur_lab.paths.outputs_dir`).
         progress: show papermill's progress bar.
         log_output: stream cell output to the log.
 

@@ -1,7 +1,47 @@
-"""Studies: one module (or subpackage) per notebook's experiment, built on the core API.
+"""Studies: one module (or subpackage) per notebook's experiment, built on the core API and the sweep pipeline.
 
 ``quickstart`` (00), ``theory`` (01: the bound and the cost model), ``niah`` (02: Erasing-NIAH, allocation geometry),
 ``natural_qa`` (03: natural multi-hop QA, quality vs latency), ``bench`` (04: packed refresh benchmark), ``validation``
 (05: kernel and executor numerics), ``noprefix`` (06: non-prefix reuse, SAFE-KV), ``staleness`` (where staleness
 lives, used by 01), and ``datasets`` (the QA loaders they share). Nothing below this package imports it.
+
+The sweepable studies are registered in :data:`STUDIES` (``sur-lab sweep NAME`` looks them up there; a new study adds
+one line). Each exposes the same API, which its notebook and the command both call:
+
+- ``NAME``, ``NOTEBOOK`` (its notebook's stem) and ``FOLDER`` (its sweep folders' prefix);
+- ``PRESETS`` (sizes by preset: ``smoke``, ``default``, ``paper``) and ``FIXED`` (the other parameters' defaults,
+  the literals of its notebook's ``parameters`` cell); ``params(preset, **overrides)`` resolves them;
+- ``cases(tokenizer, *, preset, seed, **overrides)``: the study's :class:`sur_lab.sweeps.Case` objects, and
+  ``methods(params)``: its sweep's methods (names or :class:`sur_lab.sweeps.Method` objects);
+- ``folder(lm, params, *, seed, eval_batch, executor)``: its sweep folder, named by the parameters and the model's
+  fingerprint, so a notebook and the command with the same parameters resume each other's records;
+- ``sweep(lm, *, preset, out, seed, workers, threads, address, executor, eval_batch, progress, **overrides)``:
+  runs or resumes the sweep, returns ``(records, folder)``;
+- its report functions (tables and figures), in the module's last section.
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+#: Sweepable studies by name (``sur-lab sweep NAME``) -> the module implementing the study API.
+STUDIES = {
+    "niah": "sur_lab.studies.niah",
+    "natural-qa": "sur_lab.studies.natural_qa",
+    "noprefix": "sur_lab.studies.noprefix",
+}
+
+
+def get_study(name: str) -> ModuleType:
+    """The study module registered as ``name`` (imported on first use).
+
+    Raises:
+        ValueError: naming ``name`` and listing the registered studies.
+    """
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; registered studies: {', '.join(STUDIES)}")
+    return importlib.import_module(STUDIES[name])
+
+
+__all__ = ["STUDIES", "get_study"]

@@ -19,7 +19,7 @@ Formats read, detected from a file's content, not its name:
 - **IIRC flattened** jsonl (``main_passage, gold_snippets, retrieved_snippets, answer_type, answers``); see
   :func:`_iirc_example` for which passages count as supporting.
 
-Shipped files live under :func:`sur_lab.runtime.paths.default_data_dir` and are never copied into the repository. Files
+Shipped files live under :func:`sur_lab.paths.default_data_dir` and are never copied into the repository. Files
 marked "final evaluation only" in the data README are reachable only through ``split="test"`` or an explicit path
 (:func:`is_held_out` tells them by file name or pinned checksum).
 
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from sur_lab.checks import as_count, user_stacklevel
-from sur_lab.runtime.paths import default_data_dir
+from sur_lab.paths import default_data_dir
 
 DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "iirc")
 
@@ -186,7 +186,7 @@ def load_qa(
 
     1. an existing file path (``.json`` list or ``.jsonl``); the format is detected from the records' fields;
     2. a dataset key in :data:`DATASETS`, resolving to ``DATA_FILES[key][split]`` under
-       :func:`sur_lab.runtime.paths.default_data_dir`;
+       :func:`sur_lab.paths.default_data_dir`;
     3. a hub dataset id ``"owner/name"`` or ``"owner/name:config"`` (``"hotpotqa/hotpot_qa:distractor"``), loaded
        with ``datasets.load_dataset`` when the ``datasets`` package and a network are available. A name with no
        ``/`` that is neither a file nor a key (a misspelt key such as ``"hotpot"``) is refused at once rather than

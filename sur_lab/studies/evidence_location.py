@@ -886,12 +886,12 @@ def build_panel(
 
 
 def sweep_cases(cases: Sequence[LocationCase]) -> list:
-    """The cases as :class:`sur_lab.runtime.sweep.SweepCase` objects (``meta`` = :attr:`LocationCase.meta`,
+    """The cases as :class:`sur_lab.sweeps.Case` objects (``meta`` = :attr:`LocationCase.meta`,
     ``gold`` = the example's answers). The fixed-slot refresh's allowance is per case (``meta["fixed_slot_allowance"]``,
     ``meta["fixed_slot_budget_pct"]``)."""
-    from sur_lab.runtime.sweep import SweepCase
+    from sur_lab.sweeps import Case
 
-    return [SweepCase(c.case_id, c.edit, gold=c.gold, meta=c.meta) for c in cases]
+    return [Case(c.case_id, c.edit, gold=c.gold, meta=c.meta) for c in cases]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

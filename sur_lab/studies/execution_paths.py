@@ -298,7 +298,7 @@ def run(lm: LoadedModel, cases: Sequence, *, repeats: int = REPEATS, max_new_tok
     """
     from tqdm.auto import tqdm
 
-    from sur_lab.runtime.fingerprint import device_name
+    from sur_lab.fingerprint import device_name
 
     info = {"model": str(lm.spec.name), "dtype": str(lm.dtype).removeprefix("torch."), "device": device_name(lm.device)}
     rows = []

@@ -31,8 +31,15 @@ Choices the paper leaves open, fixed here (all before any model output; :class:`
 
 Latency (Eq. 20; appendix 8.2): post-edit latency = select + shift + refresh + answer, where Re-prefill's refresh is its
 rebuild of the edited prompt and answer is query processing plus decoding; the Dirty prefill and harness clones are
-excluded. The sweep runner times one trial per case; :func:`sweep_cases` with ``trials > 1`` adds repeated trials
-that :func:`aggregate_trials` averages.
+excluded. Latency is per request: the cases of the first ``timed_sources`` sources per dataset (a declared subset,
+fixed by the panel's seed) are answered one record at a time and timed, once per case; :func:`sweep_cases` with
+``trials > 1`` adds repeated trials that :func:`aggregate_trials` averages. The other cases are answered in batches
+for quality only (their records carry no latency; :func:`quality_latency_table` takes latency from the timed ones).
+
+Study API (notebook 03 and ``sur-lab sweep natural-qa`` call the same functions): :data:`PRESETS` and :data:`FIXED`,
+:func:`params`, :func:`cases` (:func:`placement_cases` for the roster), :func:`folder`, :func:`sweep`, and the report
+functions (:func:`results_table`, :func:`quality_latency_table`, :func:`dataset_em_table`,
+:func:`paired_difference_table`, :func:`transition_table`, the figures).
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ import functools
 import math
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,10 +62,11 @@ from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
     N_BOOT,
     agreement_rate,
-    check_concurrency,
+    check_timing,
     error_transitions,
     paired_bootstrap,
     pooled_em,
+    timed_records,
 )
 from sur_lab.edits import (
     DEFAULT_INSTRUCTION,
@@ -83,18 +92,28 @@ PAPER_ALLOCATORS = ("SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-
 REFERENCES = ("Shift", "Replay", "Re-prefill")
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default``: 12 sources per
 #: dataset, the bootstrap's minimum to separate SUR-5 % from Shift on the Qwen study model if the effect exists.
+#: ``n_per_dataset`` is the quality sample (raise it to decide more); ``timed_sources`` the first sources per dataset
+#: (of the seeded panel, so nested) whose cases are answered one record at a time and timed for latency (Eq. 20); the
+#: other cases are answered in batches and carry no latency.
 PRESETS = {
-    "smoke": {"datasets": ["hotpotqa", "iirc"], "n_per_dataset": 1, "placements": ["after"], "allocators": ["SUR"],
-              "references": ["Shift", "Replay", "Re-prefill"], "budgets": [5], "max_new_tokens": 4, "n_boot": 200},
+    "smoke": {"datasets": ["hotpotqa", "iirc"], "n_per_dataset": 1, "timed_sources": 1, "placements": ["after"],
+              "allocators": ["SUR"], "references": ["Shift", "Replay", "Re-prefill"], "budgets": [5],
+              "max_new_tokens": 4, "n_boot": 200},
     "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 12,
-                "placements": ["before", "between", "after"], "allocators": ["SUR"],
+                "timed_sources": 12, "placements": ["before", "between", "after"], "allocators": ["SUR"],
                 "references": ["Shift", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 16, "n_boot": 10_000},
     "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 100,
-              "placements": ["before", "between", "after"],
+              "timed_sources": 100, "placements": ["before", "between", "after"],
               "allocators": ["SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted"],
               "references": ["Shift", "Replay", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 64,
               "n_boot": 10_000},
 }
+#: The study's name in the registry (``sur-lab sweep natural-qa``), its notebook, and its sweep folders' prefix.
+NAME = "natural-qa"
+NOTEBOOK = "03_natural_qa_latency"
+FOLDER = "03_natural_qa"
+#: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
+FIXED = {"trials": 1, "lead": 0, "tail": 1, "include_unanswerable": False}
 #: Budgets of the comparison, % of the retained suffix.
 PAPER_BUDGETS = (2.0, 5.0)
 #: Column headings of Tables 10-11.
@@ -437,7 +456,7 @@ def build_cases(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Sweep glue (the shared runner is sur_lab.runtime.sweep.run_sweep)
+# Sweep glue (the shared runner is sur_lab.sweeps.run_sweep)
 
 
 def trial_case_id(case_id: str, trial: int) -> str:
@@ -446,7 +465,7 @@ def trial_case_id(case_id: str, trial: int) -> str:
 
 
 def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
-    """Placement cases as :class:`sur_lab.runtime.sweep.SweepCase` objects, ``trials`` timed trials per case.
+    """Placement cases as :class:`sur_lab.sweeps.Case` objects, ``trials`` timed trials per case.
 
     Trial t > 0 of a case is a separate sweep case (:func:`trial_case_id`) with the same edit, so each trial is
     timed once and resumes independently; trials are ordered trial-major (every case once, then again), so that
@@ -463,19 +482,19 @@ def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
     Raises:
         ValueError: naming ``trials`` when it is not an integer >= 1.
     """
-    from sur_lab.runtime.sweep import SweepCase
+    from sur_lab.sweeps import Case
 
     if int(trials) != trials or trials < 1:
         raise ValueError(f"trials={trials!r} must be an integer >= 1")
     return [
-        SweepCase(trial_case_id(c.case_id, t), c.edit, gold=tuple(c.example.answers), meta={**c.meta, "trial": t})
+        Case(trial_case_id(c.case_id, t), c.edit, gold=tuple(c.example.answers), meta={**c.meta, "trial": t})
         for t in range(int(trials))
         for c in cases
     ]
 
 
 def make_scorer(cases: Sequence[PlacementCase]):
-    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.runtime.sweep.run_sweep`.
+    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.sweeps.run_sweep`.
 
     It extracts the answer once (:func:`sur_lab.analysis.scoring.extract_answer`) and applies the example's dataset rule
     (:func:`sur_lab.analysis.scoring.score_example`: HotpotQA string EM, 2Wiki and MuSiQue over aliases, IIRC with DROP
@@ -512,6 +531,116 @@ def available_methods(
     runnable = [m for m in allocators if m in ALLOCATORS]
     missing = [m for m in allocators if m not in ALLOCATORS]
     return runnable + [r for r in references if r not in runnable], missing
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Study API: parameters, cases, the sweep
+
+
+def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
+    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
+    (``None`` keeps the default).
+
+    Raises:
+        ValueError: naming ``preset`` or an unknown parameter.
+    """
+    from sur_lab.studies.presets import study_params
+
+    return study_params(PRESETS, FIXED, preset, **overrides)
+
+
+def placement_cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[PlacementCase]:
+    """The study's placement cases at ``preset`` (sources by :func:`select_panel`, cases by :func:`build_cases`).
+
+    Raises:
+        ValueError: as :func:`params`, :func:`select_panel` and :func:`build_cases`.
+    """
+    p = params(preset, **overrides)
+    config = PanelConfig(lead=p["lead"], tail=p["tail"], include_unanswerable=p["include_unanswerable"], seed=seed)
+    sources = select_panel(p["datasets"], p["n_per_dataset"], config)
+    return build_cases(tokenizer, sources, p["placements"], instruction=config.instruction)
+
+
+def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list:
+    """The study's sweep cases at ``preset``: :func:`placement_cases` as :class:`sur_lab.sweeps.Case` objects, one per
+    timed trial (:func:`sweep_cases`)."""
+    p = params(preset, **overrides)
+    return sweep_cases(placement_cases(tokenizer, preset=preset, seed=seed, **overrides), p["trials"])
+
+
+def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trials: int = 1) -> list[str]:
+    """The sweep case ids timed per request: every placement and trial of the first ``timed_sources`` sources of each
+    dataset in panel order (a declared subset, fixed by the panel's seed before any model output; nested).
+
+    Raises:
+        ValueError: naming ``timed_sources`` when it is not an integer >= 0.
+    """
+    if isinstance(timed_sources, bool) or int(timed_sources) != timed_sources or timed_sources < 0:
+        raise ValueError(f"timed_sources={timed_sources!r} must be an integer >= 0 (sources per dataset)")
+    order: dict[str, list[str]] = {}
+    for c in placement:
+        seen = order.setdefault(c.example.dataset, [])
+        if c.example.id not in seen:
+            seen.append(c.example.id)
+    timed = {(d, i) for d, ids in order.items() for i in ids[: int(timed_sources)]}
+    return [trial_case_id(c.case_id, t) for t in range(int(trials)) for c in placement
+            if (c.example.dataset, c.example.id) in timed]
+
+
+def methods(p: Mapping[str, Any]) -> list[str]:
+    """The sweep's methods for parameters ``p``: the registered allocators, then the references
+    (:func:`available_methods`; unregistered allocators are left out)."""
+    return available_methods(p["allocators"], p["references"])[0]
+
+
+def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
+           outputs: Path | None = None) -> Path:
+    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`); :func:`sweep` uses it, so
+    notebook 03 and ``sur-lab sweep natural-qa`` with the same parameters share a folder."""
+    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
+
+    extra = {} if executor == "sequential" else {"ex": executor}
+    return sweep_folder(FOLDER, lm, outputs=outputs, data=[DATASET_LABELS.get(d, d) for d in p["datasets"]],
+                        n=p["n_per_dataset"], timed=p["timed_sources"], b=p["budgets"], tok=p["max_new_tokens"],
+                        seed=seed, trials=p["trials"], eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
+
+
+def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
+          threads: int | None = None, address: str | None = None, executor: str = "sequential",
+          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+    """Run (or resume) the study's sweep: every placement case x methods x budgets, scored by the dataset rules.
+
+    Cases of the first ``timed_sources`` sources per dataset are answered one record at a time and timed (Eq. 20);
+    the others are answered ``eval_batch`` at a time, for quality only.
+
+    Args:
+        lm: the model (a :class:`sur_lab.models.LoadedModel`).
+        preset, overrides: the parameters (:func:`params`; e.g. ``n_per_dataset=24``, ``timed_sources=6``).
+        out: the sweep folder (default :func:`folder`).
+        seed: source selection and passage draw (fixed before any model output), allocator seed.
+        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); keep ``workers=1`` for latency.
+        executor: sparse-refresh executor.
+        eval_batch: records answered together in untimed cases (default :data:`sur_lab.sweeps.EVAL_BATCH`).
+        progress: show a progress bar.
+
+    Returns:
+        ``(records, folder)``.
+
+    Raises:
+        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
+    """
+    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+
+    p = params(preset, **overrides)
+    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
+    placement = placement_cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    timed = timed_case_ids(placement, p["timed_sources"], p["trials"])
+    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
+    records = run_sweep(lm, sweep_cases(placement, p["trials"]), methods(p), p["budgets"], where,
+                        max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch, timed=timed,
+                        scorer=make_scorer(placement), seed=seed, workers=workers, threads=threads, address=address,
+                        progress=progress)
+    return records, where
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -567,12 +696,19 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
     deterministic, so every trial gives the same answer; ``answers_consistent`` records whether it did.
 
     Raises:
-        ValueError: naming ``table`` when a case/condition lacks trial 0, or when its trials were timed under
-            different concurrency (``workers``/``threads``; :func:`sur_lab.analysis.stats.check_concurrency`).
+        ValueError: naming ``table`` when a case/condition lacks trial 0, or when its trials were not all timed per
+            request or were timed under different concurrency (``timed``/``workers``/``threads``;
+            :func:`sur_lab.analysis.stats.check_timing`).
     """
     if "trial" not in table.columns or table["trial"].nunique() <= 1:
         return table.copy()
-    check_concurrency(table, what="trial timings (averaged per case)")
+    # Only per-request timings are averaged; cases answered in batches carry none (their means stay NaN).
+    check_timing(timed_records(table), what="trial timings (averaged per case)")
+    if "timed" in table.columns:
+        mixed = table.groupby([*CASE_KEYS, "condition"])["timed"].nunique() > 1
+        if mixed.any():
+            raise ValueError("table: some case's trial timings mix timed and batched (untimed) records; time every "
+                             "trial of a case or none")
     keys = [*CASE_KEYS, "condition"]
     timing = [*LATENCY_PARTS, "latency_ms"]
     first = table[table["trial"] == 0].set_index(keys)
@@ -586,13 +722,13 @@ def aggregate_trials(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _check_timing_concurrency(table: pd.DataFrame, mixed_concurrency: str, what: str) -> None:
-    """Refuse or warn when ``table``'s timings mix concurrency settings; warn when they were measured by several
-    workers sharing a machine."""
+    """Refuse or warn when ``table``'s timings were not all measured per request or mix concurrency settings; warn
+    when they were measured by several workers sharing a machine."""
     import warnings
 
     if mixed_concurrency not in ("raise", "warn"):
         raise ValueError(f"mixed_concurrency={mixed_concurrency!r} must be 'raise' or 'warn'")
-    check_concurrency(table, what=f"timings in one {what}", strict=mixed_concurrency == "raise")
+    check_timing(table, what=f"timings in one {what}", strict=mixed_concurrency == "raise")
     if "workers" in table.columns and (pd.to_numeric(table["workers"], errors="coerce") > 1).any():
         warnings.warn(
             f"{what}: timings were measured with {int(pd.to_numeric(table['workers']).max())} workers sharing the "
@@ -619,10 +755,14 @@ def quality_latency_table(
 ) -> pd.DataFrame:
     """Tables 7-8: pooled EM (Eq. 9), agreement with ``reference`` and mean post-edit latency with its breakdown.
 
+    Quality comes from every case; latency (Eq. 20) only from the records timed per request (``timed``): every case, or
+    the declared subset a sweep timed (``timed_cases``). A condition without timed records gets NaN latency and a
+    warning.
+
     Args:
         table: output of :func:`results_table` (after :func:`aggregate_trials` when trials were repeated).
         reference: condition whose extracted answers define agreement (Re-prefill).
-        mixed_concurrency: what to do when the records' timings were measured under different concurrency
+        mixed_concurrency: what to do when the timed records were measured under different concurrency
             (``workers``/``threads`` differ, e.g. a sweep resumed with another worker count): ``"raise"`` (default)
             or ``"warn"`` (:func:`sur_lab.analysis.stats.check_concurrency`). Timings made by several workers sharing
             a machine are contended; run latency studies with one worker.
@@ -630,22 +770,29 @@ def quality_latency_table(
     Returns:
         One row per condition in table order: ``condition``, ``method``, ``budget_pct``, ``cases``, ``correct``,
         ``em_pct`` (unrounded), ``agree_pct`` (% of cases whose answer equals the reference's after normalization),
-        the mean Eq. 20 parts ``select_ms``, ``shift_ms``, ``refresh_ms``, ``answer_ms``, mean ``latency_ms`` and
-        ``latency_s``, ``speedup_vs_reference`` (reference latency / latency), mean ``allowance`` and
-        ``num_intervals`` where recorded.
+        ``timed_cases`` (cases whose latency is averaged), the mean Eq. 20 parts ``select_ms``, ``shift_ms``,
+        ``refresh_ms``, ``answer_ms``, mean ``latency_ms`` and ``latency_s``, ``speedup_vs_reference`` (reference
+        latency / latency), mean ``allowance`` and ``num_intervals`` where recorded.
 
     Raises:
         ValueError: naming ``reference`` when it is not a condition of ``table``, ``mixed_concurrency`` when not
-            "raise"/"warn", or (``"raise"``) listing the concurrency settings the timings mix.
+            "raise"/"warn", or (``"raise"``) listing the concurrency settings the timed records mix.
     """
-    _check_timing_concurrency(table, mixed_concurrency, "latency table")
+    import warnings
+
+    timed = timed_records(table)
+    _check_timing_concurrency(timed, mixed_concurrency, "latency table")
+    if timed.empty:
+        warnings.warn("latency table: no record was timed per request (timed=False everywhere); latency is NaN. Time "
+                      "the cases (timed_cases) to fill it", UserWarning, stacklevel=2)
     conditions = _ordered_conditions(table)
     if reference not in conditions:
         raise ValueError(f"reference={reference!r} is not a condition of the table ({conditions})")
-    ref_latency = table.loc[table["condition"] == reference, "latency_ms"].mean()
+    ref_latency = timed.loc[timed["condition"] == reference, "latency_ms"].mean()
     rows = []
     for cond in conditions:
         sub = table[table["condition"] == cond]
+        sub_timed = timed[timed["condition"] == cond]
         row = {
             "condition": cond,
             "method": sub["method"].iloc[0],
@@ -654,11 +801,12 @@ def quality_latency_table(
             "correct": int(sub["correct"].sum()),
             "em_pct": pooled_em(sub["correct"].to_numpy()),
             "agree_pct": agreement_rate(table, cond, reference, method_col="condition") if cond != reference else 100.0,
+            "timed_cases": len(sub_timed),
         }
         for part in (*LATENCY_PARTS, "latency_ms"):
-            row[part] = float(sub[part].mean())
+            row[part] = float(sub_timed[part].mean()) if len(sub_timed) else float("nan")
         row["latency_s"] = row["latency_ms"] / 1e3
-        row["speedup_vs_reference"] = float(ref_latency / row["latency_ms"])
+        row["speedup_vs_reference"] = float(ref_latency / row["latency_ms"]) if row["latency_ms"] else float("nan")
         for extra in ("allowance", "num_intervals"):
             if extra in sub.columns:
                 row[extra] = float(sub[extra].mean())

@@ -13,6 +13,11 @@ Scoring (appendix 7.5): :func:`parse_niah_answer` extracts every digit run after
 with marked thinking blocks removed; ordinary newlines do not truncate; nothing is de-duplicated or matched against the
 gold list. Strict exact match (:func:`niah_exact_match`) requires the parsed list to equal the gold list in order and
 multiplicity.
+
+Study API (notebook 02 and ``sur-lab sweep niah`` call the same functions): :data:`PRESETS` (sizes) and
+:data:`FIXED` (the other parameters' defaults), :func:`cases`, :func:`sweep` (records and the sweep folder, named the
+same way for both, so each resumes the other's records), and the report functions in the last section
+(:func:`budget_table`, :func:`paired_differences`, :func:`table12`, the figures).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +33,7 @@ import pandas as pd
 
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
-from sur_lab.runtime.sweep import REFERENCES
+from sur_lab.repair import REFERENCE_METHODS as REFERENCES
 
 #: RULER's multi-value NIAH instruction, placed before the documents.
 NIAH_INSTRUCTION = (
@@ -78,6 +84,12 @@ PRESETS = {
 }
 #: The paper's NIAH budget grid, %.
 PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
+#: The study's name in the registry (``sur-lab sweep niah``), its notebook, and its sweep folders' prefix.
+NAME = "niah"
+NOTEBOOK = "02_allocation_geometry"
+FOLDER = "02_niah"
+#: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
+FIXED = {"depths": [0.25, 0.5, 0.75], "references": ["Dirty", "Shift", "Replay", "Re-prefill"]}
 
 _ADJECTIVES = (
     "amber", "bold", "brave", "calm", "clever", "crisp", "dusty", "eager", "faint", "fancy", "gentle", "gleaming",
@@ -211,10 +223,10 @@ class NiahCase:
         }
 
     def sweep_case(self):
-        """This case as a :class:`sur_lab.runtime.sweep.SweepCase` (gold = the edited answer, meta = :meth:`meta`)."""
-        from sur_lab.runtime.sweep import SweepCase
+        """This case as a :class:`sur_lab.sweeps.Case` (gold = the edited answer, meta = :meth:`meta`)."""
+        from sur_lab.sweeps import Case
 
-        return SweepCase(self.case_id, self.edit, self.gold, self.meta())
+        return Case(self.case_id, self.edit, self.gold, self.meta())
 
 
 def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
@@ -425,6 +437,97 @@ def build_niah_cases(
             )
         )
     return cases
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Study API: parameters, cases, the sweep
+
+
+def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
+    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
+    (``None`` keeps the default).
+
+    Raises:
+        ValueError: naming ``preset`` or an unknown parameter.
+    """
+    from sur_lab.studies.presets import study_params
+
+    return study_params(PRESETS, FIXED, preset, **overrides)
+
+
+def methods(p: Mapping[str, Any]) -> list[str]:
+    """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
+    after, in the given order)."""
+    allocators = list(p["allocators"])
+    ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators if a not in PAPER_ALLOCATORS]
+    return list(p["references"]) + ordered
+
+
+def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence[Any] | None = None,
+          **overrides: Any) -> list:
+    """The study's cases at ``preset``: :func:`build_niah_cases` as :class:`sur_lab.sweeps.Case` objects.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        preset, overrides: as :func:`params`.
+        seed: roster seed.
+        corpus: filler paragraphs (default :func:`sur_lab.studies.datasets.load_corpus`).
+
+    Raises:
+        ValueError: as :func:`params` and :func:`build_niah_cases`.
+    """
+    p = params(preset, **overrides)
+    built = build_niah_cases(tokenizer, context_lens=p["context_lens"], depths=p["depths"], num_cases=p["num_cases"],
+                             seed=seed, corpus=corpus)
+    return [c.sweep_case() for c in built]
+
+
+def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
+           outputs: Path | None = None) -> Path:
+    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`: study, sizes, seed, evaluation
+    batch, executor when not the sequential one, and the model's fingerprint). :func:`sweep` uses it, so notebook 02
+    and ``sur-lab sweep niah`` with the same parameters share a folder."""
+    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
+
+    extra = {} if executor == "sequential" else {"ex": executor}
+    return sweep_folder(FOLDER, lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"], b=p["budgets"],
+                        tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
+                        **extra)
+
+
+def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
+          threads: int | None = None, address: str | None = None, executor: str = "sequential",
+          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+    """Run (or resume) the study's sweep: every case x (references + allocators x budgets), strictly scored.
+
+    Args:
+        lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
+        preset, overrides: the parameters (:func:`params`; e.g. ``num_cases=48``, ``context_lens=[1024, 2048]``).
+        out: the sweep folder (default :func:`folder`).
+        seed: roster and allocator seed.
+        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); ``workers=1``: this process.
+        executor: sparse-refresh executor.
+        eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`). NIAH has no latency
+            endpoint: its answers are never timed.
+        progress: show a progress bar.
+
+    Returns:
+        ``(records, folder)``: the records (:func:`sur_lab.sweeps.records_frame` columns plus the case meta) and the
+        folder holding ``parts/`` and ``records.parquet``.
+
+    Raises:
+        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
+    """
+    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+
+    p = params(preset, **overrides)
+    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
+    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
+    records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
+                        executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
+                        seed=seed, workers=workers, threads=threads, address=address, progress=progress)
+    return records, where
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Study sizes by name: ``smoke`` (seconds, CI), ``default`` (decides on the Qwen study model) and ``paper`` (the
-paper's grid). Each study module holds its own ``PRESETS`` table; notebooks 02, 03 and 06 take a ``preset`` parameter
-and leave their size parameters at ``None`` unless the user overrides one (issue 13)."""
+paper's grid). Each study module holds its own ``PRESETS`` table and ``FIXED`` defaults; notebooks 02, 03 and 06 take a
+``preset`` parameter and leave their size parameters at ``None`` unless the user overrides one (issue 13).
+:func:`study_params` resolves a study's parameters from both, as its ``sweep()`` and the ``sur-lab sweep`` command do."""
 
 from __future__ import annotations
 
@@ -57,3 +58,28 @@ def preset_model(preset: str) -> str | None:
 def lead_endpoint(reprefill_em: float, *, em: str = "em", agreement: str = "agree_reprefill") -> str:
     """``em`` when Re-prefill's EM (fraction of cases) is at least :data:`EM_LEAD_MIN`, else ``agreement``."""
     return em if not math.isnan(reprefill_em) and reprefill_em >= EM_LEAD_MIN else agreement
+
+
+def study_params(presets: Mapping[str, Mapping[str, Any]], fixed: Mapping[str, Any], preset: str = "default",
+                 **overrides: Any) -> dict[str, Any]:
+    """A study's parameters: the sizes of ``preset`` and the ``fixed`` defaults, with every override that is not
+    ``None`` applied (lists copied, so the caller may change them).
+
+    Args:
+        presets: the study's ``PRESETS`` table (name -> sizes).
+        fixed: the study's other parameters at their defaults (the notebook's ``parameters`` cell literals).
+        preset: one of :data:`PRESET_NAMES`.
+        **overrides: parameter values; ``None`` keeps the preset's or the default.
+
+    Raises:
+        ValueError: naming ``preset`` when unknown, or an override that is not one of the study's parameters (listing
+            them).
+    """
+    if preset not in presets:
+        raise ValueError(f"preset={preset!r} is not one of {', '.join(presets)}")
+    known = {**dict(fixed), **dict(presets[preset])}
+    unknown = [k for k in overrides if k not in known]
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a parameter of this study; parameters: {', '.join(known)}")
+    out = {**known, **{k: v for k, v in overrides.items() if v is not None}}
+    return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in out.items()}

@@ -37,8 +37,22 @@ def quickstart_edit(tokenizer, example: QAExample, distractor_index: int = 0) ->
     return chat_edit(tokenizer, documents, example.question, spans[1])
 
 
+def quickstart_scorer(example: QAExample):
+    """A ``scorer(case, answer_text) -> bool`` for :func:`sur_lab.sweeps.run_case`: the example's dataset rule on the
+    extracted answer (:func:`sur_lab.analysis.scoring.score_example`)."""
+    from sur_lab.analysis.scoring import extract_answer, score_example
+
+    def scorer(case, text: str, example=example) -> bool:
+        return score_example(extract_answer(text), example)
+
+    return scorer
+
+
 def agreement_study(lm, examples, budget_pct: float = 5.0, max_new_tokens: int = 32, progress: bool = True):
     """Per example: answers of Re-prefill, Shift and SUR at ``budget_pct``, agreement and gold EM.
+
+    Each example is one :class:`sur_lab.sweeps.Case` run by :func:`sur_lab.sweeps.run_case` (answers timed per
+    request).
 
     Returns:
         pandas DataFrame, one row per (example, method).
@@ -46,21 +60,18 @@ def agreement_study(lm, examples, budget_pct: float = 5.0, max_new_tokens: int =
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from sur_lab.analysis.evaluate import evaluate_case
-    from sur_lab.analysis.scoring import score_example
+    from sur_lab.sweeps import Case, records_frame, run_case
 
-    rows = []
+    frames = []
     for ex in tqdm(examples, desc="examples", disable=not progress):
-        edit = quickstart_edit(lm.tokenizer, ex)
-        recs = evaluate_case(
-            lm, edit, ("Shift", "Re-prefill", "SUR"), (budget_pct,), max_new_tokens=max_new_tokens,
-            scorer=lambda pred, ex=ex: score_example(pred, ex),
-        )
-        for r in recs:
-            rows.append({"example_id": ex.id, "gold": ex.answers[0], **{k: r[k] for k in (
-                "method", "budget_pct", "allowance", "suffix_len", "num_intervals", "prediction", "em",
-                "agree_reprefill", "tv_reprefill", "latency_ms")}})
-    return pd.DataFrame(rows)
+        case = Case(ex.id, quickstart_edit(lm.tokenizer, ex), tuple(ex.answers))
+        recs = run_case(lm, case, ("Shift", "Re-prefill", "SUR"), (budget_pct,), max_new_tokens=max_new_tokens,
+                        scorer=quickstart_scorer(ex), timed=True)
+        df = records_frame(recs)
+        frames.append(df.assign(example_id=ex.id, gold=ex.answers[0])[[
+            "example_id", "gold", "method", "budget_pct", "allowance", "suffix_len", "num_intervals", "prediction",
+            "em", "agree_reprefill", "tv_reprefill", "latency_ms"]])
+    return pd.concat(frames, ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -232,10 +232,10 @@ class StaleCase:
         }
 
     def sweep_case(self):
-        """This case as a :class:`sur_lab.runtime.sweep.SweepCase` (gold = ``(gold,)``, meta = :meth:`meta`)."""
-        from sur_lab.runtime.sweep import SweepCase
+        """This case as a :class:`sur_lab.sweeps.Case` (gold = ``(gold,)``, meta = :meth:`meta`)."""
+        from sur_lab.sweeps import Case
 
-        return SweepCase(self.case_id, self.edit, (self.gold,), self.meta())
+        return Case(self.case_id, self.edit, (self.gold,), self.meta())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def answer_class(case: Any, text: str) -> str:
     """:func:`classify_answer` of ``text`` with the case's values.
 
     Args:
-        case: a :class:`StaleCase`, or its :meth:`StaleCase.sweep_case` (a ``SweepCase``: the values are read from
+        case: a :class:`StaleCase`, or its :meth:`StaleCase.sweep_case` (a sweep ``Case``: the values are read from
             its ``meta``: ``gold_value``, ``stale_value`` ("" for none) and ``distractor_values``, comma-separated).
         text: the decoded answer.
     """
@@ -287,13 +287,13 @@ def answer_class(case: Any, text: str) -> str:
 
 def stale_fact_scorer(case: Any, text: str) -> bool:
     """Sweep scorer (EM; ``run_sweep(..., scorer=stale_fact_scorer)``): ``True`` iff the answer names the gold value
-    and no other case value. ``case`` is a :class:`StaleCase` or its ``SweepCase``."""
+    and no other case value. ``case`` is a :class:`StaleCase` or its sweep ``Case``."""
     return answer_class(case, text) == "correct"
 
 
 def is_stale_answer(case: Any, text: str) -> bool:
     """Whether the answer names the superseded value (and not the gold one): the stale-answer endpoint. ``case`` is
-    a :class:`StaleCase` or its ``SweepCase``."""
+    a :class:`StaleCase` or its sweep ``Case``."""
     return answer_class(case, text) == "stale"
 
 

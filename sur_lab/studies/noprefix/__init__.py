@@ -6,8 +6,12 @@
   and the bridge to the deletion executors (:func:`composition_edit`).
 * :mod:`~sur_lab.studies.noprefix.selection`: selectors and repair units as supports (:class:`RepairSpec`,
   :func:`plan_repair`).
-* :mod:`~sur_lab.studies.noprefix.protocol`: the forward and donor protocols, the evaluation of one request
-  (:func:`evaluate_prompt`), RAG requests built from QA examples (:func:`run_requests`).
+* :mod:`~sur_lab.studies.noprefix.protocol`: the forward and donor protocols, the repair-unit sets, RAG requests
+  built from QA examples (:func:`build_request`).
+* :mod:`~sur_lab.studies.noprefix.study`: the study API (:data:`PRESETS`, :data:`FIXED`, :func:`cases`,
+  :func:`sweep`): composed requests as sweep cases (:class:`ComposedCase`), repair units as sweep methods
+  (:class:`RepairMethod`), records in the one schema through :func:`sur_lab.sweeps.run_case`; :func:`runs_table` and
+  :func:`measure_drift` for the tables.
 * :mod:`~sur_lab.studies.noprefix.reporting`: drift tables, summaries with bootstrap intervals, the operating rule, the
   design ledger and the figures.
 
@@ -45,21 +49,11 @@ Source: SAFE-KV (Zhang, 2026): abstract, Figures 1–5, Tables 20 and 27; SUR: s
 budgeted KV-cache repair paper.
 """
 
-from sur_lab.studies.noprefix import composition, selection, protocol, reporting
+from sur_lab.studies.noprefix import composition, protocol, reporting, selection, study
 from sur_lab.studies.noprefix.composition import *  # noqa: F403
 from sur_lab.studies.noprefix.selection import *  # noqa: F403
 from sur_lab.studies.noprefix.protocol import *  # noqa: F403
 from sur_lab.studies.noprefix.reporting import *  # noqa: F403
+from sur_lab.studies.noprefix.study import *  # noqa: F403
 
-#: Study sizes of notebook 06 by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``n_sources`` pairs
-#: with ``num_docs`` (sources per dataset for each prompt size, nested).
-PRESETS = {
-    "smoke": {"datasets": ["hotpotqa"], "num_docs": [4], "n_sources": [2], "sweep_sources": 1, "max_doc_tokens": 40,
-              "max_new_tokens": 6},
-    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [6, 2],
-                "sweep_sources": 2, "max_doc_tokens": 48, "max_new_tokens": 8},
-    "paper": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [100, 100],
-              "sweep_sources": 20, "max_doc_tokens": 128, "max_new_tokens": 32},
-}
-
-__all__ = ["PRESETS", *composition.__all__, *selection.__all__, *protocol.__all__, *reporting.__all__]
+__all__ = [*composition.__all__, *selection.__all__, *protocol.__all__, *reporting.__all__, *study.__all__]

@@ -52,7 +52,7 @@ from sur_lab.checks import as_token_ids
 from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel
-from sur_lab.runtime.fingerprint import model_fingerprint
+from sur_lab.fingerprint import model_fingerprint
 
 #: Separator after each document block; the query segment starts right after the last one.
 DOC_SEPARATOR = "\n\n"

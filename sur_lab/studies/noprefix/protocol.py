@@ -1,8 +1,8 @@
-"""SAFE-KV protocols and the evaluation of one request: repair a composed cache, answer, compare with full prefill.
+"""SAFE-KV protocols, the repair-unit sets of the study, and RAG requests built from QA examples.
 
 ``forward`` recomputes a repair unit's support with an executor (actual forwarding); ``donor`` copies the support's rows
-from the full-prefill cache, a diagnostic upper bound. :func:`evaluate_prompt` runs every :class:`RepairSpec` on one
-composed prompt and records the endpoints; :func:`run_requests` does so for many RAG requests built from QA examples.
+from the full-prefill cache, a diagnostic upper bound. The study's sweep (:mod:`sur_lab.studies.noprefix.study`) runs
+every unit with each protocol through :func:`sur_lab.sweeps.run_case`; :func:`build_request` builds its RAG requests.
 
 Source: SAFE-KV (Zhang, 2026), abstract, Figures 1-5, Tables 20 and 27.
 """
@@ -16,20 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from transformers import DynamicCache
 
-from sur_lab.analysis.scoring import (
-    agreement,
-    extract_answer,
-    first_token_tv,
-    normalize_answer,
-)
-from sur_lab.answer import Answer, greedy_answer
+from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.budget import Support
 from sur_lab.cache_ops import (
     cache_length,
-    caches_equal,
     clone_cache,
     layer_deviation,
     to_tensors,
@@ -41,20 +33,12 @@ from sur_lab.models import LoadedModel
 from sur_lab.studies.noprefix.composition import (
     ComposedPrompt,
     CompositionCaches,
-    build_caches,
     compose_prompt,
-    composition_edit,
-    prefix_cache,
 )
 from sur_lab.studies.noprefix.selection import (
     PROTOCOLS,
-    RepairPlan,
     RepairSpec,
-    plan_repair,
-    risk_scores,
-    selector_scores,
 )
-from sur_lab.units import segment_units
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Protocols
@@ -153,10 +137,6 @@ def document_drift(prompt: ComposedPrompt, cache: DynamicCache, full: DynamicCac
     return np.sqrt(num / den)
 
 
-#: Record columns of :func:`evaluate_prompt` that only some repair units have (NaN for the others).
-SPEC_PARAMETER_COLUMNS = ("width", "budget_pct")
-
-
 def default_specs(budgets: Sequence[float] = (50,)) -> list[RepairSpec]:
     """The SAFE-KV comparison used by the notebook.
 
@@ -181,124 +161,6 @@ def sweep_specs() -> list[RepairSpec]:
     """The evidence position sweep (Figure 3): prefix composition, oracle Doc K2 (the gold documents) and oracle
     Suffix K1 (from the first gold document)."""
     return [RepairSpec("none"), RepairSpec("doc", "oracle", 2), RepairSpec("suffix", "oracle", 1)]
-
-
-def evaluate_prompt(lm: LoadedModel, prompt: ComposedPrompt, specs: Sequence[RepairSpec], *,
-                    protocols: Sequence[str] = ("forward",), executor: str = "sequential", max_new_tokens: int = 16,
-                    scorer: Callable[[str], bool] | None = None, prefix_kv: DynamicCache | None = None,
-                    doc_store: dict | None = None, caches: CompositionCaches | None = None,
-                    keep_drift: bool = False) -> list[dict[str, Any]]:
-    """Compose, repair with every spec and protocol, answer, and score against full prefill and the gold answer.
-
-    Identical (protocol, support) pairs are computed once and their records share results (e.g. a K2 suffix that
-    starts where the K1 suffix does); a repaired cache bitwise equal to full prefill's reuses its answer.
-
-    Args:
-        lm: the model.
-        prompt: the composed prompt.
-        specs: repair configurations (a ``"full"`` row is always emitted first).
-        protocols: subset of :data:`PROTOCOLS`.
-        executor: registered executor name for the forward protocol.
-        max_new_tokens: decoding limit, tokens.
-        scorer: ``fn(extracted_answer) -> bool`` gold-EM rule (``em`` is ``None`` without one).
-        prefix_kv: shared cache of the prefix (prefilled when ``None``).
-        doc_store: optional document cache store ``doc_store_key(lm, prompt, i) -> document cache`` (model
-            fingerprint, prefix ids, document ids) reused across prompts (filled here). Its encoding time is offline and not part of any TTFL.
-        caches: precomputed caches (skips building them).
-        keep_drift: add the measured per-document drift of the composed cache (``drift``, list, see
-            :func:`document_drift`) and the risk scores (``risk``, list) to each record.
-
-    Returns:
-        One record per (spec, protocol) with: ``method``, ``selector``, ``label``, ``unit``, ``k``, ``width``,
-        ``budget_pct``, ``protocol``, ``start_doc``, ``candidates``, ``num_docs``, ``allowance`` (B), ``suffix_len``
-        (S), ``repair_ratio``, ``num_intervals``, ``compose_ms``, ``select_ms``, ``refresh_ms``, ``query_ms``,
-        ``ttfl_ms``, ``full_ttfl_ms``, ``answer``, ``prediction`` (extracted), ``full_prediction``, ``preserved``
-        (:func:`answers_agree` with full prefill's answer), ``extracted_agree`` (extracted answers agree),
-        ``token_exact``, ``em``, ``full_em``, ``changed_wrong``, ``tv_full`` (first-token total variation) and
-        ``gold_docs`` (indices of supporting documents). Times in ms; ``query_ms`` is full prefill's draft-free query
-        forward, shared by every path (the query costs the same on any ``p + S`` row cache).
-
-    Raises:
-        ValueError: naming ``protocols`` or ``executor`` when unknown, before any model call.
-    """
-    for proto in protocols:
-        if proto not in PROTOCOLS:
-            raise ValueError(f"protocols contains {proto!r}; allowed: {', '.join(PROTOCOLS)}")
-    get_executor(executor)
-    edit = composition_edit(prompt)
-    if caches is None:
-        caches = build_caches(lm, prompt, prefix_kv, doc_store)
-    reference = greedy_answer(lm, caches.full, edit.query_ids, max_new_tokens=max_new_tokens)
-    ref_pred = extract_answer(reference.text)
-    full_em = bool(scorer(ref_pred)) if scorer is not None else None
-    query_ms = reference.timings_ms["query"]
-    full_ttfl = caches.timings_ms["full"] + query_ms
-    compose_ms = caches.timings_ms["compose"]
-    gold_docs = [i for i, s in enumerate(prompt.supporting) if s]
-
-    scores: dict[str, np.ndarray] = {}
-    score_ms: dict[str, float] = {}
-    for sel in sorted({s.selector for s in specs if s.uses_selector}):
-        t0 = time.perf_counter()
-        scores[sel] = selector_scores(sel, lm, prompt)
-        score_ms[sel] = (time.perf_counter() - t0) * 1e3
-    units = segment_units(edit) if any(s.unit == "sur" for s in specs) else None
-    drift = document_drift(prompt, caches.composed, caches.full).tolist() if keep_drift else None
-
-    def record(spec: RepairSpec, plan: RepairPlan, protocol: str, ans: Answer, refresh_ms: float) -> dict[str, Any]:
-        pred = extract_answer(ans.text)
-        em = bool(scorer(pred)) if scorer is not None else None
-        preserved = answers_agree(ans.text, reference.text)
-        if spec.unit == "full":
-            ttfl = full_ttfl
-        else:
-            # The query forward costs the same on every p + S row cache: full prefill's draft-free query time.
-            ttfl = compose_ms + plan.select_ms + refresh_ms + query_ms
-        rec = {
-            "method": spec.method, "selector": spec.selector if spec.uses_selector else "", "label": spec.label,
-            "unit": spec.unit, "k": spec.k, "width": spec.width if spec.unit == "window" else np.nan,
-            "budget_pct": spec.budget_pct if spec.budget_pct is not None else np.nan, "protocol": protocol,
-            "start_doc": plan.start_doc if plan.start_doc is not None else -1, "candidates": list(plan.candidates),
-            "num_docs": prompt.num_docs, "allowance": plan.support.size, "suffix_len": prompt.suffix_len,
-            "repair_ratio": plan.ratio, "num_intervals": plan.support.num_intervals,
-            "compose_ms": 0.0 if spec.unit == "full" else compose_ms, "select_ms": plan.select_ms,
-            "refresh_ms": caches.timings_ms["full"] if spec.unit == "full" else refresh_ms,
-            "query_ms": query_ms, "ttfl_ms": ttfl, "full_ttfl_ms": full_ttfl,
-            "answer": ans.text, "prediction": pred, "full_prediction": ref_pred, "preserved": preserved,
-            "extracted_agree": bool(agreement(pred, ref_pred)),
-            "token_exact": tuple(ans.token_ids) == tuple(reference.token_ids), "em": em, "full_em": full_em,
-            "changed_wrong": (not preserved and em is False) if em is not None else None,
-            "tv_full": first_token_tv(ans.first_token_logits, reference.first_token_logits),
-            "gold_docs": gold_docs,
-        }
-        if drift is not None:
-            rec["drift"] = drift
-            rec["risk"] = risk_scores(prompt).tolist()
-        return rec
-
-    full_spec = RepairSpec("full")
-    full_plan = RepairPlan(full_spec, Support.full(prompt.suffix_len), 0)
-    records = [record(full_spec, full_plan, protocols[0], reference, 0.0)]
-    done: dict[tuple, tuple[Answer, float]] = {}
-    for spec in specs:
-        if spec.unit == "full":
-            continue
-        plan = plan_repair(spec, prompt, scores=scores, select_ms=score_ms, lm=lm, edit=edit,
-                           composed=caches.composed, units=units)
-        for protocol in protocols:
-            # Every protocol leaves an empty support as the composed cache, so they share one result.
-            key = ("none",) if plan.support.size == 0 else (protocol, plan.support.positions.tobytes())
-            if key not in done:
-                cache, ms = run_protocol(lm, caches, edit, plan.support, protocol, executor)
-                if caches_equal(cache, caches.full):
-                    ans = reference
-                else:
-                    ans = greedy_answer(lm, cache, edit.query_ids, max_new_tokens=max_new_tokens,
-                                        draft=reference.token_ids)
-                done[key] = (ans, ms)
-            ans, ms = done[key]
-            records.append(record(spec, plan, protocol, ans, ms))
-    return records
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -376,44 +238,6 @@ def build_request(tokenizer, example, num_docs: int, *, seed: int = 0, filler: S
     return RagRequest(prompt, meta, lambda pred, ex=example: score_example(pred, ex))
 
 
-def run_requests(lm: LoadedModel, requests: Sequence[RagRequest], specs: Sequence[RepairSpec], *,
-                 protocols: Sequence[str] = ("forward",), executor: str = "sequential", max_new_tokens: int = 16,
-                 keep_drift: bool = False, progress: bool = True, desc: str = "requests") -> pd.DataFrame:
-    """Run :func:`evaluate_prompt` over requests and return one long DataFrame (records plus ``meta`` columns).
-
-    The spec parameters that apply to some units only (:data:`SPEC_PARAMETER_COLUMNS`: ``width`` for windows,
-    ``budget_pct`` for adaptive suffixes and SUR) are dropped when no spec of ``specs`` has them (e.g. the position
-    sweep's :func:`sweep_specs`), so a table never carries an all-NaN column; where some specs have them, the other
-    rows hold NaN.
-
-    The prefix cache is shared by every request with the same prefix ids; document caches are kept in a store while
-    consecutive requests share a ``meta["source_id"]`` (e.g. the same example at several evidence slots or document
-    counts) and dropped when it changes, which bounds memory.
-
-    Raises:
-        ValueError: as :func:`evaluate_prompt`, before any model call.
-    """
-    from tqdm.auto import tqdm
-
-    prefixes: dict[tuple[int, ...], DynamicCache] = {}
-    store: dict = {}
-    source = object()
-    rows: list[dict[str, Any]] = []
-    for req in tqdm(requests, desc=desc, disable=not progress):
-        key = tuple(req.prompt.prefix_ids.tolist())
-        if key not in prefixes:
-            prefixes[key] = prefix_cache(lm, req.prompt)
-        if req.meta.get("source_id", None) != source:
-            store = {}
-            source = req.meta.get("source_id", None)
-        recs = evaluate_prompt(lm, req.prompt, specs, protocols=protocols, executor=executor,
-                               max_new_tokens=max_new_tokens, scorer=req.scorer, prefix_kv=prefixes[key],
-                               doc_store=store, keep_drift=keep_drift)
-        rows.extend({**req.meta, **r} for r in recs)
-    df = pd.DataFrame(rows)
-    return df.drop(columns=[c for c in SPEC_PARAMETER_COLUMNS if c in df and df[c].isna().all()])
-
-
 def place_evidence(passages: Sequence, slot: int) -> list:
     """Move the gold passages (as one block, in their current order) to start at document ``slot``.
 
@@ -439,17 +263,14 @@ def workload_name(dataset: str, num_docs: int) -> str:
 __all__ = [
     "DATASET_NAMES",
     "RagRequest",
-    "SPEC_PARAMETER_COLUMNS",
     "answers_agree",
     "build_request",
     "default_specs",
     "document_drift",
     "donor_copy",
-    "evaluate_prompt",
     "place_evidence",
     "rag_passages",
     "run_protocol",
-    "run_requests",
     "sweep_specs",
     "workload_name",
 ]

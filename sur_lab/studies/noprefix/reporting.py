@@ -22,7 +22,7 @@ from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
 def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
     """Measured drift of the composed cache and its rank agreement with the risk score, per ``by`` group.
 
-    Uses one record per request (the full-prefill row) of :func:`run_requests` with ``keep_drift=True``; documents
+    Uses one row per request of :func:`~sur_lab.studies.noprefix.study.measure_drift` (``unit`` ``"full"``); documents
     after the first are pooled (the first document's drift is exactly 0 and its risk 0).
 
     Returns:
@@ -36,7 +36,7 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
     from scipy.stats import spearmanr
 
     if "drift" not in runs.columns or "risk" not in runs.columns:
-        raise ValueError("runs has no drift/risk columns; run with keep_drift=True")
+        raise ValueError("runs has no drift/risk columns; pass sur_lab.studies.noprefix.measure_drift's rows")
     full = runs[runs["unit"] == "full"]
     rows = []
     for key, g in full.groupby(by, sort=False):
@@ -56,14 +56,15 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
 
 def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "label", "protocol"), *,
               confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Per-group endpoints of :func:`evaluate_prompt` records.
+    """Per-group endpoints of :func:`~sur_lab.studies.noprefix.study.runs_table` rows.
 
     Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``preservation`` (mean) with
     ``ci_low``/``ci_high`` (:func:`bootstrap_ci`), ``token_exact`` (mean), ``gold_em`` (mean, NaN without a
-    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``ttfl_ms`` and ``full_ttfl_ms`` (medians),
+    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``timed`` (requests whose time to first logit was
+    measured per request: only they enter the timing columns), ``ttfl_ms`` and ``full_ttfl_ms`` (medians),
     ``speedup`` (``full_ttfl_ms / ttfl_ms`` of the medians) and the per-request speed-up's geometric mean
     ``speedup_gmean`` with its bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (paired: each request's
-    full-prefill TTFL over its reuse TTFL).
+    full-prefill TTFL over its reuse TTFL). Timing columns are NaN for a group without timed requests.
 
     Raises:
         ValueError: naming ``by`` when a column is missing.
@@ -84,13 +85,19 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
             "token_exact": float(g["token_exact"].mean()),
             "gold_em": float(em.astype(float).mean()) if len(em) else np.nan,
             "changed_wrong": int(cw.astype(bool).sum()), "repair_ratio": float(g["repair_ratio"].mean()),
-            "ttfl_ms": float(g["ttfl_ms"].median()), "full_ttfl_ms": float(g["full_ttfl_ms"].median()),
         })
+        # Timings only from the requests timed per request (a batched pass yields none: their TTFL is NaN).
+        t = g[np.isfinite(g["ttfl_ms"].astype(float)) & np.isfinite(g["full_ttfl_ms"].astype(float))]
+        row.update({"timed": len(t), "ttfl_ms": float(t["ttfl_ms"].median()) if len(t) else np.nan,
+                    "full_ttfl_ms": float(t["full_ttfl_ms"].median()) if len(t) else np.nan})
         row["speedup"] = row["full_ttfl_ms"] / row["ttfl_ms"] if row["ttfl_ms"] > 0 else np.nan
-        log_ratio = np.log(g["full_ttfl_ms"].to_numpy(np.float64) / g["ttfl_ms"].to_numpy(np.float64))
-        lo, hi = bootstrap_ci(log_ratio, confidence=confidence, seed=seed)
-        row.update({"speedup_gmean": float(np.exp(log_ratio.mean())), "speedup_ci_low": float(np.exp(lo)),
-                    "speedup_ci_high": float(np.exp(hi))})
+        if len(t):
+            log_ratio = np.log(t["full_ttfl_ms"].to_numpy(np.float64) / t["ttfl_ms"].to_numpy(np.float64))
+            lo, hi = bootstrap_ci(log_ratio, confidence=confidence, seed=seed)
+            row.update({"speedup_gmean": float(np.exp(log_ratio.mean())), "speedup_ci_low": float(np.exp(lo)),
+                        "speedup_ci_high": float(np.exp(hi))})
+        else:
+            row.update({"speedup_gmean": np.nan, "speedup_ci_low": np.nan, "speedup_ci_high": np.nan})
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -1,5 +1,7 @@
 """Fingerprints of everything a stored result depends on, so that nothing stale is reused silently.
 
+A leaf of the core layer (it imports nothing from sur_lab), so that every layer may fingerprint what it stores.
+
 A stored result (a sweep record, a per-case reference, a cached document KV cache) is valid only for the exact
 inputs that made it: the model's identity (name *and* weights), its parameter dtype and device, the executor, the
 allocator options, the decoding settings, the case's content and the software versions. :func:`model_fingerprint`
@@ -34,11 +36,14 @@ _WEIGHTS_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" 
 
 def versions() -> str:
     """``"sur_lab X, torch Y, transformers Z"``: the software a stored result was computed with."""
+    import sys
+
     import transformers
 
-    import sur_lab
-
-    return f"sur_lab {sur_lab.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+    # The package is imported before any of its modules, so it is in sys.modules; importing it here instead would be an
+    # import cycle (sur_lab/__init__ imports the modules that use this one).
+    version = sys.modules["sur_lab"].__version__
+    return f"sur_lab {version}, torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -1,19 +1,20 @@
-"""Sweeps on Ray: the cases of :func:`sur_lab.runtime.sweep.run_sweep` spread over actors on one machine or a cluster.
+"""The Ray scheduler: the cases of a sweep spread over actors on one machine or a cluster.
 
 ``run_sweep(lm, cases, methods, budgets, out_dir, workers=4)`` (or ``address="auto"`` / ``"ray://head:10001"``) lands
 here. Each Ray actor loads the model once from the same :func:`sur_lab.models.load_model` arguments, pins its torch
-threads, and runs whole cases with the serial runner's own per-case code (``sweep._run_case``), so a case's records are
-the ones a serial run makes, written to the same ``parts/<case>.jsonl`` files. The driver keeps the queue
-(longest case first: context tokens × records still to do), shows one progress bar over records (it counts the lines
-of the part files), re-queues the case of an actor that died (its finished records stay; the new actor resumes the
-case from its part file and ``.ref.npz``), and consolidates ``records.parquet`` exactly as the serial runner does.
+threads, and runs whole cases with :func:`sur_lab.sweeps.case.run_case`, handing each record to the same
+:class:`sur_lab.sweeps.store.SweepStore` (``parts/<case>.jsonl``) as a local run, so a case's records are the ones a
+local run makes. The driver keeps the queue (longest case first: context tokens x records still to do), shows one
+progress bar over records (it counts the lines of the part files), re-queues the case of an actor that died (its
+finished records stay; the new actor resumes the case from its part file), and consolidates ``records.parquet`` as the
+local scheduler does. The driver holds the folder's lock for the whole run.
 
 ``out_dir`` must be a directory every actor can reach: a local path on one machine, a shared filesystem path (NFS,
 Lustre, a mounted bucket with POSIX appends) on a cluster. Every node needs sur_lab and the model installed.
 
 Timing honesty: every record carries ``workers`` (concurrent actors) and ``threads`` (torch intra-op threads of the
-process that made it). Latency studies should run with one worker; :func:`check_concurrency` refuses to pool timings
-made under different settings (it lives in :mod:`sur_lab.analysis.stats`).
+process that made it). Latency studies should run with one worker; :func:`sur_lab.analysis.stats.check_concurrency`
+refuses to pool timings made under different settings.
 
 Ray is an optional dependency (``pip install -e '.[distributed]'``; ``make install`` includes it). Importing this
 module does not import Ray; only running with ``workers > 1`` or an ``address`` does.
@@ -21,17 +22,16 @@ module does not import Ray; only running with ``workers > 1`` or an ``address`` 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency  # re-exported
-from sur_lab.runtime.fingerprint import first_difference
+from sur_lab.sweeps.case import Case, grid_keys, run_case
+from sur_lab.sweeps.record import config_fields
+from sur_lab.sweeps.store import SweepStore, check_fingerprint
 #: How often the driver refreshes the progress bar while waiting for cases, seconds.
 POLL_S = 0.5
 #: How many times one case is re-queued after the actor running it died, before the sweep gives up on it.
@@ -149,16 +149,6 @@ def default_threads(workers: int, cores: int) -> int:
     return max(1, int(cores) // int(workers))
 
 
-class _NullBar:
-    """Stands in for the tqdm bar inside an actor (the driver draws the one bar)."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str = "") -> None:
-        pass
-
-
 class _CaseRunner:
     """One Ray actor's state: the model, loaded once, and the pinned thread count (wrapped by ``ray.remote``)."""
 
@@ -178,41 +168,19 @@ class _CaseRunner:
 
         return {"pid": os.getpid(), "model": self.lm.spec.name, "threads": torch.get_num_threads()}
 
-    def run_case(self, case, grid, parts: str, config: dict, scorer, parser, options) -> tuple[str, int]:
+    def run(self, case: Case, methods, budgets, out_dir: str, case_args: dict, timed: bool) -> tuple[str, int]:
         """Run the records of ``case`` still missing from its part file; returns ``(case_id, records written)``."""
-        import torch
-
-        from sur_lab.runtime import sweep
-
-        part = Path(parts) / f"{sweep._slug(case.case_id)}.jsonl"
-        stored = sweep._read_part(part)
-        todo = [(m, b) for m, b in grid if (m, sweep._budget_key(b)) not in stored]
+        store = SweepStore(out_dir)
+        stored = store.read(case.case_id)
         # The full fingerprint (weights hash, dtype, device, options, versions) needs the model: checked here, on
         # the actor that holds it, against every stored record of the case before any work.
-        full = sweep.sweep_config(self.lm, seed=config["seed"], executor=config["executor"],
-                                  max_new_tokens=config["max_new_tokens"], options=options)
-        fingerprint = sweep.case_fingerprint(case.edit, case.gold, {k: sweep._plain(v) for k, v in case.meta.items()})
-        expected = {**full, "case_fingerprint": fingerprint}
-        for rec in stored.values():
-            bad = first_difference(rec, expected)
-            if bad is not None:
-                raise ValueError(
-                    f"out_dir={str(Path(parts).parent)!r} holds a record of case {case.case_id!r} made with another "
-                    f"{bad} ({rec.get(bad)!r} vs {expected[bad]!r} now); use a fresh out_dir"
-                )
-        if todo:
-            cfg = {**full, "workers": self.workers, "threads": torch.get_num_threads()}
-            sweep._run_case(self.lm, case, todo, Path(parts), cfg, fingerprint, _NullBar(), scorer=scorer,
-                            parser=parser, options=options)
-        return case.case_id, len(todo)
-
-
-def _count_records(path: Path) -> int:
-    try:
-        with path.open("rb") as fh:
-            return sum(1 for line in fh if line.endswith(b"\n"))
-    except FileNotFoundError:
-        return 0
+        config = config_fields(self.lm, **{k: case_args[k] for k in ("seed", "executor", "max_new_tokens",
+                                                                       "eval_batch", "options")})
+        expected = {**config, "case_fingerprint": case.fingerprint(), "timed": timed or config["eval_batch"] == 1}
+        check_fingerprint(stored.values(), expected, out_dir=out_dir, case_id=case.case_id)
+        made = run_case(self.lm, case, methods, budgets, **case_args, timed=timed, skip=set(stored),
+                        emit=store.append, workers=self.workers)
+        return case.case_id, len(made)
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, attempts: int = 3):
@@ -259,176 +227,147 @@ def _connect(ray, address: str | None, workers: int, threads: int | None):
     return started, cores
 
 
-def run_sweep_distributed(
+def run_ray(
     lm: Any,
-    cases: Sequence,
+    cases: Sequence[Case],
     methods: Sequence[str],
     budgets: Sequence[float],
-    out_dir: Path,
+    store: SweepStore,
     *,
+    case_args: Mapping[str, Any],
+    timed: frozenset[str],
+    manifest: Mapping[str, Any],
     workers: int = 2,
     address: str | None = None,
     threads: int | None = None,
-    max_new_tokens: int = 64,
-    executor: str = "sequential",
-    scorer: Callable | None = None,
-    parser: Callable | None = None,
-    seed: int = 0,
     progress: bool = True,
-    options: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """:func:`sur_lab.runtime.sweep.run_sweep` on ``workers`` Ray actors; same arguments, files and result.
+    """Run every case's missing records on ``workers`` Ray actors; returns the consolidated records (same rows, order
+    and fields as a local run; ``workers`` and ``threads`` say how they were measured).
 
     Args:
         lm: a :class:`sur_lab.models.LoadedModel` (its name, dtype and device are reloaded in every actor, see
             :func:`model_args_of`) or a mapping of :func:`sur_lab.models.load_model` keyword arguments, e.g.
             ``{"name": None}`` for the embedded model or ``{"name": "/shared/tiny", "dtype": "float64"}`` (the driver
             then loads no model at all).
+        cases, methods, budgets, store, case_args, timed, manifest, progress: as
+            :func:`sur_lab.sweeps.local.run_local`; ``case_args`` (its ``scorer``, ``parser`` and ``options``) is
+            pickled to the actors (module-level functions are best).
         workers: Ray actors (>= 1); each holds one model copy.
         address: ``None``/``"local"``: a local Ray instance on this machine; ``"auto"``: the running cluster;
             ``"ray://host:10001"`` or ``"host:6379"``: a remote one. Ignored when Ray is already initialized.
         threads: torch threads per actor; default ``max(1, CPUs // workers)``. On a CUDA model (``device`` starting
             with ``"cuda"``) each actor also reserves one GPU.
-        cases, methods, budgets, out_dir, max_new_tokens, executor, scorer, parser, seed, progress, options: as in
-            :func:`sur_lab.runtime.sweep.run_sweep`; ``scorer``, ``parser`` and ``options`` are pickled to the actors
-            (module-level functions are best).
-
-    Returns:
-        The consolidated records (same rows, order and fields as a serial run; ``workers`` and ``threads`` say how
-        they were measured), also written to ``out_dir/records.parquet``.
 
     Raises:
-        ValueError: for bad ``workers``/``address``/``threads``, the serial runner's argument errors, or stored records
-            made with another configuration (all before any actor starts); also when an actor loads a model whose name
-            differs from the one the records are keyed by.
+        ValueError: for bad ``workers``/``address``/``threads``, or stored records made with another configuration
+            (the fields the driver knows, before any actor starts; the rest on the actor, before its case's work);
+            also when an actor loads a model whose name differs from the one the records are keyed by.
         ImportError: with the install command, when Ray is missing.
-        RuntimeError: when one case killed its actor more than :data:`MAX_CASE_RETRIES` times.
+        RuntimeError: when one case killed its actor more than :data:`MAX_CASE_RETRIES` times, or another process is
+            sweeping into the folder.
     """
     from tqdm.auto import tqdm
-
-    from sur_lab.runtime import sweep
 
     check_workers(workers, address, threads)
     model_args = model_args_of(lm)
     check_local_gpus(model_args, workers, address)
-    grid = sweep.check_sweep_args(cases, methods, budgets, executor, max_new_tokens)
-    ids = [c.case_id for c in cases]
     ray = require_ray()
-
-    out_dir = Path(out_dir)
-    parts = out_dir / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    config = {"model": model_label(model_args), "seed": int(seed), "executor": executor,
-              "max_new_tokens": int(max_new_tokens)}
-    stored = {c.case_id: sweep._read_part(parts / f"{sweep._slug(c.case_id)}.jsonl") for c in cases}
-    for case in cases:
-        fingerprint = sweep.case_fingerprint(case.edit, case.gold, {k: sweep._plain(v) for k, v in case.meta.items()})
-        expected = {**config, "case_fingerprint": fingerprint}
-        # The fields the driver knows without the model; the actors check the whole fingerprint (weights, dtype...).
-        for rec in stored[case.case_id].values():
-            bad = [k for k in ("seed", "executor", "max_new_tokens", "case_fingerprint") if rec.get(k) != expected[k]]
-            if bad:
-                raise ValueError(
-                    f"out_dir={str(out_dir)!r} holds a record of case {case.case_id!r} made with another {bad[0]} "
-                    f"({rec.get(bad[0])!r} vs {expected[bad[0]]!r}); use a fresh out_dir"
+    keys = grid_keys(methods, budgets)
+    ids = [c.case_id for c in cases]
+    eval_batch = int(case_args["eval_batch"])
+    # The fingerprint fields the driver knows without the model; the actors check the whole fingerprint.
+    known = {"model": model_label(model_args), "seed": int(case_args["seed"]), "executor": case_args["executor"],
+             "max_new_tokens": int(case_args["max_new_tokens"]), "eval_batch": eval_batch}
+    with store.lock():
+        stored = {c.case_id: store.read(c.case_id) for c in cases}
+        for case in cases:
+            expected = {**known, "case_fingerprint": case.fingerprint(),
+                        "timed": case.case_id in timed or eval_batch == 1}
+            check_fingerprint(stored[case.case_id].values(), expected, out_dir=store.out_dir, case_id=case.case_id)
+        store.write_manifest(known, **manifest, workers=workers, address=address)
+        todo = {c.case_id: sum(k not in stored[c.case_id] for k in keys) for c in cases}
+        by_id = {c.case_id: c for c in cases}
+        # Longest first: the case with the most work (context tokens x records left) starts first.
+        queue = sorted((c for c in cases if todo[c.case_id]),
+                       key=lambda c: -len(c.edit.original_ids) * todo[c.case_id])
+        total = len(cases) * len(keys)
+        seen = {cid: len(keys) - n for cid, n in todo.items()}  # finished records per case, never decreasing
+        bar = tqdm(total=total, initial=total - sum(todo.values()), disable=not progress, desc="sweep", unit="record")
+        started = False
+        actors: list = []
+        try:
+            if queue:
+                started, cores = _connect(ray, address, workers, threads)
+                n_threads = threads or default_threads(workers, cores)
+                on_gpu = str(model_args.get("device", "cpu")).startswith("cuda")
+                remote_cls = ray.remote(_CaseRunner).options(
+                    num_cpus=n_threads if address not in (None, "local") else 1,
+                    num_gpus=1 if on_gpu else 0, max_restarts=0, max_concurrency=1,
                 )
-    sweep_json = {**config, "methods": list(methods), "budgets": [float(b) for b in budgets], "cases": ids,
-                  "workers": workers, "address": address}
-    tmp = out_dir / "sweep.json.tmp"
-    tmp.write_text(json.dumps(sweep_json, indent=1))
-    os.replace(tmp, out_dir / "sweep.json")
 
-    keys = [(m, sweep._budget_key(b)) for m, b in grid]
-    todo = {c.case_id: sum(k not in stored[c.case_id] for k in keys) for c in cases}
-    by_id = {c.case_id: c for c in cases}
-    # Longest first: the case with the most work (context tokens x records left) starts first.
-    queue = sorted((c for c in cases if todo[c.case_id]), key=lambda c: -len(c.edit.original_ids) * todo[c.case_id])
-    total = len(cases) * len(grid)
-    seen = {cid: len(keys) - n for cid, n in todo.items()}  # finished records per case, never decreasing
+                def new_actor():
+                    return remote_cls.remote(model_args, n_threads, workers)
 
-    bar = tqdm(total=total, initial=total - sum(todo.values()), disable=not progress, desc="sweep", unit="record")
-    started = False
-    actors: list = []
-    try:
-        if queue:
-            started, cores = _connect(ray, address, workers, threads)
-            n_threads = threads or default_threads(workers, cores)
-            on_gpu = str(model_args.get("device", "cpu")).startswith("cuda")
-            remote_cls = ray.remote(_CaseRunner).options(
-                num_cpus=n_threads if address not in (None, "local") else 1,
-                num_gpus=1 if on_gpu else 0, max_restarts=0, max_concurrency=1,
-            )
-
-            def new_actor():
-                return remote_cls.remote(model_args, n_threads, workers)
-
-            actors = [new_actor() for _ in range(min(workers, len(queue)))]
-            for info in ray.get([a.describe.remote() for a in actors]):
-                _WORKER_PIDS.append(info["pid"])
-                if info["model"] != config["model"]:
-                    raise ValueError(
-                        f"model_args load a model named {info['model']!r}, but records are keyed by "
-                        f"{config['model']!r}; pass model_args whose 'name' is the model's hub id or path"
-                    )
-            retries: dict[str, int] = {}
-            running: dict[Any, tuple[Any, str]] = {}  # object ref -> (actor, case id)
-            idle = list(actors)
-            part_of = {cid: parts / f"{sweep._slug(cid)}.jsonl" for cid in ids}
-            finished = total - sum(todo.values())
-            while queue or running:
-                while queue and idle:
-                    actor, case = idle.pop(), queue.pop(0)
-                    ref = actor.run_case.remote(case, grid, str(parts), config, scorer, parser, options)
-                    running[ref] = (actor, case.case_id)
-                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-                for ref in ready:
-                    actor, cid = running.pop(ref)
-                    try:
-                        ray.get(ref)
-                    except ray.exceptions.RayActorError:
-                        retries[cid] = retries.get(cid, 0) + 1
-                        if retries[cid] > MAX_CASE_RETRIES:
-                            raise RuntimeError(
-                                f"case {cid!r} killed its Ray actor {retries[cid]} times (out of memory?); its "
-                                f"finished records are kept in {part_of[cid]}"
-                            ) from None
-                        actors.remove(actor)
-                        actor = new_actor()
-                        actors.append(actor)
-                        queue.insert(0, by_id[cid])  # re-queued; its finished records are not recomputed
-                    except ray.exceptions.RayTaskError as err:
-                        raise err.as_instanceof_cause() from None
-                    else:
-                        seen[cid] = len(keys)
-                    idle.append(actor)
-                for _, cid in running.values():  # records of cases in flight (a re-queued case keeps its count)
-                    seen[cid] = max(seen[cid], min(len(keys), _count_records(part_of[cid])))
-                now = sum(seen.values())
-                if now > finished:
-                    bar.update(now - finished)
-                    finished = now
-                if running:
-                    bar.set_postfix_str(f"{len(running)} running, {len(queue)} queued")
-    finally:
-        bar.close()
-        _WORKER_PIDS.clear()
-        for actor in actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - an actor that is already gone
-                pass
-        if started:
-            ray.shutdown()
-
-    rows = []
-    for case in cases:
-        recs = sweep._read_part(parts / f"{sweep._slug(case.case_id)}.jsonl")
-        rows.extend(recs[k] for k in keys if k in recs)
-    df = pd.DataFrame(rows)
-    tmp = out_dir / "records.parquet.tmp"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, out_dir / "records.parquet")
-    return df
+                actors = [new_actor() for _ in range(min(workers, len(queue)))]
+                for info in ray.get([a.describe.remote() for a in actors]):
+                    _WORKER_PIDS.append(info["pid"])
+                    if info["model"] != known["model"]:
+                        raise ValueError(
+                            f"model_args load a model named {info['model']!r}, but records are keyed by "
+                            f"{known['model']!r}; pass model_args whose 'name' is the model's hub id or path"
+                        )
+                retries: dict[str, int] = {}
+                running: dict[Any, tuple[Any, str]] = {}  # object ref -> (actor, case id)
+                idle = list(actors)
+                finished = total - sum(todo.values())
+                args = dict(case_args)
+                while queue or running:
+                    while queue and idle:
+                        actor, case = idle.pop(), queue.pop(0)
+                        ref = actor.run.remote(case, list(methods), list(budgets), str(store.out_dir), args,
+                                               case.case_id in timed)
+                        running[ref] = (actor, case.case_id)
+                    ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+                    for ref in ready:
+                        actor, cid = running.pop(ref)
+                        try:
+                            ray.get(ref)
+                        except ray.exceptions.RayActorError:
+                            retries[cid] = retries.get(cid, 0) + 1
+                            if retries[cid] > MAX_CASE_RETRIES:
+                                raise RuntimeError(
+                                    f"case {cid!r} killed its Ray actor {retries[cid]} times (out of memory?); its "
+                                    f"finished records are kept in {store.part_path(cid)}"
+                                ) from None
+                            actors.remove(actor)
+                            actor = new_actor()
+                            actors.append(actor)
+                            queue.insert(0, by_id[cid])  # re-queued; its finished records are not recomputed
+                        except ray.exceptions.RayTaskError as err:
+                            raise err.as_instanceof_cause() from None
+                        else:
+                            seen[cid] = len(keys)
+                        idle.append(actor)
+                    for _, cid in running.values():  # records of cases in flight (a re-queued case keeps its count)
+                        seen[cid] = max(seen[cid], min(len(keys), store.count(cid)))
+                    now = sum(seen.values())
+                    if now > finished:
+                        bar.update(now - finished)
+                        finished = now
+                    if running:
+                        bar.set_postfix_str(f"{len(running)} running, {len(queue)} queued")
+        finally:
+            bar.close()
+            _WORKER_PIDS.clear()
+            for actor in actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - an actor that is already gone
+                    pass
+            if started:
+                ray.shutdown()
+        return store.consolidate(ids, keys)
 
 
 def records_per_minute(records: pd.DataFrame, seconds: float) -> float:
@@ -437,6 +376,6 @@ def records_per_minute(records: pd.DataFrame, seconds: float) -> float:
 
 
 __all__ = [
-    "CONCURRENCY_FIELDS", "INSTALL_HINT", "MAX_CASE_RETRIES", "check_concurrency", "check_local_gpus", "check_workers",
-    "default_threads", "model_args_of", "model_label", "records_per_minute", "require_ray", "run_sweep_distributed", "worker_pids",
+    "INSTALL_HINT", "MAX_CASE_RETRIES", "check_local_gpus", "check_workers", "default_threads", "init_ray",
+    "model_args_of", "model_label", "records_per_minute", "require_ray", "run_ray", "worker_pids",
 ]

@@ -1,6 +1,6 @@
-"""Where sur_lab finds shared data and writes outputs.
+"""Where sur_lab finds shared data and writes outputs, and how it writes them (atomically).
 
-The QA samples live beside the project (``../shared/data/qa``) and are never copied into the repository; a user can
+A leaf of the core layer: it imports nothing from sur_lab, so every layer may use it. The QA samples live beside the project (``../shared/data/qa``) and are never copied into the repository; a user can
 point elsewhere with the ``SUR_LAB_DATA_DIR`` environment variable or by passing a path to a loader.
 """
 
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # sur_lab/
+PACKAGE_DIR = Path(__file__).resolve().parent  # sur_lab/
 REPO_ROOT = PACKAGE_DIR.parent
 
 

@@ -1,0 +1,406 @@
+"""The one schema of a sweep record: :class:`Record`, one row per (case, method, budget, protocol) (appendix 12).
+
+A record says what was repaired (the case, the method and its budget), with what (the fingerprint fields: model,
+weights, dtype, device, seed, executor, decoding, evaluation batch, options, versions, case content), how it was
+measured (workers, threads, whether its answer timings are per request), the support and its cost, the Eq. 20
+timings, the answer and the endpoints. The case's study-specific columns (dataset, placement, context length...) ride
+along in :attr:`Record.meta` and become ordinary columns in every table.
+
+Serialisations: :meth:`Record.to_json` / :meth:`Record.from_json` (one JSON object per line of a part file; meta keys
+flattened beside the fields), :meth:`Record.to_row` / :meth:`Record.from_row` (one Parquet or DataFrame row, the same
+flat mapping), :func:`records_frame` (a DataFrame of records with a stable column order). :func:`parse_line` validates
+a stored line against the schema (every field present with its type; meta flat scalars) and raises ``ValueError``
+saying what is wrong, so that the store can report and recompute an invalid line instead of crashing.
+
+To add a field: declare it below with its unit in the docstring, give it a type in :data:`FIELD_TYPES` (checked by
+:func:`parse_line`), and fill it where records are built (:func:`sur_lab.sweeps.case.run_case`). Stored records
+without it then fail validation and are recomputed, with a warning naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sur_lab.fingerprint import digest, model_fingerprint, versions
+
+#: Decoding rule of every answer in a sweep (recorded so that a future sampling option cannot reuse greedy records).
+DECODING = "greedy"
+#: Record fields that are wall-clock timings in ms (they differ between otherwise identical runs).
+TIMING_FIELDS = (
+    "dirty_ms", "select_ms", "shift_ms", "refresh_ms", "query_ms", "decode_ms", "answer_ms", "latency_ms",
+)
+#: Answer timings: per request only when :attr:`Record.timed` (NaN otherwise; Eq. 20's answer term).
+ANSWER_TIMING_FIELDS = ("query_ms", "decode_ms", "answer_ms", "latency_ms")
+#: Fields saying how a record was measured (they may differ between otherwise identical runs).
+CONDITION_FIELDS = ("workers", "threads")
+#: Fingerprint fields that depend on the call's configuration (model and settings), in the order a mismatch is named.
+CONFIG_FIELDS = (
+    "model", "model_weights", "dtype", "device", "seed", "executor", "max_new_tokens", "decoding", "eval_batch",
+    "options", "versions",
+)
+#: Every fingerprint field: the configuration, then the case's content.
+FINGERPRINT_FIELDS = (*CONFIG_FIELDS, "case_fingerprint")
+#: Methods that are not budgeted carry this budget (NaN), so a table can tell them apart.
+NO_BUDGET = float("nan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One sweep record: a method at a budget on one case, with its fingerprint, support, timings, answer and scores.
+
+    Identity:
+        case_id: the case's stable identifier.
+        method: a reference operator (``"Dirty"``, ``"Shift"``, ``"Replay"``, ``"Re-prefill"``), an allocator name
+            (``"SUR"``), or a study's method label (:class:`sur_lab.sweeps.case.Method`).
+        budget_pct: b, % of the suffix (Eq. 3); NaN for methods without a budget (the references).
+        protocol: how the support's rows were obtained: ``"forward"`` (computed by the model: an executor or a
+            reference operator) or ``"donor"`` (copied from the reference cache: a diagnostic upper bound).
+
+    Fingerprint (what the record depends on; a stored record is reused only when all of them match):
+        model, model_weights, dtype, device: :func:`sur_lab.fingerprint.model_fingerprint` (name, weights hash,
+            parameter dtype, device with its kind).
+        seed: the sweep seed; case_seed: the seed the case's randomized allocators got
+            (:func:`sur_lab.sweeps.case.case_seed`).
+        executor: the sparse-refresh executor's registered name.
+        max_new_tokens: greedy decoding limit, tokens. decoding: the decoding rule (``"greedy"``).
+        eval_batch: records answered together at most (1: one at a time, the per-record path).
+        options: digest of the allocator options. versions: sur_lab, torch and transformers versions.
+        case_fingerprint: hash of the case's content (tokens, span, query, text offsets, gold, meta).
+
+    Measurement conditions:
+        workers: processes sharing the machine (Ray actors; 1 for a local run).
+        threads: torch intra-op threads of the process that made the record.
+        timed: True when the answer timings (``query_ms``, ``decode_ms``, ``answer_ms``, ``latency_ms``) were measured
+            on this record alone, unbatched (per request); False when the answer came from a batched pass and those
+            timings are NaN (timing honesty: a batched pass never yields latency).
+
+    Geometry and cost:
+        prefix_len (p), deleted_len (d), suffix_len (S): tokens of the edit.
+        cache_len: rows of the pre-query cache that was answered (p + S after a repair; N = p + d + S for Dirty;
+            another length for operators that append, e.g. a correction note).
+        allowance: B, suffix positions recomputed (S for Replay and Re-prefill, 0 for Shift and Dirty).
+        num_intervals: R, maximal intervals of the support (Replay and Re-prefill: 1 when S > 0).
+        positions: the support, suffix-local positions (empty for references).
+        intervals: the support's maximal intervals, half-open ``(start, end)``, suffix-local.
+        extra_forward_tokens, extra_forward_layers: token-forwards (and the deepest layer count) spent on the
+            allocator's selection signals.
+        tied_units: SUR's units tied at the rounding boundary (appendix 7.3); None for allocators without unit ranks.
+
+    Timings, ms (wall clock):
+        dirty_ms: the original prefill (not part of post-edit latency).
+        select_ms, shift_ms, refresh_ms: Eq. 20's selection, position correction and refresh (Re-prefill's rebuild is
+            its refresh); measured on this record's repair, one repair at a time.
+        query_ms, decode_ms, answer_ms: query forward, greedy decoding and their sum (NaN unless ``timed``).
+        latency_ms: post-edit latency, Eq. 20: select + shift + refresh + answer (NaN unless ``timed``).
+
+    Answer:
+        answer: the decoded text (special tokens skipped). prediction: the parsed answer (JSON for a list).
+        gold: gold answers of the case. finished: True when EOS ended decoding.
+
+    Endpoints:
+        em: exact match against ``gold`` by the study's scorer (None when the case has no gold).
+        agree_reprefill: the parsed answer equals Re-prefill's (the study's parser and agreement rule).
+        sequence_agree: the generated token ids equal Re-prefill's exactly.
+        tv_reprefill: total variation between this method's and Re-prefill's first-token distributions, [0, 1].
+        tv_dirty_reprefill: the same for Dirty (the case's normaliser of Eq. 14).
+        nr_tv: normalised first-token recovery, Eq. 14 (NaN when undefined).
+        nll_reprefill: summed teacher-forced negative log-likelihood of Re-prefill's greedy continuation after the
+            query, nats (NaN when the continuation is empty). nll_tokens: its length, tokens.
+
+    Case columns:
+        meta: the case's flat scalar columns (dataset, placement, context length...), flattened beside the fields.
+    """
+
+    case_id: str
+    method: str
+    budget_pct: float
+    protocol: str = "forward"
+    model: str
+    model_weights: str
+    dtype: str
+    device: str
+    seed: int
+    case_seed: int
+    executor: str
+    max_new_tokens: int
+    decoding: str = DECODING
+    eval_batch: int
+    options: str
+    versions: str
+    case_fingerprint: str
+    workers: int = 1
+    threads: int
+    timed: bool
+    prefix_len: int
+    deleted_len: int
+    suffix_len: int
+    cache_len: int
+    allowance: int
+    num_intervals: int
+    positions: tuple[int, ...] = ()
+    intervals: tuple[tuple[int, int], ...] = ()
+    extra_forward_tokens: int = 0
+    extra_forward_layers: int = 0
+    tied_units: int | None = None
+    dirty_ms: float
+    select_ms: float
+    shift_ms: float
+    refresh_ms: float
+    query_ms: float
+    decode_ms: float
+    answer_ms: float
+    latency_ms: float
+    answer: str
+    prediction: str
+    gold: tuple[str, ...] = ()
+    finished: bool
+    em: bool | None = None
+    agree_reprefill: bool
+    sequence_agree: bool
+    tv_reprefill: float
+    tv_dirty_reprefill: float
+    nr_tv: float
+    nll_reprefill: float
+    nll_tokens: int
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Every field is stored in its schema type (numpy scalars unwrapped, lists as tuples), so a record always
+        # serialises and a wrong type is refused where the record is built.
+        for name in FIELD_NAMES:
+            object.__setattr__(self, name, _coerce(name, getattr(self, name)))
+        object.__setattr__(self, "meta", {k: _plain(v) for k, v in dict(self.meta).items()})
+        check_meta(self.meta, self.case_id)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """``(method, budget key, protocol)``: what identifies a record within its case (:func:`record_key`)."""
+        return record_key(self.method, self.budget_pct, self.protocol)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as one flat JSON-ready mapping: meta keys first, then every field (lists for sequences)."""
+        out: dict[str, Any] = {k: _plain(v) for k, v in self.meta.items()}
+        for f in FIELD_NAMES:
+            value = getattr(self, f)
+            if f == "intervals":
+                value = [list(iv) for iv in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f] = value
+        return out
+
+    def to_line(self) -> str:
+        """One JSON line (no trailing newline); NaN is written as ``NaN`` (read back by :func:`parse_line`)."""
+        return json.dumps(self.to_json(), allow_nan=True)
+
+    def to_row(self) -> dict[str, Any]:
+        """The record as one DataFrame / Parquet row (the same flat mapping as :meth:`to_json`)."""
+        return self.to_json()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Record":
+        """A record from a flat mapping (:meth:`to_json`'s form): fields by name, every other key into ``meta``.
+
+        Raises:
+            ValueError: naming the first missing field, a field of the wrong type, or a meta value that is not a flat
+                scalar.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a record must be a JSON object; got {type(data).__name__}")
+        missing = [name for name in FIELD_NAMES if name not in data]
+        if missing:
+            raise ValueError(f"field {missing[0]!r} is missing")
+        meta = {k: v for k, v in data.items() if k not in FIELD_SET}
+        return cls(**{name: data[name] for name in FIELD_NAMES}, meta=meta)
+
+    from_row = from_json
+
+
+#: Field names in declaration order (meta excluded).
+FIELD_NAMES = tuple(f.name for f in fields(Record) if f.name != "meta")
+FIELD_SET = frozenset(FIELD_NAMES) | {"meta"}
+_STR, _INT, _FLOAT, _BOOL = "str", "int", "float", "bool"
+#: Each field's stored type: str, int, float (NaN allowed), bool, an optional form ("int?" / "bool?"), or a list form.
+FIELD_TYPES: dict[str, str] = {
+    "case_id": _STR, "method": _STR, "budget_pct": _FLOAT, "protocol": _STR,
+    "model": _STR, "model_weights": _STR, "dtype": _STR, "device": _STR, "seed": _INT, "case_seed": _INT,
+    "executor": _STR, "max_new_tokens": _INT, "decoding": _STR, "eval_batch": _INT, "options": _STR,
+    "versions": _STR, "case_fingerprint": _STR,
+    "workers": _INT, "threads": _INT, "timed": _BOOL,
+    "prefix_len": _INT, "deleted_len": _INT, "suffix_len": _INT, "cache_len": _INT, "allowance": _INT,
+    "num_intervals": _INT, "positions": "ints", "intervals": "intervals", "extra_forward_tokens": _INT,
+    "extra_forward_layers": _INT, "tied_units": "int?",
+    **{t: _FLOAT for t in TIMING_FIELDS},
+    "answer": _STR, "prediction": _STR, "gold": "strs", "finished": _BOOL,
+    "em": "bool?", "agree_reprefill": _BOOL, "sequence_agree": _BOOL, "tv_reprefill": _FLOAT,
+    "tv_dirty_reprefill": _FLOAT, "nr_tv": _FLOAT, "nll_reprefill": _FLOAT, "nll_tokens": _INT,
+}
+assert set(FIELD_TYPES) == set(FIELD_NAMES), set(FIELD_TYPES) ^ set(FIELD_NAMES)  # one entry per field
+_SCALARS = (str, int, float, bool, type(None), np.integer, np.floating, np.bool_)
+
+
+def record_key(method: str, budget_pct: float | None, protocol: str = "forward") -> tuple[str, str, str]:
+    """What identifies a record within its case: ``(method, budget key, protocol)``; the budget key is ``"ref"`` for
+    an unbudgeted method (NaN or None) and ``repr(float(b))`` otherwise, so 5 and 5.0 are one key."""
+    nan = budget_pct is None or (isinstance(budget_pct, float) and math.isnan(budget_pct))
+    return (method, "ref" if nan else repr(float(budget_pct)), protocol)
+
+
+def check_meta(meta: Mapping[str, Any], case_id: str = "") -> None:
+    """Refuse meta values that are not flat scalars, and keys that collide with a record field.
+
+    Raises:
+        ValueError: naming the case and the key.
+    """
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise ValueError(f"case {case_id!r}: meta keys must be strings; got {key!r}")
+        if not isinstance(value, _SCALARS):
+            raise ValueError(f"case {case_id!r}: meta[{key!r}] must be a flat scalar; got {type(value).__name__}")
+        if key in FIELD_SET:
+            raise ValueError(f"case {case_id!r}: meta key {key!r} collides with a record field")
+
+
+def _plain(value: Any) -> Any:
+    """Python scalars (numpy scalars unwrapped)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """``value`` as field ``name``'s type, or ValueError naming the field (JSON and Parquet forms both accepted)."""
+    kind = FIELD_TYPES[name]
+    value = _plain(value)
+    bad = ValueError(f"field {name!r} must be {kind}; got {value!r} ({type(value).__name__})")
+    if kind.endswith("?"):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        kind = kind[:-1]
+    if kind == _STR:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if kind == _INT:
+        if _is_int(value):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():  # a Parquet int column with a None became float
+            return int(value)
+        raise bad
+    if kind == _FLOAT:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float)):
+            if value is None:  # JSON null for NaN written by another tool
+                return float("nan")
+            raise bad
+        return float(value)
+    if kind == _BOOL:
+        if not isinstance(value, (bool, np.bool_)):
+            raise bad
+        return bool(value)
+    seq = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if seq is None:
+        raise bad
+    if kind == "ints":
+        if not all(_is_int(_plain(v)) for v in seq):
+            raise bad
+        return tuple(int(v) for v in seq)
+    if kind == "strs":
+        if not all(isinstance(v, str) for v in seq):
+            raise bad
+        return tuple(seq)
+    # intervals: pairs of ints
+    out = []
+    for iv in seq:
+        pair = list(iv) if isinstance(iv, (list, tuple, np.ndarray)) else None
+        if pair is None or len(pair) != 2 or not all(_is_int(_plain(v)) for v in pair):
+            raise bad
+        out.append((int(pair[0]), int(pair[1])))
+    return tuple(out)
+
+
+def parse_line(line: str | bytes) -> Record:
+    """Validate one stored part-file line against the schema and return its record.
+
+    Raises:
+        ValueError: saying why the line is not a record (not JSON, not an object, a missing field, a field of the
+            wrong type, a meta value that is not a flat scalar).
+    """
+    try:
+        data = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"not JSON ({err.msg if hasattr(err, 'msg') else err})") from None
+    return Record.from_json(data)
+
+
+def records_frame(records: Iterable[Record]) -> pd.DataFrame:
+    """A DataFrame of records, one row each: meta columns first (in order of first appearance), then every field.
+
+    An empty input gives an empty frame with the field columns.
+    """
+    rows = [r.to_row() for r in records]
+    meta: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in FIELD_SET:
+                meta.setdefault(k)
+    return pd.DataFrame(rows, columns=[*meta, *FIELD_NAMES])
+
+
+def frame_records(df: pd.DataFrame) -> list[Record]:
+    """The records of a DataFrame written by :func:`records_frame` (e.g. read back from ``records.parquet``).
+
+    A meta column that only some records have is NaN for the others and is left out of their meta; in a frame that
+    mixes such records, an integer meta column comes back as floats (the part files keep the exact values).
+
+    Raises:
+        ValueError: as :meth:`Record.from_row`, for the first row that is not a record.
+    """
+    return [Record.from_row({k: v for k, v in row.items() if not _missing_meta(k, v)})
+            for row in df.to_dict("records")]
+
+
+def _missing_meta(key: str, value: Any) -> bool:
+    # A meta column that some cases lack reads back as NaN/None for them; it was never part of those records.
+    return key not in FIELD_SET and (value is None or (isinstance(value, float) and math.isnan(value)))
+
+
+def config_fields(lm, *, seed: int = 0, executor: str = "sequential", max_new_tokens: int = 64, eval_batch: int = 1,
+                  options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The configuration fingerprint fields of :data:`CONFIG_FIELDS` for a run of ``lm`` with these settings.
+
+    ``options`` is stored as its digest (models by their fingerprint, :func:`sur_lab.fingerprint.describe`). The
+    scorer and parser are not part of it: they are applied to the stored answer text.
+
+    Args:
+        lm: a :class:`sur_lab.models.LoadedModel`.
+        seed, executor, max_new_tokens, eval_batch, options: the run's settings.
+    """
+    return {
+        **model_fingerprint(lm), "seed": int(seed), "executor": executor, "max_new_tokens": int(max_new_tokens),
+        "decoding": DECODING, "eval_batch": int(eval_batch), "options": digest(dict(options or {})),
+        "versions": versions(),
+    }
+
+
+def comparable_fields(record_or_row: Mapping[str, Any] | Record) -> dict[str, Any]:
+    """Every field that two runs of the same sweep must reproduce: all but the timings and the measurement
+    conditions (``workers``, ``threads``)."""
+    data = record_or_row.to_row() if isinstance(record_or_row, Record) else dict(record_or_row)
+    return {k: v for k, v in data.items() if k not in TIMING_FIELDS and k not in CONDITION_FIELDS}
+
+
+__all__ = [
+    "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "CONFIG_FIELDS", "DECODING", "FIELD_NAMES", "FIELD_TYPES",
+    "FINGERPRINT_FIELDS", "NO_BUDGET", "Record", "TIMING_FIELDS", "check_meta", "comparable_fields", "config_fields",
+    "frame_records", "parse_line", "record_key", "records_frame",
+]
+
