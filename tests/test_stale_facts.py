@@ -150,7 +150,9 @@ def test_families_depths_and_distances_are_controlled_and_recorded(cases):
         meta = case.meta()
         assert meta["family"] == case.family and meta["gold_value"] == case.gold and meta["old_value"] == case.old
         assert meta["edit_depth_tokens"] == case.edit.prefix_len
-        assert meta["suffix_len"] == case.edit.suffix_len
+        # the edit's lengths are Record fields; a meta key of the same name would collide with them
+        assert not {"prefix_len", "deleted_len", "suffix_len"} & set(meta)
+        assert case.sweep_case().meta == meta
         if case.family == "superseded_tool_output":
             assert case.inserted_len == 0 and case.answer_in == "suffix"
             assert case.stale_value == case.old and case.distance > 0

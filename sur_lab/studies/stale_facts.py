@@ -206,13 +206,13 @@ class StaleCase:
         return tuple(dict.fromkeys(v for v in every if v not in (self.gold, self.stale_value)))
 
     def meta(self) -> dict[str, Any]:
-        """Flat scalars for sweep records (the phase-2 record fields of this study)."""
+        """Flat scalars for sweep records (the phase-2 record fields of this study; the edit's lengths are Record fields
+        already: ``prefix_len``, ``deleted_len``, ``suffix_len``)."""
         return {
             "dataset": "stale-facts",
             "family": self.family,
             "context_len": self.context_len,
             "num_tokens": self.num_tokens,
-            "suffix_len": self.edit.suffix_len,
             "edit_depth": self.edit_depth,
             "edit_depth_tokens": self.edit_depth_tokens,
             "distance": self.distance,
@@ -228,7 +228,6 @@ class StaleCase:
             "gold_token": self.gold_token,
             "old_token": self.old_token,
             "inserted_len": self.inserted_len,
-            "deleted_len": self.edit.deleted_len,
         }
 
     def sweep_case(self):
