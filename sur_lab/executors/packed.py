@@ -29,7 +29,7 @@ the duration of the traversal, nothing else:
                 reach a larger flash query block (``scripts/attention_paths.py`` times the paths on one layer).
   ``"flex"``    ``torch.nn.attention.flex_attention`` with ``mask_mod(q, kv) = kv <= U[q]`` and a ``BlockMask`` built
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
-                default; the first call per shape compiles (12 s to 100 s on 2 CPU cores, cached on disk by inductor
+                default; the first call per shape compiles (seconds to minutes on a CPU, cached on disk by inductor
                 afterwards) and is excluded from benchmark timings. ``flex_compile=False`` runs the eager reference
                 (materializes the scores; about 1 s per layer at N = 2K on a CPU: for tests only).
   ``"cpp"``     the one-pass C++ CPU kernel of :mod:`sur_lab.executors.kernels.onepass` (registered as
