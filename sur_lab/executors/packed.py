@@ -31,7 +31,7 @@ the duration of the traversal, nothing else:
                 in O(B) from the tile counts of Eq. 23-24 (no B x N evaluation). Compiled with ``torch.compile`` by
                 default; the first call per shape compiles (seconds to minutes on a CPU, cached on disk by inductor
                 afterwards) and is excluded from benchmark timings. ``flex_compile=False`` runs the eager reference
-                (materializes the scores; about 1 s per layer at N = 2K on a CPU: for tests only).
+                (materializes the B x N scores: slow, for tests only).
   ``"cpp"``     the one-pass C++ CPU kernel of :mod:`sur_lab.executors.kernels.onepass` (registered as
                 ``"packed-cpp"``): each K/V tile is read once for every packed row that sees it (one score GEMM and
                 one ``P V`` GEMM over all those rows, online softmax, GQA folded into the rows), with a tile plan built
