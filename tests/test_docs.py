@@ -113,3 +113,45 @@ def test_mkdocs_build_strict(tmp_path):
     assert "No executed notebook was found" in (site / "results" / "index.html").read_text()
     architecture = (site / "architecture" / "index.html").read_text()
     assert "What each folder owns" in architecture, "ARCHITECTURE.md is included, not copied"
+
+
+def _listed_notebooks(text: str, pattern: str) -> set[str]:
+    return set(re.findall(pattern, text, re.M))
+
+
+def test_every_notebook_is_listed():
+    """A notebook in ``notebooks/`` is listed, one line each, in the README's notebook table, on the notebook-suite
+    and reproducing pages, in the site navigation and in ``tests/notebook_outputs.py`` (its smoke run's expected
+    outputs); and nothing is listed that is not in ``notebooks/``. Adding a notebook means adding those five lines."""
+    import yaml
+
+    from notebook_outputs import EXPECTED, PENDING
+
+    stems = {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
+    row = r"^\| `(\d\d_\w+)` \|"
+    readme = README.read_text(encoding="utf-8").split("## Notebooks", 1)[1].split("\n## ", 1)[0]
+
+    class Loader(yaml.SafeLoader):  # mkdocs.yml's !ENV tags: read as plain values
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    nav: list[str] = []
+
+    def walk(items):
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            walk(value) if isinstance(value, list) else nav.append(value)
+
+    walk(yaml.load((REPO / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)["nav"])
+    listed = {
+        "README.md (## Notebooks table)": _listed_notebooks(readme, row),
+        "docs/reproducing.md (## By notebook table)": _listed_notebooks(
+            (DOCS / "reproducing.md").read_text(encoding="utf-8"), row),
+        "docs/notebooks.md (notebook table)": _listed_notebooks(
+            (DOCS / "notebooks.md").read_text(encoding="utf-8"), r"^\| \[`(\d\d_\w+)`\]\(notebooks/\1\.ipynb\) \|"),
+        "mkdocs.yml nav": {Path(p).stem for p in nav if p.startswith("notebooks/") and p.endswith(".ipynb")},
+        "tests/notebook_outputs.py (EXPECTED or PENDING)": set(EXPECTED) | set(PENDING),
+    }
+    for where, names in listed.items():
+        assert not stems - names, f"{where} does not list {sorted(stems - names)}"
+        assert not names - stems, f"{where} lists notebooks that are not in notebooks/: {sorted(names - stems)}"

@@ -48,9 +48,6 @@ def test_notebook_is_clean_and_parameterized(path):
 TYPED_MEASUREMENT = re.compile(
     r"\d[\d.,]*\s?[KkM]?[\s-]?(?:%|pp\b|ms\b|µs\b|us\b|s\b|sec\b|seconds?\b|min\b|minutes?\b|h\b|hours?\b|"
     r"tokens?\b|×|x\b)")
-#: Notebooks whose conclusions still quote typed numbers (issue 29, phase 2: they are rewritten with the experiment
-#: pipeline of issue 23, then their conclusions move to generated cells like the others').
-TYPED_PENDING = {"02_allocation_geometry", "03_natural_qa_latency", "06_noprefix_reuse"}
 
 
 def typed_measurements(path: Path) -> list[str]:
@@ -71,10 +68,7 @@ def test_typed_measurement_pattern():
     assert not any(TYPED_MEASUREMENT.search(m) for m in misses), [m for m in misses if TYPED_MEASUREMENT.search(m)]
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(reason="issue 29 phase 2: conclusions of 02/03/06 move to generated cells "
-                                                   "after the pipeline rewrite (issue 23)", strict=False))
-    if p.stem in TYPED_PENDING else p for p in NOTEBOOKS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_markdown_has_no_typed_measurement(path):
     found = typed_measurements(path)
     assert not found, f"numbers with units typed into markdown (take them from a cell that reads this run's tables): {found}"

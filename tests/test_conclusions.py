@@ -1,0 +1,65 @@
+"""Words of the generated conclusions (:mod:`sur_lab.analysis.conclusions`): verdicts, sentences, paired rivals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sur_lab.analysis.conclusions import against_rivals, difference_sentence, verdict
+
+
+def test_verdict():
+    assert verdict(5.0, 1.0, 9.0) == "higher"
+    assert verdict(-5.0, -9.0, -1.0) == "lower"
+    assert verdict(1.0, -2.0, 4.0) == "not separated"
+    assert verdict(0.0, 0.0, 0.0) == "not separated"  # an interval touching 0 does not separate
+    assert verdict(2.0, 0.0, 4.0) == "not separated"
+    with pytest.raises(ValueError, match="low"):
+        verdict(0.0, 1.0, -1.0)
+    with pytest.raises(ValueError, match="diff"):
+        verdict(float("nan"), 0.0, 1.0)
+
+
+def test_difference_sentence():
+    assert difference_sentence("SUR 5%", "Shift", 12.5, 4.25, 20.75, n=24) == (
+        "SUR 5% beats Shift: +12.5 pp (95 % CI +4.2 to +20.8; 24 cases)")
+    assert difference_sentence("SUR 5%", "Re-prefill", -29.2, -40.0, -18.0).startswith("SUR 5% loses to Re-prefill: -29.2")
+    null = difference_sentence("SUR 2%", "Shift", 4.2, -4.0, 12.0, n=3, what="sources")
+    assert null == "SUR 2% vs Shift: not separated, +4.2 pp (95 % CI -4.0 to +12.0; 3 sources), a null result at this size"
+    # lower is better (latency, TV): a negative difference wins
+    assert difference_sentence("SUR", "Re-prefill", -300.0, -400.0, -200.0, unit="ms", higher_is_better=False,
+                               digits=0).startswith("SUR beats Re-prefill: -300 ms")
+    with pytest.raises(ValueError, match="digits"):
+        difference_sentence("a", "b", 1.0, 0.5, 1.5, digits=-1)
+
+
+def _records(n_cases: int = 12) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n_cases):
+        for b in (2.0, 5.0):
+            rows += [{"case_id": i, "context_len": 1024, "method": "SUR", "budget_pct": b, "em": 1.0},
+                     {"case_id": i, "context_len": 1024, "method": "Dense tokens", "budget_pct": b, "em": 0.0},
+                     {"case_id": i, "context_len": 1024, "method": "Window", "budget_pct": b,
+                      "em": float(rng.integers(0, 2))}]
+        rows.append({"case_id": i, "context_len": 1024, "method": "Shift", "budget_pct": np.nan, "em": 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_against_rivals():
+    df = _records()
+    out = against_rivals(df, "SUR", ["SUR", "Dense tokens", "Window", "Absent"], "em", n_boot=500)
+    assert list(out.columns) == ["focus", "rival", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
+                                 "verdict"]
+    assert len(out) == 4  # two rivals present x two budgets; SUR itself and absent rivals skipped
+    dense = out[out.rival == "Dense tokens"]
+    assert (dense.diff_pp == 100.0).all() and (dense.verdict == "higher").all() and (dense.n_cases == 12).all()
+    window = out[out.rival == "Window"].iloc[0]
+    exact = 100 * (1 - df[(df.method == "Window") & (df.budget_pct == 2.0)].em.mean())
+    assert window.diff_pp == pytest.approx(exact, abs=1e-9)
+    assert window.ci_low_pp <= window.diff_pp <= window.ci_high_pp
+    with pytest.raises(ValueError, match="metric"):
+        against_rivals(df, "SUR", ["Window"], "agree")
+    with pytest.raises(ValueError, match="focus"):
+        against_rivals(df, "Shift", ["Window"], "em")
