@@ -2,9 +2,9 @@
 """Study throughput: the NIAH default sweep answered one record at a time (``eval_batch=1``) and in batches, side by
 side in one process (issue 23, "Measure"), with a breakdown of where a case's time goes.
 
-Builds the first ``--cases`` cases of the Erasing-NIAH ``default`` preset (``sur_lab.studies.niah``: 1K tokens, the
-preset's references, allocators and budgets: 16 records per case) on the Qwen study model, then runs the same sweep
-into fresh folders once per ``--runs`` entry ``EVAL_BATCH[:EXECUTOR]`` (the first is the baseline; default: ``1``,
+Builds the first ``--cases`` cases of the Erasing-NIAH ``default`` preset (``sur_lab.studies.niah``: the preset's
+references, allocators and budgets, 16 records per case; at ``--context-lens``, default 1K tokens) on the Qwen study
+model, then runs the same sweep into fresh folders once per ``--runs`` entry ``EVAL_BATCH[:EXECUTOR]`` (the first is the baseline; default: ``1``,
 the pipeline's default batch, and that batch with the budgeted refreshes on the ``packed`` executor) and prints, per
 run:
 
@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="model (default: the Qwen study model)")
     p.add_argument("--preset", default="default", help="NIAH preset whose sizes the cases take (default: default)")
     p.add_argument("--cases", type=int_arg("--cases"), default=4, help="cases (>= 4 for the issue's measurement)")
+    p.add_argument("--context-lens", type=int_arg("--context-lens"), nargs="+", default=[1024],
+                   help="pre-query context lengths, tokens (default 1024: the first measurement's setting, within one "
+                        "15-minute exclusive run; the default preset alternates 1024 and 2048)")
     p.add_argument("--runs", type=run_arg, nargs="+", default=[(1, "sequential"), (EVAL_BATCH, "sequential"),
                                                                 (EVAL_BATCH, "packed")],
                    help="runs as EVAL_BATCH[:EXECUTOR] (executor default: sequential); the first is the baseline "
@@ -186,9 +189,9 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_study_throughput_"))
-    sizes = niah.params(args.preset, num_cases=args.cases)
+    sizes = niah.params(args.preset, num_cases=args.cases, context_lens=args.context_lens)
     lm = load_model(args.model)
-    cases = niah.cases(lm.tokenizer, preset=args.preset, num_cases=args.cases)
+    cases = niah.cases(lm.tokenizer, preset=args.preset, num_cases=args.cases, context_lens=args.context_lens)
     methods = niah.methods(sizes)
     budgets = sizes["budgets"]
     kw = dict(max_new_tokens=sizes["max_new_tokens"], scorer=niah.niah_scorer, parser=niah.parse_niah_answer, seed=0,
