@@ -4,9 +4,9 @@ side in one process (issue 23, "Measure"), with a breakdown of where a case's ti
 
 Builds the first ``--cases`` cases of the Erasing-NIAH ``default`` preset (``sur_lab.studies.niah``: the preset's
 references, allocators and budgets, 16 records per case; at ``--context-lens``, default 1K tokens) on the Qwen study
-model, then runs the same sweep into fresh folders once per ``--runs`` entry ``EVAL_BATCH[:EXECUTOR]`` (the first is the baseline; default: ``1``,
-the pipeline's default batch, and that batch with the budgeted refreshes on the ``packed`` executor) and prints, per
-run:
+model, then runs the same sweep into fresh folders once per ``--runs`` entry ``EVAL_BATCH[:EXECUTOR]`` (the first is
+the baseline; default: ``1``, the pipeline's default batch, and that batch with the budgeted refreshes on the
+``packed`` executor) and prints, per run:
 
 - records per minute (records / wall time of ``run_sweep``: preparation, repairs and answers; the model is loaded once
   beforehand) and the ratio to the baseline (target >= 3x);
