@@ -257,3 +257,22 @@ def test_batches_are_capped_by_memory(monkeypatch, lm, case):
     recs = run_case(lm, case, ("Dirty", "Shift", "Replay", "Re-prefill", "SUR"), (20,), max_new_tokens=2,
                     eval_batch=16)
     assert sizes == [2, 2, 1] and len(recs) == 5
+
+
+def test_packed_refreshes_give_the_sequential_records(eos_lm, case, per_record):
+    """A quality sweep may run its budgeted refreshes on the packed executor (one traversal instead of one forward per
+    interval): same supports, the same answers, and endpoints within float64 rounding carried to float32 logits; the
+    records say which executor ran (it is part of the fingerprint, so a folder never mixes the two)."""
+    lm = eos_lm
+    packed = run_case(lm, case, METHODS, BUDGETS, eval_batch=100, executor="packed", **RUN)
+    prepared = prepare(lm, case.edit)
+    logits = greedy_answer(lm, repair(lm, prepared, "Re-prefill").cache, case.edit.query_ids,
+                           max_new_tokens=1).first_token_logits
+    tol = _ulp_tol(logits) * 4
+    assert [(r.method, r.budget_pct) for r in per_record] == [(r.method, r.budget_pct) for r in packed]
+    assert {r.executor for r in per_record} == {"sequential"} and {r.executor for r in packed} == {"packed"}
+    refreshed = [r for r in packed if r.num_intervals > 1 and 0 < r.allowance < r.suffix_len]
+    assert refreshed  # some supports have several intervals: the executors really differ in how they run them
+    for a, b in zip(per_record, packed):
+        assert (a.positions, a.intervals) == (b.positions, b.intervals)  # the same repairs
+        _assert_same(a, dataclasses.replace(b, executor=a.executor), tol_logit=tol)

@@ -90,17 +90,17 @@ PLACEMENTS = ("before", "between", "after")
 PAPER_ALLOCATORS = ("SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted")
 #: Reference operators of the comparison, in table order.
 REFERENCES = ("Shift", "Replay", "Re-prefill")
-#: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default``: 12 sources per
-#: dataset, the bootstrap's minimum to separate SUR-5 % from Shift on the Qwen study model if the effect exists.
-#: ``n_per_dataset`` is the quality sample (raise it to decide more); ``timed_sources`` the first sources per dataset
-#: (of the seeded panel, so nested) whose cases are answered one record at a time and timed for latency (Eq. 20); the
-#: other cases are answered in batches and carry no latency.
+#: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default``: 24 sources per
+#: dataset for quality (issue 23: twice the 12 whose SUR-Shift interval still held zero), latency timed on the first 6
+#: of them. ``n_per_dataset`` is the quality sample (raise it to decide more); ``timed_sources`` the first sources per
+#: dataset (of the seeded panel, so nested, fixed before any model output) whose cases are answered one record at a
+#: time and timed for latency (Eq. 20); the other cases are answered in batches and carry no latency.
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa", "iirc"], "n_per_dataset": 1, "timed_sources": 1, "placements": ["after"],
               "allocators": ["SUR"], "references": ["Shift", "Replay", "Re-prefill"], "budgets": [5],
               "max_new_tokens": 4, "n_boot": 200},
-    "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 12,
-                "timed_sources": 12, "placements": ["before", "between", "after"], "allocators": ["SUR"],
+    "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 24,
+                "timed_sources": 6, "placements": ["before", "between", "after"], "allocators": ["SUR"],
                 "references": ["Shift", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 16, "n_boot": 10_000},
     "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 100,
               "timed_sources": 100, "placements": ["before", "between", "after"],
