@@ -389,9 +389,10 @@ def test_fixed_slot_method_reads_w_from_the_geometry(tiny_lm):
     assert fixed.positions == (0, 1, 2)
 
 
-def _records(seed: int = 0, side_effect: float = 0.5, fixed_share: float = 1.0):
+def _records(seed: int = 0, side_effect: float = 0.5, fixed_share: float = 1.0, nll_tail: float = 0.0):
     """Synthetic records: Shift's distance to the clean reference grows by ``side_effect`` with downstream evidence;
-    Replay and the fixed slot remove (all / ``fixed_share`` of) it."""
+    Replay and the fixed slot remove (all / ``fixed_share`` of) it; Shift's gold NLL is higher by 0.3 nats, plus
+    ``nll_tail`` in the long cells."""
     import pandas as pd
 
     rng = np.random.default_rng(seed)
@@ -407,7 +408,8 @@ def _records(seed: int = 0, side_effect: float = 0.5, fixed_share: float = 1.0):
                     rows.append({"model": "m", "dataset": d, "source_id": f"{d}{s}", "side": side, "tail": tail,
                                  "method": method, "budget_pct": np.nan,
                                  "em": {"Re-prefill": s % 2 == 0, "Shift": not down}.get(method, True),
-                                 "gold_nll": 1.0 + rng.normal(0, 0.2) + (0.3 if method == "Shift" else 0.0),
+                                 "gold_nll": 1.0 + rng.normal(0, 0.2) + (0.3 + nll_tail * (tail == "long") if method == "Shift"
+                                                                 else 0.0),
                                  "tv_reprefill": tv, "jsd_reprefill": tv / 4, "argmax_agree": seq,
                                  "sequence_agree": seq})
     return pd.DataFrame(rows)
@@ -444,18 +446,24 @@ def test_report_tables_on_synthetic_records():
 
 
 def test_an_empty_em_stratum_gives_nan_rows_and_keeps_the_holm_family():
-    from sur_lab.studies.evidence_location import factorial_table, findings, results_table, table16
+    from sur_lab.analysis.stats import holm
+    from sur_lab.studies.evidence_location import (SECONDARY_FAMILY, factorial_table, findings, results_table,
+                                                   table16)
 
-    records = _records()
+    records = _records(nll_tail=0.12)
     records.loc[records.method == "Re-prefill", "em"] = False
     t = results_table(records)
     t15 = factorial_table(t, ["Replay"], n_boot=200, seed=1)
     em = t15[t15.endpoint == "EM"]
     assert em[["estimate", "low", "high", "p", "holm_p"]].isna().all().all() and (em.n_sources == 0).all()
-    nll_tail = t15[t15.hypothesis == "NLL tail"].iloc[0]
-    # the undefined EM members count as p = 1, so the family keeps five hypotheses and NLL tail (rank 1 or 2) is
-    # multiplied by at least four (dropping them would multiply by at most two)
-    assert 0 < nll_tail.p < 0.5 and nll_tail.holm_p >= min(1.0, 4 * nll_tail.p) - 1e-12
+    # the undefined EM members count as p = 1: the family keeps its five hypotheses (dropping them would multiply
+    # the NLL tail p by two, not five)
+    nll = t15[t15.endpoint == "NLL"].set_index("hypothesis")
+    assert 0 < nll.loc["NLL tail", "p"] < 0.2
+    five = holm({"NLL tail": nll.loc["NLL tail", "p"], "NLL interaction": nll.loc["NLL interaction", "p"],
+                 "EM side": 1.0, "EM tail": 1.0, "EM interaction": 1.0}, family=SECONDARY_FAMILY)
+    assert nll.loc["NLL tail", "holm_p"] == pytest.approx(five["NLL tail"])
+    assert nll.loc["NLL interaction", "holm_p"] == pytest.approx(five["NLL interaction"])
     verdicts = findings(t15, table16(t, ["Replay"], n_boot=200, seed=1)).set_index("finding")["reproduced"]
     assert verdicts["EM side contrast positive"] is None
     assert verdicts["fixed-slot refresh carries the side effect"] is None

@@ -1353,4 +1353,4 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, *, alpha: float = 0.05) -> pd
     out.append({"finding": "fixed-slot refresh carries the side effect",
                 "rule": "each fidelity side interval of the fixed slot is above 0 and holds replay's estimate",
                 "evidence": "; ".join(parts) or "n/a", "reproduced": ok})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).astype({"reproduced": object})  # True / False / None as Python values
