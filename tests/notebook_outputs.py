@@ -224,6 +224,60 @@ def _operating_rule(df: pd.DataFrame, params: dict) -> None:
     assert (df.loc[df["serve"] == "full prefill", "label"] == "Full prefill").all()
 
 
+def _evidence_params(params: dict) -> dict:
+    """Notebook 08's resolved study parameters: the preset's sizes with the run's non-None overrides."""
+    from sur_lab.studies import evidence_location
+
+    sizes = evidence_location.PRESETS["default"]
+    return evidence_location.params(params["preset"], **{k: params.get(k) for k in sizes})
+
+
+def _evidence_cells(params: dict) -> int:
+    p = _evidence_params(params)
+    return 4 * p["sources_per_dataset"] * len(p["datasets"])
+
+
+def _evidence_methods(params: dict) -> int:
+    p = _evidence_params(params)
+    return len(p["references"]) + int(bool(p["fixed_slot"])) + len(p["allocators"]) * len(p["budgets"])
+
+
+def _evidence_records(df: pd.DataFrame, params: dict) -> None:
+    ref = df[df["method"] == "Re-prefill"]
+    assert len(ref) == _evidence_cells(params)
+    assert ref["logits_identical"].all() and ref["sequence_agree"].all() and ref["argmax_agree"].all()
+    assert (ref["jsd_reprefill"] == 0).all() and (ref["tv_reprefill"] == 0).all()
+    fixed = df[df["method"] == "Fixed slot"]
+    assert (fixed["allowance"] == fixed["slot_width"]).all(), "the fixed slot refreshes exactly W positions"
+    assert (df["gold_tokens"] == df["answer_len"]).all() and (df["gold_nll"] >= 0).all()
+
+
+def _evidence_table15(df: pd.DataFrame, params: dict) -> None:
+    assert set(df["hypothesis"]) == {f"{e} {c}" for e in ("NLL", "EM") for c in ("side", "tail", "interaction")}
+    assert df.loc[df["hypothesis"] == "NLL side", "holm_p"].isna().all(), "the primary is not Holm-corrected"
+    nll = df[df["endpoint"] == "NLL"]
+    assert (nll["n_sources"] == _evidence_cells(params) // 4).all()
+
+
+def _paths_spec(params: dict) -> dict:
+    from sur_lab.studies import execution_paths
+
+    return execution_paths.PRESETS[params["paths_preset"]]
+
+
+def _paths_cells(params: dict) -> int:
+    spec = _paths_spec(params)
+    return 4 * spec["sources_per_dataset"] * len(spec["datasets"])
+
+
+def _table17_cpu(df: pd.DataFrame, params: dict) -> None:
+    assert set(df["dtype"]) == set(_paths_spec(params)["dtypes"])
+    assert (df["cells"] == _paths_cells(params)).all()
+    assert ((df["excess_pp"] - (df["cross_pct"] - df["reprefill_pct"])).abs() < 1e-9).all()
+    if params.get("device", "cpu") == "cpu":  # fixed shapes and threads: deterministic kernels
+        assert (df[["shared_pct", "reprefill_pct", "replay_pct"]] == 0).all().all(), "within-path disagreement on CPU"
+
+
 EXPECTED: dict[str, Expected] = {
     "00_quickstart": Expected(
         figures=("00_quickstart_relevance", "00_quickstart_latency"),
@@ -334,7 +388,7 @@ EXPECTED: dict[str, Expected] = {
         },
     ),
     "05_kernel_numerical_validation": Expected(
-        figures=("05_packed_vs_sequential_by_layer", "05_kernel_vs_oracle", "05_fp32_promotion_control"),
+        figures=("05_packed_vs_sequential_by_layer", "05_kernel_vs_oracle", "05_fp32_promotion_control", "05_table17"),
         tables={
             "05_packed_vs_sequential": Table(
                 columns=("context_len", "num_intervals", "executor", "input_unchanged", "unselected_identical",
@@ -346,6 +400,39 @@ EXPECTED: dict[str, Expected] = {
             "05_kernel_vs_oracle": Table(columns=("case", "dtype", "passed", "sdpa_ratio"), check=_kernel_passes),
             "05_fp32_promotion_ratios": Table(columns=("quantity", "statistic", "native", "custom", "ratio"),
                                               not_null=("native", "custom")),
+            "05_execution_paths": Table(
+                columns=("model", "dtype", "case_id", "condition", "repeat", "token_ids", "argmax", "logits_sha256",
+                         "gold_nll"),
+                rows=lambda p: _paths_cells(p) * len(_paths_spec(p)["dtypes"]) * 3 * p["paths_repeats"],
+                not_null=("gold_nll", "logits_sha256")),
+            "05_table17": Table(columns=("dtype", "output", "shared_pct", "reprefill_pct", "cross_pct", "excess_pp",
+                                         "replay_pct", "cells"),
+                                rows=lambda p: 3 * len(_paths_spec(p)["dtypes"]), not_null=("cross_pct",),
+                                check=_table17_cpu),
+            "05_table17_nll": Table(columns=("dtype", "nll_within", "nll_cross", "nll_excess", "cells"),
+                                    rows=lambda p: len(_paths_spec(p)["dtypes"]), not_null=("nll_cross",)),
+        },
+    ),
+    "08_evidence_location": Expected(
+        figures=("08_cells",),
+        tables={
+            "08_panel": Table(columns=("dataset", "examined", "feasible", "excluded"),
+                              rows=lambda p: len(_evidence_params(p)["datasets"]), not_null=("feasible",)),
+            "08_records": Table(
+                columns=("case_id", "method", "budget_pct", "side", "tail", "em", "gold_nll", "gold_margin",
+                         "jsd_reprefill", "argmax_agree", "logits_identical", "logits_digest", "sequence_agree",
+                         "allowance", "slot_width"),
+                rows=lambda p: _evidence_cells(p) * _evidence_methods(p),
+                not_null=("gold_nll", "gold_margin", "jsd_reprefill", "tv_reprefill", "logits_digest"),
+                check=_evidence_records),
+            "08_cell_means": Table(columns=("condition", "side", "tail", "em", "gold_nll", "sequence_agree"),
+                                   rows=lambda p: 4 * _evidence_methods(p), not_null=("gold_nll",)),
+            "08_table15": Table(columns=("condition", "hypothesis", "estimate", "low", "high", "p", "holm_p",
+                                         "n_sources"),
+                                rows=lambda p: 2 * 6, check=_evidence_table15),
+            "08_table16": Table(columns=("endpoint", "condition", "estimate", "low", "high", "n_sources"),
+                                rows=lambda p: 2 * 5, not_null=("estimate",)),
+            "08_findings": Table(columns=("finding", "rule", "evidence", "reproduced"), rows=lambda p: 3),
         },
     ),
     "06_noprefix_reuse": Expected(

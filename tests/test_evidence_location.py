@@ -357,3 +357,115 @@ def test_table15_holm_over_the_secondary_family():
     raw = factorial_contrasts(em.rename(columns={"em": "g"}), "g")
     got = tab[tab.endpoint == "EM"].set_index("contrast")["estimate"]
     assert {c: got[c] for c in raw} == pytest.approx({c: 100 * v for c, v in raw.items()})  # percentage points
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The study layer (issue 25, phase 2): the fixed-slot method, the report on synthetic records, the findings
+
+
+def test_fixed_slot_method_reads_w_from_the_geometry(tiny_lm):
+    from sur_lab.repair import prepare
+    from sur_lab.studies.evidence_location import FixedSlotRefresh
+    from sur_lab.sweeps import Method, run_case
+
+    geometries = (Geometry(3, 8, 10, 14, 4), Geometry(5, 12, 12, 14, 4))
+    method = FixedSlotRefresh(geometries)
+    assert isinstance(method, Method) and np.isnan(method.budget_pct)
+    g = torch.Generator().manual_seed(0)
+    for p, s, w in ((8, 10, 3), (8, 14, 3), (12, 12, 5), (12, 14, 5)):
+        edit = token_edit(torch.randint(1, 90, (p + 4 + s,), generator=g), p, 4, [3, 4])
+        assert method.slot_width(edit) == w
+        res = method.repair(tiny_lm, prepare(tiny_lm, edit), executor="sequential", seed=0)
+        assert res.support.intervals == [(0, w)] and res.allowance == w
+    with pytest.raises(ValueError, match="matches 0 slot widths"):
+        method.slot_width(token_edit(torch.arange(1, 30), 9, 4, [3]))
+    # as a sweep method: one record per case, budget NaN, allowance W
+    from sur_lab.sweeps import Case
+
+    edit = token_edit(torch.randint(1, 90, (26,), generator=g), 8, 4, [3, 4])
+    recs = run_case(tiny_lm, Case("c", edit), ["Shift", "Re-prefill", method], [], max_new_tokens=2)
+    fixed = recs[-1]
+    assert fixed.method == "Fixed slot" and np.isnan(fixed.budget_pct) and fixed.allowance == 3
+    assert fixed.positions == (0, 1, 2)
+
+
+def _records(seed: int = 0, side_effect: float = 0.5, fixed_share: float = 1.0, nll_tail: float = 0.0):
+    """Synthetic records: Shift's distance to the clean reference grows by ``side_effect`` with downstream evidence;
+    Replay and the fixed slot remove (all / ``fixed_share`` of) it; Shift's gold NLL is higher by 0.3 nats, plus
+    ``nll_tail`` in the long cells."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in ("a", "b"):
+        for s in range(8):
+            for side, tail in CELLS:
+                down = side == "downstream"
+                shift_tv = 0.2 + side_effect * down + rng.normal(0, 0.01)
+                for method, tv, seq in (("Shift", shift_tv, not down), ("Replay", 0.0, True),
+                                        ("Re-prefill", 0.0, True),
+                                        ("Fixed slot", shift_tv * (1 - fixed_share) * down + 0.001, True)):
+                    rows.append({"model": "m", "dataset": d, "source_id": f"{d}{s}", "side": side, "tail": tail,
+                                 "method": method, "budget_pct": np.nan,
+                                 "em": {"Re-prefill": s % 2 == 0, "Shift": not down}.get(method, True),
+                                 "gold_nll": 1.0 + rng.normal(0, 0.2) + (0.3 + nll_tail * (tail == "long") if method == "Shift"
+                                                                 else 0.0),
+                                 "tv_reprefill": tv, "jsd_reprefill": tv / 4, "argmax_agree": seq,
+                                 "sequence_agree": seq})
+    return pd.DataFrame(rows)
+
+
+def test_report_tables_on_synthetic_records():
+    from sur_lab.analysis.stats import factorial_contrasts
+    from sur_lab.studies.evidence_location import (advantage, cell_means, factorial_table, findings,
+                                                   results_table, table16)
+
+    t = results_table(_records())
+    t15 = factorial_table(t, n_boot=400, seed=1)
+    assert len(t15) == 12 and set(t15["condition"]) == {"Replay", "Fixed slot"}
+    nll = t15[(t15.condition == "Replay") & (t15.hypothesis == "NLL side")].iloc[0]
+    oracle = factorial_contrasts(advantage(t, "Replay", "gold_nll", sign=-1.0), "g")["side"]
+    assert nll.estimate == pytest.approx(oracle) and nll.low <= 0 <= nll.high  # no NLL side effect was planted
+    em = t15[(t15.condition == "Replay") & (t15.hypothesis == "EM side")].iloc[0]
+    assert em.n_sources == 8  # the stratum: even sources, where Re-prefill is right in every cell
+    t16 = table16(t, n_boot=400, seed=1)
+    assert len(t16) == 10
+    tv = t16[(t16.endpoint == "First-token TV") & (t16.condition == "Replay")].iloc[0]
+    assert tv.estimate == pytest.approx(0.5, abs=0.02) and tv.low > 0
+    seq = t16[(t16.endpoint == "Sequence agreement (pp)") & (t16.condition == "Fixed slot")].iloc[0]
+    assert seq.estimate == pytest.approx(100.0)  # Shift disagrees exactly in the downstream cells: 100 pp
+    means = cell_means(t)
+    assert len(means) == 16 and (means["sources"] == 16).all()
+    verdicts = findings(t15, t16).set_index("finding")["reproduced"]
+    assert verdicts["NLL side contrast null"] is True
+    assert verdicts["fixed-slot refresh carries the side effect"] is True
+    # a fixed slot that removes only half of the side effect does not carry it
+    t_half = results_table(_records(fixed_share=0.5))
+    verdicts = findings(factorial_table(t_half, n_boot=200, seed=1), table16(t_half, n_boot=200, seed=1))
+    assert verdicts.set_index("finding").loc["fixed-slot refresh carries the side effect", "reproduced"] is False
+
+
+def test_an_empty_em_stratum_gives_nan_rows_and_keeps_the_holm_family():
+    from sur_lab.analysis.stats import holm
+    from sur_lab.studies.evidence_location import (SECONDARY_FAMILY, factorial_table, findings, results_table,
+                                                   table16)
+
+    records = _records(nll_tail=0.12)
+    records.loc[records.method == "Re-prefill", "em"] = False
+    t = results_table(records)
+    t15 = factorial_table(t, ["Replay"], n_boot=200, seed=1)
+    em = t15[t15.endpoint == "EM"]
+    assert em[["estimate", "low", "high", "p", "holm_p"]].isna().all().all() and (em.n_sources == 0).all()
+    # the undefined EM members count as p = 1: the family keeps its five hypotheses (dropping them would multiply
+    # the NLL tail p by two, not five)
+    nll = t15[t15.endpoint == "NLL"].set_index("hypothesis")
+    assert 0 < nll.loc["NLL tail", "p"] < 0.2
+    five = holm({"NLL tail": nll.loc["NLL tail", "p"], "NLL interaction": nll.loc["NLL interaction", "p"],
+                 "EM side": 1.0, "EM tail": 1.0, "EM interaction": 1.0}, family=SECONDARY_FAMILY)
+    assert nll.loc["NLL tail", "holm_p"] == pytest.approx(five["NLL tail"])
+    assert nll.loc["NLL interaction", "holm_p"] == pytest.approx(five["NLL interaction"])
+    verdicts = findings(t15, table16(t, ["Replay"], n_boot=200, seed=1)).set_index("finding")["reproduced"]
+    assert verdicts["EM side contrast positive"] is None
+    assert verdicts["fixed-slot refresh carries the side effect"] is None
+    with pytest.raises(ValueError, match="condition 'Fixed slot' has no records"):
+        factorial_table(t[t.method != "Fixed slot"], n_boot=10)

@@ -203,6 +203,23 @@ def nll_table(cells: pd.DataFrame) -> pd.DataFrame:
 # Running the paths (core operators)
 
 
+def cells(tokenizer, *, preset: str = "default", seed: int = 0) -> list:
+    """The cells of ``preset`` (:data:`PRESETS`): the four evidence-location cases of each feasible source
+    (:func:`sur_lab.studies.evidence_location.build_panel`, by tokenization alone), in panel order.
+
+    Raises:
+        ValueError: naming ``preset`` when unknown; as :func:`~sur_lab.studies.evidence_location.build_panel`.
+    """
+    from sur_lab.studies.evidence_location import build_panel
+
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    return build_panel(tokenizer, p["datasets"], geometries=p["geometry"], sources_per_dataset=p["sources_per_dataset"],
+                       seed=seed).cases
+
+
+
 @torch.inference_mode()
 def teacher_forced_logits(lm: LoadedModel, cache, edit: EditedContext, answer_ids: Sequence[int]) -> torch.Tensor:
     """``(T, V)`` logits predicting each of the T answer tokens after the query, from a clone of ``cache``.

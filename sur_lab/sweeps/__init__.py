@@ -11,7 +11,17 @@ Layer: above ``analysis`` (scoring, endpoints) and the core, below ``studies`` (
 :func:`run_sweep`). Importing this package does not import Ray.
 """
 
-from sur_lab.sweeps.case import EVAL_BATCH, Case, Method, case_fingerprint, case_seed, grid_keys, method_grid, run_case
+from sur_lab.sweeps.case import (
+    EVAL_BATCH,
+    Case,
+    Method,
+    answer_target,
+    case_fingerprint,
+    case_seed,
+    grid_keys,
+    method_grid,
+    run_case,
+)
 from sur_lab.sweeps.record import (
     ANSWER_TIMING_FIELDS,
     CONDITION_FIELDS,
@@ -28,7 +38,7 @@ from sur_lab.sweeps.store import SweepStore, read_records, sweep_folder
 
 __all__ = [
     "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "EVAL_BATCH", "FIELD_NAMES", "TIMING_FIELDS", "Case", "Method",
-    "Record", "SweepStore", "case_fingerprint", "case_seed", "comparable_fields", "grid_keys", "method_grid",
+    "Record", "SweepStore", "answer_target", "case_fingerprint", "case_seed", "comparable_fields", "grid_keys", "method_grid",
     "parse_line", "read_records",
     "record_key", "records_frame", "run_case", "run_sweep", "seeded_subset", "sweep_folder", "timed_set",
 ]

@@ -5,19 +5,24 @@ Per case: the Dirty prefill and its Shift are computed once (:meth:`Case.prepare
 is repaired by the one Algorithm 1 dispatcher (:func:`sur_lab.repair.repair`); the repaired caches are answered
 greedily after the query, ``eval_batch`` at a time (:class:`sur_lab.answer.AnswerBatch`: one query forward, batched
 decoding with per-row stopping, teacher-forced scoring in the same batch); each answer is scored against the gold
-answers and against Re-prefill (its answer and token ids, its first-token distribution, the NLL of its greedy
-continuation). Answer timings come only from unbatched passes (:attr:`Record.timed`).
+answers and against Re-prefill (its answer and token ids, its first-token distribution and logits, the NLL of its
+greedy continuation), and the canonical gold answer is teacher-forced (:attr:`Case.answer_ids`: ``gold_nll``,
+``gold_margin``). Answer timings come only from unbatched passes (:attr:`Record.timed`).
 
 Adding an endpoint (a record field computed from each answer):
 
 1. declare the field in :class:`~sur_lab.sweeps.record.Record` with its unit, and its type in
    :data:`~sur_lab.sweeps.record.FIELD_TYPES`;
 2. if it needs teacher forcing, add the token sequence to :func:`_targets` under a name (e.g. the gold answer's ids,
-   ``lm.tokenizer(" " + case.gold[0], add_special_tokens=False)["input_ids"]``): every row's log-probabilities of it
+   :attr:`Case.answer_ids`): every row's log-probabilities of it
    are then computed in one batched forward and passed to :func:`_endpoints` as ``logprobs[name]`` (``[T]`` float64);
 3. compute the field in :func:`_endpoints` from ``ans`` (text, token ids, float32 first-token logits), ``logprobs``
    and the case's references ``refs`` (Re-prefill's answer, Dirty's first-token logits), e.g.
    ``"gold_nll": float(-logprobs["gold"].mean())``.
+
+Endpoints against the case's Re-prefill answer (:mod:`sur_lab.analysis.endpoints`): ``tv_reprefill``, ``nr_tv``,
+``jsd_reprefill``, ``argmax_agree``, ``logits_identical`` (and the row's own ``logits_digest``), ``sequence_agree``,
+``agree_reprefill``, ``nll_reprefill``; against the gold answer: ``em``, ``gold_nll``, ``gold_margin``.
 
 Nothing else changes: the store, the schedulers and the tables take the new field as it comes.
 """
@@ -36,11 +41,22 @@ import numpy as np
 import torch
 
 from sur_lab.allocators import Selection, get_allocator
-from sur_lab.analysis.endpoints import nr_tv, reference_continuation
+from sur_lab.analysis.endpoints import (
+    argmax_agree,
+    canonical_answer_ids,
+    first_token_jsd,
+    gold_margin,
+    logits_digest,
+    logits_identical,
+    nr_tv,
+    reference_continuation,
+    sequence_agree,
+)
 from sur_lab.analysis.scoring import agreement, exact_match, extract_answer, first_token_tv
 from sur_lab.answer import Answer, AnswerBatch, check_cache_rows
 from sur_lab.budget import check_budget
 from sur_lab.cache_ops import cache_length, to_tensors
+from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.fingerprint import digest
@@ -67,26 +83,41 @@ class Case:
         edit: the edit.
         gold: gold answers (for QA: the answer and its aliases; for NIAH: the ordered value list).
         meta: flat scalars copied into every record (dataset, placement, source_id, context_len, depth, ...).
+        answer_ids: the canonical gold answer's token ids, teacher-forced after the query for ``gold_nll`` and
+            ``gold_margin`` (e.g. :func:`sur_lab.analysis.endpoints.canonical_answer_ids`). ``None`` (default): derived
+            by :func:`run_case` from ``gold[0]`` with :func:`~sur_lab.analysis.endpoints.canonical_answer_ids` (the
+            query's decoded text deciding the leading space) when the case has gold answers and the sweep uses the
+            default parser (gold answers are then answer strings, the first one canonical); otherwise the case has
+            no answer target and those endpoints are NaN. ``()`` says explicitly that it has none.
 
     Raises:
         ValueError: (at construction) naming ``meta`` when a value is not a flat scalar or a key collides with a
-            record field.
+            record field; naming ``answer_ids`` when it holds a negative or non-integer id.
     """
 
     case_id: str
     edit: EditedContext
     gold: tuple[str, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
+    answer_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gold", tuple(self.gold))
         object.__setattr__(self, "meta", {k: (v.item() if isinstance(v, np.generic) else v)
                                           for k, v in dict(self.meta).items()})
         check_meta(self.meta, self.case_id)
+        if self.answer_ids is not None:
+            ids = tuple(self.answer_ids)
+            if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) and int(i) >= 0
+                       for i in ids):
+                raise ValueError(f"case {self.case_id!r}: answer_ids must hold non-negative integer token ids; "
+                                 f"got {ids!r}")
+            object.__setattr__(self, "answer_ids", tuple(int(i) for i in ids))
 
     def fingerprint(self) -> str:
-        """:func:`case_fingerprint` of this case's edit, gold answers and meta (16 hex characters)."""
-        return case_fingerprint(self.edit, self.gold, self.meta)
+        """:func:`case_fingerprint` of this case's edit, gold answers, meta and explicit answer target (16 hex
+        characters)."""
+        return case_fingerprint(self.edit, self.gold, self.meta, self.answer_ids)
 
     def prepare(self, lm: LoadedModel) -> PreparedEdit:
         """What every method of the case starts from: the Dirty prefill and its Shift (:func:`sur_lab.repair.prepare`).
@@ -102,9 +133,11 @@ def case_seed(seed: int, case_id: str) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(case_id.encode())]).generate_state(1)[0])
 
 
-def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mapping[str, Any] | None = None) -> str:
+def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mapping[str, Any] | None = None,
+                     answer_ids: Sequence[int] | None = None) -> str:
     """A short hash of a case's content: the edit's tokens, span, query and relevance query, its text offsets and
-    message containers (SUR's semantic units read them), and the gold answers and meta copied into its records.
+    message containers (SUR's semantic units read them), the gold answers and meta copied into its records, and an
+    explicit answer target (:attr:`Case.answer_ids`; a case without one hashes as before it existed).
 
     Guards resumed records against changed cases (16 hex characters).
     """
@@ -120,6 +153,8 @@ def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mappin
     }
     if gold or meta:
         extra.update(gold=list(gold), meta=dict(meta or {}))
+    if answer_ids is not None:
+        extra.update(answer_ids=[int(i) for i in answer_ids])
     h.update(digest(extra).encode())
     return h.hexdigest()[:16]
 
@@ -237,17 +272,31 @@ class _Repaired:
 
 @dataclass
 class _References:
-    """The case's references: Re-prefill's answer (and parsed answer) and Dirty's first-token logits."""
+    """The case's references: Re-prefill's answer (and parsed answer), Dirty's first-token logits and the gold
+    answer target (empty when the case has none)."""
 
     reprefill: Answer | None = None
     parsed: Any = None
     dirty_logits: torch.Tensor | None = None
+    gold_ids: tuple[int, ...] = ()
+
+
+def answer_target(lm: LoadedModel, case: Case, parser: Callable[[str], Any] | None = None) -> tuple[int, ...]:
+    """The token ids whose teacher-forced NLL is a record's ``gold_nll``: :attr:`Case.answer_ids` when given, else
+    :func:`~sur_lab.analysis.endpoints.canonical_answer_ids` of ``case.gold[0]`` after the decoded query when the case
+    has gold answers, the model a tokenizer and the sweep the default ``parser`` (None); else ``()`` (no target)."""
+    if case.answer_ids is not None:
+        return case.answer_ids
+    if not case.gold or parser is not None or lm.tokenizer is None or not str(case.gold[0]).strip():
+        return ()
+    query = lm.tokenizer.decode(case.edit.query_ids.tolist(), skip_special_tokens=False)
+    return tuple(canonical_answer_ids(lm.tokenizer, str(case.gold[0]), query))
 
 
 def _targets(lm: LoadedModel, case: Case, refs: _References) -> dict[str, list[int]]:
     """Token sequences teacher-forced after the query for every row, by name (scored in one batched forward each by
     :meth:`sur_lab.answer.AnswerBatch.score`)."""
-    return {"reprefill": reference_continuation(refs.reprefill.token_ids)}
+    return {"reprefill": reference_continuation(refs.reprefill.token_ids), "gold": list(refs.gold_ids)}
 
 
 def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs: _References,
@@ -269,16 +318,25 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
     tv_dirty = (first_token_tv(refs.dirty_logits, ref.first_token_logits) if refs.dirty_logits is not None
                 else float("nan"))
     continuation = logprobs["reprefill"]
+    gold = logprobs["gold"]
     return {
         "prediction": _as_text(parsed),
         "em": em,
         "agree_reprefill": bool(_same(parsed, refs.parsed) if parser is not None else agreement(parsed, refs.parsed)),
-        "sequence_agree": tuple(ans.token_ids) == tuple(ref.token_ids),
+        "sequence_agree": sequence_agree(ans.token_ids, ref.token_ids),
         "tv_reprefill": tv,
         "tv_dirty_reprefill": tv_dirty,
         "nr_tv": nr_tv(min(tv, 1.0), min(tv_dirty, 1.0)) if not math.isnan(tv_dirty) else float("nan"),
         "nll_reprefill": float(-continuation.sum()) if continuation.size else float("nan"),
         "nll_tokens": int(continuation.size),
+        "jsd_reprefill": first_token_jsd(ans.first_token_logits, ref.first_token_logits),
+        "argmax_agree": argmax_agree(ans.first_token_logits, ref.first_token_logits),
+        "logits_identical": logits_identical(ans.first_token_logits, ref.first_token_logits),
+        "logits_digest": logits_digest(ans.first_token_logits),
+        # Eq. of endpoints.gold_nll on the batch's teacher-forced log-probabilities (float64 log-softmax).
+        "gold_nll": float(-gold.mean()) if gold.size else float("nan"),
+        "gold_tokens": int(gold.size),
+        "gold_margin": gold_margin(ans.first_token_logits, refs.gold_ids[0]) if refs.gold_ids else float("nan"),
     }
 
 
@@ -355,8 +413,9 @@ def run_case(
         The records made, in grid order.
 
     Raises:
-        ValueError: for an unknown method or executor, a budget outside [0, 100], or ``max_new_tokens`` /
-            ``eval_batch`` < 1 (before any model call).
+        ValueError: for an unknown method or executor, a budget outside [0, 100], ``max_new_tokens`` /
+            ``eval_batch`` < 1, or an answer target (:func:`answer_target`) with an id outside the vocabulary (before
+            any model call).
     """
     grid = check_run_args([case], methods, budgets, executor, max_new_tokens, eval_batch)
     skip = set(skip)
@@ -364,6 +423,8 @@ def run_case(
     if not todo:
         return []
     edit = case.edit
+    gold_ids = answer_target(lm, case, parser)
+    check_vocab(torch.tensor(gold_ids, dtype=torch.long), lm.spec.vocab_size, f"case {case.case_id!r} answer_ids")
     config = config_fields(lm, seed=seed, executor=executor, max_new_tokens=max_new_tokens, eval_batch=eval_batch,
                            options=options)
     prepared = case.prepare(lm)
@@ -379,7 +440,7 @@ def run_case(
     # The references first: every record's endpoints compare with Re-prefill (and Dirty, Eq. 14's normaliser).
     references = [("Re-prefill", NO_BUDGET)] + ([("Dirty", NO_BUDGET)] if prepared.dirty_cache is not None else [])
     rows = references + [(m, b) for m, b in todo if _key(m, b) not in {_key(*r) for r in references}]
-    refs = _References()
+    refs = _References(gold_ids=gold_ids)
     pending: list = []
     made: dict[tuple, Record] = {}
     nan_timings = {"query": float("nan"), "decode": float("nan"), "answer": float("nan")}
@@ -465,4 +526,4 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
     )
 
 
-__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]
+__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "answer_target", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]

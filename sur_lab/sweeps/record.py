@@ -113,6 +113,21 @@ class Record:
         nr_tv: normalised first-token recovery, Eq. 14 (NaN when undefined).
         nll_reprefill: summed teacher-forced negative log-likelihood of Re-prefill's greedy continuation after the
             query, nats (NaN when the continuation is empty). nll_tokens: its length, tokens.
+        jsd_reprefill: Jensen-Shannon divergence between this method's and Re-prefill's first-token distributions,
+            nats, in [0, ln 2] (:func:`sur_lab.analysis.endpoints.first_token_jsd`; Table 16).
+        argmax_agree: the first-token argmax (the greedy first token) equals Re-prefill's
+            (:func:`sur_lab.analysis.endpoints.argmax_agree`).
+        logits_identical: the float32 first-token logit vector is byte-identical to Re-prefill's (appendix 11;
+            :func:`sur_lab.analysis.endpoints.logits_identical`). Bitwise: it depends on the batch the answer was
+            computed in, so compare it only between records of equal ``eval_batch`` and ``threads``.
+        logits_digest: SHA-256 (hex) of this answer's own float32 first-token logits
+            (:func:`sur_lab.analysis.endpoints.logits_digest`): equal digests are identical logits (Table 17).
+        gold_nll: mean teacher-forced negative log-probability of the case's canonical gold answer after the query,
+            nats per answer token (appendix 10.2's primary endpoint; :func:`sur_lab.analysis.endpoints.gold_nll`);
+            NaN when the case has no answer target (:attr:`sur_lab.sweeps.Case.answer_ids`).
+            gold_tokens: T, tokens of that answer target (0 when there is none).
+        gold_margin: the gold answer's first-token margin ``z[g] - max_{v != g} z[v]``, logit units
+            (:func:`sur_lab.analysis.endpoints.gold_margin`; issue 26); NaN without an answer target.
 
     Case columns:
         meta: the case's flat scalar columns (dataset, placement, context length...), flattened beside the fields.
@@ -169,6 +184,13 @@ class Record:
     nr_tv: float
     nll_reprefill: float
     nll_tokens: int
+    jsd_reprefill: float
+    argmax_agree: bool
+    logits_identical: bool
+    logits_digest: str
+    gold_nll: float
+    gold_tokens: int
+    gold_margin: float
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -241,6 +263,8 @@ FIELD_TYPES: dict[str, str] = {
     "answer": _STR, "prediction": _STR, "gold": "strs", "finished": _BOOL,
     "em": "bool?", "agree_reprefill": _BOOL, "sequence_agree": _BOOL, "tv_reprefill": _FLOAT,
     "tv_dirty_reprefill": _FLOAT, "nr_tv": _FLOAT, "nll_reprefill": _FLOAT, "nll_tokens": _INT,
+    "jsd_reprefill": _FLOAT, "argmax_agree": _BOOL, "logits_identical": _BOOL, "logits_digest": _STR,
+    "gold_nll": _FLOAT, "gold_tokens": _INT, "gold_margin": _FLOAT,
 }
 assert set(FIELD_TYPES) == set(FIELD_NAMES), set(FIELD_TYPES) ^ set(FIELD_NAMES)  # one entry per field
 _SCALARS = (str, int, float, bool, type(None), np.integer, np.floating, np.bool_)
