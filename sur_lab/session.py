@@ -57,7 +57,7 @@ from sur_lab.budget import Support, allowance, check_budget, fractions_expected,
 from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
 from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext, chat_segments, splice_replacement, tokenize_segments
-from sur_lab.executors import get_executor, replay
+from sur_lab.executors import get_executor, insert_rows, replay
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, as_loaded_model
 from sur_lab.repair import PreparedEdit, repair
@@ -940,12 +940,11 @@ class EditSession:
         check_context_length(lm, n - d + m)  # the suffix is re-rotated up to position n - d + m - 1
 
         # 1. Inserted rows: prefilled against the unchanged prefix rows [0, a), at positions a .. a + m - 1.
+        # The same rows as a replacement's Shift in a sweep (sur_lab.executors.shift, through insert_rows).
         ins_kv: list = []
         if m:
             t0 = time.perf_counter()
-            work = from_tensors([(k[:, :, :a], v[:, :, :a]) for k, v in zip(old.keys, old.values)])
-            forward_tokens(lm, ins, work, logits="none")
-            ins_kv = [(k[:, :, a:], v[:, :, a:]) for k, v in to_tensors(work)]
+            ins_kv = insert_rows(lm, list(zip(old.keys, old.values)), a, ins)
             timings["prefill"] = _ms(t0)
 
         # 2. Shift: drop [a, b); re-rotate each suffix row once, from its anchor to its new position p + j.
@@ -981,7 +980,7 @@ class EditSession:
             state, selection, B, refreshed = shifted, None, 0, np.zeros(0, dtype=np.int64)
         else:
             original_ids = splice_replacement(old.ids, a, b, ins if m else old.ids[:0])[0]
-            edit = self._edited_context(original_ids, p, d, shifted)
+            edit = self._edited_context(original_ids, p, d, shifted, m)
             state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
 
         # 4. Staleness debt: refresh the stalest remaining stale rows with the same executor.
@@ -1004,8 +1003,10 @@ class EditSession:
         tail = edited_ids[-FALLBACK_QUERY_TOKENS:] if edited_ids.numel() else fallback[-1:]
         return {"query_ids": tail, "question": None, "question_ids": None}
 
-    def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State) -> EditedContext:
-        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes inserted tokens), edited ``p ⊕ s``."""
+    def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State, m: int = 0
+                        ) -> EditedContext:
+        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes the m inserted tokens, ``inserted_len``),
+        edited ``p ⊕ s``."""
         text = {}
         if shifted.pieces is not None:
             lengths = np.fromiter((len(x) for x in shifted.pieces), dtype=np.int64, count=shifted.n)
@@ -1023,7 +1024,7 @@ class EditSession:
                 "containers": tuple(containers),
             }
         return EditedContext(
-            original_ids=original_ids, prefix_len=p, deleted_len=d,
+            original_ids=original_ids, prefix_len=p, deleted_len=d, inserted_len=m,
             **self._query_fields(shifted.ids, original_ids), **text,
         )
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from sur_lab.allocators import Selection, get_allocator
-from sur_lab.analysis.endpoints import nr_tv, reference_continuation
+from sur_lab.analysis.endpoints import gold_margin, nr_tv, reference_continuation
 from sur_lab.analysis.scoring import agreement, exact_match, extract_answer, first_token_tv
 from sur_lab.answer import Answer, AnswerBatch, check_cache_rows
 from sur_lab.budget import check_budget
@@ -112,7 +112,8 @@ def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mappin
     for part in (edit.original_ids, edit.query_ids, edit.relevance_ids):
         h.update(np.asarray(part, dtype=np.int64).tobytes())
         h.update(b"|")
-    h.update(f"{edit.prefix_len},{edit.deleted_len}".encode())
+    # A replacement's Dirty cache is the context before it (inserted_len); deletions keep their old fingerprints.
+    h.update((f"{edit.prefix_len},{edit.deleted_len}" + (f",{edit.inserted_len}" if edit.inserted_len else "")).encode())
     extra = {
         "offsets": list(edit.edited_offsets) if edit.edited_offsets is not None else None,
         "containers": list(edit.containers or ()),
@@ -233,6 +234,8 @@ class _Repaired:
     timings_ms: dict
     allowance: int
     cache_len: int
+    note_tokens: int = 0
+    note_template: str = ""
 
 
 @dataclass
@@ -269,6 +272,9 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
     tv_dirty = (first_token_tv(refs.dirty_logits, ref.first_token_logits) if refs.dirty_logits is not None
                 else float("nan"))
     continuation = logprobs["reprefill"]
+    gold_token = case.meta.get("gold_token")
+    margin = (gold_margin(ans.first_token_logits, int(gold_token)) if gold_token is not None
+              else float("nan"))
     return {
         "prediction": _as_text(parsed),
         "em": em,
@@ -279,6 +285,7 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
         "nr_tv": nr_tv(min(tv, 1.0), min(tv_dirty, 1.0)) if not math.isnan(tv_dirty) else float("nan"),
         "nll_reprefill": float(-continuation.sum()) if continuation.size else float("nan"),
         "nll_tokens": int(continuation.size),
+        "gold_margin": margin,
     }
 
 
@@ -389,9 +396,9 @@ def run_case(
                    else m.repair(lm, prepared, executor=executor, seed=seed_c, options=options) for m, b in chunk]
         emitted = [_key(m, b) in wanted for m, b in chunk]
         kept = [_Repaired(method_name(m), b, method_protocol(m), r.selection, r.timings_ms, r.allowance,
-                          cache_length(r.cache)) for (m, b), r in zip(chunk, results)]
+                          cache_length(r.cache), r.note_tokens, r.note_template) for (m, b), r in zip(chunk, results)]
         for row, r in zip(kept, results):
-            check_cache_rows(r.cache, edit, name=f"the {row.method} cache")
+            check_cache_rows(r.cache, edit, name=f"the {row.method} cache", note_tokens=r.note_tokens)
         batch = AnswerBatch(lm, [r.cache for r in results], edit.query_ids, copy=False)
         del results  # their caches were consumed by the batch
         needs_answer = [e or m == "Re-prefill" for e, (m, _) in zip(emitted, chunk)]
@@ -452,6 +459,8 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
         extra_forward_layers=int(sel.diagnostics.get("extra_forward_layers", 0)) if sel is not None else 0,
         # SUR / SUR-IDF: units tied after rounding (appendix 7.3 tie rule); None for allocators without unit ranks.
         tied_units=sel.diagnostics.get("tied_units") if sel is not None else None,
+        note_tokens=row.note_tokens,
+        note_template=row.note_template,
         select_ms=t["select"],
         shift_ms=t["shift"],
         refresh_ms=t["refresh"],

@@ -92,6 +92,8 @@ class Record:
         extra_forward_tokens, extra_forward_layers: token-forwards (and the deepest layer count) spent on the
             allocator's selection signals.
         tied_units: SUR's units tied at the rounding boundary (appendix 7.3); None for allocators without unit ranks.
+        note_tokens: L, tokens of a correction note appended after the context (Erratum; 0 for every other method).
+        note_template: the note's template name (:data:`sur_lab.executors.ERRATUM_TEMPLATES`; ``""`` without note).
 
     Timings, ms (wall clock):
         dirty_ms: the original prefill (not part of post-edit latency).
@@ -113,6 +115,11 @@ class Record:
         nr_tv: normalised first-token recovery, Eq. 14 (NaN when undefined).
         nll_reprefill: summed teacher-forced negative log-likelihood of Re-prefill's greedy continuation after the
             query, nats (NaN when the continuation is empty). nll_tokens: its length, tokens.
+        gold_margin: the gold answer's first-token margin at the first answer step, logits
+            (:func:`sur_lab.analysis.endpoints.gold_margin`; issue 26); NaN unless the case declares the gold's first
+            token as ``meta["gold_token"]`` (a study whose query ends with an answer prefix, so that the first answer
+            step predicts it). Its recovery between Shift and Re-prefill is computed over a case's records
+            (:func:`sur_lab.analysis.endpoints.add_margin_recovery`).
 
     Case columns:
         meta: the case's flat scalar columns (dataset, placement, context length...), flattened beside the fields.
@@ -149,6 +156,8 @@ class Record:
     extra_forward_tokens: int = 0
     extra_forward_layers: int = 0
     tied_units: int | None = None
+    note_tokens: int = 0
+    note_template: str = ""
     dirty_ms: float
     select_ms: float
     shift_ms: float
@@ -169,6 +178,7 @@ class Record:
     nr_tv: float
     nll_reprefill: float
     nll_tokens: int
+    gold_margin: float = float("nan")
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -236,11 +246,12 @@ FIELD_TYPES: dict[str, str] = {
     "workers": _INT, "threads": _INT, "timed": _BOOL,
     "prefix_len": _INT, "deleted_len": _INT, "suffix_len": _INT, "cache_len": _INT, "allowance": _INT,
     "num_intervals": _INT, "positions": "ints", "intervals": "intervals", "extra_forward_tokens": _INT,
-    "extra_forward_layers": _INT, "tied_units": "int?",
+    "extra_forward_layers": _INT, "tied_units": "int?", "note_tokens": _INT, "note_template": _STR,
     **{t: _FLOAT for t in TIMING_FIELDS},
     "answer": _STR, "prediction": _STR, "gold": "strs", "finished": _BOOL,
     "em": "bool?", "agree_reprefill": _BOOL, "sequence_agree": _BOOL, "tv_reprefill": _FLOAT,
     "tv_dirty_reprefill": _FLOAT, "nr_tv": _FLOAT, "nll_reprefill": _FLOAT, "nll_tokens": _INT,
+    "gold_margin": _FLOAT,
 }
 assert set(FIELD_TYPES) == set(FIELD_NAMES), set(FIELD_TYPES) ^ set(FIELD_NAMES)  # one entry per field
 _SCALARS = (str, int, float, bool, type(None), np.integer, np.floating, np.bool_)
