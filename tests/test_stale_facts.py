@@ -229,11 +229,11 @@ def test_presets_and_bad_arguments(tokenizer, corpus):
 
 
 def test_smoke_preset_roster(tokenizer, corpus):
-    roster = sf.cases(tokenizer, "smoke", corpus=corpus)
+    roster = sf.stale_cases(tokenizer, "smoke", corpus=corpus)
     assert len(roster) == sf.PRESETS["smoke"]["num_cases"]
     assert [c.family for c in roster] == list(sf.FAMILIES)
-    assert len(sf.cases(tokenizer, "smoke", corpus=corpus, num_cases=1)) == 1
+    assert len(sf.stale_cases(tokenizer, "smoke", corpus=corpus, num_cases=1)) == 1
     with pytest.raises(ValueError, match="budgets is not a case size"):
-        sf.cases(tokenizer, "smoke", corpus=corpus, budgets=[2])
+        sf.stale_cases(tokenizer, "smoke", corpus=corpus, budgets=[2])
     with pytest.raises(ValueError, match="preset"):
-        sf.cases(tokenizer, "large", corpus=corpus)
+        sf.stale_cases(tokenizer, "large", corpus=corpus)
