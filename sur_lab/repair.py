@@ -265,6 +265,25 @@ def _reprefill_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, opt
     return _result("Re-prefill", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
 
 
+def erratum_note_for(lm: LoadedModel, edit: EditedContext, options: dict) -> tuple[str, "torch.Tensor"]:
+    """The Erratum note of ``edit`` under ``options``: ``(template name, [L] int64 note ids)``.
+
+    ``options["erratum_note_ids"]`` (token ids) gives the note directly (name ``"ids"``); otherwise the note is
+    :func:`sur_lab.executors.erratum_note` with the templates named by ``options["erratum_template"]`` (default
+    ``"default"``), tokenized on its own. The one place the note is made (the operator and
+    :class:`sur_lab.session.EditSession` call it).
+
+    Raises:
+        ValueError: naming ``erratum_template`` when unknown, ``edit`` when it has no text (and no note ids are
+            given), ``erratum_note_ids`` when empty.
+    """
+    if options.get("erratum_note_ids") is not None:
+        return "ids", as_token_ids(options["erratum_note_ids"], "erratum_note_ids")
+    name = options.get("erratum_template", "default")
+    templates = erratum_templates(name)
+    return name, erratum_note_ids(lm.tokenizer, erratum_note(edit, templates=templates))
+
+
 @reference_operator("Erratum")
 def _erratum_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
     """Erratum (issue 26; "Models Take Notes at Prefill", arXiv 2606.17107): the Dirty cache kept whole, deleted or
@@ -282,14 +301,8 @@ def _erratum_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, optio
             ``erratum_template`` when unknown — before any forward.
     """
     edit = prepared.edit
-    if options.get("erratum_note_ids") is not None:
-        name, note_ids = "ids", as_token_ids(options["erratum_note_ids"], "erratum_note_ids")
-        source = _owned(prepared, "dirty_cache")
-    else:
-        name = options.get("erratum_template", "default")
-        templates = erratum_templates(name)
-        source = _owned(prepared, "dirty_cache")
-        note_ids = erratum_note_ids(lm.tokenizer, erratum_note(edit, templates=templates))
+    name, note_ids = erratum_note_for(lm, edit, options)
+    source = _owned(prepared, "dirty_cache")
     t0 = time.perf_counter()
     cache = erratum(lm, source, edit, note_ids)
     out = _result("Erratum", cache, (0.0, 0.0, _ms(t0)), 0)

@@ -172,3 +172,21 @@ def test_inserted_len_is_checked_and_fingerprinted():
     with pytest.raises(TypeError, match="inserted_len"):
         EditedContext(edit.original_ids, edit.query_ids, 6, 3, inserted_len=1.0)
     assert Case("a", edit).fingerprint() != Case("a", dataclasses.replace(edit, inserted_len=2)).fingerprint()
+
+
+def test_session_erratum_appends_the_dispatchers_note(tiny_lm):
+    edit, before_edit, new = _replacement()
+    note = _ids(6, 9)
+    session = EditSession(tiny_lm, method="Shift")
+    session.append(before_edit)
+    record = session.replace(14, 21, new, method="Erratum", options={"erratum_note_ids": note.tolist()})
+    assert torch.equal(session.tokens, torch.cat((before_edit, note)))  # the old rows stay, the note follows
+    assert (record.method, record.allowance, record.forwarded_tokens, record.num_tokens) == ("Erratum", 0, 6, 46)
+    assert np.isnan(record.budget_pct)
+    oracle = repair(tiny_lm, prepare(tiny_lm, edit), "Erratum", options={"erratum_note_ids": note.tolist()}).cache
+    ref = to_tensors(oracle)
+    assert _diff(to_tensors(session.cache), ref) <= _tol(ref)
+    with pytest.raises(ValueError, match="erratum_note_ids"):
+        session.delete(0, 3, method="Erratum")  # a session without text has no note to write
+    with pytest.raises(ValueError, match="sync"):
+        session.sync(session.tokens, method="Erratum")
