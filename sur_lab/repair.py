@@ -32,9 +32,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from transformers import DynamicCache
 
-from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate, allowance_for
+from sur_lab.allocators import (
+    ALLOCATORS,
+    AllocationRequest,
+    Selection,
+    allocate,
+    allowance_for,
+)
 from sur_lab.budget import Support, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import clone_cache
 from sur_lab.checks import as_count, as_token_ids, check_vocab
@@ -265,7 +272,7 @@ def _reprefill_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, opt
     return _result("Re-prefill", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
 
 
-def erratum_note_for(lm: LoadedModel, edit: EditedContext, options: dict) -> tuple[str, "torch.Tensor"]:
+def erratum_note_for(lm: LoadedModel, edit: EditedContext, options: dict) -> tuple[str, torch.Tensor]:
     """The Erratum note of ``edit`` under ``options``: ``(template name, [L] int64 note ids)``.
 
     ``options["erratum_note_ids"]`` (token ids) gives the note directly (name ``"ids"``); otherwise the note is
@@ -292,9 +299,9 @@ def _erratum_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, optio
     The note is :func:`sur_lab.executors.erratum_note` of the edit with the templates named by
     ``options["erratum_template"]`` (default ``"default"``; :data:`sur_lab.executors.ERRATUM_TEMPLATES`): the
     passage is withdrawn (a deletion) or the new text supersedes it (a replacement). ``options["erratum_note_ids"]``
-    (a sequence of token ids) gives the note's tokens directly instead (a token-level edit; template ``"ids"``). Its cost, the note's L
-    token-forwards, is its ``refresh`` time; ``allowance`` is 0 (no suffix row is recomputed); the result carries
-    ``note_tokens`` = L and ``note_template``. Needs a text edit and the Dirty cache; consumes nothing.
+    (a sequence of token ids) gives the note's tokens directly instead (a token-level edit; template ``"ids"``).
+    Its cost, the note's L token-forwards, is its ``refresh`` time; ``allowance`` is 0 (no suffix row is
+    recomputed); the result carries ``note_tokens`` = L and ``note_template``. Needs a text edit and the Dirty cache; consumes nothing.
 
     Raises:
         ValueError: naming ``prepared.dirty_cache`` when there is none, ``edit`` for a token-level edit, or
@@ -500,7 +507,8 @@ def recover(
         overlap: run unit construction and allocation concurrently with Shift (off by default).
         inplace: consume ``dirty_cache``: Shift in place (:func:`sur_lab.executors.shift_inplace`, one compaction
             copy per layer) and refresh in place (the executor's in-place form): no cache is allocated. The result's
-            cache is ``dirty_cache`` itself (except for a replacement, whose Shift builds a new cache). Bitwise equal to ``inplace=False``.
+            cache is ``dirty_cache`` itself (except for a replacement, whose Shift builds a new cache). Bitwise
+            equal to ``inplace=False``.
         seed: case-fixed seed for randomized allocators, an integer >= 0 (checked before any work).
         options: allocator-specific options.
         allowance: an exact B in [0, S], as in :func:`repair`.

@@ -1059,8 +1059,8 @@ class EditSession:
 
     def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State, m: int = 0
                         ) -> EditedContext:
-        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes the m inserted tokens, ``inserted_len``),
-        edited ``p ⊕ s``."""
+        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes the m inserted tokens,
+        ``inserted_len``), edited ``p ⊕ s``."""
         text = {}
         if shifted.pieces is not None:
             lengths = np.fromiter((len(x) for x in shifted.pieces), dtype=np.int64, count=shifted.n)

@@ -10,11 +10,17 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from conftest import fp64_tol, hf_prefill
+
 from sur_lab import EditSession
 from sur_lab.answer import check_cache_rows
-from sur_lab.cache_ops import cache_length, caches_equal, clone_cache, rerotate_keys, to_tensors
+from sur_lab.cache_ops import (
+    cache_length,
+    caches_equal,
+    clone_cache,
+    rerotate_keys,
+    to_tensors,
+)
 from sur_lab.edits import EditedContext, splice_replacement, token_edit
 from sur_lab.executors import dirty_rows, pre_edit_ids, shift_inplace
 from sur_lab.repair import prepare, recover, repair
@@ -45,8 +51,8 @@ def _tol(layers):
 
 # A replacement in the middle, at the very start (empty kept prefix), with an empty suffix, longer and shorter than the
 # old span.
-CASES = [dict(start=14, end=21, m=4), dict(start=0, end=6, m=3), dict(start=30, end=40, m=2),
-         dict(start=10, end=12, m=7)]
+CASES = [{"start": 14, "end": 21, "m": 4}, {"start": 0, "end": 6, "m": 3}, {"start": 30, "end": 40, "m": 2},
+         {"start": 10, "end": 12, "m": 7}]
 
 
 @pytest.mark.parametrize("kw", CASES)
@@ -64,7 +70,7 @@ def test_replacement_dirty_is_a_prefill_of_the_context_before_the_edit(tiny_lm, 
 
 @pytest.mark.parametrize("kw", CASES)
 def test_replacement_shift_inserts_the_new_rows_and_rerotates_the_pre_edit_suffix(tiny_lm, kw):
-    edit, before_edit, _ = _replacement(**kw)
+    edit, _, _ = _replacement(**kw)
     p, d, m, S = edit.prefix_len, edit.deleted_len, edit.inserted_len, edit.suffix_len
     prepared = prepare(tiny_lm, edit)
     shift = to_tensors(prepared.shift_cache)

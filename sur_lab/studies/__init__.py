@@ -2,8 +2,9 @@
 
 ``quickstart`` (00), ``theory`` (01: the bound and the cost model), ``niah`` (02: Erasing-NIAH, allocation geometry),
 ``natural_qa`` (03: natural multi-hop QA, quality vs latency), ``bench`` (04: packed refresh benchmark), ``validation``
-(05: kernel and executor numerics), ``noprefix`` (06: non-prefix reuse, SAFE-KV), ``stale_facts`` (09: edits
-that supersede a value, issue 26), ``staleness`` (where staleness lives, used by 01), and ``datasets`` (the QA loaders they share). Nothing below this package imports it.
+(05: kernel and executor numerics), ``noprefix`` (06: non-prefix reuse, SAFE-KV), ``stale_facts`` (09: edits that
+supersede a value, issue 26), ``staleness`` (where staleness lives, used by 01), and ``datasets`` (the QA loaders they
+share). Nothing below this package imports it.
 
 The sweepable studies are registered in :data:`STUDIES` (``sur-lab sweep NAME`` looks them up there; a new study adds
 one line). Each exposes the same API, which its notebook and the command both call:

@@ -931,7 +931,7 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
         win, lose = (r.a, r.b) if better_a else (r.b, r.a)
         # The interval of (a - b), turned to (winner - loser) when the winner is b.
         low, high = (r.ci_low_pp, r.ci_high_pp) if win == r.a else (-r.ci_high_pp, -r.ci_low_pp)
-        what = "EM" if r.metric == "em" else ("stale-answer rate (lower is better)" if r.metric == "stale" else r.metric)
+        what = {"em": "EM", "stale": "stale-answer rate (lower is better)"}.get(r.metric, r.metric)
         lines.append(f"{what} at {r.budget_pct:g} %: {win} beats {lose}, {win} minus {lose} = "
                      f"{(r.diff_pp if win == r.a else -r.diff_pp):+.1f} pp (95 % CI [{low:.1f}, {high:.1f}], "
                      f"n={r.n_cases}).")
@@ -941,7 +941,7 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
             continue
         better_a = r.diff_pp > 0 if r.metric != "stale" else r.diff_pp < 0
         loser = r.b if better_a else r.a
-        if loser.startswith("SUR ") or loser.startswith("SUR-IDF "):
+        if loser.startswith(("SUR ", "SUR-IDF ")):
             sur_losses.append(f"{loser} vs {r.a if loser == r.b else r.b} on {r.metric}")
     lines.append("Where SUR loses (separated): " + ("; ".join(sur_losses) if sur_losses else
                                                   "nowhere in this run (no separated difference against it)") + ".")

@@ -113,7 +113,8 @@ def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mappin
         h.update(np.asarray(part, dtype=np.int64).tobytes())
         h.update(b"|")
     # A replacement's Dirty cache is the context before it (inserted_len); deletions keep their old fingerprints.
-    h.update((f"{edit.prefix_len},{edit.deleted_len}" + (f",{edit.inserted_len}" if edit.inserted_len else "")).encode())
+    span = f"{edit.prefix_len},{edit.deleted_len}" + (f",{edit.inserted_len}" if edit.inserted_len else "")
+    h.update(span.encode())
     extra = {
         "offsets": list(edit.edited_offsets) if edit.edited_offsets is not None else None,
         "containers": list(edit.containers or ()),
