@@ -150,7 +150,8 @@ def test_families_depths_and_distances_are_controlled_and_recorded(cases):
         meta = case.meta()
         assert meta["family"] == case.family and meta["gold_value"] == case.gold and meta["old_value"] == case.old
         assert meta["edit_depth_tokens"] == case.edit.prefix_len
-        assert meta["suffix_len"] == case.edit.suffix_len
+        assert "suffix_len" not in meta and meta["gold_token"] == case.gold_token  # S is a record field already
+        assert case.edit.inserted_len == case.inserted_len
         if case.family == "superseded_tool_output":
             assert case.inserted_len == 0 and case.answer_in == "suffix"
             assert case.stale_value == case.old and case.distance > 0
