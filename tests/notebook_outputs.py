@@ -124,14 +124,15 @@ def _stale_records(p: dict) -> int:
 
 
 def _stale_pairs(p: dict) -> int:
-    """Paired differences: per metric (EM, stale) and budget, every pair of the k compared arms and each against
-    Shift and Re-prefill."""
+    """Paired differences: per metric (EM, stale) and budget, every pair of the k compared arms and each budgeted
+    arm against Shift and Re-prefill; each unbudgeted arm (Erratum) against them once."""
     from sur_lab.studies.stale_facts import BASELINES, COMPARED
 
     q = _stale_params(p)
     k = len([m for m in COMPARED if m in q["references"] or m in q["allocators"]])
+    u = len([m for m in COMPARED if m in q["references"]])
     n_base = len([b for b in BASELINES if b in q["references"]])
-    return 2 * len(q["budgets"]) * (k * (k - 1) // 2 + k * n_base)
+    return 2 * (len(q["budgets"]) * (k * (k - 1) // 2 + (k - u) * n_base) + u * n_base)
 
 
 def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
@@ -253,7 +254,7 @@ EXPECTED: dict[str, Expected] = {
             "09_paired_differences": Table(
                 columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
                          "separates"),
-                rows=_stale_pairs, not_null=("diff_pp", "ci_low_pp", "ci_high_pp")),
+                rows=_stale_pairs, not_null=("a", "b", "diff_pp", "ci_low_pp", "ci_high_pp")),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
         },

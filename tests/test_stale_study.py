@@ -77,12 +77,15 @@ def test_stale_endpoints_summary_and_paired_differences():
 
     diffs = sf.paired_differences(recs, n_boot=500)
     k = len(sf.COMPARED)
-    assert len(diffs) == 2 * 2 * (k * (k - 1) // 2 + 2 * k)  # metrics x budgets x (pairs + vs Shift, Re-prefill)
+    # metrics x (budgets x (pairs + budgeted arms vs Shift, Re-prefill) + Erratum vs Shift, Re-prefill once)
+    assert len(diffs) == 2 * (2 * (k * (k - 1) // 2 + 2 * (k - 1)) + 2)
     row = diffs[(diffs.metric == "em") & (diffs.budget_pct == 2.0) & (diffs.a == "SUR 2%")
                 & (diffs.b == "Edit-local window 2%")].iloc[0]
     assert row.diff_pp == -100.0 and row.separates and row.n_cases == 6
     erratum = diffs[(diffs.metric == "em") & (diffs.a == "Erratum") & (diffs.b == "Shift")]
-    assert list(erratum.budget_pct) == [2.0, 5.0] and (erratum.diff_pp == 100.0).all()
+    assert len(erratum) == 1 and np.isnan(erratum.budget_pct.iloc[0]) and erratum.diff_pp.iloc[0] == 100.0
+    assert "EM: Erratum beats Shift, Erratum minus Shift = +100.0 pp" in "\n".join(
+        sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6))
     st = diffs[(diffs.metric == "stale") & (diffs.a == "SUR 2%") & (diffs.b == "Shift")].iloc[0]
     assert st.n_cases == 5 and st.diff_pp == 0.0 and not st.separates
 

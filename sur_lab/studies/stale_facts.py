@@ -837,8 +837,8 @@ def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em",
     baselines, at each budget, in percentage points.
 
     At budget b the arms are each budgeted method of ``compared`` at b and the unbudgeted ones (Erratum); every pair
-    of them is compared once (``a`` minus ``b`` in ``compared`` order), and each arm against each baseline
-    (``a`` minus the baseline). ``stale`` is compared on the cases that ask the edited key (the others have no stale
+    of them is compared once (``a`` minus ``b`` in ``compared`` order), and each budgeted arm against each baseline
+    (``a`` minus the baseline). An unbudgeted arm is compared with the baselines once, with budget NaN. ``stale`` is compared on the cases that ask the edited key (the others have no stale
     value); a lower stale rate is better, so a negative difference favours ``a``.
 
     Args:
@@ -866,12 +866,17 @@ def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em",
     rows = []
     for metric in metrics:
         sub = df[df[metric].notna()]
-        for b in budgets or [float("nan")]:
-            arms = [m if m not in set(sub.loc[sub["budget_pct"].notna(), "method"]) else f"{m} {b:g}%"
-                    for m in compared if m in present]
+        budgeted = set(sub.loc[sub["budget_pct"].notna(), "method"])
+        fixed = [m for m in compared if m in present and m not in budgeted and m in set(sub["arm"])]
+        bases = [base for base in baselines if base in set(sub["arm"])]
+        grid = [(float("nan"), [(x, base, "baseline") for x in fixed for base in bases])]
+        for b in budgets:
+            arms = [m if m not in budgeted else f"{m} {b:g}%" for m in compared if m in present]
             arms = [a for a in arms if a in set(sub["arm"])]
             pairs = [(x, y, "arms") for i, x in enumerate(arms) for y in arms[i + 1:]]
-            pairs += [(x, base, "baseline") for x in arms for base in baselines if base in set(sub["arm"])]
+            pairs += [(x, base, "baseline") for x in arms if x not in fixed for base in bases]
+            grid.append((b, pairs))
+        for b, pairs in grid:
             for x, y, kind in pairs:
                 cases_ = set(sub.loc[sub["arm"] == x, "case_id"]) & set(sub.loc[sub["arm"] == y, "case_id"])
                 pair = sub[sub["arm"].isin([x, y]) & sub["case_id"].isin(cases_)]
@@ -933,7 +938,8 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
         # The interval of (a - b), turned to (winner - loser) when the winner is b.
         low, high = (r.ci_low_pp, r.ci_high_pp) if win == r.a else (-r.ci_high_pp, -r.ci_low_pp)
         what = {"em": "EM", "stale": "stale-answer rate (lower is better)"}.get(r.metric, r.metric)
-        lines.append(f"{what} at {r.budget_pct:g} %: {win} beats {lose}, {win} minus {lose} = "
+        where = "" if pd.isna(r.budget_pct) else f" at {r.budget_pct:g} %"
+        lines.append(f"{what}{where}: {win} beats {lose}, {win} minus {lose} = "
                      f"{(r.diff_pp if win == r.a else -r.diff_pp):+.1f} pp (95 % CI [{low:.1f}, {high:.1f}], "
                      f"n={r.n_cases}).")
     sur_losses = []
