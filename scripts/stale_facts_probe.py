@@ -4,8 +4,8 @@ For a few cases per family it answers the query after each reference cache and c
 (:func:`sur_lab.studies.stale_facts.classify_answer`), with the gold value's first-token margin:
 
 - ``Re-prefill``: a prefill of the edited context (should answer the new value V2);
-- ``Dirty`` / ``Shift``: :func:`sur_lab.repair.prepare` on the case's edit (for a replacement, the layout's Dirty holds
-  the new block before the old one);
+- ``Dirty`` / ``Shift``: :func:`sur_lab.repair.prepare` on the case's edit (for a replacement, Dirty is the context
+  before the edit and Shift inserts the new block's rows, as ``Shift (session)``);
 - ``Shift (session)``: for a replacement, what an agent's :class:`sur_lab.session.EditSession` holds after
   ``replace(..., method="Shift")`` from a prefill of the context before the edit (its suffix never saw V2);
 - ``Erratum``: a prefill of the context before the edit plus the correction note

@@ -130,25 +130,27 @@ def greedy_answer(
     return Answer(text, tuple(generated), first, finished, timings)
 
 
-def check_cache_rows(cache: DynamicCache, edit: EditedContext, name: str = "cache") -> int:
+def check_cache_rows(cache: DynamicCache, edit: EditedContext, name: str = "cache", *, note_tokens: int = 0) -> int:
     """The one check of a pre-query cache's length against its edit; returns the length (rows).
 
-    A cache must hold the edited context's ``p + S`` rows (every repair of the deleted span) or the original
-    ``N = p + d + S`` rows (Dirty keeps the deleted span); any other length was built for another edit. This is the
-    only place that knows which lengths an edit allows: a reference operator whose cache has another length (e.g. the
-    Dirty cache followed by a prefilled correction note) extends this check, and nothing else (the sweep groups caches
-    by their actual length; the query is processed after a cache's last row, whatever its length).
+    A cache must hold the edited context's ``p + S`` rows (every repair of the deleted span) or the context before
+    the edit, ``N - m`` rows (Dirty keeps the deleted span: N for a deletion; a replacement's Dirty cache lacks its m
+    inserted tokens, ``edit.inserted_len``); a cache that appends a correction note of ``note_tokens`` = L > 0 tokens
+    after the context before the edit (Erratum) holds ``N - m + L``. Any other length was built for another edit. This
+    is the only place that knows which lengths an edit allows (the sweep groups caches by their actual length; the
+    query is processed after a cache's last row, whatever its length).
 
     Raises:
         ValueError: naming ``name`` with its length and the lengths the edit allows.
     """
     rows = cache_length(cache)
     edited = edit.prefix_len + edit.suffix_len
-    if rows not in (edited, edit.num_tokens):
-        raise ValueError(
-            f"{name} has {rows} rows; the edit's context has p + S = {edited} rows (repaired) or N = {edit.num_tokens} "
-            "(Dirty): it was built for another edit"
-        )
+    before = edit.num_tokens - edit.inserted_len
+    allowed = (before + int(note_tokens),) if note_tokens else (edited, before)
+    if rows not in allowed:
+        what = (f"N - m + L = {before + int(note_tokens)} (the context before the edit and a {int(note_tokens)}-token "
+                "note)") if note_tokens else (f"p + S = {edited} rows (repaired) or N - m = {before} (Dirty)")
+        raise ValueError(f"{name} has {rows} rows; the edit's context has {what}: it was built for another edit")
     return rows
 
 

@@ -16,6 +16,7 @@ segment tokenization (never snapped outwards or refused).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 from collections.abc import Sequence
@@ -48,6 +49,10 @@ class EditedContext:
         containers: ``(start, end, kind)`` character spans in ``edited_text`` of message and structured containers;
             semantic units never cross their boundaries (appendix 7.3).
         deleted_char_span: ``(start, end)`` of the deleted text in ``original_text``.
+        inserted_len: m, tokens at the end of the prefix that the edit inserted (0: a deletion; m > 0: a replacement
+            in the :func:`splice_replacement` layout, ``p ⊕ e ⊕ s`` with the m new tokens ending ``p``). The context
+            *before* the edit is then ``original_ids`` without them (N - m tokens): what the Dirty cache of a
+            replacement holds (:func:`sur_lab.executors.dirty`). Integer in ``[0, prefix_len]``.
     """
 
     original_ids: torch.Tensor
@@ -62,6 +67,7 @@ class EditedContext:
     containers: tuple[tuple[int, int, str], ...] = ()
     deleted_char_span: tuple[int, int] | None = None
     original_offsets: tuple[tuple[int, int], ...] | None = field(default=None, repr=False)
+    inserted_len: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "original_ids", as_token_ids(self.original_ids, "original_ids", allow_empty=True))
@@ -84,6 +90,10 @@ class EditedContext:
                 f"deleted_len={self.deleted_len} with prefix_len=0 deletes the whole context of {n} tokens; "
                 "an edit must keep at least one token (p + S >= 1): start a new prompt instead"
             )
+        object.__setattr__(self, "inserted_len", as_count(self.inserted_len, "inserted_len"))
+        if self.inserted_len > self.prefix_len:
+            raise ValueError(f"inserted_len={self.inserted_len} must lie in [0, prefix_len={self.prefix_len}] (the "
+                             "inserted tokens end the prefix)")
         if self.question_ids is not None:
             object.__setattr__(self, "question_ids", as_token_ids(self.question_ids, "question_ids", allow_empty=True))
             if self.question_ids.numel() == 0:
@@ -373,7 +383,8 @@ def replacement_edit(
         containers: ``(start, end, kind)`` spans of ``original_text`` (mapped to the edited text).
 
     Returns:
-        EditedContext whose ``prefix_len`` counts the inserted tokens and whose ``deleted_len`` counts the old ones.
+        EditedContext whose ``prefix_len`` counts the inserted tokens, whose ``inserted_len`` is their number m and
+        whose ``deleted_len`` counts the old ones.
 
     Raises:
         ValueError: naming ``new`` when it is empty or not a str; otherwise as :func:`segment_edit`.
@@ -381,7 +392,9 @@ def replacement_edit(
     if not isinstance(new, str) or not new:
         raise ValueError("new must be a non-empty str (a replacement inserts text; use segment_edit to delete)")
     head = [before] if isinstance(before, str) else list(before)
-    return segment_edit(tokenizer, [*head, new], old, after, query_text, question=question, containers=containers)
+    edit = segment_edit(tokenizer, [*head, new], old, after, query_text, question=question, containers=containers)
+    m = len(tokenize_segments(tokenizer, [new])[0][0])
+    return dataclasses.replace(edit, inserted_len=m)
 
 
 def _check_containers(containers, length: int) -> None:

@@ -11,7 +11,7 @@ edit of an :class:`~sur_lab.session.EditSession` call it. Its rules: a reference
 (:func:`algorithm1_path`): B = S > 0 is Replay from the valid prefix (step 2, no Shift), B = 0 is Shift, anything
 else is the allocator's support refreshed by the executor. ``recover`` follows the same path rule.
 
-Adding a reference operator (e.g. one whose cache is the Dirty cache plus a prefilled correction note) takes one
+Adding a reference operator (as ``Erratum``, whose cache is the Dirty cache plus a prefilled correction note) takes one
 function in this module decorated with :func:`reference_operator`: it receives the model, the prepared edit, whether
 it may consume the prepared caches, and the options, and returns a :class:`RepairResult`. Its cache may have any
 length: the sweep groups caches by their actual length, and the one place that knows which lengths an edit allows is
@@ -32,14 +32,34 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from transformers import DynamicCache
 
-from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate, allowance_for
+from sur_lab.allocators import (
+    ALLOCATORS,
+    AllocationRequest,
+    Selection,
+    allocate,
+    allowance_for,
+)
 from sur_lab.budget import Support, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import clone_cache
-from sur_lab.checks import as_count, check_vocab
+from sur_lab.checks import as_count, as_token_ids, check_vocab
 from sur_lab.edits import EditedContext
-from sur_lab.executors import dirty, get_executor, replay, reprefill, shift, shift_inplace
+from sur_lab.executors import (
+    dirty,
+    dirty_rows,
+    erratum,
+    erratum_note,
+    erratum_note_ids,
+    erratum_templates,
+    get_executor,
+    replay,
+    reprefill,
+    shift,
+    shift_inplace,
+    valid_prefix,
+)
 from sur_lab.forward import one_context_warning
 from sur_lab.models import LoadedModel
 from sur_lab.units import Unit, segment_units
@@ -74,13 +94,17 @@ class PreparedEdit:
 
     Attributes:
         edit: the edit.
-        dirty_cache: prefill of ``p ⊕ e ⊕ s`` (N rows); ``None`` when the caller holds no Dirty cache (an edit
-            session, a composed cache): Dirty is then unavailable and Replay reads the valid prefix from the Shift
-            cache.
-        shift_cache: Shift of it (``p + S`` rows), or any stale cache of the edited context with its rows at their
-            edited positions.
+        dirty_cache: the cache before the edit (:func:`sur_lab.executors.dirty`): prefill of ``p ⊕ e ⊕ s`` (N rows)
+            for a deletion; for a replacement (``edit.inserted_len = m > 0``) prefill of the context before it,
+            old value in place (N - m rows, :func:`sur_lab.executors.pre_edit_ids`). ``None`` when the caller holds
+            no Dirty cache (a composed cache): Dirty and Erratum are then unavailable and Replay reads the valid
+            prefix from the Shift cache.
+        shift_cache: Shift of it (``p + S`` rows; for a replacement the new text's rows prefilled after the prefix
+            and the suffix re-rotated, :func:`sur_lab.executors.shift`), or any stale cache of the edited context
+            with its rows at their edited positions.
         dirty_ms: prefill time, ms (excluded from post-edit latency).
-        shift_ms: Shift time, ms (the position-correction term of Eq. 20).
+        shift_ms: Shift time, ms (the position-correction term of Eq. 20; for a replacement it includes the
+            m-token prefill of the new text, which every method but Dirty, Erratum and Re-prefill needs).
         units: SUR's semantic units of the suffix (computed on first use).
     """
 
@@ -99,7 +123,14 @@ class PreparedEdit:
 
 @one_context_warning
 def prepare(lm: LoadedModel, edit: EditedContext, *, overlap: bool = False) -> PreparedEdit:
-    """Prefill the original context (Dirty) and Shift it; both are timed separately.
+    """Prefill the context before the edit (Dirty) and Shift it; both are timed separately.
+
+    A deletion's Dirty cache is a prefill of ``original_ids`` (N rows). A replacement's (``edit.inserted_len = m >
+    0``) is a prefill of the context the agent held before it, ``original_ids`` without the new text (N - m rows: the
+    old value in place); its Shift drops the old span, prefills the new text's rows at their positions after the
+    prefix and re-rotates the suffix by ``m - d``, so the suffix saw only the old value, exactly as in the cache of
+    :meth:`sur_lab.session.EditSession.replace` (tested). At B = S every allocator gives Replay, which equals
+    Re-prefill of the edited prompt.
 
     Warns when the context exceeds the model's ``max_position_embeddings`` (see :func:`sur_lab.forward.prefill`).
 
@@ -135,7 +166,8 @@ class RepairResult:
     """A repaired pre-query cache and how it was obtained.
 
     Attributes:
-        cache: the repaired cache (Dirty: N rows; every other method: ``p + S`` rows). Owned by the caller.
+        cache: the repaired cache (Dirty: N rows, N - m for a replacement; Erratum: Dirty's rows plus the note's;
+            every other method: ``p + S`` rows). Owned by the caller.
         method: method name (an allocator name or one of :data:`REFERENCE_METHODS`).
         budget_pct: b in percent (NaN for reference methods).
         selection: the allocator's selection (``None`` for reference methods and for B = 0 / B = S endpoints).
@@ -143,6 +175,8 @@ class RepairResult:
         allowance: B, positions refreshed (S for Replay and Re-prefill, 0 for Shift and Dirty).
         shift_cache: the Shift cache this repair started from, set by :func:`recover` only when it is not the output
             (``inplace=False``); ``None`` otherwise.
+        note_tokens: L, tokens of an appended correction note (Erratum; 0 for every other method).
+        note_template: the note's template name (:data:`sur_lab.executors.ERRATUM_TEMPLATES`; ``""`` without note).
     """
 
     cache: DynamicCache
@@ -152,6 +186,8 @@ class RepairResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     allowance: int = 0
     shift_cache: DynamicCache | None = field(default=None, repr=False, compare=False)
+    note_tokens: int = 0
+    note_template: str = ""
 
     @property
     def support(self) -> Support | None:
@@ -209,7 +245,8 @@ def _result(method: str, cache: DynamicCache, timings: tuple[float, float, float
 
 @reference_operator("Dirty")
 def _dirty_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
-    """Dirty: the untreated cache of the original context (N rows, deleted span included)."""
+    """Dirty: the untreated cache of the context before the edit (N rows, deleted span included; a replacement's
+    N - m rows hold the old value and not the new one)."""
     return _result("Dirty", _take(prepared, "dirty_cache", inplace), (0.0, 0.0, 0.0), 0)
 
 
@@ -235,14 +272,63 @@ def _reprefill_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, opt
     return _result("Re-prefill", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
 
 
-#: Methods that are not allocators (appendix 7.1): the registered reference operators, in table order.
-REFERENCE_METHODS = tuple(REFERENCE_OPERATORS)
+def erratum_note_for(lm: LoadedModel, edit: EditedContext, options: dict) -> tuple[str, torch.Tensor]:
+    """The Erratum note of ``edit`` under ``options``: ``(template name, [L] int64 note ids)``.
+
+    ``options["erratum_note_ids"]`` (token ids) gives the note directly (name ``"ids"``); otherwise the note is
+    :func:`sur_lab.executors.erratum_note` with the templates named by ``options["erratum_template"]`` (default
+    ``"default"``), tokenized on its own. The one place the note is made (the operator and
+    :class:`sur_lab.session.EditSession` call it).
+
+    Raises:
+        ValueError: naming ``erratum_template`` when unknown, ``edit`` when it has no text (and no note ids are
+            given), ``erratum_note_ids`` when empty.
+    """
+    if options.get("erratum_note_ids") is not None:
+        return "ids", as_token_ids(options["erratum_note_ids"], "erratum_note_ids")
+    name = options.get("erratum_template", "default")
+    templates = erratum_templates(name)
+    return name, erratum_note_ids(lm.tokenizer, erratum_note(edit, templates=templates))
+
+
+@reference_operator("Erratum")
+def _erratum_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
+    """Erratum (issue 26; "Models Take Notes at Prefill", arXiv 2606.17107): the Dirty cache kept whole, deleted or
+    replaced text included, extended by a prefill of a correction note (:func:`sur_lab.executors.erratum`).
+
+    The note is :func:`sur_lab.executors.erratum_note` of the edit with the templates named by
+    ``options["erratum_template"]`` (default ``"default"``; :data:`sur_lab.executors.ERRATUM_TEMPLATES`): the
+    passage is withdrawn (a deletion) or the new text supersedes it (a replacement). ``options["erratum_note_ids"]``
+    (a sequence of token ids) gives the note's tokens directly instead (a token-level edit; template ``"ids"``).
+    Its cost, the note's L token-forwards, is its ``refresh`` time; ``allowance`` is 0 (no suffix row is
+    recomputed); the result carries ``note_tokens`` = L and ``note_template``. Needs a text edit and the Dirty cache; consumes nothing.
+
+    Raises:
+        ValueError: naming ``prepared.dirty_cache`` when there is none, ``edit`` for a token-level edit, or
+            ``erratum_template`` when unknown — before any forward.
+    """
+    edit = prepared.edit
+    name, note_ids = erratum_note_for(lm, edit, options)
+    source = _owned(prepared, "dirty_cache")
+    t0 = time.perf_counter()
+    cache = erratum(lm, source, edit, note_ids)
+    out = _result("Erratum", cache, (0.0, 0.0, _ms(t0)), 0)
+    return RepairResult(out.cache, out.method, out.budget_pct, None, out.timings_ms, 0,
+                        note_tokens=int(note_ids.numel()), note_template=name)
+
+
+#: The paper's reference methods (appendix 7.1), in table order: the registered reference operators that every edit
+#: supports. Operators registered beyond them (``"Erratum"``: a text edit or explicit note ids, and a Dirty cache)
+#: are in :data:`REFERENCE_OPERATORS` only, dispatched alike.
+REFERENCE_METHODS = ("Dirty", "Shift", "Replay", "Re-prefill")
+assert set(REFERENCE_METHODS) <= set(REFERENCE_OPERATORS)
 
 
 def _prefix_source(prepared: PreparedEdit) -> DynamicCache:
     """The cache Replay reads the valid prefix rows ``[0, p)`` from: the Dirty cache (Algorithm 1 step 2 needs no
-    Shift), else the Shift cache (its prefix rows are the Dirty cache's, bitwise)."""
-    if prepared.dirty_cache is not None:
+    Shift), else the Shift cache (its prefix rows are the Dirty cache's, bitwise). A replacement's Dirty cache lacks
+    the new text's rows, so its Replay reads them from the Shift cache (where they were prefilled)."""
+    if prepared.dirty_cache is not None and not prepared.edit.inserted_len:
         return prepared.dirty_cache
     return _owned(prepared, "shift_cache")
 
@@ -267,7 +353,7 @@ def repair(
         prepared: output of :func:`prepare` (its caches are not modified unless ``inplace``), or a
             :class:`PreparedEdit` built by the caller (``dirty_cache=None`` when there is none).
         method: a reference operator (:data:`REFERENCE_METHODS`: ``"Dirty"``, ``"Shift"``, ``"Replay"``,
-            ``"Re-prefill"``) or a registered allocator name (``"SUR"``).
+            ``"Re-prefill"``, ``"Erratum"``) or a registered allocator name (``"SUR"``).
         budget_pct: b in [0, 100] (ignored by reference methods); ``None`` when ``allowance`` is given alone. B is
             the allocator's (:func:`sur_lab.allocators.allowance_for`: Eq. 3's ``B(S, b)``, on the whole-prompt base
             for a variant binding ``allowance_base=prompt``). B = 0 returns Shift; B = S returns Replay
@@ -319,8 +405,9 @@ def repair(
     run = get_executor(executor, inplace=inplace)
     S = edit.suffix_len
     # Algorithm 1 starts from the Dirty cache: allocators that read it (Cache-Craft-Adapted takes the deleted span's
-    # keys from it) must not re-run the span.
-    if prepared.dirty_cache is not None:
+    # keys from it) must not re-run the span. A replacement's Dirty cache has the span elsewhere (N - m rows): the
+    # allocator then rebuilds the span from the Shift cache's prefix.
+    if prepared.dirty_cache is not None and not edit.inserted_len:
         options.setdefault("dirty_cache", prepared.dirty_cache)
     # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
     request, B = _request(lm, edit, method, budget_pct, allowance, prepared.shift_cache, seed, options)
@@ -411,7 +498,8 @@ def recover(
     Args:
         lm: the model.
         edit: the edit.
-        dirty_cache: prefill of ``p ⊕ e ⊕ s`` (N rows); not modified unless ``inplace``.
+        dirty_cache: the cache before the edit (:func:`sur_lab.executors.dirty`: prefill of ``p ⊕ e ⊕ s``, N rows;
+            N - m rows for a replacement); not modified unless ``inplace``.
         method: a registered allocator name; with ``overlap=True`` one of :data:`OVERLAP_METHODS`.
         budget_pct: b in [0, 100] (``None`` with an exact ``allowance``). B is the allocator's, as in :func:`repair`;
             B = 0 returns Shift; B = S returns Replay from the valid prefix.
@@ -419,7 +507,8 @@ def recover(
         overlap: run unit construction and allocation concurrently with Shift (off by default).
         inplace: consume ``dirty_cache``: Shift in place (:func:`sur_lab.executors.shift_inplace`, one compaction
             copy per layer) and refresh in place (the executor's in-place form): no cache is allocated. The result's
-            cache is ``dirty_cache`` itself. Bitwise equal to ``inplace=False``.
+            cache is ``dirty_cache`` itself (except for a replacement, whose Shift builds a new cache). Bitwise
+            equal to ``inplace=False``.
         seed: case-fixed seed for randomized allocators, an integer >= 0 (checked before any work).
         options: allocator-specific options.
         allowance: an exact B in [0, S], as in :func:`repair`.
@@ -448,17 +537,20 @@ def recover(
             f"got method={method!r}"
         )
     run = get_executor(executor, inplace=inplace)
-    if cache_length(dirty_cache) != edit.num_tokens:
-        raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the edit's context has {edit.num_tokens}")
+    if cache_length(dirty_cache) != dirty_rows(edit):
+        raise ValueError(f"dirty_cache has {cache_length(dirty_cache)} rows; the context before the edit has "
+                         f"{dirty_rows(edit)}")
     S = edit.suffix_len
     request, B = _request(lm, edit, method, budget_pct, allowance, None, seed, dict(options or {}))
     budget_pct = _nominal(request)
     path = algorithm1_path(S, B)
-    do_shift = shift_inplace if inplace else shift
+    # A replacement's Shift inserts the new text's rows: it builds a new cache (no in-place form).
+    do_shift = shift_inplace if inplace and not edit.inserted_len else shift
     worker = preparation_worker() if overlap else None  # created outside the timed region
     t_start = time.perf_counter()
     if path == "replay":  # Algorithm 1, step 2: Replay from the valid prefix, no Shift
-        cache = replay(lm, dirty_cache, edit)
+        source = valid_prefix(lm, dirty_cache, edit) if edit.inserted_len else dirty_cache
+        cache = replay(lm, source, edit)
         ms = _ms(t_start)
         timings = {"select": 0.0, "shift": 0.0, "refresh": ms, "recovery": ms}
         return RepairResult(cache, method, budget_pct, Selection(Support.full(S)), timings, S)

@@ -57,14 +57,14 @@ from sur_lab.budget import Support, allowance, check_budget, fractions_expected,
 from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
 from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext, chat_segments, splice_replacement, tokenize_segments
-from sur_lab.executors import get_executor, replay
+from sur_lab.executors import get_executor, insert_rows, replay
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, as_loaded_model
-from sur_lab.repair import PreparedEdit, repair
+from sur_lab.repair import PreparedEdit, erratum_note_for, repair
 from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
-SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill")
+SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill", "Erratum")
 #: Relevance fallback when no query is pending: the last this-many tokens of the edited context (tokens).
 FALLBACK_QUERY_TOKENS = 32
 
@@ -583,12 +583,16 @@ class EditSession:
 
     def _extended(self, old: _State, ids: torch.Tensor, pieces, segment: np.ndarray) -> tuple[_State, float]:
         """``old`` with ``ids`` prefilled after it at positions ``n .. n + m - 1``; returns the state and its ms."""
-        n, m = old.n, int(ids.numel())
         t0 = time.perf_counter()
         work = old.cache()
         forward_tokens(self.lm, ids, work, logits="none")
         prefill_ms = _ms(t0)
-        kv = to_tensors(work)
+        return self._appended(old, ids, work, pieces, segment), prefill_ms
+
+    def _appended(self, old: _State, ids: torch.Tensor, cache: DynamicCache, pieces, segment: np.ndarray) -> _State:
+        """``old`` followed by ``ids``, whose rows ``n .. n + m - 1`` ``cache`` holds after ``old``'s own rows."""
+        n, m = old.n, int(ids.numel())
+        kv = to_tensors(cache)
         keys = tuple(k for k, _ in kv)
         if old.anchors is None:
             anchors = keys
@@ -602,7 +606,7 @@ class EditSession:
             segment=np.concatenate((old.segment, np.asarray(segment, dtype=np.int64))),
             pieces=None if old.pieces is None else old.pieces + tuple(pieces),
         )
-        return new, prefill_ms
+        return new
 
     @one_context_warning
     def delete(
@@ -611,6 +615,11 @@ class EditSession:
         options: dict | None = None,
     ) -> EditRecord:
         """Delete rows ``[start, end)``, Shift the suffix and repair it (Algorithm 1 on this edit).
+
+        ``method="Erratum"`` (issue 26; the reference operator of :func:`sur_lab.repair.repair`) instead keeps every
+        row and prefills a correction note after the context (``options["erratum_template"]`` or
+        ``options["erratum_note_ids"]``; a session without text needs the latter): the session's tokens become the
+        context before the edit followed by the note, and the record's ``forwarded_tokens`` is the note's length.
 
         The suffix keys are re-rotated from their anchors (one rotation, float32 or better, one cast); the repair
         refreshes the support that ``method`` chooses at ``budget_pct`` with ``executor``; then, with ``debt_pct`` >
@@ -638,6 +647,9 @@ class EditSession:
         The inserted tokens are computed against the (unchanged) prefix; the suffix after them is re-rotated to its
         new positions and repaired under the same budget rules as :meth:`delete` (its allowance is a share of the
         suffix, Eq. 3). The inserted rows join the container of the row they replace.
+
+        ``method="Erratum"`` (as in :meth:`delete`) keeps every row and appends a correction note giving the new text
+        instead (issue 26): the session then holds the context before the edit followed by the note.
 
         Raises:
             ValueError: as :meth:`delete`, and naming ``content`` when empty.
@@ -701,6 +713,9 @@ class EditSession:
         """
         t_start = time.perf_counter()
         pol = self._policy(method, budget_pct, executor, debt_pct, seed, options)
+        if pol.method == "Erratum":
+            raise ValueError("method='Erratum' appends a note for one edit (delete / replace); sync takes Shift, "
+                             "Replay, Re-prefill or an allocator")
         sync_policy = self._sync_policy if policy is None else policy
         if not isinstance(sync_policy, SyncPolicy):
             raise ValueError(f"policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
@@ -931,6 +946,8 @@ class EditSession:
     # The edit itself
 
     def _edit(self, a: int, b: int, ins: torch.Tensor | None, ins_pieces, policy: _Policy) -> EditRecord:
+        if policy.method == "Erratum":
+            return self._erratum(a, b, ins, ins_pieces, policy)
         lm, old = self.lm, self._state
         n, d = old.n, b - a
         m = 0 if ins is None else int(ins.numel())
@@ -940,12 +957,11 @@ class EditSession:
         check_context_length(lm, n - d + m)  # the suffix is re-rotated up to position n - d + m - 1
 
         # 1. Inserted rows: prefilled against the unchanged prefix rows [0, a), at positions a .. a + m - 1.
+        # The same rows as a replacement's Shift in a sweep (sur_lab.executors.shift, through insert_rows).
         ins_kv: list = []
         if m:
             t0 = time.perf_counter()
-            work = from_tensors([(k[:, :, :a], v[:, :, :a]) for k, v in zip(old.keys, old.values)])
-            forward_tokens(lm, ins, work, logits="none")
-            ins_kv = [(k[:, :, a:], v[:, :, a:]) for k, v in to_tensors(work)]
+            ins_kv = insert_rows(lm, list(zip(old.keys, old.values)), a, ins)
             timings["prefill"] = _ms(t0)
 
         # 2. Shift: drop [a, b); re-rotate each suffix row once, from its anchor to its new position p + j.
@@ -981,7 +997,7 @@ class EditSession:
             state, selection, B, refreshed = shifted, None, 0, np.zeros(0, dtype=np.int64)
         else:
             original_ids = splice_replacement(old.ids, a, b, ins if m else old.ids[:0])[0]
-            edit = self._edited_context(original_ids, p, d, shifted)
+            edit = self._edited_context(original_ids, p, d, shifted, m)
             state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
 
         # 4. Staleness debt: refresh the stalest remaining stale rows with the same executor.
@@ -997,6 +1013,43 @@ class EditSession:
         self._commit(state, record)
         return record
 
+    def _erratum(self, a: int, b: int, ins: torch.Tensor | None, ins_pieces, policy: _Policy) -> EditRecord:
+        """The Erratum policy (issue 26): no row is dropped, moved or recomputed; a correction note is prefilled after
+        the context through the one dispatcher (:func:`sur_lab.repair.repair`, ``"Erratum"``). The session then holds
+        the context before the edit followed by the note (its tokens are *not* the edited tokens)."""
+        old = self._state
+        n, d = old.n, b - a
+        m = 0 if ins is None else int(ins.numel())
+        original_ids, p, _ = splice_replacement(old.ids, a, b, ins if m else old.ids[:0])
+        text: dict = {}
+        if old.pieces is not None:
+            pieces = old.pieces[:a] + (tuple(ins_pieces) if m else ()) + old.pieces[a:]
+            ends = np.cumsum([len(x) for x in pieces])
+            offsets = tuple(zip((ends - [len(x) for x in pieces]).tolist(), ends.tolist()))
+            kept = pieces[:p] + pieces[p + d:]
+            kept_ends = np.cumsum([len(x) for x in kept]) if kept else np.zeros(0, dtype=np.int64)
+            text = {"original_text": "".join(pieces), "original_offsets": offsets,
+                    "deleted_char_span": (offsets[p][0], offsets[p + d - 1][1]), "edited_text": "".join(kept),
+                    "edited_offsets": tuple(zip((kept_ends - [len(x) for x in kept]).tolist(), kept_ends.tolist()))}
+        elif policy.options.get("erratum_note_ids") is None:
+            raise ValueError("method='Erratum' needs a session with text (its note quotes the edit) or "
+                             "options={'erratum_note_ids': [...]}")
+        edit = EditedContext(original_ids=original_ids, prefix_len=p, deleted_len=d, inserted_len=m,
+                             **self._query_fields(old.ids, original_ids), **text)
+        _, note_ids = erratum_note_for(self.lm, edit, dict(policy.options))
+        result = repair(self.lm, PreparedEdit(edit, old.cache(), None, 0.0, 0.0), "Erratum",
+                        executor=policy.executor, options=dict(policy.options))
+        note_pieces = self._decode_pieces(note_ids) or ()
+        state = self._appended(old, note_ids, result.cache, note_pieces,
+                               np.full(int(note_ids.numel()), self._next_segment, dtype=np.int64))
+        self._next_segment += 1
+        timings = {"prefill": result.timings_ms["refresh"], "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+        record = EditRecord("delete" if ins is None else "replace", a, b, m, "Erratum", float("nan"), n - b, 0, None,
+                            np.zeros(0, dtype=np.int64), int(note_ids.numel()), timings, self.debt,
+                            int((state.stale > 0).sum()), 0, state.n)
+        self._commit(state, record)
+        return record
+
     def _query_fields(self, edited_ids: torch.Tensor, fallback: torch.Tensor) -> dict:
         if self._query is not None:
             q = self._query
@@ -1004,8 +1057,10 @@ class EditSession:
         tail = edited_ids[-FALLBACK_QUERY_TOKENS:] if edited_ids.numel() else fallback[-1:]
         return {"query_ids": tail, "question": None, "question_ids": None}
 
-    def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State) -> EditedContext:
-        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes inserted tokens), edited ``p ⊕ s``."""
+    def _edited_context(self, original_ids: torch.Tensor, p: int, d: int, shifted: _State, m: int = 0
+                        ) -> EditedContext:
+        """The edit as an EditedContext: original ``p ⊕ e ⊕ s`` (p includes the m inserted tokens,
+        ``inserted_len``), edited ``p ⊕ s``."""
         text = {}
         if shifted.pieces is not None:
             lengths = np.fromiter((len(x) for x in shifted.pieces), dtype=np.int64, count=shifted.n)
@@ -1023,7 +1078,7 @@ class EditSession:
                 "containers": tuple(containers),
             }
         return EditedContext(
-            original_ids=original_ids, prefix_len=p, deleted_len=d,
+            original_ids=original_ids, prefix_len=p, deleted_len=d, inserted_len=m,
             **self._query_fields(shifted.ids, original_ids), **text,
         )
 

@@ -276,6 +276,46 @@ def _table17_cpu(df: pd.DataFrame, params: dict) -> None:
     assert ((df["excess_pp"] - (df["cross_pct"] - df["reprefill_pct"])).abs() < 1e-9).all()
     if params.get("device", "cpu") == "cpu":  # fixed shapes and threads: deterministic kernels
         assert (df[["shared_pct", "reprefill_pct", "replay_pct"]] == 0).all().all(), "within-path disagreement on CPU"
+def _stale_params(p: dict) -> dict:
+    """Notebook 09's study parameters for the run's values (preset sizes where the notebook left None)."""
+    from sur_lab.studies import stale_facts
+
+    keys = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys", "budgets", "allocators",
+            "max_new_tokens", "families", "references", "erratum_template")
+    return stale_facts.params(p["preset"], **{k: p.get(k) for k in keys})
+
+
+def _stale_records(p: dict) -> int:
+    q = _stale_params(p)
+    return q["num_cases"] * (len(q["references"]) + len(q["allocators"]) * len(q["budgets"]))
+
+
+def _stale_pairs(p: dict) -> int:
+    """Paired differences: per metric (EM, stale) and budget, every pair of the k compared arms and each budgeted
+    arm against Shift and Re-prefill; each unbudgeted arm (Erratum) against them once."""
+    from sur_lab.studies.stale_facts import BASELINES, COMPARED
+
+    q = _stale_params(p)
+    k = len([m for m in COMPARED if m in q["references"] or m in q["allocators"]])
+    u = len([m for m in COMPARED if m in q["references"]])
+    n_base = len([b for b in BASELINES if b in q["references"]])
+    return 2 * (len(q["budgets"]) * (k * (k - 1) // 2 + (k - u) * n_base) + u * n_base)
+
+
+def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
+    ref = df[df["method"] == "Re-prefill"]
+    assert ref["agree_reprefill"].all(), "Re-prefill must agree with itself"
+    assert (df.loc[df["method"] == "Shift", "margin_recovery"].dropna() == 0).all()
+    assert (ref["margin_recovery"].dropna() == 1).all()
+    before = df["num_tokens"] - df["inserted_len"]  # the context before the edit (a replacement's Dirty)
+    dirty = df["method"] == "Dirty"
+    assert (df.loc[dirty, "cache_len"] == before[dirty]).all()
+    err = df["method"] == "Erratum"
+    assert (df.loc[err, "note_tokens"] > 0).all() and (df.loc[err, "note_template"] == params["erratum_template"]).all()
+    assert (df.loc[err, "cache_len"] == before[err] + df.loc[err, "note_tokens"]).all()
+    assert (df.loc[~err, "note_tokens"] == 0).all()
+    assert set(df["answer_class"]) <= {"correct", "stale", "mixed", "distractor", "wrong"}
+    assert (df["em"] == (df["answer_class"] == "correct")).all()
 
 
 EXPECTED: dict[str, Expected] = {
@@ -474,5 +514,29 @@ EXPECTED: dict[str, Expected] = {
                 rows=_agent_arms, not_null=("agree_pct", "cost_ratio"), check=_agent_reference),
         },
         token_views=1,
+    ),
+    "09_stale_facts": Expected(
+        figures=("09_summary",),
+        tables={
+            "09_roster": Table(columns=("case_id", "family", "asks_edited_key", "num_tokens", "inserted_len", "S"),
+                               rows=lambda p: _stale_params(p)["num_cases"], not_null=("family", "num_tokens")),
+            "09_records": Table(
+                columns=("case_id", "family", "method", "budget_pct", "answer", "answer_class", "em", "stale",
+                         "gold_margin", "margin_recovery", "cache_len", "note_tokens", "note_template", "allowance"),
+                rows=_stale_records, not_null=("answer_class", "gold_margin", "cache_len"),
+                check=_stale_records_check),
+            "09_summary": Table(
+                columns=("method", "budget_pct", "em_pct", "stale_pct", "agree_pct", "margin_recovery_median",
+                         "n_margin_defined", "forward_tokens"),
+                rows=lambda p: len(_stale_params(p)["references"])
+                + len(_stale_params(p)["allocators"]) * len(_stale_params(p)["budgets"]),
+                not_null=("em_pct", "agree_pct")),
+            "09_paired_differences": Table(
+                columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
+                         "separates"),
+                rows=_stale_pairs, not_null=("a", "b", "diff_pp", "ci_low_pp", "ci_high_pp")),
+            "09_em_by_family": Table(columns=("arm",)),
+            "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
+        },
     ),
 }

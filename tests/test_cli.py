@@ -14,6 +14,9 @@ from sur_lab.runtime import cli
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The registered studies, in registration order (sur_lab.studies.STUDIES); a new study adds its name here.
+KNOWN_STUDIES = ["niah", "natural-qa", "noprefix", "evidence-location", "stale-facts"]
+
 
 def _run(capsys, *argv):
     code = cli.main(list(argv))
@@ -218,7 +221,7 @@ def test_every_registered_study_resolves_and_implements_the_api():
     from sur_lab.studies import STUDIES, get_study
     from sur_lab.studies.presets import PRESET_NAMES
 
-    assert list(STUDIES) == ["niah", "natural-qa", "noprefix", "evidence-location"]
+    assert list(STUDIES) == KNOWN_STUDIES
     for name in STUDIES:
         study = get_study(name)
         assert study.NAME == name and (REPO / "notebooks" / f"{study.NOTEBOOK}.ipynb").is_file()
@@ -229,21 +232,21 @@ def test_every_registered_study_resolves_and_implements_the_api():
         assert set(params) == set(study.FIXED) | set(study.PRESETS["default"])
         params["budgets"].append(99)  # a copy: overriding a value never changes the study's tables
         assert 99 not in study.params("default")["budgets"]
-    with pytest.raises(ValueError, match="unknown study 'nope'; registered studies: niah, natural-qa, noprefix, "
-                                         "evidence-location"):
+    with pytest.raises(ValueError, match="unknown study .nope.; registered studies: " + ", ".join(KNOWN_STUDIES)):
         get_study("nope")
 
 
 def test_unknown_study_exits_2_listing_the_known_ones(capsys):
     code, _, err = _run(capsys, "sweep", "nope")
-    assert code == 2 and "invalid choice: 'nope' (choose from 'niah', 'natural-qa', 'noprefix', 'evidence-location')" in err
+    choices = ", ".join(f"'{s}'" for s in KNOWN_STUDIES)
+    assert code == 2 and f"invalid choice: 'nope' (choose from {choices})" in err
 
 
 def test_study_presets():
     from sur_lab.studies import get_study
 
     paper = get_study("niah").params("paper")
-    assert paper["num_cases"] == 96 and paper["budgets"] == [2, 5, 10, 20, 40, 80] and len(paper["allocators"]) == 14
+    assert paper["num_cases"] == 96 and paper["budgets"] == [2, 5, 10, 20, 40, 80] and len(paper["allocators"]) == 18
     assert get_study("natural-qa").params("paper")["n_per_dataset"] == 100
     assert get_study("niah").params("default")["num_cases"] == 48
     assert get_study("noprefix").params("default")["n_sources"] == [6, 2]
@@ -257,7 +260,7 @@ def test_study_presets():
         preset_model("huge")
 
 
-@pytest.mark.parametrize("study", ["niah", "natural-qa", "noprefix", "evidence-location"])
+@pytest.mark.parametrize("study", KNOWN_STUDIES)
 def test_study_fixed_parameters_are_the_notebook_defaults(study):
     import ast
 
@@ -286,7 +289,7 @@ def test_sweep_default_model_per_preset(preset, model):
     assert cli._model_args(given)["name"] == "some/model"
 
 
-@pytest.mark.parametrize("study", ["niah", "natural-qa", "noprefix", "evidence-location"])
+@pytest.mark.parametrize("study", KNOWN_STUDIES)
 def test_sweep_default_model_is_the_notebooks(study):
     import ast
 

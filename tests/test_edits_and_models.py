@@ -80,7 +80,8 @@ def test_bad_budget_raises_before_any_model_call(budget):
     exploding = type(lm)(model=_ExplodingModel(), tokenizer=None, spec=lm.spec)
     with pytest.raises(ValueError, match="budget_pct"):
         repair(exploding, prep, "SUR", budget)
-    with pytest.raises(ValueError, match=r"method='No such allocator'; allowed: Dirty, Shift, Replay, Re-prefill or"):
+    with pytest.raises(ValueError,
+                       match=r"method='No such allocator'; allowed: Dirty, Shift, Replay, Re-prefill, Erratum or"):
         repair(exploding, prep, "No such allocator", 5)
     with pytest.raises(ValueError, match="executor"):
         repair(exploding, prep, "SUR", 5, executor="nope")

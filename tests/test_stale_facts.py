@@ -151,8 +151,8 @@ def test_families_depths_and_distances_are_controlled_and_recorded(cases):
         assert meta["family"] == case.family and meta["gold_value"] == case.gold and meta["old_value"] == case.old
         assert meta["edit_depth_tokens"] == case.edit.prefix_len
         # the edit's lengths are Record fields; a meta key of the same name would collide with them
-        assert not {"prefix_len", "deleted_len", "suffix_len"} & set(meta)
-        assert case.sweep_case().meta == meta
+        assert not {"prefix_len", "deleted_len", "suffix_len"} & set(meta) and meta["gold_token"] == case.gold_token
+        assert case.edit.inserted_len == case.inserted_len
         if case.family == "superseded_tool_output":
             assert case.inserted_len == 0 and case.answer_in == "suffix"
             assert case.stale_value == case.old and case.distance > 0
@@ -231,11 +231,11 @@ def test_presets_and_bad_arguments(tokenizer, corpus):
 
 
 def test_smoke_preset_roster(tokenizer, corpus):
-    roster = sf.cases(tokenizer, "smoke", corpus=corpus)
+    roster = sf.stale_cases(tokenizer, "smoke", corpus=corpus)
     assert len(roster) == sf.PRESETS["smoke"]["num_cases"]
     assert [c.family for c in roster] == list(sf.FAMILIES)
-    assert len(sf.cases(tokenizer, "smoke", corpus=corpus, num_cases=1)) == 1
+    assert len(sf.stale_cases(tokenizer, "smoke", corpus=corpus, num_cases=1)) == 1
     with pytest.raises(ValueError, match="budgets is not a case size"):
-        sf.cases(tokenizer, "smoke", corpus=corpus, budgets=[2])
+        sf.stale_cases(tokenizer, "smoke", corpus=corpus, budgets=[2])
     with pytest.raises(ValueError, match="preset"):
-        sf.cases(tokenizer, "large", corpus=corpus)
+        sf.stale_cases(tokenizer, "large", corpus=corpus)

@@ -11,10 +11,12 @@ in-place forms registered as ``"<name>-inplace"``, which consume it (:mod:`~sur_
 
 from sur_lab.executors.erratum import (
     DEFAULT_ERRATUM,
+    ERRATUM_TEMPLATES,
     ErratumTemplates,
     erratum,
     erratum_note,
     erratum_note_ids,
+    erratum_templates,
     pre_edit_ids,
 )
 from sur_lab.executors.registry import (
@@ -28,16 +30,24 @@ from sur_lab.executors.registry import (
 )
 from sur_lab.executors.sequential import (
     dirty,
+    dirty_rows,
+    insert_rows,
     refresh_sequential,
     replay,
     reprefill,
     shift,
     shift_inplace,
+    valid_prefix,
 )
 
 __all__ = [
     "DEFAULT_ERRATUM",
+    "ERRATUM_TEMPLATES",
     "ErratumTemplates",
+    "erratum_templates",
+    "dirty_rows",
+    "insert_rows",
+    "valid_prefix",
     "erratum",
     "erratum_note",
     "erratum_note_ids",

@@ -75,6 +75,26 @@ class ErratumTemplates:
 
 #: The default note templates.
 DEFAULT_ERRATUM = ErratumTemplates()
+#: Note templates by name: the Erratum reference operator takes ``options["erratum_template"]`` (default
+#: ``"default"``) and its records carry the name (``note_template``). ``"restate"`` also quotes the replaced text's
+#: first words (a note that names what it supersedes); ``"terse"`` is a bare correction.
+ERRATUM_TEMPLATES: dict[str, ErratumTemplates] = {
+    "default": DEFAULT_ERRATUM,
+    "restate": ErratumTemplates(
+        update='\n\nCorrection, this supersedes the passage that begins "{excerpt}": {inserted}'),
+    "terse": ErratumTemplates(deletion='\n\nIgnore the passage "{excerpt}".', update="\n\nUpdate: {inserted}"),
+}
+
+
+def erratum_templates(name: str) -> ErratumTemplates:
+    """The note templates registered as ``name`` in :data:`ERRATUM_TEMPLATES`.
+
+    Raises:
+        ValueError: naming ``erratum_template`` and listing the registered names.
+    """
+    if name not in ERRATUM_TEMPLATES:
+        raise ValueError(f"erratum_template={name!r} is not one of {', '.join(ERRATUM_TEMPLATES)}")
+    return ERRATUM_TEMPLATES[name]
 
 
 def _excerpt(text: str, words: int) -> str:
@@ -84,7 +104,8 @@ def _excerpt(text: str, words: int) -> str:
 
 
 def _check_inserted(edit: EditedContext, inserted_len) -> int:
-    m = as_count(inserted_len, "inserted_len")
+    """m: ``inserted_len``, or the edit's own ``inserted_len`` when ``None``; checked against ``prefix_len``."""
+    m = edit.inserted_len if inserted_len is None else as_count(inserted_len, "inserted_len")
     if m > edit.prefix_len:
         raise ValueError(f"inserted_len={m} exceeds the edit's prefix_len={edit.prefix_len} (the inserted tokens end "
                          "the prefix)")
@@ -92,15 +113,16 @@ def _check_inserted(edit: EditedContext, inserted_len) -> int:
 
 
 def erratum_note(
-    edit: EditedContext, *, inserted_len: int = 0, templates: ErratumTemplates = DEFAULT_ERRATUM
+    edit: EditedContext, *, inserted_len: int | None = None, templates: ErratumTemplates = DEFAULT_ERRATUM
 ) -> str:
     """The correction note of ``edit``: ``templates.deletion`` for a deletion, ``templates.update`` for a replacement.
 
     Args:
         edit: a text edit (:func:`sur_lab.edits.segment_edit`, :func:`sur_lab.edits.replacement_edit`,
             :func:`sur_lab.edits.chat_edit`): ``original_text``, ``original_offsets`` and ``deleted_char_span`` set.
-        inserted_len: m, tokens at the end of the prefix that the edit inserted (0: a deletion). The inserted text is
-            ``original_text`` from the first inserted token's start to the deleted span's start.
+        inserted_len: m, tokens at the end of the prefix that the edit inserted (0: a deletion; ``None``: the edit's
+            own ``inserted_len``). The inserted text is ``original_text`` from the first inserted token's start to the
+            deleted span's start.
         templates: the note templates.
 
     Returns:
@@ -137,9 +159,10 @@ def erratum_note_ids(tokenizer, note: str) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def pre_edit_ids(edit: EditedContext, inserted_len: int = 0) -> torch.Tensor:
+def pre_edit_ids(edit: EditedContext, inserted_len: int | None = None) -> torch.Tensor:
     """``[N - m]`` int64: the context before the edit, ``original_ids`` without the m inserted tokens
-    ``[p - m, p)`` (a deletion, m = 0: ``original_ids`` itself, a copy).
+    ``[p - m, p)`` (a deletion, m = 0: ``original_ids`` itself, a copy). ``inserted_len=None`` (default) takes the
+    edit's own ``inserted_len``.
 
     Raises:
         ValueError: naming ``inserted_len`` when it is negative, not an integer or larger than ``prefix_len``.
@@ -150,7 +173,7 @@ def pre_edit_ids(edit: EditedContext, inserted_len: int = 0) -> torch.Tensor:
 
 
 def erratum(
-    lm: LoadedModel, dirty_cache: DynamicCache, edit: EditedContext, note_ids, *, inserted_len: int = 0
+    lm: LoadedModel, dirty_cache: DynamicCache, edit: EditedContext, note_ids, *, inserted_len: int | None = None
 ) -> DynamicCache:
     """Erratum: the cache of the context before the edit, kept whole (deleted rows included), extended by a prefill
     of the correction note at positions ``n .. n + L - 1`` (issue 26; arXiv 2606.17107).
@@ -165,7 +188,8 @@ def erratum(
             not modified.
         edit: the edit (its query follows the note).
         note_ids: ``[L]`` integer ids of the note, L >= 1 (:func:`erratum_note_ids` of :func:`erratum_note`).
-        inserted_len: m, tokens at the end of the prefix that the edit inserted (0 for a deletion).
+        inserted_len: m, tokens at the end of the prefix that the edit inserted (0 for a deletion; ``None``: the
+            edit's own ``inserted_len``).
 
     Returns:
         A new cache of ``N - inserted_len + L`` rows; process ``edit.query_ids`` after it.

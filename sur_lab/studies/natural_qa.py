@@ -104,8 +104,9 @@ PRESETS = {
                 "references": ["Shift", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 16, "n_boot": 10_000},
     "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "n_per_dataset": 100,
               "timed_sources": 100, "placements": ["before", "between", "after"],
-              "allocators": ["SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted"],
-              "references": ["Shift", "Replay", "Re-prefill"], "budgets": [2, 5], "max_new_tokens": 64,
+              "allocators": ["SUR", "BM25 (same units)", "CacheBlend-Adapted", "InfoFlow-Motivated", "ProphetKV-Adapted",
+                             "SUR-IDF", "Edit-local window", "Edit-local + SUR"],
+              "references": ["Shift", "Replay", "Re-prefill", "Erratum"], "budgets": [2, 5], "max_new_tokens": 64,
               "n_boot": 10_000},
 }
 #: The study's name in the registry (``sur-lab sweep natural-qa``), its notebook, and its sweep folders' prefix.

@@ -69,6 +69,9 @@ PAPER_ALLOCATORS = (
     "Clean-state oracle",
 )
 
+#: Methods beyond the paper in the ``paper`` preset (issue 26): SUR's tie-robust variant, the edit-local baselines
+#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :func:`methods`).
+BEYOND_PAPER = ("SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (48
 #: cases, 24 at each of 1K and 2K tokens: issue 23 spent the time batched answering saves on more cases and a second
@@ -81,7 +84,8 @@ PRESETS = {
                 "allocators": ["SUR", "SUR-IDF", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
                                "Random semantic units"]},
     "paper": {"context_lens": [1024, 2048, 4096, 8192, 16384, 32768], "num_cases": 96,
-              "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32, "allocators": list(PAPER_ALLOCATORS)},
+              "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32,
+              "allocators": [*PAPER_ALLOCATORS, *BEYOND_PAPER]},
 }
 #: The paper's NIAH budget grid, %.
 PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
@@ -458,10 +462,15 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
-    after, in the given order)."""
-    allocators = list(p["allocators"])
+    after, in the given order). A reference operator named among the allocators (the ``paper`` preset's
+    ``"Erratum"``) is listed after the references."""
+    from sur_lab.repair import REFERENCE_OPERATORS
+
+    refs = list(p["references"])
+    refs += [a for a in p["allocators"] if a in REFERENCE_OPERATORS and a not in refs]
+    allocators = [a for a in p["allocators"] if a not in REFERENCE_OPERATORS]
     ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators if a not in PAPER_ALLOCATORS]
-    return list(p["references"]) + ordered
+    return refs + ordered
 
 
 def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence[Any] | None = None,

@@ -38,11 +38,13 @@ Scoring (:func:`classify_answer`): every case value is searched in the answer as
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from sur_lab.edits import (
@@ -111,16 +113,18 @@ TOOL_CALLS = ("call 1", "call 2")
 #: Filler paragraphs that would take the prompt past ``context_len · (1 + LENGTH_SLACK)`` are skipped.
 LENGTH_SLACK = 0.05
 
-#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``default`` runs the Qwen study model on
-#: 48 cases (16 per family, two full factorial blocks) at 2 % and 5 %; its context length is sized from the CPU time
-#: of one case with the issue's method list (``scripts/stale_facts_probe.py --time``) to fit 40 min on 2 cores.
-#: ``paper`` is 432 cases (two replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray
-#: or a GPU.
+#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``smoke`` exercises every compared arm on
+#: SmolLM2 (plumbing only). ``default`` runs the Qwen study model on 48 cases (16 per family, two full factorial
+#: blocks) at 2 % and 5 % with the issue's method list; its context length is sized from the CPU time of one case
+#: (``scripts/stale_facts_probe.py --time`` measured about 54 s of CPU per 524-token case; 384 tokens keeps 48 cases
+#: within 40 min by an estimate that scales that time with the context length, with a fifth of it held fixed for
+#: decoding and overheads). ``paper`` is 432 cases (two
+#: replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray or a GPU.
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 3, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
-              "budgets": [2, 5], "max_new_tokens": 6,
-              "allocators": ["SUR", "Max-relevance contiguous", "Random semantic units"]},
-    "default": {"context_lens": [512], "num_cases": 48, "edit_depths": [0.2, 0.5], "distances": [0.1, 0.4],
+              "budgets": [5], "max_new_tokens": 6,
+              "allocators": ["SUR", "SUR-IDF", "Edit-local window", "Edit-local + SUR"]},
+    "default": {"context_lens": [384], "num_cases": 48, "edit_depths": [0.2, 0.5], "distances": [0.1, 0.4],
                 "num_keys": 4, "budgets": [2, 5], "max_new_tokens": 8, "allocators": list(STUDY_ALLOCATORS)},
     "paper": {"context_lens": [1024, 2048, 4096, 8192], "num_cases": 432, "edit_depths": [0.1, 0.3, 0.5],
               "distances": [0.05, 0.2, 0.4], "num_keys": 4, "budgets": [2, 5, 10], "max_new_tokens": 8,
@@ -206,8 +210,7 @@ class StaleCase:
         return tuple(dict.fromkeys(v for v in every if v not in (self.gold, self.stale_value)))
 
     def meta(self) -> dict[str, Any]:
-        """Flat scalars for sweep records (the phase-2 record fields of this study; the edit's lengths are Record fields
-        already: ``prefix_len``, ``deleted_len``, ``suffix_len``)."""
+        """Flat scalars for sweep records (the edit's p, d and S are record fields already)."""
         return {
             "dataset": "stale-facts",
             "family": self.family,
@@ -625,14 +628,14 @@ def pre_edit_context_ids(case: StaleCase) -> torch.Tensor:
     return pre_edit_ids(case.edit, case.inserted_len)
 
 
-#: Preset sizes that :func:`cases` reads (the others are sweep options: budgets, decoding limit, allocators).
+#: Preset sizes that :func:`stale_cases` reads (the others are sweep options: budgets, decoding limit, allocators).
 CASE_SIZES = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys")
 
 
-def cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence[Any] | None = None,
-          **overrides: Any) -> list[StaleCase]:
-    """The case roster of ``preset`` (:data:`PRESETS`; sizes overridden by any non-``None`` keyword of
-    :data:`CASE_SIZES`), built by :func:`build_stale_cases`.
+def stale_cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence[Any] | None = None,
+                families: Sequence[str] = FAMILIES, **overrides: Any) -> list[StaleCase]:
+    """The :class:`StaleCase` roster of ``preset`` (:data:`PRESETS`; sizes overridden by any non-``None`` keyword of
+    :data:`CASE_SIZES`), built by :func:`build_stale_cases`. :func:`cases` gives them as sweep cases.
 
     Raises:
         ValueError: naming ``preset`` when unknown or an override that is not a case size; as
@@ -644,4 +647,325 @@ def cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence
     if bad:
         raise ValueError(f"{bad[0]} is not a case size of this study; case sizes: {', '.join(CASE_SIZES)}")
     sizes = resolve_preset(PRESETS, preset, **overrides)
-    return build_stale_cases(tokenizer, seed=seed, corpus=corpus, **{k: sizes[k] for k in CASE_SIZES})
+    return build_stale_cases(tokenizer, seed=seed, corpus=corpus, families=tuple(families),
+                             **{k: sizes[k] for k in CASE_SIZES})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Study API (notebook 09 and ``sur-lab sweep stale-facts`` call the same functions)
+
+#: The study's name in the registry (``sur-lab sweep stale-facts``), its notebook, and its sweep folders' prefix.
+NAME = "stale-facts"
+NOTEBOOK = "09_stale_facts"
+FOLDER = "09_stale_facts"
+#: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell):
+#: the task families, the reference operators, and the Erratum note's template
+#: (:data:`sur_lab.executors.ERRATUM_TEMPLATES`).
+FIXED = {"families": list(FAMILIES), "references": list(STUDY_REFERENCES), "erratum_template": "default"}
+#: The arms of the paired comparisons (issue 26): the 2026 baselines and SUR's variants, each against each other and
+#: against :data:`BASELINES`.
+COMPARED = ("SUR", "SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
+BASELINES = ("Shift", "Re-prefill")
+
+
+def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
+    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
+    (``None`` keeps the default).
+
+    Raises:
+        ValueError: naming ``preset`` or an unknown parameter.
+    """
+    from sur_lab.studies.presets import study_params
+
+    return study_params(PRESETS, FIXED, preset, **overrides)
+
+
+def methods(p: Mapping[str, Any]) -> list[str]:
+    """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`
+    order (others after, in the given order)."""
+    allocators = list(p["allocators"])
+    ordered = [a for a in STUDY_ALLOCATORS if a in allocators] + [a for a in allocators if a not in STUDY_ALLOCATORS]
+    return list(p["references"]) + ordered
+
+
+def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence[Any] | None = None,
+          **overrides: Any) -> list:
+    """The study's cases at ``preset`` as :class:`sur_lab.sweeps.Case` objects (:meth:`StaleCase.sweep_case`: gold
+    ``(gold,)``, meta :meth:`StaleCase.meta` with ``gold_token``, so each record carries ``gold_margin``).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        preset, overrides: as :func:`params` (only the case sizes and ``families`` shape the cases).
+        seed: roster seed.
+        corpus: filler paragraphs (default :func:`sur_lab.studies.datasets.load_corpus`).
+
+    Raises:
+        ValueError: as :func:`params` and :func:`build_stale_cases`.
+    """
+    p = params(preset, **overrides)
+    built = stale_cases(tokenizer, preset, seed=seed, corpus=corpus, families=p["families"],
+                        **{k: p[k] for k in CASE_SIZES})
+    return [c.sweep_case() for c in built]
+
+
+def _options(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The sweep's options: the Erratum template when it is not the default (so default records keep one digest)."""
+    return {} if p["erratum_template"] == "default" else {"erratum_template": p["erratum_template"]}
+
+
+def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
+           outputs: Path | None = None) -> Path:
+    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`: study, sizes, seed, evaluation
+    batch, executor when not the sequential one, the roster's shape as a short digest, and the model's fingerprint).
+    :func:`sweep` uses it, so notebook 09 and ``sur-lab sweep stale-facts`` with the same parameters share a folder."""
+    from sur_lab.fingerprint import digest
+    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
+
+    extra = {} if executor == "sequential" else {"ex": executor}
+    shape = digest({k: p[k] for k in ("edit_depths", "distances", "num_keys", "families", "erratum_template")})[:8]
+    return sweep_folder(FOLDER, lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"], b=p["budgets"],
+                        tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
+                        r=shape, **extra)
+
+
+def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
+          threads: int | None = None, address: str | None = None, executor: str = "sequential",
+          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+    """Run (or resume) the study's sweep: every case x (references + allocators x budgets), scored by
+    :func:`stale_fact_scorer` (EM), with ``gold_margin`` in every record (:func:`sur_lab.sweeps.run_case`).
+
+    Args:
+        lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
+        preset, overrides: the parameters (:func:`params`; e.g. ``num_cases=12``, ``context_lens=[384]``).
+        out: the sweep folder (default :func:`folder`).
+        seed: roster and allocator seed.
+        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); ``workers=1``: this process.
+        executor: sparse-refresh executor.
+        eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`); this study has no latency
+            endpoint, so its answers are never timed.
+        progress: show a progress bar.
+
+    Returns:
+        ``(records, folder)``: the records with :func:`add_stale_endpoints` columns (``answer_class``, ``stale``,
+        ``margin_recovery``) and the folder holding ``parts/`` and ``records.parquet``.
+
+    Raises:
+        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
+    """
+    from sur_lab.executors import erratum_templates
+    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+
+    p = params(preset, **overrides)
+    erratum_templates(p["erratum_template"])  # refused before any work
+    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
+    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
+    records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
+                        executor=executor, eval_batch=eval_batch, scorer=stale_fact_scorer, seed=seed,
+                        options=_options(p), workers=workers, threads=threads, address=address, progress=progress)
+    return add_stale_endpoints(records), where
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Report: stale-answer rate, EM, margin recovery, paired differences, the generated conclusion
+
+
+def add_stale_endpoints(records: pd.DataFrame) -> pd.DataFrame:
+    """Records with the study's endpoints added (a new DataFrame): ``answer_class`` (:func:`classify_answer` of each
+    record's answer with its case's values, read from the meta columns ``gold_value``, ``stale_value`` and
+    ``distractor_values``), ``stale`` (float: 1.0 when the answer gives the superseded value; NaN for a query about
+    an untouched key, which has no stale value) and ``margin_recovery``
+    (:func:`sur_lab.analysis.endpoints.add_margin_recovery`: NaN where undefined).
+
+    Raises:
+        ValueError: naming ``records`` when a meta column or a case's Shift or Re-prefill record is missing.
+    """
+    from sur_lab.analysis.endpoints import add_margin_recovery
+
+    missing = [c for c in ("answer", "gold_value", "stale_value", "distractor_values", "gold_margin")
+               if c not in records.columns]
+    if missing:
+        raise ValueError(f"records lack the columns {missing} (stale-fact sweep records carry them)")
+    classes = [
+        classify_answer(a, g, s or None, tuple(v for v in str(d).split(",") if v))
+        for a, g, s, d in zip(records["answer"], records["gold_value"], records["stale_value"].fillna(""),
+                              records["distractor_values"].fillna(""))
+    ]
+    asks_old = records["stale_value"].fillna("").astype(str) != ""
+    stale = np.where(asks_old, [float(c == "stale") for c in classes], np.nan)
+    return add_margin_recovery(records.assign(answer_class=classes, stale=stale))
+
+
+def _arm(records: pd.DataFrame) -> pd.Series:
+    """A label per record: the method, with its budget for budgeted methods (``"SUR 5%"``)."""
+    return pd.Series([m if pd.isna(b) else f"{m} {b:g}%" for m, b in zip(records["method"], records["budget_pct"])],
+                     index=records.index)
+
+
+def summary_table(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per (method, budget): EM %, stale-answer rate % (over the cases asking the edited key), agreement
+    with Re-prefill %, the median of the defined margin recoveries with their count, mean first-token TV to
+    Re-prefill, mean forward tokens of the repair (``allowance + note_tokens``: suffix rows recomputed, or the
+    Erratum note) and median refresh time (ms); references (budget NaN) first, then the allocators by budget.
+
+    Args:
+        records: :func:`add_stale_endpoints` records.
+    """
+    df = records.assign(_cost=records["allowance"] + records["note_tokens"], _em=records["em"].astype(float),
+                        _agree=records["agree_reprefill"].astype(float))
+    g = df.groupby(["method", "budget_pct"], dropna=False, sort=False)
+    out = g.agg(n=("case_id", "size"), em_pct=("_em", "mean"), stale_pct=("stale", "mean"),
+                n_stale_cases=("stale", "count"), agree_pct=("_agree", "mean"),
+                margin_recovery_median=("margin_recovery", "median"), n_margin_defined=("margin_recovery", "count"),
+                gold_margin_median=("gold_margin", "median"), tv_reprefill=("tv_reprefill", "mean"),
+                forward_tokens=("_cost", "mean"), refresh_ms=("refresh_ms", "median")).reset_index()
+    for col in ("em_pct", "stale_pct", "agree_pct"):
+        out[col] = 100 * out[col]
+    refs = [m for m in (*STUDY_REFERENCES,) if m in set(out["method"])]
+    order = {m: i for i, m in enumerate([*refs, *STUDY_ALLOCATORS])}
+    out["_r"] = out["budget_pct"].notna().astype(int)
+    out["_o"] = out["method"].map(order).fillna(len(order))
+    return out.sort_values(["_r", "budget_pct", "_o"], na_position="first").drop(columns=["_r", "_o"]) \
+        .reset_index(drop=True)
+
+
+def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em", "stale"),
+                       compared: Sequence[str] = COMPARED, baselines: Sequence[str] = BASELINES,
+                       n_boot: int = 10_000, seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
+    """Case-paired bootstrap differences with percentile intervals (appendix 8.3: 10,000 replicates, seed
+    20260928; cases resampled within each family) of every compared arm against each other and against the
+    baselines, at each budget, in percentage points.
+
+    At budget b the arms are each budgeted method of ``compared`` at b and the unbudgeted ones (Erratum); every pair
+    of them is compared once (``a`` minus ``b`` in ``compared`` order), and each budgeted arm against each baseline
+    (``a`` minus the baseline). An unbudgeted arm is compared with the baselines once, with budget NaN. ``stale`` is compared on the cases that ask the edited key (the others have no stale
+    value); a lower stale rate is better, so a negative difference favours ``a``.
+
+    Args:
+        records: :func:`add_stale_endpoints` records.
+        metrics: 0/1 record columns (``"em"``, ``"stale"``, ``"agree_reprefill"``).
+        compared, baselines: method names; those absent from ``records`` are skipped.
+        n_boot, seed, ci: bootstrap replicates, generator seed, interval coverage (%).
+
+    Returns:
+        One row per (metric, budget_pct, a, b): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
+        ``separates`` (the interval excludes 0), ``kind`` (``"arms"`` or ``"baseline"``).
+
+    Raises:
+        ValueError: naming ``metrics`` when a metric is not a column; as
+            :func:`sur_lab.analysis.stats.paired_bootstrap`.
+    """
+    from sur_lab.analysis.stats import paired_bootstrap
+
+    bad = [m for m in metrics if m not in records.columns]
+    if bad:
+        raise ValueError(f"metrics {bad} are not record columns")
+    df = records.assign(arm=_arm(records))
+    present = set(df["method"])
+    budgets = sorted(df.loc[df["budget_pct"].notna() & df["method"].isin(compared), "budget_pct"].unique())
+    rows = []
+    for metric in metrics:
+        sub = df[df[metric].notna()]
+        budgeted = set(sub.loc[sub["budget_pct"].notna(), "method"])
+        fixed = [m for m in compared if m in present and m not in budgeted and m in set(sub["arm"])]
+        bases = [base for base in baselines if base in set(sub["arm"])]
+        grid = [(float("nan"), [(x, base, "baseline") for x in fixed for base in bases])]
+        for b in budgets:
+            arms = [m if m not in budgeted else f"{m} {b:g}%" for m in compared if m in present]
+            arms = [a for a in arms if a in set(sub["arm"])]
+            pairs = [(x, y, "arms") for i, x in enumerate(arms) for y in arms[i + 1:]]
+            pairs += [(x, base, "baseline") for x in arms if x not in fixed for base in bases]
+            grid.append((b, pairs))
+        for b, pairs in grid:
+            for x, y, kind in pairs:
+                cases_ = set(sub.loc[sub["arm"] == x, "case_id"]) & set(sub.loc[sub["arm"] == y, "case_id"])
+                pair = sub[sub["arm"].isin([x, y]) & sub["case_id"].isin(cases_)]
+                if pair.empty:
+                    continue
+                res = paired_bootstrap(pair, metric_col=metric, method_a=x, method_b=y, source_col="case_id",
+                                       strata_col="family", method_col="arm", n_boot=n_boot, seed=seed, ci=ci)
+                rows.append({"metric": metric, "budget_pct": float(b), "a": x, "b": y, "kind": kind,
+                             "diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
+                             "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)})
+    return pd.DataFrame(rows, columns=["metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp",
+                                       "ci_high_pp", "n_cases", "separates"])
+
+
+def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
+    """Mean ``value`` (x100 for 0/1 columns) per arm (rows) and ``by`` stratum (columns): e.g. EM by family, or the
+    stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade)."""
+    df = records.assign(arm=_arm(records), _v=records[value].astype(float))
+    table = df.pivot_table(index="arm", columns=by, values="_v", aggfunc="mean", sort=False)
+    return 100 * table if value in ("em", "stale", "agree_reprefill") else table
+
+
+def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_cases: int) -> list[str]:
+    """The generated conclusion: lines that state, from this run's tables, the references' EM and stale rates, the
+    best compared arm per budget, every separated paired difference (who wins where), and where SUR loses
+    (a separated difference with SUR on the losing side), or that nothing separates.
+
+    Args:
+        summary: :func:`summary_table` of the run.
+        diffs: :func:`paired_differences` of the run.
+        model: the model's name; n_cases: cases in the run.
+    """
+    lines = [f"This run: {model}; {n_cases} stale-fact cases."]
+    s = summary.assign(arm=_arm(summary))
+    ref = s[s["budget_pct"].isna()].set_index("method")
+
+    def fmt(m: str) -> str:
+        r = ref.loc[m]
+        stale = "n/a" if pd.isna(r.stale_pct) else f"{r.stale_pct:.0f} %"
+        return f"{m} EM {r.em_pct:.0f} % (stale {stale})"
+
+    lines.append("References: " + "; ".join(fmt(m) for m in ref.index) + ".")
+    for b in sorted(s.loc[s["budget_pct"].notna(), "budget_pct"].unique()):
+        at = s[((s["budget_pct"] == b) | s["method"].isin(["Erratum"])) & s["method"].isin(COMPARED)]
+        if at.empty:
+            continue
+        best = at.sort_values(["em_pct", "stale_pct"], ascending=[False, True]).iloc[0]
+        mr = "n/a" if pd.isna(best.margin_recovery_median) else f"{best.margin_recovery_median:.2f}"
+        lines.append(f"At {b:g} %: highest EM among the compared arms is {best.arm} ({best.em_pct:.0f} %, stale "
+                     f"{best.stale_pct:.0f} %, median margin recovery {mr} over {int(best.n_margin_defined)} cases); "
+                     + ", ".join(f"{r.arm} {r.em_pct:.0f} %" for r in at.itertuples() if r.arm != best.arm) + ".")
+    sep = diffs[diffs["separates"]]
+    if sep.empty:
+        lines.append("No paired difference separates (every 95 % interval includes 0): on these cases the methods "
+                     "are not told apart; more cases are needed for an ordering.")
+    for r in sep.itertuples():
+        better_a = r.diff_pp > 0 if r.metric != "stale" else r.diff_pp < 0
+        win, lose = (r.a, r.b) if better_a else (r.b, r.a)
+        # The interval of (a - b), turned to (winner - loser) when the winner is b.
+        low, high = (r.ci_low_pp, r.ci_high_pp) if win == r.a else (-r.ci_high_pp, -r.ci_low_pp)
+        what = {"em": "EM", "stale": "stale-answer rate (lower is better)"}.get(r.metric, r.metric)
+        where = "" if pd.isna(r.budget_pct) else f" at {r.budget_pct:g} %"
+        lines.append(f"{what}{where}: {win} beats {lose}, {win} minus {lose} = "
+                     f"{(r.diff_pp if win == r.a else -r.diff_pp):+.1f} pp (95 % CI [{low:.1f}, {high:.1f}], "
+                     f"n={r.n_cases}).")
+    sur_losses = []
+    for r in diffs.itertuples():
+        if not r.separates:
+            continue
+        better_a = r.diff_pp > 0 if r.metric != "stale" else r.diff_pp < 0
+        loser = r.b if better_a else r.a
+        if loser.startswith(("SUR ", "SUR-IDF ")):
+            sur_losses.append(f"{loser} vs {r.a if loser == r.b else r.b} on {r.metric}")
+    lines.append("Where SUR loses (separated): " + ("; ".join(sur_losses) if sur_losses else
+                                                  "nowhere in this run (no separated difference against it)") + ".")
+    return lines
+
+
+def plot_summary(summary: pd.DataFrame):
+    """Bars of EM and stale-answer rate (%) per arm, references and each budget's allocators; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    s = summary.assign(arm=_arm(summary))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 0.32 * len(s) + 1.8), sharey=True)
+    for ax, col, title in zip(axes, ["em_pct", "stale_pct", "margin_recovery_median"],
+                              ["EM (%)", "stale answers (%)", "median margin recovery (0 = Shift, 1 = Re-prefill)"]):
+        colors = ["0.5" if pd.isna(b) else "tab:blue" for b in s["budget_pct"]]
+        ax.barh(s["arm"], s[col].fillna(0.0), color=colors)
+        ax.set_title(title)
+        ax.invert_yaxis() if ax is axes[0] else None
+    fig.tight_layout()
+    return fig

@@ -145,7 +145,9 @@ def case_fingerprint(edit: EditedContext, gold: Sequence[str] = (), meta: Mappin
     for part in (edit.original_ids, edit.query_ids, edit.relevance_ids):
         h.update(np.asarray(part, dtype=np.int64).tobytes())
         h.update(b"|")
-    h.update(f"{edit.prefix_len},{edit.deleted_len}".encode())
+    # A replacement's Dirty cache is the context before it (inserted_len); deletions keep their old fingerprints.
+    span = f"{edit.prefix_len},{edit.deleted_len}" + (f",{edit.inserted_len}" if edit.inserted_len else "")
+    h.update(span.encode())
     extra = {
         "offsets": list(edit.edited_offsets) if edit.edited_offsets is not None else None,
         "containers": list(edit.containers or ()),
@@ -268,6 +270,8 @@ class _Repaired:
     timings_ms: dict
     allowance: int
     cache_len: int
+    note_tokens: int = 0
+    note_template: str = ""
 
 
 @dataclass
@@ -319,6 +323,10 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
                 else float("nan"))
     continuation = logprobs["reprefill"]
     gold = logprobs["gold"]
+    gold_token = case.meta.get("gold_token")
+    if gold_token is None and refs.gold_ids:
+        gold_token = refs.gold_ids[0]
+    margin = gold_margin(ans.first_token_logits, int(gold_token)) if gold_token is not None else float("nan")
     return {
         "prediction": _as_text(parsed),
         "em": em,
@@ -336,7 +344,7 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
         # Eq. of endpoints.gold_nll on the batch's teacher-forced log-probabilities (float64 log-softmax).
         "gold_nll": float(-gold.mean()) if gold.size else float("nan"),
         "gold_tokens": int(gold.size),
-        "gold_margin": gold_margin(ans.first_token_logits, refs.gold_ids[0]) if refs.gold_ids else float("nan"),
+        "gold_margin": margin,
     }
 
 
@@ -450,9 +458,9 @@ def run_case(
                    else m.repair(lm, prepared, executor=executor, seed=seed_c, options=options) for m, b in chunk]
         emitted = [_key(m, b) in wanted for m, b in chunk]
         kept = [_Repaired(method_name(m), b, method_protocol(m), r.selection, r.timings_ms, r.allowance,
-                          cache_length(r.cache)) for (m, b), r in zip(chunk, results)]
+                          cache_length(r.cache), r.note_tokens, r.note_template) for (m, b), r in zip(chunk, results)]
         for row, r in zip(kept, results):
-            check_cache_rows(r.cache, edit, name=f"the {row.method} cache")
+            check_cache_rows(r.cache, edit, name=f"the {row.method} cache", note_tokens=r.note_tokens)
         batch = AnswerBatch(lm, [r.cache for r in results], edit.query_ids, copy=False)
         del results  # their caches were consumed by the batch
         needs_answer = [e or m == "Re-prefill" for e, (m, _) in zip(emitted, chunk)]
@@ -513,6 +521,8 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
         extra_forward_layers=int(sel.diagnostics.get("extra_forward_layers", 0)) if sel is not None else 0,
         # SUR / SUR-IDF: units tied after rounding (appendix 7.3 tie rule); None for allocators without unit ranks.
         tied_units=sel.diagnostics.get("tied_units") if sel is not None else None,
+        note_tokens=row.note_tokens,
+        note_template=row.note_template,
         select_ms=t["select"],
         shift_ms=t["shift"],
         refresh_ms=t["refresh"],

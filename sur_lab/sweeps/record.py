@@ -92,6 +92,8 @@ class Record:
         extra_forward_tokens, extra_forward_layers: token-forwards (and the deepest layer count) spent on the
             allocator's selection signals.
         tied_units: SUR's units tied at the rounding boundary (appendix 7.3); None for allocators without unit ranks.
+        note_tokens: L, tokens of a correction note appended after the context (Erratum; 0 for every other method).
+        note_template: the note's template name (:data:`sur_lab.executors.ERRATUM_TEMPLATES`; ``""`` without note).
 
     Timings, ms (wall clock):
         dirty_ms: the original prefill (not part of post-edit latency).
@@ -126,8 +128,12 @@ class Record:
             nats per answer token (appendix 10.2's primary endpoint; :func:`sur_lab.analysis.endpoints.gold_nll`);
             NaN when the case has no answer target (:attr:`sur_lab.sweeps.Case.answer_ids`).
             gold_tokens: T, tokens of that answer target (0 when there is none).
-        gold_margin: the gold answer's first-token margin ``z[g] - max_{v != g} z[v]``, logit units
-            (:func:`sur_lab.analysis.endpoints.gold_margin`; issue 26); NaN without an answer target.
+        gold_margin: the gold answer's first-token margin ``z[g] - max_{v != g} z[v]`` at the first answer step,
+            logit units (:func:`sur_lab.analysis.endpoints.gold_margin`; issue 26). ``g`` is ``meta["gold_token"]``
+            when the case declares it (a study whose query ends with an answer prefix, so that the first answer step
+            predicts it), else the first token of the case's answer target; NaN without either. Its recovery between
+            Shift and Re-prefill is computed over a case's records
+            (:func:`sur_lab.analysis.endpoints.add_margin_recovery`).
 
     Case columns:
         meta: the case's flat scalar columns (dataset, placement, context length...), flattened beside the fields.
@@ -164,6 +170,8 @@ class Record:
     extra_forward_tokens: int = 0
     extra_forward_layers: int = 0
     tied_units: int | None = None
+    note_tokens: int = 0
+    note_template: str = ""
     dirty_ms: float
     select_ms: float
     shift_ms: float
@@ -258,7 +266,7 @@ FIELD_TYPES: dict[str, str] = {
     "workers": _INT, "threads": _INT, "timed": _BOOL,
     "prefix_len": _INT, "deleted_len": _INT, "suffix_len": _INT, "cache_len": _INT, "allowance": _INT,
     "num_intervals": _INT, "positions": "ints", "intervals": "intervals", "extra_forward_tokens": _INT,
-    "extra_forward_layers": _INT, "tied_units": "int?",
+    "extra_forward_layers": _INT, "tied_units": "int?", "note_tokens": _INT, "note_template": _STR,
     **{t: _FLOAT for t in TIMING_FIELDS},
     "answer": _STR, "prediction": _STR, "gold": "strs", "finished": _BOOL,
     "em": "bool?", "agree_reprefill": _BOOL, "sequence_agree": _BOOL, "tv_reprefill": _FLOAT,

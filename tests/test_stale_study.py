@@ -1,0 +1,107 @@
+"""The stale-fact study's API and report functions (issue 26): parameters, methods, the registry, the endpoints added
+to records (answer class, stale indicator, margin recovery), the summary, the paired differences (every compared pair
+and each against Shift and Re-prefill, at each budget) and the generated conclusion, on hand-made records; and the
+paper presets of notebooks 02 and 03 with the new methods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sur_lab.studies import STUDIES, get_study
+from sur_lab.studies import stale_facts as sf
+
+
+def test_the_study_is_registered_with_its_api():
+    assert STUDIES["stale-facts"] == "sur_lab.studies.stale_facts" and get_study("stale-facts") is sf
+    p = sf.params("default")
+    assert p["references"] == ["Dirty", "Shift", "Replay", "Re-prefill", "Erratum"]
+    assert sf.methods(p)[:5] == p["references"] and sf.methods(p)[5:] == list(sf.STUDY_ALLOCATORS)
+    assert sf.params("smoke", erratum_template="terse")["erratum_template"] == "terse"
+    assert sf._options(sf.params("smoke")) == {} and sf._options(sf.params("smoke", erratum_template="terse")) == {
+        "erratum_template": "terse"}
+    with pytest.raises(ValueError, match="budget is not a parameter"):
+        sf.params("smoke", budget=[2])
+
+
+def test_paper_presets_of_notebooks_02_and_03_hold_the_new_methods():
+    niah, qa = get_study("niah"), get_study("natural-qa")
+    p = niah.params("paper")
+    m = niah.methods(p)
+    assert m[:5] == ["Dirty", "Shift", "Replay", "Re-prefill", "Erratum"]
+    assert {"SUR-IDF", "Edit-local window", "Edit-local + SUR"} <= set(m[5:]) and "Erratum" not in m[5:]
+    assert "Erratum" not in niah.methods(niah.params("default"))
+    q = qa.params("paper")
+    assert "Erratum" in qa.methods(q) and {"SUR-IDF", "Edit-local window", "Edit-local + SUR"} <= set(qa.methods(q))
+    assert "Erratum" not in qa.methods(qa.params("default"))
+
+
+def _records(em: dict, stale_answers: dict, n=6, budgets=(2.0, 5.0)):
+    """Hand-made records: n cases (alternating families), each method's answer giving the gold value for the cases
+    ``em[method]`` lists, the old value for those ``stale_answers[method]`` lists, else a wrong value."""
+    rows = []
+    methods = [("Dirty", np.nan), ("Shift", np.nan), ("Re-prefill", np.nan), ("Erratum", np.nan)]
+    methods += [(m, b) for b in budgets for m in ("SUR", "SUR-IDF", "Edit-local window", "Edit-local + SUR")]
+    for i in range(n):
+        for method, b in methods:
+            key = method if np.isnan(b) else f"{method} {b:g}%"
+            good, old = i in em.get(key, ()), i in stale_answers.get(key, ())
+            answer = "v2-new" if good else ("v1-old" if old else "nothing")
+            margin = {"Shift": 0.0, "Re-prefill": 2.0}.get(method, 1.0 if good else -1.0)
+            rows.append({"case_id": f"c{i}", "family": ["value_update", "multi_key"][i % 2], "method": method,
+                         "budget_pct": b, "answer": answer, "em": good, "agree_reprefill": good,
+                         "gold_value": "v2-new", "stale_value": "v1-old" if i != 5 else "",
+                         "distractor_values": "v3-other", "gold_margin": margin, "allowance": 0 if np.isnan(b) else 3,
+                         "note_tokens": 7 if method == "Erratum" else 0, "tv_reprefill": 0.1, "refresh_ms": 1.0,
+                         "answer_in": "inserted" if i % 2 == 0 else "suffix"})
+    return pd.DataFrame(rows)
+
+
+def test_stale_endpoints_summary_and_paired_differences():
+    every = set(range(6))
+    em = {"Re-prefill": every, "Erratum": every, "Edit-local window 2%": every, "Edit-local window 5%": every,
+          "SUR 5%": {0, 1, 2}}
+    stale = {"Shift": every, "Dirty": every, "SUR 2%": every, "SUR-IDF 2%": every, "Edit-local + SUR 2%": every}
+    recs = sf.add_stale_endpoints(_records(em, stale))
+    shift = recs[recs.method == "Shift"]
+    # Case 5 asks an untouched key: no stale value, so its stale indicator is NaN, not 0.
+    assert list(shift["answer_class"]) == ["stale"] * 5 + ["wrong"]
+    assert shift["stale"].iloc[:5].eq(1.0).all() and np.isnan(shift["stale"].iloc[5])
+    assert set(recs.loc[recs.method == "Re-prefill", "margin_recovery"]) == {1.0}
+    assert set(recs.loc[recs.method == "Shift", "margin_recovery"]) == {0.0}
+    summary = sf.summary_table(recs).set_index(["method", "budget_pct"])
+    assert summary.loc[("Shift", np.nan), "stale_pct"] == 100.0 and summary.loc[("Shift", np.nan), "n_stale_cases"] == 5
+    assert summary.loc[("SUR", 5.0), "em_pct"] == 50.0 and summary.loc[("Erratum", np.nan), "forward_tokens"] == 7
+    assert list(sf.summary_table(recs)["method"][:4]) == ["Dirty", "Shift", "Re-prefill", "Erratum"]
+
+    diffs = sf.paired_differences(recs, n_boot=500)
+    k = len(sf.COMPARED)
+    # metrics x (budgets x (pairs + budgeted arms vs Shift, Re-prefill) + Erratum vs Shift, Re-prefill once)
+    assert len(diffs) == 2 * (2 * (k * (k - 1) // 2 + 2 * (k - 1)) + 2)
+    row = diffs[(diffs.metric == "em") & (diffs.budget_pct == 2.0) & (diffs.a == "SUR 2%")
+                & (diffs.b == "Edit-local window 2%")].iloc[0]
+    assert row.diff_pp == -100.0 and row.separates and row.n_cases == 6
+    erratum = diffs[(diffs.metric == "em") & (diffs.a == "Erratum") & (diffs.b == "Shift")]
+    assert len(erratum) == 1 and np.isnan(erratum.budget_pct.iloc[0]) and erratum.diff_pp.iloc[0] == 100.0
+    assert "EM: Erratum beats Shift, Erratum minus Shift = +100.0 pp" in "\n".join(
+        sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6))
+    st = diffs[(diffs.metric == "stale") & (diffs.a == "SUR 2%") & (diffs.b == "Shift")].iloc[0]
+    assert st.n_cases == 5 and st.diff_pp == 0.0 and not st.separates
+
+    lines = sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6)
+    assert lines[0] == "This run: m; 6 stale-fact cases."
+    text = "\n".join(lines)
+    assert "EM at 2 %: Edit-local window 2% beats SUR 2%, Edit-local window 2% minus SUR 2% = +100.0 pp" in text
+    assert "stale-answer rate (lower is better) at 2 %: Edit-local window 2% beats SUR 2%" in text
+    assert lines[-1].startswith("Where SUR loses (separated): SUR 2% vs Edit-local window 2% on em")
+    null = sf.conclusion(sf.summary_table(recs), diffs.assign(separates=False), model="m", n_cases=6)
+    assert any(line.startswith("No paired difference separates") for line in null)
+    assert null[-1] == "Where SUR loses (separated): nowhere in this run (no separated difference against it)."
+    by = sf.stratified_table(recs, "answer_in", "margin_recovery")
+    assert by.loc["Re-prefill"].tolist() == [1.0, 1.0]
+
+
+def test_add_stale_endpoints_refuses_records_without_the_case_values():
+    with pytest.raises(ValueError, match="gold_value"):
+        sf.add_stale_endpoints(pd.DataFrame({"answer": ["x"]}))
