@@ -20,7 +20,7 @@ import pandas as pd
 
 #: Notebooks whose studies are being rebuilt (issue 23, the experiment pipeline): the smoke test checks only that they
 #: write a figure and a table until their entries are declared here.
-PENDING = {"02_allocation_geometry", "03_natural_qa_latency", "06_noprefix_reuse"}
+PENDING = {"03_natural_qa_latency", "06_noprefix_reuse"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,30 @@ def _agent_reference(df: pd.DataFrame, params: dict) -> None:
     assert (df["cost_ratio"] <= 1.0 + 1e-12).all()
 
 
+def _niah_params(params: dict) -> dict:
+    """Notebook 02's study parameters for a run's parameter values (the preset's lists where the notebook gave None)."""
+    from sur_lab.studies import niah
+
+    keys = ("ablation", "matched_allocators", "budgets", "matched_budgets")
+    return niah.params(params["preset"], **{k: params.get(k) for k in keys})
+
+
+def _ablation_matched(df: pd.DataFrame, params: dict) -> None:
+    p = _niah_params(params)
+    rows = [m for m in p["ablation"] if m != "SUR"]
+    for metric, sub in df.groupby("metric"):
+        assert sorted(sub["method"].unique()) == sorted(rows), metric
+        assert len(sub) == len(rows) * len(p["budgets"]), metric
+    same_count = df[~df["method"].str.contains("allowance_base=prompt", regex=False)]
+    assert (same_count["mean_tokens"] == same_count["reference_tokens"]).all(), "a control did not get SUR's count"
+    assert (df["ci_low_pp"] <= df["diff_pp"] + 1e-9).all() and (df["diff_pp"] <= df["ci_high_pp"] + 1e-9).all()
+
+
+def _table14_rows(params: dict) -> int:
+    p = _niah_params(params)
+    return len(p["matched_allocators"]) * len(p["matched_budgets"])
+
+
 EXPECTED: dict[str, Expected] = {
     "00_quickstart": Expected(
         figures=("00_quickstart_relevance", "00_quickstart_latency"),
@@ -139,6 +163,20 @@ EXPECTED: dict[str, Expected] = {
                 columns=("method", "budget_pct", "keys_of_shift", "values_of_shift", "values_refreshed"),
                 rows=lambda p: 2 * len(p["staleness_budgets"]),  # SUR and Dense tokens at each budget
                 not_null=("keys", "values", "keys_of_shift"), check=_staleness_budget),
+        },
+    ),
+    "02_allocation_geometry": Expected(
+        figures=("02_budget_curves", "02_ablation"),
+        tables={
+            "02_ablation": Table(
+                columns=("method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "value",
+                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric"),
+                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"), check=_ablation_matched),
+            "02_table14": Table(
+                columns=("budget_pct", "allocator", "mean_tokens", "n_cases", "em_region", "em_token", "em_diff_pp",
+                         "em_ci_low_pp", "em_ci_high_pp", "agree_reprefill_region", "agree_reprefill_token",
+                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp"),
+                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp")),
         },
     ),
     "04_packed_refresh_benchmark": Expected(
