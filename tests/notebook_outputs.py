@@ -109,6 +109,18 @@ def _agent_reference(df: pd.DataFrame, params: dict) -> None:
     assert (df["cost_ratio"] <= 1.0 + 1e-12).all()
 
 
+def _table20_checks(df: pd.DataFrame, params: dict) -> None:
+    refs = df[df["method"].isin(["Replay", "Re-prefill"])]
+    assert sorted(refs["method"]) == ["Re-prefill", "Replay"]
+    assert (refs["refresh_ms"] == refs["recovery_ms"]).all(), "a reference operator has no selection stage"
+    sur = df[~df["method"].isin(["Replay", "Re-prefill"])]
+    assert (sur["refresh_ms"] <= sur["recovery_ms"]).all(), "recovery includes the refresh"
+    interval_wise = sur[sur["executor"] == "sequential"]
+    assert (interval_wise["traversals"] == interval_wise["num_intervals"]).all(), "one traversal per interval"
+    assert (sur.loc[sur["executor"] != "sequential", "traversals"] == 1).all(), "packed refresh traverses once"
+    assert (df["inputs"] == len(params["qa_datasets"])).all()
+
+
 def _niah_params(params: dict) -> dict:
     """Notebook 02's study parameters for a run's parameter values (the preset's lists where the notebook gave None)."""
     from sur_lab.studies import niah
@@ -198,6 +210,14 @@ EXPECTED: dict[str, Expected] = {
             "04_overlap": Table(columns=("mode", "median_ms", "identical"), rows=lambda p: 2, not_null=("median_ms",),
                                 check=_overlap_identical),
             "04_targets": Table(columns=("ratio", "value", "target", "met", "note", "packed")),
+            "04_table19": Table(columns=("device", "context_len", "num_intervals", "SDPA + GQA"),
+                                rows=lambda p: len(p["context_lengths"]) * len(p["num_intervals"]),  # CPU only here
+                                not_null=("SDPA + GQA",)),
+            "04_table20": Table(
+                columns=("row", "method", "budget_pct", "executor", "inputs", "num_selected", "num_intervals",
+                         "traversals", "refresh_ms", "recovery_ms"),
+                rows=lambda p: len(p["qa_budgets"]) * len(p["qa_executors"]) + 2,  # SUR rows, Replay, Re-prefill
+                not_null=("refresh_ms", "recovery_ms", "traversals"), check=_table20_checks),
         },
     ),
     "05_kernel_numerical_validation": Expected(
