@@ -318,6 +318,42 @@ def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
     assert (df["em"] == (df["answer_class"] == "correct")).all()
 
 
+def _table20_checks(df: pd.DataFrame, params: dict) -> None:
+    refs = df[df["method"].isin(["Replay", "Re-prefill"])]
+    assert sorted(refs["method"]) == ["Re-prefill", "Replay"]
+    assert (refs["refresh_ms"] == refs["recovery_ms"]).all(), "a reference operator has no selection stage"
+    sur = df[~df["method"].isin(["Replay", "Re-prefill"])]
+    assert (sur["refresh_ms"] <= sur["recovery_ms"]).all(), "recovery includes the refresh"
+    interval_wise = sur[sur["executor"] == "sequential"]
+    assert (interval_wise["traversals"] == interval_wise["num_intervals"]).all(), "one traversal per interval"
+    assert (sur.loc[sur["executor"] != "sequential", "traversals"] == 1).all(), "packed refresh traverses once"
+    assert (df["inputs"] == len(params["qa_datasets"])).all()
+
+
+def _niah_params(params: dict) -> dict:
+    """Notebook 02's study parameters for a run's parameter values (the preset's lists where the notebook gave None)."""
+    from sur_lab.studies import niah
+
+    keys = ("ablation", "matched_allocators", "budgets", "matched_budgets")
+    return niah.params(params["preset"], **{k: params.get(k) for k in keys})
+
+
+def _ablation_matched(df: pd.DataFrame, params: dict) -> None:
+    p = _niah_params(params)
+    rows = [m for m in p["ablation"] if m != "SUR"]
+    for metric, sub in df.groupby("metric"):
+        assert sorted(sub["method"].unique()) == sorted(rows), metric
+        assert len(sub) == len(rows) * len(p["budgets"]), metric
+    same_count = df[~df["method"].str.contains("allowance_base=prompt", regex=False)]
+    assert (same_count["mean_tokens"] == same_count["reference_tokens"]).all(), "a control did not get SUR's count"
+    assert (df["ci_low_pp"] <= df["diff_pp"] + 1e-9).all() and (df["diff_pp"] <= df["ci_high_pp"] + 1e-9).all()
+
+
+def _table14_rows(params: dict) -> int:
+    p = _niah_params(params)
+    return len(p["matched_allocators"]) * len(p["matched_budgets"])
+
+
 EXPECTED: dict[str, Expected] = {
     "00_quickstart": Expected(
         figures=("00_quickstart_relevance", "00_quickstart_latency"),
@@ -352,8 +388,17 @@ EXPECTED: dict[str, Expected] = {
     ),
     "02_allocation_geometry": Expected(
         figures=("02_budget_curves", "02_budget_heatmap", "02_paired_differences", "02_intervals",
-                 "02_fidelity_curves"),
+                 "02_fidelity_curves", "02_ablation"),
         tables={
+            "02_ablation": Table(
+                columns=("method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "value",
+                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric"),
+                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"), check=_ablation_matched),
+            "02_table14": Table(
+                columns=("budget_pct", "allocator", "mean_tokens", "n_cases", "em_region", "em_token", "em_diff_pp",
+                         "em_ci_low_pp", "em_ci_high_pp", "agree_reprefill_region", "agree_reprefill_token",
+                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp"),
+                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp")),
             "02_niah_cases": Table(columns=("case_id", "N", "p", "d", "S"),
                                    rows=lambda p: study_params("niah", p)["num_cases"], not_null=("S",)),
             "02_niah_records": Table(
@@ -425,6 +470,14 @@ EXPECTED: dict[str, Expected] = {
             "04_overlap": Table(columns=("mode", "median_ms", "identical"), rows=lambda p: 2, not_null=("median_ms",),
                                 check=_overlap_identical),
             "04_targets": Table(columns=("ratio", "value", "target", "met", "note", "packed")),
+            "04_table19": Table(columns=("device", "context_len", "num_intervals", "SDPA + GQA"),
+                                rows=lambda p: len(p["context_lengths"]) * len(p["num_intervals"]),  # CPU only here
+                                not_null=("SDPA + GQA",)),
+            "04_table20": Table(
+                columns=("row", "method", "budget_pct", "executor", "inputs", "num_selected", "num_intervals",
+                         "traversals", "refresh_ms", "recovery_ms"),
+                rows=lambda p: len(p["qa_budgets"]) * len(p["qa_executors"]) + 2,  # SUR rows, Replay, Re-prefill
+                not_null=("refresh_ms", "recovery_ms", "traversals"), check=_table20_checks),
         },
     ),
     "05_kernel_numerical_validation": Expected(

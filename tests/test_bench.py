@@ -234,3 +234,84 @@ def test_kernel_oracle_errors_small_cases():
     assert len(df) == 6 and df["passed"].all()
     assert (df["backend"] == ("triton" if uses_triton("cpu") else "fallback")).all()
     assert df["fixed_ratio"].between(0, 1).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables 19 and 20 (issue 28)
+
+
+def test_attention_only_backends_and_table19_layout():
+    from sur_lab.executors.kernels import TRITON_INTERPRETED
+
+    backends = ["sdpa-repeat", "sdpa-gqa", "split", "flex-eager", "onepass", "triton", "unmasked"]
+    df = bench.attention_only(160, 2, num_selected=8, num_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.float32,
+                              device="cpu", backends=backends, warmups=0, repeats=1)
+    names = set(df["backend"])
+    assert {"sdpa-repeat", "sdpa-gqa", "flex-eager", "unmasked"} <= names
+    assert "triton" not in names  # on a CPU only the interpreter runs, named apart
+    assert ("triton-interpreter" in names) == TRITON_INTERPRETED
+    checked = df[df.backend != "unmasked"]
+    assert (checked["max_abs_vs_fp64"] < 1e-5).all()  # float32 outputs against the FP64 oracle
+    wide = bench.table19(df)
+    assert wide.index.tolist() == [(160, 2)]
+    labels = [bench.TABLE19_LABELS[b] for b in bench.TABLE19_LABELS if b in names]
+    assert list(wide.columns) == labels
+    assert wide.loc[(160, 2), "SDPA + GQA"] == df.loc[df.backend == "sdpa-gqa", "median_us"].iloc[0]
+    with pytest.raises(ValueError, match="lacks columns"):
+        bench.table19(df.drop(columns="median_us"))
+
+
+def test_real_input_recovery_and_table20_on_a_tiny_model():
+    from sur_lab.edits import token_edit
+
+    lm = make_tiny_model("qwen3")
+    g = torch.Generator().manual_seed(0)
+    edits = [token_edit(torch.randint(0, 96, (n,), generator=g), 12, 4, torch.randint(0, 96, (5,), generator=g))
+             for n in (90, 120)]
+    timings = bench.real_input_recovery(lm, edits, budgets=[10, 30], executors=["sequential", "packed"],
+                                        warmups=1, repeats=2, labels=["a", "b"])
+    assert len(timings) == 2 * (2 * 2 + 2) * 2
+    sur = timings[timings.method == "SUR"]
+    seq = sur[sur.executor == "sequential"]
+    assert (seq["traversals"] == seq["num_intervals"]).all() and (sur[sur.executor == "packed"].traversals == 1).all()
+    assert (sur["refresh_ms"] <= sur["recovery_ms"]).all()
+    refs = timings[timings.method != "SUR"]
+    assert (refs["refresh_ms"] == refs["recovery_ms"]).all() and refs["budget_pct"].isna().all()
+    # The same support whichever executor refreshes it: B and R per input and budget agree.
+    per = sur.groupby(["input", "budget_pct"])[["num_selected", "num_intervals"]].nunique()
+    assert (per == 1).all().all()
+    table = bench.table20(timings)
+    assert len(table) == 6 and (table["inputs"] == 2).all()
+    row = table[(table.method == "SUR") & (table.budget_pct == 10) & (table.executor == "packed")].iloc[0]
+    medians = sur[(sur.budget_pct == 10) & (sur.executor == "packed")].groupby("input")["recovery_ms"].median()
+    assert row["recovery_ms"] == pytest.approx(medians.mean())
+    assert set(table["row"]) >= {"full-suffix Replay", "clean Re-prefill", "SUR 10 %, interval-wise",
+                                 "SUR 30 %, packed"}
+    with pytest.raises(ValueError, match="edits is empty"):
+        bench.real_input_recovery(lm, [])
+    with pytest.raises(ValueError, match="labels"):
+        bench.real_input_recovery(lm, edits, labels=["a"])
+
+
+def test_qa_inputs_take_each_datasets_first_source_id():
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from sur_lab.studies import natural_qa
+    from sur_lab.studies.datasets import load_qa
+
+    qwen_dir = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
+    if not qwen_dir.is_dir():
+        pytest.skip("the shared Qwen tokenizer is not here")
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    cases = bench.qa_inputs(tok, ["hotpotqa", "iirc"])
+    config = natural_qa.PanelConfig()
+    for case, name in zip(cases, ["hotpotqa", "iirc"]):
+        first = min(str(ex.id) for ex in load_qa(name, split="dev") if natural_qa.is_eligible(ex, config))
+        assert case.case_id == f"{name}/{first}/before" and case.placement == "before"
+    assert [c.case_id for c in bench.qa_inputs(tok, ["hotpotqa", "iirc"])] == [c.case_id for c in cases]
+    with pytest.raises(ValueError, match="datasets"):
+        bench.qa_inputs(tok, ["nope"])
+    with pytest.raises(ValueError, match="placement"):
+        bench.qa_inputs(tok, ["iirc"], placement="middle")

@@ -35,6 +35,7 @@ machines are noisy; nothing here asserts a time.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -794,9 +795,11 @@ def attention_only(
     * ``"split"``: the key split of ``packed-sdpa-split`` (:func:`sur_lab.executors.packed.split_segments`; CPU);
     * ``"onepass"``: the one-pass C++ kernel of ``packed-cpp`` (:mod:`sur_lab.executors.kernels.onepass`; CPU, skipped
       where it cannot be built);
-    * ``"flex"``: compiled FlexAttention with the O(B) block mask (``packed-flex``);
-    * ``"triton"``: the indexed-attention kernel (skipped where :func:`sur_lab.executors.kernels.uses_triton` is False
-      or on a CPU, where only the interpreter would run);
+    * ``"flex"``: compiled FlexAttention with the O(B) block mask (``packed-flex``); ``"flex-eager"``: the same call
+      uncompiled;
+    * ``"triton"``: the indexed-attention kernel (skipped where :func:`sur_lab.executors.kernels.uses_triton` is
+      False); on a CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1`` set before ``sur_lab`` was
+      imported), and its row is then named ``"triton-interpreter"``: a timing of the interpreter, not of the kernel;
     * ``"unmasked"``: the throughput floor, one unmasked call over the same row-key pairs: the B packed rows against
       the first ``round(M(U) / B)`` keys (on a CPU torch's flash op with the GQA group folded into the rows, so each
       key is read once per KV head and query block; elsewhere SDPA with ``enable_gqa``).
@@ -864,12 +867,20 @@ def attention_only(
         first = np.searchsorted(absolute, bounds[:-1], side="left")
         calls[("onepass",)] = lambda: onepass.attend(q, k, v, scale)
         work["onepass"] = int(np.sum((b - first) * np.diff(bounds)))
+    if "flex" in backends or "flex-eager" in backends:
+        block_mask = packed.flex_block_mask(positions, context_len)
     if "flex" in backends:
-        block_mask, flex = packed.flex_block_mask(positions, context_len), packed._flex_attention(True)
+        flex = packed._flex_attention(True)
         calls[("flex",)] = lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)
-    if "triton" in backends and device.type == "cuda" and uses_triton(device):
+    if "flex-eager" in backends:
+        flex_eager = packed._flex_attention(False)
+        calls[("flex-eager",)] = lambda: flex_eager(q, k, v, block_mask=block_mask, enable_gqa=True)
+    if "triton" in backends and uses_triton(device):
+        # On a CPU only Triton's interpreter runs the kernel (TRITON_INTERPRET=1 before sur_lab was imported): its row
+        # is named apart, as it times the interpreter, not the GPU kernel.
         plan = build_indexed_attention_plan(positions)
-        calls[("triton",)] = lambda: indexed_attention(q, k, v, plan)
+        calls[("triton" if device.type == "cuda" else "triton-interpreter",)] = (
+            lambda: indexed_attention(q, k, v, plan))
     if "unmasked" in backends:
         keys = max(1, round(pairs / b))
         kf, vf = k[:, :, :keys], v[:, :, :keys]
@@ -885,7 +896,9 @@ def attention_only(
     for key, fn in calls.items():  # the first call (compiles flex, builds the C++ kernel's plan caches), untimed
         _sync(device)
         t0 = time.perf_counter()
-        out = fn()
+        with warnings.catch_warnings():  # eager Flex is measured on purpose; torch warns once per process
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out = fn()
         _sync(device)
         first_s[key[0]] = time.perf_counter() - t0
         errors[key[0]] = float("nan") if key[0] == "unmasked" else (out.double() - oracle).abs().max().item()
@@ -899,3 +912,191 @@ def attention_only(
     out = out.assign(context_len=context_len, num_intervals=num_intervals, num_selected=b, pairs=pairs)
     return out[["backend", "context_len", "num_intervals", "num_selected", "pairs", "work_over_pairs", "median_us",
                 "first_call_s", "max_abs_vs_fp64"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Table 19 (attention only, per backend) and Table 20 (recovery on real QA inputs), appendix 13.3-13.4; issue 28
+
+#: Table 19's column names per :func:`attention_only` backend (the paper's columns: HF SDPA, Direct SDPA+GQA,
+#: Compiled Flex, Custom), in table order.
+TABLE19_LABELS = {
+    "sdpa-repeat": "SDPA, K/V repeated (HF wrapper)",
+    "sdpa-gqa": "SDPA + GQA",
+    "split": "SDPA split",
+    "flex-eager": "Flex eager",
+    "flex": "Flex compiled",
+    "onepass": "C++ one-pass",
+    "triton": "Triton",
+    "triton-interpreter": "Triton interpreter (not the kernel's speed)",
+    "unmasked": "unmasked floor",
+}
+
+
+def table19(attention: pd.DataFrame) -> pd.DataFrame:
+    """Table 19's layout: median µs per (N, R) row and backend column (:data:`TABLE19_LABELS`, in that order; others
+    after), from :func:`attention_only` rows of one device.
+
+    Raises:
+        ValueError: naming ``attention`` when it lacks a column of :func:`attention_only`'s output.
+    """
+    need = {"backend", "context_len", "num_intervals", "median_us"}
+    if not need <= set(attention.columns):
+        raise ValueError(f"attention lacks columns {sorted(need - set(attention.columns))}")
+    wide = attention.pivot_table(index=["context_len", "num_intervals"], columns="backend", values="median_us",
+                                 aggfunc="median")
+    order = [b for b in TABLE19_LABELS if b in wide.columns] + [b for b in wide.columns if b not in TABLE19_LABELS]
+    wide = wide[order]
+    wide.columns = [TABLE19_LABELS.get(b, b) for b in order]
+    return wide
+
+
+#: The QA datasets of Table 20's four inputs, in table order.
+QA_DATASETS = ("2wikimultihopqa", "hotpotqa", "iirc", "musique")
+
+
+def qa_inputs(tokenizer, datasets: Sequence[str] = QA_DATASETS, *, placement: str = "before") -> list:
+    """Table 20's fixed inputs (appendix 13.4): per dataset, the lexicographically first source id among the eligible
+    development examples and its ``placement`` case (notebook 03's construction,
+    :func:`sur_lab.studies.natural_qa.build_case`), chosen from the files alone, independently of any output.
+
+    Returns:
+        :class:`sur_lab.studies.natural_qa.PlacementCase` objects, one per dataset, in ``datasets`` order.
+
+    Raises:
+        ValueError: naming ``datasets`` (unknown or repeated) or ``placement`` (not a placement).
+    """
+    from sur_lab.studies import natural_qa
+    from sur_lab.studies.datasets import DATASETS, load_qa
+
+    if not datasets or len(set(datasets)) != len(datasets) or not set(datasets) <= set(DATASETS):
+        raise ValueError(f"datasets={list(datasets)!r} must be distinct keys of {DATASETS}")
+    if placement not in natural_qa.PLACEMENTS:
+        raise ValueError(f"placement={placement!r} is not one of {natural_qa.PLACEMENTS}")
+    config = natural_qa.PanelConfig()
+    out = []
+    for name in datasets:
+        pool = [ex for ex in load_qa(name, split="dev") if natural_qa.is_eligible(ex, config)]
+        first = min(pool, key=lambda ex: str(ex.id))
+        out.append(natural_qa.build_case(tokenizer, natural_qa.choose_passages(first, config), placement,
+                                         instruction=config.instruction))
+    return out
+
+
+def real_input_recovery(
+    lm: LoadedModel,
+    edits: Sequence[EditedContext],
+    *,
+    budgets: Sequence[float] = (2, 5),
+    executors: Sequence[str] = ("sequential", "packed"),
+    method: str = "SUR",
+    warmups: int = 2,
+    repeats: int = 5,
+    seed: int = 0,
+    labels: Sequence[str] | None = None,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> pd.DataFrame:
+    """Recovery timing on real inputs (Table 20 analogue, appendix 13.4): per input, ``method`` at each budget with
+    each executor, full-suffix Replay and Re-prefill, interleaved (:func:`time_interleaved`).
+
+    An allocator row is :func:`sur_lab.repair.recover` from the input's Dirty cache (not modified): ``refresh_ms`` is
+    the executor's refresh (planning and the output's own cache included), ``recovery_ms`` the whole call (Shift,
+    relevance scoring, unit construction, allocation, refresh). Replay (the valid prefix plus the suffix recomputed)
+    and Re-prefill (the edited prompt from an empty cache) have no selection stage: their refresh is their recovery.
+    Prefill, tokenization and answering are excluded. ``traversals`` counts model traversals: the interval-wise
+    ``sequential`` executor makes one per interval (R), every other path one.
+
+    Args:
+        lm: the model.
+        edits: the inputs (e.g. :func:`qa_inputs`' ``case.edit``).
+        budgets: b values, % of the suffix.
+        executors: executor names compared at each budget (interval-wise ``"sequential"`` and ``"packed"``).
+        method: the allocator (SUR).
+        warmups, repeats, seed, progress: as :func:`time_interleaved` (the paper: 2 and 5).
+        labels: one name per input (default ``"input {i}"``).
+
+    Returns:
+        One row per timed call: ``input``, ``context_len`` (N, edited tokens), ``method``, ``budget_pct`` (NaN for
+        the references), ``executor``, ``num_selected`` (B), ``num_intervals`` (R), ``traversals``, ``rep``,
+        ``refresh_ms``, ``recovery_ms``.
+
+    Raises:
+        ValueError: naming ``edits`` when empty, ``labels`` when its length differs, or an unknown executor or
+            method (before any timing); as :func:`time_interleaved`.
+    """
+    from sur_lab.allocators import get_allocator
+    from sur_lab.executors import reprefill
+    from sur_lab.repair import recover
+
+    if not edits:
+        raise ValueError("edits is empty: give at least one input")
+    labels = list(labels) if labels is not None else [f"input {i}" for i in range(len(edits))]
+    if len(labels) != len(edits):
+        raise ValueError(f"labels has {len(labels)} names for {len(edits)} edits")
+    for name in executors:
+        get_executor(name)
+    get_allocator(method)
+    frames = []
+    for label, edit in zip(labels, edits):
+        cache = dirty(lm, edit)
+        breakdown: dict[tuple, list] = {}
+
+        def allocator_task(b: float, ex: str):
+            def call():
+                result = recover(lm, edit, cache, method, b, executor=ex, seed=seed)
+                breakdown.setdefault((method, b, ex), []).append(
+                    (result.timings_ms["refresh"], result.selection.support))
+                return result
+            return call
+
+        tasks: dict[tuple, Callable[[], object]] = {
+            (method, float(b), ex): allocator_task(float(b), ex) for b in budgets for ex in executors
+        }
+        tasks[("Replay", float("nan"), "sequential")] = lambda: replay(lm, cache, edit)
+        tasks[("Re-prefill", float("nan"), "sequential")] = lambda: reprefill(lm, edit)
+        df = time_interleaved(tasks, warmups=warmups, repeats=repeats, seed=seed, device=lm.device,
+                              progress=progress)
+        rows = []
+        for key, group in df.groupby("key", sort=False):
+            name, b, ex = key
+            for rep, ms in zip(group["rep"], group["ms"]):
+                if name == method:
+                    refresh_ms, support = breakdown[key][warmups + rep]
+                    B, R = support.size, support.num_intervals
+                    traversals = R if ex == "sequential" else int(B > 0)
+                else:
+                    refresh_ms, B, R, traversals = ms, edit.suffix_len, 1, 1
+                rows.append({"input": label, "context_len": edit.edited_len, "method": name, "budget_pct": b,
+                             "executor": ex if name == method else "", "num_selected": B, "num_intervals": R,
+                             "traversals": traversals, "rep": rep, "refresh_ms": refresh_ms, "recovery_ms": ms})
+        frames.append(pd.DataFrame(rows))
+        del cache
+    return pd.concat(frames, ignore_index=True)
+
+
+def table20(timings: pd.DataFrame) -> pd.DataFrame:
+    """Table 20's layout from :func:`real_input_recovery`: per row (the method at a budget with an executor, Replay,
+    Re-prefill), the mean over inputs (equal weight per input) of each input's median refresh and recovery ms, and the
+    mean B, R and traversal count.
+
+    Raises:
+        ValueError: naming ``timings`` when it lacks a column of :func:`real_input_recovery`'s output.
+    """
+    need = {"input", "method", "budget_pct", "executor", "refresh_ms", "recovery_ms", "traversals"}
+    if not need <= set(timings.columns):
+        raise ValueError(f"timings lacks columns {sorted(need - set(timings.columns))}")
+    t = timings.assign(_b=timings["budget_pct"].fillna(-1.0))
+    per_input = t.groupby(["method", "_b", "executor", "input"], sort=False).agg(
+        refresh_ms=("refresh_ms", "median"), recovery_ms=("recovery_ms", "median"),
+        num_selected=("num_selected", "first"), num_intervals=("num_intervals", "first"),
+        traversals=("traversals", "first")).reset_index()
+    out = per_input.groupby(["method", "_b", "executor"], sort=False).agg(
+        refresh_ms=("refresh_ms", "mean"), recovery_ms=("recovery_ms", "mean"),
+        num_selected=("num_selected", "mean"), num_intervals=("num_intervals", "mean"),
+        traversals=("traversals", "mean"), inputs=("input", "nunique")).reset_index()
+    kind = {"sequential": "interval-wise"}
+    out["row"] = [f"{m} {b:g} %, {kind.get(e, e)}" if b >= 0 else ("full-suffix Replay" if m == "Replay"
+                                                                        else "clean Re-prefill")
+                  for m, b, e in zip(out["method"], out["_b"], out["executor"])]
+    out["budget_pct"] = out["_b"].where(out["_b"] >= 0)
+    return out[["row", "method", "budget_pct", "executor", "inputs", "num_selected", "num_intervals", "traversals",
+                "refresh_ms", "recovery_ms"]]

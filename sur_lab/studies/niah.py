@@ -73,19 +73,51 @@ PAPER_ALLOCATORS = (
 #: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :func:`methods`).
 BEYOND_PAPER = ("SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
+#: SUR's design factors (appendix 9.3), one at a time: ``(factor, the paper's setting, the changed setting, method)``.
+#: Each method is SUR with exactly one option changed (``docs/allocators.md``); the bonus factor has two changes.
+SUR_FACTORS = (
+    ("aggregation", "top4", "mean", "SUR[aggregation=mean]"),
+    ("partial_unit", "forward", "prefix", "SUR[partial_unit=prefix]"),
+    ("allowance_base", "suffix", "prompt", "SUR[allowance_base=prompt]"),
+    ("bonus", "paper", "idf", "SUR-IDF"),
+    ("bonus", "paper", "off", "SUR[bonus=off]"),
+)
+#: Appendix 9.3's second arm: mean aggregation, prefix partial unit and whole-prompt allowance changed together.
+JOINT_ARM = "SUR[aggregation=mean,partial_unit=prefix,allowance_base=prompt]"
+#: The matched controls of text boundaries that appendix 9.3 says are missing (beyond the paper, issue 28): SUR's
+#: region allocation over equal token blocks, and k windows around the top tokens (k = SUR's interval count).
+BOUNDARY_CONTROLS = ("Fixed blocks", "Multiple local windows")
+#: The full one-factor-at-a-time ablation (the ``paper`` preset's ``ablation``).
+ABLATION = (*(f[3] for f in SUR_FACTORS), JOINT_ARM, *BOUNDARY_CONTROLS)
+#: Seed of the frozen holdout roster of the matched-token study (Table 14 analogue, :func:`matched_sweep`). No design
+#: run used it: every NIAH run before issue 28 (notebook 02, the tests, the reported default runs) used seed 0.
+HOLDOUT_SEED = 9314
+
+#: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (48
 #: cases, 24 at each of 1K and 2K tokens: issue 23 spent the time batched answering saves on more cases and a second
 #: length), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls.
+#: ``ablation`` (SUR's variants and the boundary controls, run with the allocators on the same cases) and
+#: ``matched_allocators`` (token-level allocators given SUR's exact count on the holdout roster; ``[]``: no
+#: matched-token sweep) are the design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in
+#: ``default`` (the bonus factor is SUR-IDF, already among its allocators).
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 1, "budgets": [2, 5], "max_new_tokens": 4,
               "allocators": ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
-                             "Random semantic units", "CacheBlend-Adapted"]},
+                             "Random semantic units", "CacheBlend-Adapted"],
+              "ablation": ["SUR[aggregation=mean]", "Fixed blocks", "Multiple local windows"],
+              "matched_allocators": ["Dense tokens"]},
     "default": {"context_lens": [1024, 2048], "num_cases": 48, "budgets": [2, 5], "max_new_tokens": 16,
                 "allocators": ["SUR", "SUR-IDF", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
-                               "Random semantic units"]},
+                               "Random semantic units"],
+                "ablation": ["SUR[aggregation=mean]", "SUR[partial_unit=prefix]", "Fixed blocks",
+                             "Multiple local windows"],
+                "matched_allocators": ["Dense tokens", "ProphetKV-Adapted"]},
     "paper": {"context_lens": [1024, 2048, 4096, 8192, 16384, 32768], "num_cases": 96,
-              "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32,
-              "allocators": [*PAPER_ALLOCATORS, *BEYOND_PAPER]},
+              "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32, "allocators": [*PAPER_ALLOCATORS, *BEYOND_PAPER],
+              "ablation": list(ABLATION),
+              "matched_allocators": ["Dense tokens", "ProphetKV-Adapted", "InfoFlow-Motivated", "Cache-Craft-Adapted",
+                                     "CacheBlend-Adapted", "A3-Adapted", "Clean-state oracle"]},
 }
 #: The paper's NIAH budget grid, %.
 PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
@@ -94,7 +126,8 @@ NAME = "niah"
 NOTEBOOK = "02_allocation_geometry"
 FOLDER = "02_niah"
 #: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
-FIXED = {"depths": [0.25, 0.5, 0.75], "references": ["Dirty", "Shift", "Replay", "Re-prefill"]}
+FIXED = {"depths": [0.25, 0.5, 0.75], "references": ["Dirty", "Shift", "Replay", "Re-prefill"],
+         "matched_region": "SUR", "matched_budgets": [2, 5], "holdout_seed": HOLDOUT_SEED}
 
 _ADJECTIVES = (
     "amber", "bold", "brave", "calm", "clever", "crisp", "dusty", "eager", "faint", "fancy", "gentle", "gleaming",
@@ -462,7 +495,8 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
-    after, in the given order). A reference operator named among the allocators (the ``paper`` preset's
+    after, in the given order), then the ``ablation`` methods not already listed (SUR's variants and the boundary
+    controls, on the same cases and budgets). A reference operator named among the allocators (the ``paper`` preset's
     ``"Erratum"``) is listed after the references."""
     from sur_lab.repair import REFERENCE_OPERATORS
 
@@ -470,6 +504,7 @@ def methods(p: Mapping[str, Any]) -> list[str]:
     refs += [a for a in p["allocators"] if a in REFERENCE_OPERATORS and a not in refs]
     allocators = [a for a in p["allocators"] if a not in REFERENCE_OPERATORS]
     ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators if a not in PAPER_ALLOCATORS]
+    ordered += [a for a in dict.fromkeys(p.get("ablation", ())) if a not in ordered]
     return refs + ordered
 
 
@@ -538,6 +573,282 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
                         executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
                         seed=seed, workers=workers, threads=threads, address=address, progress=progress)
     return records, where
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The matched-token protocol on a holdout roster (appendix 9.3, Table 14; issue 28)
+
+
+@dataclass(frozen=True)
+class MatchedTokens:
+    """A sweep method: the token-level ``allocator`` given exactly the ``region`` allocator's count on each case.
+
+    The matched-token protocol of appendix 9.3 (Table 14; :func:`sur_lab.allocators.matched_token_selections`): on a
+    case's request at budget b, the region allocator runs first; its selected count n becomes the exact allowance of
+    the token-level allocator's repair (:func:`sur_lab.repair.repair` with ``allowance=n``), so the two supports differ
+    only in which positions they hold. With the paper's suffix budget SUR selects exactly B = B(S, b) (Eq. 3) and n = B;
+    a region variant with another count convention (``"SUR[allowance_base=prompt]"``) gives another n. The record's
+    ``allowance`` is n and its ``select_ms`` the token-level allocator's own selection (the region's run that fixes n
+    is protocol bookkeeping, untimed).
+
+    Attributes:
+        allocator: a token-level allocator (:data:`sur_lab.allocators.TOKEN_LEVEL_ALLOCATORS`) or variant name.
+        region: the region allocator or variant name whose count is matched (``"SUR"``).
+        budget_pct: b, % of the suffix, at which the region allocator runs (the record's budget).
+        protocol: ``"forward"`` (the rows are recomputed).
+
+    Raises:
+        ValueError: (at construction) naming ``allocator`` or ``region`` when unknown or equal, or ``budget_pct``
+            outside [0, 100].
+    """
+
+    allocator: str
+    region: str
+    budget_pct: float
+    protocol: str = "forward"
+
+    def __post_init__(self) -> None:
+        from sur_lab.allocators import get_allocator
+        from sur_lab.budget import check_budget
+
+        get_allocator(self.allocator)
+        get_allocator(self.region)
+        if self.allocator == self.region:
+            raise ValueError(f"allocator={self.allocator!r} must differ from region")
+        object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
+
+    @property
+    def name(self) -> str:
+        """The record's method: :func:`matched_label` ``(allocator, region)``."""
+        return matched_label(self.allocator, self.region)
+
+    def repair(self, lm, prepared, *, executor: str, seed: int, options: Mapping[str, Any] | None):
+        """The token-level repair at the region allocator's count on this case (a new cache; ``prepared`` is kept)."""
+        from sur_lab.allocators import AllocationRequest, allocate
+        from sur_lab.repair import repair
+
+        opts = dict(options or {})
+        if prepared.dirty_cache is not None:
+            opts.setdefault("dirty_cache", prepared.dirty_cache)
+        request = AllocationRequest(lm, prepared.edit, self.budget_pct, shift_cache=prepared.shift_cache,
+                                    units=prepared.units, seed=seed, options=opts)
+        n = allocate(self.region, request).support.size
+        if prepared.units is None and request.units is not None:
+            prepared.units = request.units
+        return repair(lm, prepared, self.allocator, self.budget_pct, executor=executor, seed=seed, options=options,
+                      allowance=n)
+
+
+def matched_label(allocator: str, region: str = "SUR") -> str:
+    """The record method of ``allocator`` at ``region``'s count: ``"Dense tokens (matched to SUR)"``."""
+    return f"{allocator} (matched to {region})"
+
+
+def matched_methods(p: Mapping[str, Any]) -> list:
+    """The matched-token sweep's methods for parameters ``p``: Shift and Re-prefill (when among ``p["references"]``),
+    the region allocator ``p["matched_region"]`` (crossed with ``p["matched_budgets"]`` by the sweep), then one
+    :class:`MatchedTokens` per token-level allocator of ``p["matched_allocators"]`` and matched budget."""
+    refs = [r for r in p["references"] if r in ("Shift", "Re-prefill")]
+    region = p["matched_region"]
+    return [*refs, region, *(MatchedTokens(a, region, b) for a in p["matched_allocators"]
+                             for b in p["matched_budgets"])]
+
+
+def matched_folder(lm, p: Mapping[str, Any], *, eval_batch: int | None = None, executor: str = "sequential",
+                   outputs: Path | None = None) -> Path:
+    """The matched-token sweep's folder (``02_niah_matched_...``: sizes, matched budgets, the holdout seed, the
+    evaluation batch, the executor when not sequential, the model's fingerprint)."""
+    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
+
+    extra = {} if executor == "sequential" else {"ex": executor}
+    return sweep_folder(f"{FOLDER}_matched", lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"],
+                        b=p["matched_budgets"], tok=p["max_new_tokens"], seed=p["holdout_seed"],
+                        eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
+
+
+def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None, workers: int = 1,
+                  threads: int | None = None, address: str | None = None, executor: str = "sequential",
+                  eval_batch: int | None = None, progress: bool = True,
+                  **overrides: Any) -> tuple[pd.DataFrame, Path]:
+    """Run (or resume) the matched-token study (Table 14 analogue) on the frozen holdout roster.
+
+    The roster is :func:`cases` at the preset's sizes with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never
+    used for design); the methods are :func:`matched_methods`: the region allocator at each matched budget, and each
+    token-level allocator at the region's exact count on the same case (:class:`MatchedTokens`). Records come from
+    :func:`sur_lab.sweeps.run_sweep`, strictly scored like :func:`sweep`'s.
+
+    Args:
+        lm, out, workers, threads, address, executor, eval_batch, progress: as :func:`sweep`.
+        preset, overrides: the parameters (:func:`params`; e.g. ``matched_allocators=["Dense tokens"]``,
+            ``matched_budgets=[2, 5]``, ``holdout_seed=...``).
+
+    Returns:
+        ``(records, folder)``; ``records`` is empty (and nothing runs) when ``matched_allocators`` is empty.
+
+    Raises:
+        ValueError: naming a bad parameter (an unknown allocator, a budget outside [0, 100]), before any model call.
+    """
+    from sur_lab.sweeps import EVAL_BATCH, records_frame, run_sweep
+
+    p = params(preset, **overrides)
+    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
+    the_methods = matched_methods(p)  # MatchedTokens checks its names and budgets here
+    where = Path(out) if out is not None else matched_folder(lm, p, eval_batch=eval_batch, executor=executor)
+    if not p["matched_allocators"]:
+        return records_frame([]), where
+    seed = int(p["holdout_seed"])
+    overrides = {k: v for k, v in overrides.items() if k != "holdout_seed"}
+    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    records = run_sweep(lm, the_cases, the_methods, p["matched_budgets"], where, max_new_tokens=p["max_new_tokens"],
+                        executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
+                        seed=seed, workers=workers, threads=threads, address=address, progress=progress)
+    return records, where
+
+
+def _paired(records: pd.DataFrame, a: str, b: str, metric: str, *, n_boot: int, seed: int,
+            ci: float) -> dict[str, float]:
+    """Case-paired bootstrap of mean ``metric`` of method ``a`` minus ``b`` over the rows given (one per case and
+    method), resampled within context lengths (:func:`sur_lab.analysis.stats.paired_bootstrap`), in pp."""
+    from sur_lab.analysis.stats import paired_bootstrap
+
+    res = paired_bootstrap(records, metric_col=metric, method_a=a, method_b=b, source_col="case_id",
+                           strata_col="context_len", n_boot=n_boot, seed=seed, ci=ci)
+    return {"diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
+            "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)}
+
+
+def table14(records: pd.DataFrame, *, region: str = "SUR", metrics: Sequence[str] = ("em", "agree_reprefill"),
+            n_boot: int = 10_000, seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
+    """Our Table 14: region against token-level selection at matched selected-token counts, case-paired.
+
+    For each matched budget (one support size each) and each token-level allocator of ``records`` (methods named
+    :func:`matched_label` ``(allocator, region)``): the mean selected tokens, then for each metric the region's and the
+    token-level allocator's mean (×100) and the region minus token difference in pp with its case-paired percentile
+    bootstrap interval (:func:`sur_lab.analysis.stats.paired_bootstrap`, cases resampled within context lengths;
+    appendix 8.3's 10,000 replicates and seed).
+
+    Args:
+        records: :func:`matched_sweep` records (``case_id``, ``context_len``, ``method``, ``budget_pct``,
+            ``allowance`` and the metrics).
+        region: the region allocator whose count was matched.
+        metrics: 0/1 record fields (``"em"``, ``"agree_reprefill"``).
+        n_boot, seed, ci: as :func:`paired_differences`.
+
+    Returns:
+        One row per (budget, allocator): ``budget_pct``, ``allocator``, ``mean_tokens``, ``n_cases``, and per metric
+        ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``, ``{metric}_ci_high_pp``.
+
+    Raises:
+        ValueError: naming ``records`` when it holds no matched method or no ``region`` row at a matched budget, or
+            when a token-level record's count differs from the region's on its case (the protocol was broken);
+            naming ``metrics`` when one is not a record field.
+    """
+    missing = [m for m in metrics if m not in records.columns]
+    if missing:
+        raise ValueError(f"metrics {missing} are not record fields")
+    suffix = f" (matched to {region})"
+    token_methods = [m for m in dict.fromkeys(records["method"]) if str(m).endswith(suffix)]
+    if not token_methods:
+        raise ValueError(f"records hold no method matched to {region!r} (names ending in {suffix!r})")
+    rows = []
+    for budget in sorted(records.loc[records["method"].isin(token_methods), "budget_pct"].unique()):
+        at_b = records[records["budget_pct"] == budget]
+        reg = at_b[at_b["method"] == region]
+        if reg.empty:
+            raise ValueError(f"records hold no {region!r} row at {budget:g} %")
+        counts = reg.set_index("case_id")["allowance"]
+        for method in token_methods:
+            tok = at_b[at_b["method"] == method]
+            if tok.empty:
+                continue
+            mine = tok.set_index("case_id")["allowance"]
+            if not mine.index.isin(counts.index).all() or (mine != counts.reindex(mine.index)).any():
+                raise ValueError(f"records: {method!r} at {budget:g} % does not select {region!r}'s count on every "
+                                 "case")
+            pair = pd.concat([reg[reg["case_id"].isin(tok["case_id"])], tok])
+            row = {"budget_pct": float(budget), "allocator": method.removesuffix(suffix),
+                   "mean_tokens": float(mine.mean()), "n_cases": int(len(tok))}
+            for metric in metrics:
+                res = _paired(pair, region, method, metric, n_boot=n_boot, seed=seed, ci=ci)
+                row.update({f"{metric}_region": 100 * float(pair.loc[pair.method == region, metric].astype(float)
+                                                            .mean()),
+                            f"{metric}_token": 100 * float(tok[metric].astype(float).mean()),
+                            f"{metric}_diff_pp": res["diff_pp"], f"{metric}_ci_low_pp": res["ci_low_pp"],
+                            f"{metric}_ci_high_pp": res["ci_high_pp"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SUR's design variants and the boundary controls, one factor at a time (appendix 9.3; issue 28)
+
+
+def ablation_factor(method: str) -> tuple[str, str]:
+    """``(factor, change)`` of an ablation method: a SUR factor (:data:`SUR_FACTORS`), appendix 9.3's joint arm, a
+    boundary control (:data:`BOUNDARY_CONTROLS`), or ``("other", method)``."""
+    for factor, paper, changed, name in SUR_FACTORS:
+        if method == name:
+            return factor, f"{paper} -> {changed}"
+    if method == JOINT_ARM:
+        return "9.3 joint arm", "mean + prefix + prompt"
+    if method == "Fixed blocks":
+        return "boundaries", "text units -> equal token blocks"
+    if method == "Multiple local windows":
+        return "boundaries", "text units -> windows around top tokens"
+    return "other", method
+
+
+def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str = "SUR",
+                   methods: Sequence[str] | None = None, n_boot: int = 10_000, seed: int = 20260928,
+                   ci: float = 95.0) -> pd.DataFrame:
+    """SUR's variants and the boundary controls against SUR, one factor at a time, case-paired at each budget.
+
+    Every method changes one thing from ``reference`` (:func:`ablation_factor`) and runs on the same cases at the
+    same budget. The controls and every variant but the whole-prompt allowance select exactly SUR's B positions
+    (matched token counts); ``mean_tokens`` beside ``reference_tokens`` shows where the count differs.
+
+    Args:
+        records: :func:`sweep` records holding ``reference`` and the methods.
+        metric: a 0/1 or numeric record field (differences ×100, pp).
+        reference: the method every row is compared with (the paper's SUR).
+        methods: the methods to compare (default: those of :data:`ABLATION` present, in that order).
+        n_boot, seed, ci: as :func:`paired_differences`.
+
+    Returns:
+        One row per (method, budget): ``method``, ``factor``, ``change``, ``budget_pct``, ``mean_tokens``,
+        ``reference_tokens``, ``mean_intervals``, ``value`` and ``reference_value`` (mean ×100), ``diff_pp``,
+        ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``separates``.
+
+    Raises:
+        ValueError: naming ``metric`` when it is not a record field, ``reference`` when it has no records, or as
+            :func:`sur_lab.analysis.stats.paired_bootstrap` (unpaired cases).
+    """
+    if metric not in records.columns:
+        raise ValueError(f"metric={metric!r} is not a record field")
+    if not (records["method"] == reference).any():
+        raise ValueError(f"reference={reference!r} has no records")
+    present = set(records["method"])
+    methods = [m for m in ABLATION if m in present] if methods is None else list(methods)
+    cols = ["method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "mean_intervals", "value",
+            "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "separates"]
+    rows = []
+    for method in methods:
+        arm_all = records[records["method"] == method]
+        for budget in sorted(arm_all["budget_pct"].dropna().unique()):
+            arm = arm_all[arm_all["budget_pct"] == budget]
+            ref = records[(records["method"] == reference) & (records["budget_pct"] == budget)]
+            ref = ref[ref["case_id"].isin(arm["case_id"])]
+            if ref.empty:
+                continue
+            factor, change = ablation_factor(method)
+            res = _paired(pd.concat([arm, ref]), method, reference, metric, n_boot=n_boot, seed=seed, ci=ci)
+            rows.append({"method": method, "factor": factor, "change": change, "budget_pct": float(budget),
+                         "mean_tokens": float(arm["allowance"].mean()), "reference_tokens": float(ref["allowance"]
+                                                                                                   .mean()),
+                         "mean_intervals": float(arm["num_intervals"].mean()),
+                         "value": 100 * float(arm[metric].astype(float).mean()),
+                         "reference_value": 100 * float(ref[metric].astype(float).mean()), **res})
+    return pd.DataFrame(rows, columns=cols)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -848,5 +1159,144 @@ def plot_intervals(records: pd.DataFrame):
     ax.set_xlabel("")
     ax.tick_params(axis="x", rotation=60, labelsize=8)
     ax.legend(title="budget", fontsize=8, ncol=len(hue_order))
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Across models: Figure 3 one panel per model, Tables 2-6 stacked (issue 28)
+
+#: Fingerprint fields that name the model (:func:`sur_lab.fingerprint.model_fingerprint`): they may differ between the
+#: folders :func:`combine` reads; every other configuration field must not.
+MODEL_FIELDS = ("model", "model_weights", "dtype", "device")
+
+
+def combine(folders: Sequence[Path | str]) -> pd.DataFrame:
+    """The records of several NIAH sweep folders, one model each, as one table for the cross-model figure and tables.
+
+    Each folder is read from its ``records.parquet`` (:func:`sur_lab.sweeps.store.read_records`). The folders must
+    differ only in the model: every configuration fingerprint field outside :data:`MODEL_FIELDS` (seed, executor,
+    decoding limit and rule, evaluation batch, allocator options, versions) must hold one value, the same in every
+    folder, and the folders must hold the same case ids (the same roster, tokenized by each model: the case
+    fingerprints differ) and the same (method, budget) grid, as every panel of Figure 3 uses the same cases and
+    methods.
+
+    Args:
+        folders: two or more sweep folders (e.g. notebook 02's or ``sur-lab sweep niah``'s, one per model).
+
+    Returns:
+        The concatenated records, in folder order (the ``model`` column tells them apart).
+
+    Raises:
+        ValueError: naming ``folders`` when fewer than one is given or two name the same folder, a folder that holds
+            more than one model or the same model as another, or a field whose value differs (the first differing
+            field and the two folders), a case roster or method grid that differs.
+        FileNotFoundError: for a folder without ``records.parquet`` (its sweep has not finished).
+    """
+    from sur_lab.sweeps.record import CONFIG_FIELDS
+    from sur_lab.sweeps.store import read_records
+
+    paths = [Path(f) for f in folders]
+    if not paths:
+        raise ValueError("folders is empty: give one sweep folder per model")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ValueError(f"folders repeat a folder: {[str(p) for p in paths]}")
+    frames = [read_records(p) for p in paths]
+    shared = [f for f in CONFIG_FIELDS if f not in MODEL_FIELDS]
+    first, first_path = frames[0], paths[0]
+    seen_models: dict[str, Path] = {}
+    for path, df in zip(paths, frames):
+        models = sorted(set(df["model_weights"]))
+        if len(models) != 1:
+            raise ValueError(f"folders: {path} holds {len(models)} models ({sorted(set(df['model']))}); one per folder")
+        if models[0] in seen_models:
+            raise ValueError(f"folders: {path} and {seen_models[models[0]]} hold the same model "
+                             f"({df['model'].iloc[0]})")
+        seen_models[models[0]] = path
+        for name in shared:
+            values = sorted(set(map(str, df[name])))
+            if len(values) != 1:
+                raise ValueError(f"folders: {path} holds several values of {name!r} ({values})")
+            ref = str(first[name].iloc[0])
+            if values[0] != ref:
+                raise ValueError(f"folders: {name!r} differs between {first_path} ({ref!r}) and {path} "
+                                 f"({values[0]!r}); only the model ({', '.join(MODEL_FIELDS)}) may differ")
+        if set(df["case_id"]) != set(first["case_id"]):
+            raise ValueError(f"folders: {path} and {first_path} hold different cases; every panel needs the same "
+                             "roster")
+        grid = {(m, "ref" if pd.isna(b) else float(b)) for m, b in zip(df["method"], df["budget_pct"])}
+        first_grid = {(m, "ref" if pd.isna(b) else float(b)) for m, b in zip(first["method"], first["budget_pct"])}
+        if grid != first_grid:
+            raise ValueError(f"folders: {path} and {first_path} hold different (method, budget) grids: "
+                             f"{sorted(map(str, grid ^ first_grid))[:6]}")
+    return pd.concat(frames, ignore_index=True)
+
+
+def stacked_budget_tables(records: pd.DataFrame, value: str = "em", *, scale: float = 100.0) -> pd.DataFrame:
+    """Tables 2-6 stacked: :func:`budget_table` per model, indexed by ``(model, method)`` in the models' order of
+    appearance.
+
+    Raises:
+        ValueError: as :func:`budget_table`.
+    """
+    models = list(dict.fromkeys(records["model"]))
+    return pd.concat({m: budget_table(records[records["model"] == m], value, scale=scale) for m in models},
+                     names=["model", "method"])
+
+
+def plot_model_panels(records: pd.DataFrame, metric: str = "em", *, title: str | None = None):
+    """Figure 3 across models: one panel per model (order of appearance), one line per allocator over the budgets
+    (SUR thick and black), the reference operators as horizontal lines, shared allocator colours.
+
+    Returns:
+        The matplotlib figure.
+
+    Raises:
+        ValueError: naming ``metric`` when it is not a record field.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import NullFormatter
+
+    if metric not in records.columns:
+        raise ValueError(f"metric={metric!r} is not a record field")
+    models = list(dict.fromkeys(records["model"]))
+    scale = 100.0 if metric in PERCENT_FIELDS else 1.0
+    alloc_all = records[records["budget_pct"].notna()]
+    present = list(dict.fromkeys(alloc_all["method"]))
+    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
+    others = [m for m in order if m != "SUR"]
+    palette = dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
+    budgets = sorted(alloc_all["budget_pct"].unique())
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models) + 2.4, 4.0), squeeze=False, sharey=True)
+    for ax, model in zip(axes[0], models):
+        sub = records[records["model"] == model]
+        alloc, refs = sub[sub["budget_pct"].notna()], sub[sub["budget_pct"].isna()]
+        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].mean()
+        for method in order:
+            if method in curve.index.get_level_values(0):
+                c = curve.loc[method]
+                ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
+                        lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
+        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].mean()
+        for method in [m for m in REFERENCES if m in ref_means.index]:
+            color, style = REFERENCE_STYLES[method]
+            ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")
+        if len(budgets) > 1:
+            ax.set_xscale("log")
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if scale == 100.0:
+            ax.set_ylim(-4, 104)
+        ax.set_xlabel("suffix budget b (%)")
+        ax.set_title(f"{model} (n = {sub['case_id'].nunique()})")
+    axes[0][0].set_ylabel(title or metric)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
