@@ -445,7 +445,7 @@ def _donor_row(dsuf: pd.Series | None, suf1: pd.Series | None, runs: pd.DataFram
     ``±margin``."""
     name = "Donor-copy vs actual forwarding (suffix K1, risk)"
     criterion = (f"95 % paired bootstrap interval of donor − forward preservation (sources resampled with both "
-                 f"protocols' rows) within ±{margin:.0%}: the diagnostic is a usable proxy")
+                 f"protocols' rows) within ±{100 * margin:g} points: the diagnostic is a usable proxy")
     if dsuf is None or suf1 is None:
         return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}", None, criterion
     if runs is None:
