@@ -1,7 +1,8 @@
-"""SAFE-KV reporting: drift tables, per-group endpoint summaries with bootstrap intervals, the operating rule, the
-design ledger and the figures (SAFE-KV Figures 2, 3, 5 analogues).
+"""SAFE-KV reporting: drift tables, per-group endpoint summaries with bootstrap intervals, the robustness checks (the
+EM-correct stratum, a second model family), the largest workload's quality gate with the paired donor − forward
+bootstrap, the operating rule, the design ledger and the figures (SAFE-KV Figures 2-5 analogues).
 
-Source: SAFE-KV (Zhang, 2026), Figures 2-5 and Table 20.
+Source: SAFE-KV (Zhang, 2026), Figures 2-5, Tables 20 and 27.
 """
 
 from __future__ import annotations
