@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from sur_lab.studies.noprefix import ROBUSTNESS_LABELS
+
 #: Notebooks whose studies are being rebuilt (issue 23, the experiment pipeline): the smoke test checks only that they
 #: write a figure and a table until their entries are declared here; one with an entry has its outputs checked, but
 #: its generated "This run:" summary is required only once it leaves this set (issue 29: its conclusion moves to a
@@ -243,8 +245,9 @@ EXPECTED: dict[str, Expected] = {
             "06_noprefix_robustness": Table(
                 columns=("model", "label", "protocol", "n", "preservation", "ci_low", "ci_high", "n_correct",
                          "preservation_correct"),
-                # the study model and the robustness run, each: five paths under every protocol
-                rows=lambda p: (1 + (p["robustness_model"] != "none")) * 5 * len(_noprefix(p)["protocols"]),
+                # the study model and the robustness run, each: every robustness path under every protocol
+                rows=lambda p: ((1 + (p["robustness_model"] != "none")) * len(ROBUSTNESS_LABELS)
+                                * len(_noprefix(p)["protocols"])),
                 not_null=("preservation", "n_correct"), check=_noprefix_stratum),
             "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "worked", "criterion"),
                                                rows=lambda p: 11, check=_noprefix_ledger),
