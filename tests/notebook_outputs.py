@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from sur_lab.studies.noprefix import ROBUSTNESS_LABELS
+
 #: Notebooks whose entries are not declared yet: the smoke test checks only that they write a figure and a table.
 #: Empty: every notebook declares its outputs (a new notebook adds its entry to ``EXPECTED`` instead).
 PENDING: set[str] = set()
@@ -354,6 +356,49 @@ def _table14_rows(params: dict) -> int:
     return len(p["matched_allocators"]) * len(p["matched_budgets"])
 
 
+def _noprefix(params: dict) -> dict:
+    """Notebook 06's study parameters: its preset's sizes with the run's non-None parameters."""
+    from sur_lab.studies import noprefix
+
+    known = set(noprefix.params(params["preset"]))
+    return noprefix.params(params["preset"], **{k: v for k, v in params.items() if k in known})
+
+
+def _noprefix_rows(params: dict) -> int:
+    """Per workload: full prefill, then every configuration (prefix composition included) under every protocol."""
+    from sur_lab.studies.noprefix import default_specs
+
+    p = _noprefix(params)
+    return len(p["datasets"]) * len(p["num_docs"]) * (1 + len(default_specs(p["budgets"])) * len(p["protocols"]))
+
+
+def _noprefix_endpoints(df: pd.DataFrame, params: dict) -> None:
+    timed = df[df["timed"] > 0]
+    assert (timed["ttfl_p95_ms"] >= timed["ttfl_ms"] - 1e-9).all(), "p95 below the median"
+    assert (timed["full_ttfl_p95_ms"] >= timed["full_ttfl_ms"] - 1e-9).all()
+
+
+def _noprefix_stratum(df: pd.DataFrame, params: dict) -> None:
+    assert (df["n_correct"] <= df["n"]).all()
+    assert (df["preservation_correct"].isna() == (df["n_correct"] == 0)).all(), "stratum values iff stratum requests"
+
+
+def _noprefix_gate(df: pd.DataFrame, params: dict) -> None:
+    for _, g in df.groupby("workload"):
+        assert list(g["protocol"]) == ["forward", "forward", "donor"] and g["path"].iloc[0] == "Full prefill"
+        donor, forward = g["preservation"].iloc[2], g["preservation"].iloc[1]
+        # One donor and one forward row per source: the paired mean difference is the difference of the means.
+        assert abs(g["donor_minus_forward"].iloc[0] - (donor - forward)) < 1e-12
+        assert (g["gap_ci_low"] <= g["donor_minus_forward"] + 1e-12).all()
+        assert (g["donor_minus_forward"] <= g["gap_ci_high"] + 1e-12).all()
+
+
+def _noprefix_ledger(df: pd.DataFrame, params: dict) -> None:
+    rows = df.set_index("experiment")
+    assert "Hybrid vs query- and risk-guided start (suffix K2)" in rows.index
+    assert "donor − forward" in rows.loc["Donor-copy vs actual forwarding (suffix K1, risk)", "key_result"]
+
+
 EXPECTED: dict[str, Expected] = {
     "00_quickstart": Expected(
         figures=("00_quickstart_relevance", "00_quickstart_latency"),
@@ -529,7 +574,8 @@ EXPECTED: dict[str, Expected] = {
         },
     ),
     "06_noprefix_reuse": Expected(
-        figures=("06_noprefix_local_vs_suffix", "06_noprefix_position_sweep", "06_noprefix_pareto_ttfl"),
+        figures=("06_noprefix_local_vs_suffix", "06_noprefix_position_sweep", "06_noprefix_pareto_ttfl",
+                 "06_noprefix_robustness"),
         tables={
             "06_noprefix_runs": Table(columns=("workload", "label", "protocol", "preserved", "repair_ratio"),
                                       not_null=("preserved", "repair_ratio")),
@@ -537,8 +583,27 @@ EXPECTED: dict[str, Expected] = {
                                        rows=_noprefix_workloads, not_null=("mean_drift",)),
             "06_noprefix_endpoints": Table(
                 columns=("workload", "label", "protocol", "n", "preservation", "ci_low", "ci_high", "token_exact",
-                         "gold_em", "changed_wrong", "repair_ratio", "ttfl_ms", "full_ttfl_ms", "speedup"),
-                not_null=("preservation", "ci_low", "ci_high", "repair_ratio"), check=_full_prefill_preserves_itself),
+                         "gold_em", "changed_wrong", "repair_ratio", "timed", "ttfl_ms", "ttfl_p95_ms", "full_ttfl_ms",
+                         "full_ttfl_p95_ms", "speedup"),
+                rows=_noprefix_rows, not_null=("preservation", "ci_low", "ci_high", "repair_ratio"),
+                check=lambda df, p: (_full_prefill_preserves_itself(df, p), _noprefix_endpoints(df, p))),
+            "06_noprefix_em_correct": Table(
+                columns=("workload", "label", "protocol", "n", "preservation", "n_correct", "preservation_correct",
+                         "ci_low_correct", "ci_high_correct"),
+                rows=_noprefix_rows, not_null=("n_correct", "preservation"), check=_noprefix_stratum),
+            "06_noprefix_quality_gate": Table(
+                columns=("workload", "path", "protocol", "n", "preservation", "ci_low", "ci_high", "token_exact",
+                         "gold_em", "changed_wrong", "ttfl_ms", "ttfl_p95_ms", "donor_minus_forward", "gap_ci_low",
+                         "gap_ci_high"),
+                rows=lambda p: 3 * len(_noprefix(p)["datasets"]),  # full prefill, forward, donor per dataset
+                not_null=("preservation", "donor_minus_forward", "gap_ci_low", "gap_ci_high"), check=_noprefix_gate),
+            "06_noprefix_robustness": Table(
+                columns=("model", "label", "protocol", "n", "preservation", "ci_low", "ci_high", "n_correct",
+                         "preservation_correct"),
+                # the study model and the robustness run, each: every robustness path under every protocol
+                rows=lambda p: ((1 + (p["robustness_model"] != "none")) * len(ROBUSTNESS_LABELS)
+                                * len(_noprefix(p)["protocols"])),
+                not_null=("preservation", "n_correct"), check=_noprefix_stratum),
             "06_noprefix_sweep_runs": Table(columns=("slot", "label", "protocol", "preserved")),
             "06_noprefix_position_sweep": Table(
                 columns=("slot", "label", "protocol", "preservation"),
@@ -549,7 +614,7 @@ EXPECTED: dict[str, Expected] = {
             "06_noprefix_operating_rule": Table(columns=("workload", "serve", "label", "reason"),
                                                 rows=_noprefix_workloads, check=_operating_rule),
             "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "worked", "criterion"),
-                                               not_null=("key_result",)),
+                                               rows=lambda p: 11, not_null=("key_result",), check=_noprefix_ledger),
         },
     ),
     "07_agent_session": Expected(

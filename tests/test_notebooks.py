@@ -126,7 +126,7 @@ def check_outputs(name: str, executed: Path, outputs: Path, params: dict) -> Non
         assert "application/vnd.jupyter.widget-view+json" not in view["data"], "executed copies keep static views"
         assert "".join(view["data"]["text/html"]).count("<del>") in (1, 2), "one deleted span (its middle elided)"
     summary = [o for o in outputs_of if o.get("output_type") == "stream" and "".join(o["text"]).startswith("This run:")]
-    assert summary, "the conclusion's generated cell ('This run: ...') printed nothing"
+    assert summary or name in PENDING, "the conclusion's generated cell ('This run: ...') printed nothing"
 
 
 @pytest.mark.slow

@@ -12,8 +12,10 @@
   :func:`sweep`): composed requests as sweep cases (:class:`ComposedCase`), repair units as sweep methods
   (:class:`RepairMethod`), records in the one schema through :func:`sur_lab.sweeps.run_case`; :func:`runs_table` and
   :func:`measure_drift` for the tables.
-* :mod:`~sur_lab.studies.noprefix.reporting`: drift tables, summaries with bootstrap intervals, the operating rule, the
-  design ledger and the figures.
+* :mod:`~sur_lab.studies.noprefix.reporting`: drift tables, summaries with bootstrap intervals (median and p95 time to
+  first logit), the operating rule, the design ledger, the robustness checks (the EM-correct stratum, a second model
+  family: :func:`stratum_table`, :func:`robustness_table`), the largest workload's quality gate (:func:`quality_gate`)
+  with the paired donor − forward bootstrap (:func:`protocol_gap`), and the figures.
 
 
 A composed cache (:mod:`sur_lab.studies.noprefix.composition`) is repaired by re-encoding a *repair unit*, a set of document positions
@@ -31,7 +33,9 @@ Figure 1, Table 27):
 - ``sur``: SUR's budgeted allocator (Algorithm 1) over the composed documents, a further comparison;
 - ``none`` (prefix composition, no repair) and ``full`` (full prefill, the reference).
 
-Start candidates. A selector scores the n documents; ``K`` candidates are its top-K documents (earlier document first
+Selectors: ``risk`` (forward-free drift score), ``query`` (frozen-embedding relevance), ``hybrid`` (the mean of the two
+selectors' scaled ranks) and ``oracle`` (gold evidence, a diagnostic). Start candidates. A selector scores the n
+documents; ``K`` candidates are its top-K documents (earlier document first
 among ties) and the start of windows, suffixes and adaptive suffixes is the earliest candidate ("K1", "K2").
 
 Protocols: ``forward`` recomputes the support with an executor (actual forwarding); ``donor`` copies the support's rows

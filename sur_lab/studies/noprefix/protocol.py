@@ -141,8 +141,8 @@ def default_specs(budgets: Sequence[float] = (50,)) -> list[RepairSpec]:
     """The SAFE-KV comparison used by the notebook.
 
     Prefix composition; risk-guided Doc K1, windows w2–w4 and Suffix K1 from the K1 start (Figure 2), Suffix K2 and
-    Adaptive K2 at ``budgets``; query-guided Suffix K2; oracle evidence Doc K2 (the gold documents),
-    Linked K2 and Suffix K1; SUR at ``budgets``.
+    Adaptive K2 at ``budgets``; query-guided and hybrid (risk and query ranks) Suffix K2; oracle evidence Doc K2 (the
+    gold documents), Linked K2 and Suffix K1; SUR at ``budgets``.
 
     Raises:
         ValueError: naming ``budget_pct`` for a budget outside [0, 100].
@@ -151,7 +151,7 @@ def default_specs(budgets: Sequence[float] = (50,)) -> list[RepairSpec]:
     specs += [RepairSpec("window", "risk", 1, width=w) for w in (2, 3, 4)]
     specs += [RepairSpec("suffix", "risk", 1), RepairSpec("suffix", "risk", 2)]
     specs += [RepairSpec("adaptive", "risk", 2, budget_pct=b) for b in budgets]
-    specs += [RepairSpec("suffix", "query", 2)]
+    specs += [RepairSpec("suffix", "query", 2), RepairSpec("suffix", "hybrid", 2)]
     specs += [RepairSpec("doc", "oracle", 2), RepairSpec("linked", "oracle", 2), RepairSpec("suffix", "oracle", 1)]
     specs += [RepairSpec("sur", budget_pct=b) for b in budgets]
     return specs

@@ -1,12 +1,13 @@
-"""SAFE-KV reporting: drift tables, per-group endpoint summaries with bootstrap intervals, the operating rule, the
-design ledger and the figures (SAFE-KV Figures 2, 3, 5 analogues).
+"""SAFE-KV reporting: drift tables, per-group endpoint summaries with bootstrap intervals, the robustness checks (the
+EM-correct stratum, a second model family), the largest workload's quality gate with the paired donor − forward
+bootstrap, the operating rule, the design ledger and the figures (SAFE-KV Figures 2-5 analogues).
 
-Source: SAFE-KV (Zhang, 2026), Figures 2-5 and Table 20.
+Source: SAFE-KV (Zhang, 2026), Figures 2-5, Tables 20 and 27.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,7 +62,9 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
     Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``preservation`` (mean) with
     ``ci_low``/``ci_high`` (:func:`bootstrap_ci`), ``token_exact`` (mean), ``gold_em`` (mean, NaN without a
     scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``timed`` (requests whose time to first logit was
-    measured per request: only they enter the timing columns), ``ttfl_ms`` and ``full_ttfl_ms`` (medians),
+    measured per request: only they enter the timing columns), ``ttfl_ms`` and ``full_ttfl_ms`` (medians, ms),
+    ``ttfl_p95_ms`` and ``full_ttfl_p95_ms`` (95th percentiles, ms, linear interpolation between order statistics as
+    :func:`numpy.percentile`; SAFE-KV Figure 5 reports p95 beside the median),
     ``speedup`` (``full_ttfl_ms / ttfl_ms`` of the medians) and the per-request speed-up's geometric mean
     ``speedup_gmean`` with its bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (paired: each request's
     full-prefill TTFL over its reuse TTFL). Timing columns are NaN for a group without timed requests.
@@ -89,7 +92,9 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
         # Timings only from the requests timed per request (a batched pass yields none: their TTFL is NaN).
         t = g[np.isfinite(g["ttfl_ms"].astype(float)) & np.isfinite(g["full_ttfl_ms"].astype(float))]
         row.update({"timed": len(t), "ttfl_ms": float(t["ttfl_ms"].median()) if len(t) else np.nan,
-                    "full_ttfl_ms": float(t["full_ttfl_ms"].median()) if len(t) else np.nan})
+                    "ttfl_p95_ms": _p95(t["ttfl_ms"]),
+                    "full_ttfl_ms": float(t["full_ttfl_ms"].median()) if len(t) else np.nan,
+                    "full_ttfl_p95_ms": _p95(t["full_ttfl_ms"])})
         row["speedup"] = row["full_ttfl_ms"] / row["ttfl_ms"] if row["ttfl_ms"] > 0 else np.nan
         if len(t):
             log_ratio = np.log(t["full_ttfl_ms"].to_numpy(np.float64) / t["ttfl_ms"].to_numpy(np.float64))
@@ -100,6 +105,172 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
             row.update({"speedup_gmean": np.nan, "speedup_ci_low": np.nan, "speedup_ci_high": np.nan})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _p95(values: pd.Series) -> float:
+    """95th percentile (ms) of timed values, NaN when there are none."""
+    v = values.to_numpy(np.float64)
+    return float(np.percentile(v, 95)) if len(v) else np.nan
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Robustness checks (SAFE-KV Figure 4) and the Noise64 quality gate (Table 20)
+
+#: Paths of the robustness figure and table (SAFE-KV Figure 4): composition, the risk suffixes and the query and hybrid
+#: starts, each under both protocols.
+ROBUSTNESS_LABELS = ("Prefix composition", "Suffix K1 · risk", "Suffix K2 · risk", "Suffix K2 · query",
+                     "Suffix K2 · hybrid")
+#: The stratum columns :func:`stratum_table` puts beside the all-cases ones (suffix ``_correct``).
+_STRATUM_COLS = ("n", "preservation", "ci_low", "ci_high", "token_exact", "changed_wrong")
+
+
+def em_correct(runs: pd.DataFrame) -> pd.DataFrame:
+    """The EM-correct stratum: rows of the requests that full prefill answers correctly (SAFE-KV Figure 4, left).
+
+    Args:
+        runs: :func:`~sur_lab.studies.noprefix.study.runs_table` rows (``full_em``: Re-prefill's gold EM per request).
+
+    Returns:
+        The rows whose ``full_em`` is true (a copy; requests without a gold score are left out).
+
+    Raises:
+        ValueError: naming ``runs`` when it has no ``full_em`` column.
+    """
+    if "full_em" not in runs.columns:
+        raise ValueError("runs has no full_em column; pass sur_lab.studies.noprefix.runs_table's rows")
+    ok = runs["full_em"].map(lambda e: e is not None and not pd.isna(e) and bool(e))
+    return runs[ok.astype(bool)].copy()
+
+
+def stratum_table(runs: pd.DataFrame, by: Sequence[str] = ("workload", "label", "protocol"), *,
+                  confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """All requests and the EM-correct stratum (:func:`em_correct`) side by side, per ``by`` group.
+
+    Returns:
+        ``by``, ``method``, ``unit``, ``selector`` and the all-cases ``n``, ``preservation``, ``ci_low``, ``ci_high``,
+        ``token_exact``, ``changed_wrong`` (:func:`summarize`), then the same columns over the EM-correct requests
+        with the suffix ``_correct`` (``n_correct`` 0 and NaN preservation where a group has no such request).
+
+    Raises:
+        ValueError: as :func:`summarize` and :func:`em_correct`.
+    """
+    by = list(by)
+    keep = [*by, "method", "unit", "selector", *_STRATUM_COLS]
+    table = summarize(runs, by=by, confidence=confidence, seed=seed)[keep]
+    correct = em_correct(runs)
+    if len(correct):
+        strat = summarize(correct, by=by, confidence=confidence, seed=seed)[[*by, *_STRATUM_COLS]]
+    else:
+        strat = pd.DataFrame(columns=[*by, *_STRATUM_COLS])
+    strat = strat.rename(columns={c: f"{c}_correct" for c in _STRATUM_COLS})
+    out = table.merge(strat, on=by, how="left")
+    out["n_correct"] = out["n_correct"].fillna(0).astype(int)
+    return out
+
+
+def robustness_table(runs_by_model: Mapping[str, pd.DataFrame], *, labels: Sequence[str] = ROBUSTNESS_LABELS,
+                     confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """SAFE-KV Figure 4's robustness checks as one table: per model (the study model and a second family), each path
+    of ``labels`` under each protocol, pooled over workloads, over all requests and the EM-correct stratum.
+
+    Args:
+        runs_by_model: model name -> its :func:`~sur_lab.studies.noprefix.study.runs_table` rows.
+        labels: the paths to report (those a model's runs lack are left out).
+
+    Returns:
+        ``model`` then :func:`stratum_table` columns with ``by=("label", "protocol")``, rows in ``labels`` order.
+
+    Raises:
+        ValueError: naming ``runs_by_model`` when empty, or as :func:`stratum_table`.
+    """
+    if not runs_by_model:
+        raise ValueError("runs_by_model is empty; pass at least the study model's runs")
+    parts = []
+    for model, runs in runs_by_model.items():
+        sub = runs[runs["label"].isin(list(labels))]
+        if sub.empty:
+            continue
+        t = stratum_table(sub, by=("label", "protocol"), confidence=confidence, seed=seed)
+        t.insert(0, "model", model)
+        order = {lab: i for i, lab in enumerate(labels)}
+        prot = {p: i for i, p in enumerate(PROTOCOLS)}
+        t = t.sort_values(["label", "protocol"], key=lambda c: c.map(order if c.name == "label" else prot))
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def protocol_gap(runs: pd.DataFrame, label: str = "Suffix K1 · risk", *, n_boot: int = 10_000, seed: int = 0,
+                 ci: float = 95.0):
+    """Donor-copy minus actual forwarding in answer preservation for one path: a paired bootstrap over sources.
+
+    Each replicate draws sources (``source_id``) with replacement within each dataset and keeps *all* rows of a drawn
+    source together, its donor and its forward rows at every workload, so the interval is the paired one SAFE-KV
+    Table 20 reports (``+0.20 [0.06, 0.34]``); :func:`sur_lab.analysis.stats.paired_bootstrap` with the protocol as
+    the method.
+
+    Args:
+        runs: :func:`~sur_lab.studies.noprefix.study.runs_table` rows (``dataset``, ``source_id``, ``protocol``,
+            ``preserved``).
+        label: the path compared.
+        n_boot, seed, ci: replicates (>= 1), generator seed, coverage in percent.
+
+    Returns:
+        :class:`sur_lab.analysis.stats.BootstrapResult` (``diff``: donor − forward, a fraction; ``low``/``high``).
+
+    Raises:
+        ValueError: naming ``label`` when the runs lack its donor or forward rows, ``runs`` when a source lacks one
+            protocol's rows; or as :func:`~sur_lab.analysis.stats.paired_bootstrap`.
+    """
+    from sur_lab.analysis.stats import paired_bootstrap
+
+    sub = runs[runs["label"] == label]
+    missing = [p for p in ("donor", "forward") if p not in set(sub["protocol"])]
+    if missing:
+        raise ValueError(f"label={label!r}: runs hold no {' or '.join(missing)} rows for it")
+    return paired_bootstrap(sub, metric_col="preserved", method_a="donor", method_b="forward",
+                            method_col="protocol", source_col="source_id", strata_col="dataset", n_boot=n_boot,
+                            seed=seed, ci=ci)
+
+
+def quality_gate(runs: pd.DataFrame, *, num_docs: int, label: str = "Suffix K1 · risk", confidence: float = 0.95,
+                 seed: int = 0) -> pd.DataFrame:
+    """SAFE-KV Table 20: the quality gate of the largest workload (Noise64 in the ``paper`` preset).
+
+    For each workload with ``num_docs`` documents: full prefill, the actual-forwarding path of ``label`` and its
+    donor-copy path (diagnostic), in that order, with answer preservation (95 % bootstrap CI), token exactness, gold EM,
+    changed-wrong, the mean repair ratio and the median and p95 TTFL (timed requests), and the paired donor − forward
+    difference in preservation with its interval (:func:`protocol_gap`, sources resampled within the workload).
+
+    Returns:
+        Columns ``workload``, ``path``, ``protocol``, ``n``, ``preservation``, ``ci_low``, ``ci_high``,
+        ``token_exact``, ``gold_em``, ``changed_wrong``, ``repair_ratio``, ``timed``, ``ttfl_ms``, ``ttfl_p95_ms``,
+        ``donor_minus_forward``, ``gap_ci_low``, ``gap_ci_high`` (the workload's paired difference, on each row).
+
+    Raises:
+        ValueError: naming ``num_docs`` when no workload has that many documents, or as :func:`protocol_gap`.
+    """
+    sub = runs[runs["num_docs"] == num_docs]
+    if sub.empty:
+        raise ValueError(f"num_docs={num_docs!r}: the runs have no such workload (have {sorted(set(runs['num_docs']))})")
+    cols = ["workload", "path", "protocol", "n", "preservation", "ci_low", "ci_high", "token_exact", "gold_em",
+            "changed_wrong", "repair_ratio", "timed", "ttfl_ms", "ttfl_p95_ms"]
+    parts = []
+    for wl, g in sub.groupby("workload", sort=False):
+        gap = protocol_gap(g, label, seed=seed, ci=100 * confidence)
+        full = g[(g["unit"] == "full") & (g["protocol"] == "forward")]
+        path = g[g["label"] == label]
+        summ = summarize(pd.concat([full, path]), by=("workload", "label", "protocol"), confidence=confidence,
+                         seed=seed)
+        names = {"full": "Full prefill"}
+        summ["path"] = [names.get(u) or (f"Donor-copy {lab} (diagnostic)" if p == "donor" else
+                                         f"Actual-forwarding {lab}")
+                        for u, lab, p in zip(summ["unit"], summ["label"], summ["protocol"])]
+        order = summ["unit"].eq("full").map({True: 0, False: 1}) * 10 + summ["protocol"].map(
+            {p: i for i, p in enumerate(PROTOCOLS)})
+        summ = summ.iloc[np.argsort(order.to_numpy(), kind="stable")]
+        summ = summ[cols].assign(donor_minus_forward=gap.diff, gap_ci_low=gap.low, gap_ci_high=gap.high)
+        parts.append(summ)
+    return pd.concat(parts, ignore_index=True)
 
 
 @dataclass(frozen=True)
@@ -192,7 +363,8 @@ def _fmt(row: pd.Series | None) -> str:
 
 def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95, budgets: Sequence[float] = (50,),
                   drift_spearman: float | None = None,
-                  decisions: dict[str, OperatingDecision] | None = None) -> pd.DataFrame:
+                  decisions: dict[str, OperatingDecision] | None = None, runs: pd.DataFrame | None = None,
+                  proxy_margin: float = 0.05, seed: int = 0) -> pd.DataFrame:
     """The design ledger (SAFE-KV Table 27) filled from measurements (actual forwarding unless stated).
 
     Each row states a route, what was measured, whether it worked by a stated criterion, and the criterion.
@@ -203,11 +375,18 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
         budgets: the adaptive/SUR budgets that were run (the largest is compared).
         drift_spearman: Spearman correlation of the risk score with measured document drift, if measured.
         decisions: workload -> :func:`operating_rule` decision, if computed.
+        runs: the per-request rows behind ``summary`` (:func:`~sur_lab.studies.noprefix.study.runs_table`), for the
+            donor-copy row's paired bootstrap (:func:`protocol_gap`); without them that row is not judged.
+        proxy_margin: donor-copy counts as a usable proxy of actual forwarding when the 95 % paired interval of
+            donor − forward preservation lies within ``±proxy_margin`` (an equivalence criterion), in [0, 1].
+        seed: the bootstrap's seed.
 
     Returns:
         DataFrame with columns ``experiment``, ``key_result``, ``worked`` (bool, or None when not run) and
         ``criterion``.
     """
+    if not 0.0 <= proxy_margin <= 1.0:
+        raise ValueError(f"proxy_margin={proxy_margin!r} must lie in [0, 1]")
     b = max(budgets) if budgets else None
     req = required_preservation
     comp = _pick(summary, "Prefix composition")
@@ -220,6 +399,7 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
     ada = _pick(summary, f"Adaptive K2 {b:g}% · risk") if b is not None else None
     sur = _pick(summary, f"SUR {b:g}%") if b is not None else None
     qsuf = _pick(summary, "Suffix K2 · query")
+    hsuf = _pick(summary, "Suffix K2 · hybrid")
     dsuf = _pick(summary, "Suffix K1 · risk", "donor")
 
     def val(r):
@@ -243,9 +423,11 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
          "SUR preserves at least as much at the same budget"),
         ("Query-guided vs risk-guided start (suffix K2)", f"query {_fmt(qsuf)}; risk {_fmt(suf2)}", ge(qsuf, suf2),
          "query selector preserves at least as much"),
-        ("Donor-copy vs actual forwarding (suffix K1, risk)", f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}",
-         None if dsuf is None or suf1 is None else bool(abs(val(dsuf) - val(suf1)) <= 0.05),
-         "donor-copy within 5 points of actual forwarding (the diagnostic is a usable proxy)"),
+        ("Hybrid vs query- and risk-guided start (suffix K2)",
+         f"hybrid {_fmt(hsuf)}; query {_fmt(qsuf)}; risk {_fmt(suf2)}",
+         None if hsuf is None or qsuf is None or suf2 is None else bool(val(hsuf) >= max(val(qsuf), val(suf2))),
+         "hybrid (mean of risk and query ranks) preserves at least as much as the better of its two parts"),
+        _donor_row(dsuf, suf1, runs, proxy_margin, seed),
     ]
     if drift_spearman is not None:
         rows.append(("Risk score vs measured document drift", f"Spearman rho = {drift_spearman:.2f}",
@@ -258,8 +440,26 @@ def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95,
     return pd.DataFrame(rows, columns=["experiment", "key_result", "worked", "criterion"])
 
 
+def _donor_row(dsuf: pd.Series | None, suf1: pd.Series | None, runs: pd.DataFrame | None, margin: float,
+               seed: int) -> tuple:
+    """The ledger's donor-copy row: the paired donor − forward bootstrap (:func:`protocol_gap`) against
+    ``±margin``."""
+    name = "Donor-copy vs actual forwarding (suffix K1, risk)"
+    criterion = (f"95 % paired bootstrap interval of donor − forward preservation (sources resampled with both "
+                 f"protocols' rows) within ±{100 * margin:g} points: the diagnostic is a usable proxy")
+    if dsuf is None or suf1 is None:
+        return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}", None, criterion
+    if runs is None:
+        return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}; no per-request runs for the paired interval", None, \
+            criterion
+    gap = protocol_gap(runs, "Suffix K1 · risk", seed=seed)
+    key = (f"donor − forward {gap.diff:+.2f} [{gap.low:+.2f}, {gap.high:+.2f}] over {gap.n_sources} sources "
+           f"(donor {dsuf['preservation']:.1%}, forward {suf1['preservation']:.1%})")
+    return name, key, bool(-margin <= gap.low and gap.high <= margin), criterion
+
+
 # ---------------------------------------------------------------------------------------------------------------------
-# Figures (SAFE-KV Figures 2, 3, 5 analogues)
+# Figures (SAFE-KV Figures 2, 3, 4, 5 analogues)
 
 LOCAL_VS_SUFFIX = ("Prefix composition", "Doc K1 · risk", "w2 K1 · risk", "w3 K1 · risk", "w4 K1 · risk",
                    "Suffix K1 · risk")
@@ -348,7 +548,7 @@ def plot_position_sweep(summary: pd.DataFrame, *, title: str = ""):
 
 _UNIT_NAMES = {"none": "prefix composition", "doc": "document-only", "window": "window w2–w4",
                "suffix": "causal suffix", "adaptive": "adaptive suffix", "linked": "linked intervals", "sur": "SUR", "full": "full prefill"}
-_SELECTOR_MARKERS = {"": "o", "risk": "o", "query": "^", "oracle": "D"}
+_SELECTOR_MARKERS = {"": "o", "risk": "o", "query": "^", "hybrid": "v", "oracle": "D"}
 
 
 def plot_pareto_ttfl(summary: pd.DataFrame, *,
@@ -364,7 +564,7 @@ def plot_pareto_ttfl(summary: pd.DataFrame, *,
     Returns:
         The matplotlib figure. Left: mean over workloads of each configuration's repair ratio and preservation; colour =
         repair unit, marker = selector (circle risk / none, triangle query, diamond oracle), filled = actual
-        forwarding, open = donor-copy (diagnostic upper bound). Right: median TTFL per workload, labels = mean ratio.
+        forwarding, open = donor-copy (diagnostic upper bound); inverted triangle hybrid. Right: median TTFL per workload, labels = mean ratio.
     """
     import matplotlib.pyplot as plt
 
@@ -380,7 +580,7 @@ def plot_pareto_ttfl(summary: pd.DataFrame, *,
                      facecolors=colors[r["unit"]] if fill else "none", edgecolors=colors[r["unit"]], linewidths=1.2)
     handles = [plt.Line2D([], [], marker="s", ls="", color=colors[u], label=_UNIT_NAMES[u]) for u in units]
     handles += [plt.Line2D([], [], marker=m, ls="", color="0.4", label=f"selector: {s}")
-                for s, m in (("risk", "o"), ("query", "^"), ("oracle", "D"))]
+                for s, m in (("risk", "o"), ("query", "^"), ("hybrid", "v"), ("oracle", "D"))]
     handles += [plt.Line2D([], [], marker="o", ls="", color="0.4", label=PROTOCOL_LABELS["forward"]),
                 plt.Line2D([], [], marker="o", ls="", color="0.4", mfc="none", label=PROTOCOL_LABELS["donor"])]
     left.legend(handles=handles, fontsize=6.5, loc="upper left", ncol=2)
@@ -415,8 +615,60 @@ def plot_pareto_ttfl(summary: pd.DataFrame, *,
     fig.tight_layout()
     return fig
 
+def plot_robustness(table: pd.DataFrame, *, title: str = ""):
+    """Figure 4 analogue: preservation (95 % CI) of each path over all requests and over the EM-correct stratum, one
+    panel per model (the study model and the robustness model).
+
+    Args:
+        table: :func:`robustness_table` rows.
+        title: figure title.
+
+    Returns:
+        The matplotlib figure: paths on the x axis; circles all requests, diamonds the EM-correct stratum (its size
+        under the panel title); filled actual forwarding, open donor-copy (diagnostic upper bound). A panel whose
+        model has no EM-correct request says so.
+    """
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(table["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.9), sharey=True, squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sub = table[table["model"] == model]
+        labels = list(dict.fromkeys(sub["label"]))
+        xs = np.arange(len(labels))
+        series = [(p, stratum) for stratum in ("", "_correct") for p in PROTOCOLS if p in set(sub["protocol"])]
+        for j, (proto, sfx) in enumerate(series):
+            pts = sub[sub["protocol"] == proto].set_index("label").reindex(labels)
+            y = pts[f"preservation{sfx}"].astype(float)
+            err = [y - pts[f"ci_low{sfx}"].astype(float), pts[f"ci_high{sfx}"].astype(float) - y]
+            color = "C0" if sfx == "" else "C1"
+            ax.errorbar(xs + (j - (len(series) - 1) / 2) * 0.16, y, yerr=err, fmt="o" if sfx == "" else "D",
+                        color=color, mfc=color if proto == "forward" else "white", capsize=2, lw=1,
+                        label=f"{'all requests' if sfx == '' else 'EM-correct'} · {PROTOCOL_LABELS[proto]}")
+        n_all = int(sub["n"].max()) if len(sub) else 0
+        n_ok = int(sub["n_correct"].max()) if len(sub) else 0
+        ax.set_title(f"{model}\n{n_all} requests; EM-correct {n_ok}" + ("" if n_ok else " (none)"), fontsize=9)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([_short(lab) for lab in labels], fontsize=7)
+        ax.set_ylim(-0.05, 1.05)
+    axes[0][0].set_ylabel("answer preservation vs full prefill")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=7, bbox_to_anchor=(0.5, -0.1))
+    fig.suptitle(title or "Robustness checks: all requests vs the EM-correct stratum, per model; error bars: 95 % "
+                 "bootstrap CI", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 __all__ = [
     "LOCAL_VS_SUFFIX",
+    "ROBUSTNESS_LABELS",
+    "em_correct",
+    "plot_robustness",
+    "protocol_gap",
+    "quality_gate",
+    "robustness_table",
+    "stratum_table",
     "OperatingDecision",
     "design_ledger",
     "drift_table",

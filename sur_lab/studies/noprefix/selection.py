@@ -1,6 +1,6 @@
 """SAFE-KV repair units and selectors: which composed-document positions to re-encode (a :class:`Support`).
 
-Selectors (``risk``, ``query``, ``oracle``) score the n documents; start candidates are a selector's top-K documents
+Selectors (``risk``, ``query``, ``hybrid``, ``oracle``) score the n documents; start candidates are a selector's top-K documents
 (earlier document first among ties). Repair units (``doc``, ``window``, ``suffix``, ``adaptive``, ``linked``, ``sur``,
 ``none``, ``full``) turn candidates into a :class:`~sur_lab.budget.Support` over the ``S`` positions after the shared
 prefix; :class:`RepairSpec` names one (unit, selector, K, width, budget) and :func:`plan_repair` resolves it for a prompt.
@@ -31,7 +31,7 @@ from sur_lab.units import Unit
 UNITS = ("none", "doc", "window", "suffix", "adaptive", "linked", "sur", "full")
 #: Units whose support depends on a selector's start candidates.
 SELECTOR_UNITS = ("doc", "window", "suffix", "adaptive", "linked")
-SELECTORS = ("risk", "query", "oracle")
+SELECTORS = ("risk", "query", "hybrid", "oracle")
 PROTOCOLS = ("forward", "donor")
 PROTOCOL_LABELS = {"forward": "actual forwarding", "donor": "donor-copy (diagnostic upper bound)"}
 #: Token scores averaged into a document's query score (SUR's unit score, appendix 7.3).
@@ -101,6 +101,32 @@ def query_scores(lm: LoadedModel, prompt: ComposedPrompt) -> np.ndarray:
     return unit_scores(scores, units, QUERY_TOP_K)
 
 
+def rank_scale(scores) -> np.ndarray:
+    """Scores as ranks scaled to (0, 1]: ``rank / n`` with rank 1 for the lowest score and tied scores sharing their
+    average rank (float64 ``[n]``); the scale on which :func:`hybrid_scores` averages two selectors."""
+    from scipy.stats import rankdata
+
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    return rankdata(s, method="average") / len(s) if len(s) else s
+
+
+@torch.inference_mode()
+def hybrid_scores(lm: LoadedModel, prompt: ComposedPrompt) -> np.ndarray:
+    """Hybrid selector: the mean of the risk and query selectors' scaled ranks (:func:`rank_scale`).
+
+    ``hybrid_i = (rank_scale(risk)_i + rank_scale(query)_i) / 2``: a document ranks high when it both drifts (risk,
+    forward-free) and is relevant to the question (query, frozen embeddings). Ranks make the two scales commensurate
+    (risk lies in [0, 1], query relevance in [-1, 1.25]). SAFE-KV (Figure 4, Table 27) reports a hybrid selector
+    beside query and risk without a formula in the text this project holds; this rank average is this project's
+    definition. Ties (frequent on few documents) fall to the earlier document (:func:`rank_documents`), the id
+    tie-break the paper notes decides many of its hybrid rows.
+
+    Returns:
+        float64 ``[n]`` in (0, 1].
+    """
+    return (rank_scale(risk_scores(prompt)) + rank_scale(query_scores(lm, prompt))) / 2.0
+
+
 def oracle_scores(prompt: ComposedPrompt) -> np.ndarray:
     """Oracle-evidence selector: 1 for gold supporting documents, 0 otherwise (float64 ``[n]``; a diagnostic).
 
@@ -114,10 +140,10 @@ def oracle_scores(prompt: ComposedPrompt) -> np.ndarray:
 
 
 def selector_scores(selector: str, lm: LoadedModel | None, prompt: ComposedPrompt) -> np.ndarray:
-    """Scores of ``selector`` (``"risk"``, ``"query"``, ``"oracle"``), float64 ``[n]``.
+    """Scores of ``selector`` (``"risk"``, ``"query"``, ``"hybrid"``, ``"oracle"``), float64 ``[n]``.
 
     Raises:
-        ValueError: naming ``selector`` when unknown, ``lm`` when the query selector gets none.
+        ValueError: naming ``selector`` when unknown, ``lm`` when the query or hybrid selector gets none.
     """
     if selector == "risk":
         return risk_scores(prompt)
@@ -125,6 +151,10 @@ def selector_scores(selector: str, lm: LoadedModel | None, prompt: ComposedPromp
         if lm is None:
             raise ValueError("lm is required by the query selector (frozen input embeddings)")
         return query_scores(lm, prompt)
+    if selector == "hybrid":
+        if lm is None:
+            raise ValueError("lm is required by the hybrid selector (its query part uses frozen input embeddings)")
+        return hybrid_scores(lm, prompt)
     if selector == "oracle":
         return oracle_scores(prompt)
     raise ValueError(f"selector={selector!r}; allowed: {', '.join(SELECTORS)}")
@@ -400,11 +430,13 @@ __all__ = [
     "UNITS",
     "adaptive_suffix_support",
     "document_support",
+    "hybrid_scores",
     "linked_support",
     "oracle_scores",
     "plan_repair",
     "query_scores",
     "rank_documents",
+    "rank_scale",
     "repair_ratio",
     "risk_components",
     "risk_scores",

@@ -59,15 +59,22 @@ FOLDER = "06_noprefix"
 #: Study sizes of notebook 06 by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``n_sources`` pairs
 #: with ``num_docs`` (sources per dataset for each prompt size, nested); ``timed_sources`` is how many of the first
 #: sources per dataset are answered one record at a time and timed (time to first logit); the others are answered in
-#: batches for quality only.
+#: batches for quality only. The 64-document workload is SAFE-KV's Noise64 (Table 20: 50 examples; the ``default``
+#: preset runs a scaled one, the first source per dataset). ``robustness_sources`` caps the sources per dataset of the
+#: robustness model's run (:func:`robustness_overrides`).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa"], "num_docs": [4], "n_sources": [2], "timed_sources": 2, "sweep_sources": 1,
-              "max_doc_tokens": 40, "max_new_tokens": 6},
-    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [6, 2],
-                "timed_sources": 6, "sweep_sources": 2, "max_doc_tokens": 48, "max_new_tokens": 8},
-    "paper": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [100, 100],
-              "timed_sources": 100, "sweep_sources": 20, "max_doc_tokens": 128, "max_new_tokens": 32},
+              "max_doc_tokens": 40, "max_new_tokens": 6, "robustness_sources": 1},
+    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16, 64], "n_sources": [6, 2, 1],
+                "timed_sources": 6, "sweep_sources": 2, "max_doc_tokens": 48, "max_new_tokens": 8,
+                "robustness_sources": 6},
+    "paper": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16, 64], "n_sources": [100, 100, 50],
+              "timed_sources": 100, "sweep_sources": 20, "max_doc_tokens": 128, "max_new_tokens": 32,
+              "robustness_sources": 100},
 }
+#: The robustness model's run keeps the workloads up to this many documents (SAFE-KV's second-family diagnostic is
+#: Noise16-sized; SmolLM2-135M's 8,192-position context cannot hold the ``paper`` preset's Noise64 prompts).
+ROBUSTNESS_MAX_DOCS = 16
 #: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
 FIXED = {"sweep_docs": 4, "budgets": [50], "protocols": ["forward", "donor"]}
 #: The reference operators' names in the study's tables.
@@ -247,6 +254,30 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
     from sur_lab.studies.presets import study_params
 
     return study_params(PRESETS, FIXED, preset, **overrides)
+
+
+def robustness_overrides(p: Mapping[str, Any]) -> dict[str, Any]:
+    """Overrides of :func:`sweep` for the robustness model (SAFE-KV Figure 4, right): the main design's workloads with
+    at most :data:`ROBUSTNESS_MAX_DOCS` documents, at most ``p["robustness_sources"]`` sources per dataset each, and
+    no timed request (the check is about answers; its records are answered in batches).
+
+    Args:
+        p: the study's parameters (:func:`params`).
+
+    Returns:
+        ``num_docs``, ``n_sources`` and ``timed_sources`` to pass with the study's other overrides.
+
+    Raises:
+        ValueError: naming ``p`` when no workload has at most :data:`ROBUSTNESS_MAX_DOCS` documents, or
+            ``robustness_sources`` when it is below 1.
+    """
+    cap = int(p["robustness_sources"])
+    if cap < 1:
+        raise ValueError(f"robustness_sources={cap!r} must be >= 1")
+    kept = [(n, k) for n, k in zip(p["num_docs"], p["n_sources"]) if n <= ROBUSTNESS_MAX_DOCS]
+    if not kept:
+        raise ValueError(f"p: no workload has at most {ROBUSTNESS_MAX_DOCS} documents (num_docs={p['num_docs']})")
+    return {"num_docs": [n for n, _ in kept], "n_sources": [min(k, cap) for _, k in kept], "timed_sources": 0}
 
 
 def _check_design(design: str) -> None:
@@ -453,7 +484,8 @@ def measure_drift(lm: LoadedModel, cases_: Sequence[ComposedCase]) -> pd.DataFra
 
 
 __all__ = [
-    "DESIGNS", "FIXED", "FOLDER", "NAME", "NOTEBOOK", "PRESETS", "REFERENCE_LABELS", "ComposedCase",
-    "ComposedPrepared", "ExampleScorer", "RepairMethod", "cases", "composed_case", "folder", "measure_drift", "methods",
-    "params", "preservation_text", "runs_table", "spec_of", "sweep",
+    "DESIGNS", "FIXED", "FOLDER", "NAME", "NOTEBOOK", "PRESETS", "REFERENCE_LABELS", "ROBUSTNESS_MAX_DOCS",
+    "ComposedCase", "ComposedPrepared", "ExampleScorer", "RepairMethod", "cases", "composed_case", "folder",
+    "measure_drift", "methods", "params", "preservation_text", "robustness_overrides", "runs_table", "spec_of",
+    "sweep",
 ]
