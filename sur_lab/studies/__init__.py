@@ -2,7 +2,7 @@
 
 ``quickstart`` (00), ``theory`` (01: the bound and the cost model), ``niah`` (02: Erasing-NIAH, allocation geometry),
 ``natural_qa`` (03: natural multi-hop QA, quality vs latency), ``bench`` (04: packed refresh benchmark), ``validation``
-(05: kernel and executor numerics), ``noprefix`` (06: non-prefix reuse, SAFE-KV), ``staleness`` (where staleness
+(05: kernel and executor numerics), ``noprefix`` (06: non-prefix reuse, SAFE-KV), ``agent_traces`` (10: whole agent prompts synced against prefix reuse), ``staleness`` (where staleness
 lives, used by 01), and ``datasets`` (the QA loaders they share). Nothing below this package imports it.
 
 The sweepable studies are registered in :data:`STUDIES` (``sur-lab sweep NAME`` looks them up there; a new study adds
@@ -30,6 +30,7 @@ STUDIES = {
     "niah": "sur_lab.studies.niah",
     "natural-qa": "sur_lab.studies.natural_qa",
     "noprefix": "sur_lab.studies.noprefix",
+    "agent-traces": "sur_lab.studies.agent_traces",
 }
 
 
