@@ -6,7 +6,7 @@ and a plan, then per turn two tool outputs for that turn's source question, a qu
 and a *search* result (the supporting passages), and the edits agent runtimes make to the prompt:
 
 - turn 1: a new turn appended, nothing else (the common agent turn);
-- even turns from 2: the lookups still in the prompt are removed (superseded by the searches);
+- even turns from 2: the lookups still in the prompt are removed with their calls (superseded by the searches);
 - turns from 3: the oldest full search output is compacted into a one-line summary (its titles);
 - turn ``turns // 2``: the plan, near the start, is rewritten;
 - every turn: the new tool outputs appended at the end.
@@ -15,8 +15,8 @@ After each turn the turn's question is asked (its supporting passages are in the
 depends on the current context. Every path follows the same prompts with its own :class:`~sur_lab.session.EditSession`,
 so staleness left by a budgeted sync carries into later turns as it would in an agent loop:
 
-- ``sync b %``: :meth:`EditSession.sync` with SUR at b % of the stale rows, always repairing
-  (``SyncPolicy(0, 1.0)``: the study measures the raw repair; :data:`sur_lab.sync.SyncPolicy`'s defaults are chosen
+- ``sync b %``: :meth:`~sur_lab.session.EditSession.sync` with SUR at b % of the stale rows, always repairing
+  (``SyncPolicy(0, 1.0)``: the study measures the raw repair; :class:`sur_lab.sync.SyncPolicy`'s defaults are chosen
   from it by ``scripts/bench_sync.py``);
 - ``sync 0 % (Shift)``: the same diff with Shift only (deleted rows dropped, moved keys re-rotated, inserted rows
   prefilled, nothing refreshed: what llama.cpp's ``--cache-reuse`` does);
@@ -93,7 +93,7 @@ class TracePath:
         label: display name (``"sync 5%"``).
         method: the session's method (``"SUR"``, ``"Shift"`` or ``"Re-prefill"``).
         budget_pct: b, % of the stale rows (NaN for prefix reuse and re-prefill; 0 for Shift).
-        policy: the :class:`SyncPolicy` of its syncs.
+        policy: the :class:`~sur_lab.sync.SyncPolicy` of its syncs.
     """
 
     label: str
@@ -154,36 +154,33 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
     for i, ex in enumerate(examples):
         if not ex.distractors or not ex.supporting:
             raise ValueError(f"examples[{i}] needs supporting and distractor passages")
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
-                {"role": "assistant", "content": PLAN}]
-    lookups: list[int] = []  # message indices of lookups still in the prompt
-    searches: list[int] = []  # message indices of full search outputs, oldest first
+    head = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
+            {"role": "assistant", "content": PLAN}]
+    blocks: list[dict] = []  # tool calls with their outputs, in prompt order: kind, full (not compacted), messages
     turns = []
     n = len(examples)
     for t, ex in enumerate(examples):
         edits = []
-        if t >= 3 and len(searches) > 1:
-            i = searches.pop(0)
-            titles = "; ".join(line[len("Title: "):] for line in messages[i]["content"].splitlines()
+        full = [b for b in blocks if b["kind"] == "search" and b["full"]]
+        if t >= 3 and len(full) > 1:
+            oldest = full[0]
+            titles = "; ".join(line[len("Title: "):] for line in oldest["output"]["content"].splitlines()
                                if line.startswith("Title: "))
-            messages[i] = {"role": "tool", "content": f"Search (summarised): {titles}."}
+            oldest.update(full=False, output={"role": "tool", "content": f"Search (summarised): {titles}."})
             edits.append("compact")
         if t == n // 2 and t > 0:
-            messages[2] = {"role": "assistant", "content": REWRITTEN}
+            head[2] = {"role": "assistant", "content": REWRITTEN}
             edits.append("plan")
-        if t >= 2 and t % 2 == 0 and lookups:
-            for i in sorted(lookups, reverse=True):
-                del messages[i]
-                searches = [j - 1 if j > i else j for j in searches]
-            lookups = []
+        if t >= 2 and t % 2 == 0 and any(b["kind"] == "lookup" for b in blocks):
+            blocks = [b for b in blocks if b["kind"] != "lookup"]
             edits.append("remove")
-        messages.append({"role": "tool", "content": f"Lookup {t + 1}:\n"
-                         + _passages(tokenizer, ex.distractors[:1], max_doc_tokens)})
-        lookups.append(len(messages) - 1)
-        messages.append({"role": "tool", "content": f"Search {t + 1}:\n"
-                         + _passages(tokenizer, ex.supporting, max_doc_tokens)})
-        searches.append(len(messages) - 1)
+        for kind, passages in (("lookup", ex.distractors[:1]), ("search", ex.supporting)):
+            blocks.append({"kind": kind, "full": True,
+                           "call": {"role": "assistant", "content": f"{kind}({ex.question!r})"},
+                           "output": {"role": "tool", "content": f"{kind.capitalize()} {t + 1}:\n"
+                                      + _passages(tokenizer, passages, max_doc_tokens)}})
         edits.append("append" if t else "prefill")
+        messages = head + [m for b in blocks for m in (b["call"], b["output"])]
         turns.append({"messages": [dict(m) for m in messages], "question": ex.question, "answers": list(ex.answers),
                       "dataset": ex.dataset, "answer_type": ex.answer_type, "edits": "+".join(edits)})
     return {"id": f"{examples[0].dataset}:{examples[0].id}", "turns": turns}
@@ -191,7 +188,7 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
 
 def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
     """``p["n_traces"]`` traces of ``p["turns"]`` turns, split evenly over ``p["datasets"]`` (development files), each
-    dataset's sources chosen by one seeded selection (:func:`select_sources`) before any model output is seen.
+    dataset's sources chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
 
     Raises:
         ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty) or a pool too small.
