@@ -324,6 +324,25 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
     return study_params(PRESETS, FIXED, preset, **overrides)
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """Refuse bad parameters before any model call (``sur-lab sweep`` calls it: the study's paths are not sweep
+    methods).
+
+    Raises:
+        ValueError: naming ``budgets`` (empty or outside (0, 100]), ``n_traces`` (< 1), ``turns`` (< 2),
+            ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty) or ``executor`` (unknown).
+    """
+    from sur_lab.executors import get_executor
+
+    default_paths(p["budgets"])
+    for name, low in (("n_traces", 1), ("turns", 2), ("max_doc_tokens", 8), ("max_new_tokens", 1)):
+        if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < low:
+            raise ValueError(f"{name}={p[name]!r} must be an integer >= {low}")
+    if not p["datasets"]:
+        raise ValueError("datasets is empty; give at least one QA dataset key")
+    get_executor(p["executor"])
+
+
 def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[dict]:
     """The study's cases: its traces (:func:`build_traces`), one per case. They are traces, not
     :class:`sur_lab.sweeps.Case` objects: each path's turn depends on its own earlier turns (module docstring)."""
@@ -382,6 +401,7 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
         raise ValueError(f"workers={workers}, address={address!r}: the agent-trace study times requests one at a time "
                          "in one process; use workers=1 and no address")
     p = params(preset, **overrides)
+    check_params(p)
     executor = executor or p["executor"]
     paths = methods(p)
     traces = build_traces(lm.tokenizer, p, seed=seed)
