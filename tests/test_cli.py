@@ -218,7 +218,7 @@ def test_every_registered_study_resolves_and_implements_the_api():
     from sur_lab.studies import STUDIES, get_study
     from sur_lab.studies.presets import PRESET_NAMES
 
-    assert list(STUDIES) == ["niah", "natural-qa", "noprefix"]
+    assert list(STUDIES) == ["niah", "natural-qa", "noprefix", "agent-traces"]
     for name in STUDIES:
         study = get_study(name)
         assert study.NAME == name and (REPO / "notebooks" / f"{study.NOTEBOOK}.ipynb").is_file()
@@ -229,13 +229,13 @@ def test_every_registered_study_resolves_and_implements_the_api():
         assert set(params) == set(study.FIXED) | set(study.PRESETS["default"])
         params["budgets"].append(99)  # a copy: overriding a value never changes the study's tables
         assert 99 not in study.params("default")["budgets"]
-    with pytest.raises(ValueError, match="unknown study 'nope'; registered studies: niah, natural-qa, noprefix"):
+    with pytest.raises(ValueError, match="unknown study 'nope'; registered studies: niah, natural-qa, noprefix, agent-traces"):
         get_study("nope")
 
 
 def test_unknown_study_exits_2_listing_the_known_ones(capsys):
     code, _, err = _run(capsys, "sweep", "nope")
-    assert code == 2 and "invalid choice: 'nope' (choose from 'niah', 'natural-qa', 'noprefix')" in err
+    assert code == 2 and "invalid choice: 'nope' (choose from 'niah', 'natural-qa', 'noprefix', 'agent-traces')" in err
 
 
 def test_study_presets():
