@@ -12,11 +12,11 @@ An agent sends its whole prompt every turn. Per turn of each trace, four session
 Time to first token (TTFT, ms) = the sync call (rendering, tokenization, diff, repair) + the forward of the next
 query (its first logit, ``Answer.timings_ms["query"]``). Each turn's sync is timed ``--repeats`` times on forks of the
 session (forks share tensors; the arms are interleaved within each repeat) and the median is kept. Reported per turn:
-TTFT median per arm, tokens recomputed, path, where the first change is (fraction of the prompt), and whether the next
+TTFT median per arm, tokens recomputed, path, where the first change is (fraction of the cached prompt), and whether the next
 answer (greedy, ``--max-new-tokens``) is token for token re-prefill's, and for the repair turns the median time of
 each stage of the sync (diff, prefill of inserted rows, shift, select, refresh, debt). Then medians side by side and
 paired ratios over all turns after the first and per region of the first change: the first or second half of the
-prompt, or a pure append.
+cached prompt (the previous turn's), or a pure append.
 
 Traces: the agent-trace study's (:mod:`sur_lab.studies.agent_traces`, notebook 10) at ``--preset`` (default
 ``default``: the QA development files, compaction, removal, a plan rewrite and appends), optionally fewer
@@ -79,10 +79,10 @@ def run_trace(lm, trace: dict, budget: float, repeats: int, max_new_tokens: int,
             rec = records[name]
             after = rec.num_tokens - rec.first_change
             region = ("prefill" if t == 0 else "append" if rec.stale_rows == 0
-                      else "first half" if rec.first_change < rec.num_tokens / 2 else "second half")
+                      else "first half" if rec.first_change < rec.previous_tokens / 2 else "second half")
             rows.append({
                 "trace": trace["id"], "turn": t, "arm": name, "path": rec.path, "tokens": rec.num_tokens,
-                "first_change_frac": rec.first_change / max(1, rec.num_tokens), "region": region,
+                "first_change_frac": rec.first_change / max(1, rec.previous_tokens), "region": region,
                 "stale_rows": rec.stale_rows, "new_share": rec.inserted / after if after else 0.0,
                 "recomputed": rec.recomputed,
                 "sync_ms": statistics.median(times[name]), "query_ms": answers[name].timings_ms["query"],

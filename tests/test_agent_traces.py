@@ -39,9 +39,11 @@ def test_trace_edits_follow_the_schedule():
         assert turn["question"] == f"Who founded company {t}?" and turn["answers"] == [f"Founder {t}"]
         assert f"Founder {t}" in text  # the turn's supporting passage is in its prompt
     assert turns[1]["messages"][: len(turns[0]["messages"])] == turns[0]["messages"]  # turn 1 only appends
-    assert not any(m["content"].startswith("Lookup 1") for m in turns[2]["messages"])  # superseded lookups removed
+    lookups = [m["content"].split(":")[0] for m in turns[2]["messages"] if m["content"].startswith("Lookup")]
+    assert lookups == ["Lookup 1", "Lookup 3"]  # the previous turn's lookup removed (superseded)
     assert turns[3]["messages"][2]["content"] == at.REWRITTEN and turns[2]["messages"][2]["content"] == at.PLAN
-    assert turns[3]["messages"][4]["content"].startswith("Search (summarised): Gold 0")  # after its call
+    summaries = [m["content"] for m in turns[3]["messages"] if m["content"].startswith("Search (summarised)")]
+    assert summaries == ["Search (summarised): Gold 0."]  # the oldest search compacted to its titles
 
 
 def test_trace_regions_from_the_token_diff():
@@ -50,6 +52,7 @@ def test_trace_regions_from_the_token_diff():
     plans = [diff_tokens(_ids(tok, a["messages"]), _ids(tok, b["messages"])) for a, b in zip(turns, turns[1:])]
     assert plans[0].stale_rows == 0 and plans[0].inserted > 0  # turn 1: a pure append
     assert all(p.stale_rows > 0 for p in plans[1:])
+    assert plans[1].first_change > plans[1].old_len / 2  # turn 2: a removal late in the cached prompt
     plan3 = plans[2]  # the plan rewrite lands near the start
     assert plan3.first_change < plan3.new_len / 4
 

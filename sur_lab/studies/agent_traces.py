@@ -6,7 +6,7 @@ and a plan, then per turn two tool outputs for that turn's source question, a qu
 and a *search* result (the supporting passages), and the edits agent runtimes make to the prompt:
 
 - turn 1: a new turn appended, nothing else (the common agent turn);
-- even turns from 2: the lookups still in the prompt are removed with their calls (superseded by the searches);
+- even turns from 2: the previous turn's lookup is removed with its call (superseded by that turn's search);
 - turns from 3: the oldest full search output is compacted into a one-line summary (its titles);
 - turn ``turns // 2``: the plan, near the start, is rewritten;
 - every turn: the new tool outputs appended at the end.
@@ -171,11 +171,11 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
         if t == n // 2 and t > 0:
             head[2] = {"role": "assistant", "content": REWRITTEN}
             edits.append("plan")
-        if t >= 2 and t % 2 == 0 and any(b["kind"] == "lookup" for b in blocks):
-            blocks = [b for b in blocks if b["kind"] != "lookup"]
+        if t >= 2 and t % 2 == 0:  # the previous turn's lookup, superseded by its search
+            blocks = [b for b in blocks if not (b["kind"] == "lookup" and b["turn"] == t - 1)]
             edits.append("remove")
         for kind, passages in (("lookup", ex.distractors[:1]), ("search", ex.supporting)):
-            blocks.append({"kind": kind, "full": True,
+            blocks.append({"kind": kind, "turn": t, "full": True,
                            "call": {"role": "assistant", "content": f"{kind}({ex.question!r})"},
                            "output": {"role": "tool", "content": f"{kind.capitalize()} {t + 1}:\n"
                                       + _passages(tokenizer, passages, max_doc_tokens)}})
@@ -229,14 +229,16 @@ def query_text(tokenizer, messages: Sequence[dict], question: str) -> str:
 def _region(rec) -> str:
     if rec.stale_rows == 0:
         return "append"
-    return "first half" if rec.first_change < rec.num_tokens / 2 else "second half"
+    return "first half" if rec.first_change < rec.previous_tokens / 2 else "second half"
 
 
 def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePath], *, executor: str = "packed",
               max_new_tokens: int = 8, seed: int = 0) -> list[dict]:
     """Follow one trace's prompts with every path; one row per (turn, path).
 
-    Turn 0 is the first prefill (every path prefills the prompt whole). Per turn each path syncs its session to the
+    Turn 0 is the first prefill (every path prefills the prompt whole). Where the first change lies is measured in the
+    cached prompt (the previous turn's): ``first_change_frac`` = first change / previous tokens, and ``region`` is
+    ``"append"`` (no cached row after it), ``"first half"`` or ``"second half"`` of the cached prompt. Per turn each path syncs its session to the
     turn's prompt (timed), then answers the turn's question greedily, unbatched (its query forward timed): TTFT =
     sync + query forward, ms. Re-prefill answers first; the others are scored against it.
 
@@ -272,7 +274,7 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
             rows.append({
                 "trace": trace["id"], "turn": t, "edits": turn["edits"], "path": p.label, "method": p.method,
                 "budget_pct": p.budget_pct, "sync_path": rec.path, "tokens": rec.num_tokens,
-                "first_change": rec.first_change, "first_change_frac": rec.first_change / max(1, rec.num_tokens),
+                "first_change": rec.first_change, "first_change_frac": rec.first_change / max(1, rec.previous_tokens),
                 "region": _region(rec) if t else "prefill", "deleted": rec.deleted, "inserted": rec.inserted,
                 "reused": rec.reused, "rerotated": rec.rerotated, "recomputed": rec.recomputed,
                 "stale_rows": rec.stale_rows, "allowance": rec.allowance, "sync_ms": sync_ms,
