@@ -102,6 +102,30 @@ def _agent_arms(params: dict) -> int:
     return 2 + len(params["budgets"]) + (1 if params["debt_pct"] > 0 else 0)
 
 
+def _trace_sizes(params: dict) -> dict:
+    """Notebook 10's resolved sizes (its size parameters default to None: the preset's)."""
+    from sur_lab.studies import agent_traces
+
+    return agent_traces.params(params["preset"], **{k: params.get(k) for k in ("n_traces", "turns")})
+
+
+def _trace_paths(params: dict) -> int:
+    """sync at each budget, sync 0 % (Shift), prefix reuse, re-prefill."""
+    return len(params["budgets"]) + 3
+
+
+def _trace_runs(df: pd.DataFrame, params: dict) -> None:
+    ref = df[df["path"] == "re-prefill"]
+    assert ref["agree"].all() and ref["token_exact"].all(), "re-prefill must agree with itself"
+    assert (ref["recomputed"] == ref["tokens"]).all(), "re-prefill recomputes the whole prompt"
+    first = df[df["turn"] == 0]
+    assert (first["recomputed"] == first["tokens"]).all(), "turn 0 is a full prefill on every path"
+    later = df[df["turn"] > 0]
+    assert (later["recomputed"] <= later["tokens"]).all()
+    prefix = later[later["path"] == "prefix reuse"]
+    assert (prefix["recomputed"] == prefix["tokens"] - prefix["first_change"]).all(), "prefix reuse: from the change"
+
+
 def _agent_reference(df: pd.DataFrame, params: dict) -> None:
     ref = df[df["arm"] == "Re-prefill"]
     assert len(ref) == 1
@@ -655,6 +679,24 @@ EXPECTED: dict[str, Expected] = {
                 rows=_stale_pairs, not_null=("a", "b", "diff_pp", "ci_low_pp", "ci_high_pp")),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
+        },
+    ),
+    "10_agent_traces": Expected(
+        figures=("10_agent_traces_cost_agreement", "10_agent_traces_regions"),
+        tables={
+            "10_agent_traces_runs": Table(
+                columns=("trace", "turn", "edits", "path", "sync_path", "first_change", "region", "recomputed",
+                         "ttft_ms", "prediction", "agree", "em", "cum_recomputed", "cost_ratio"),
+                rows=lambda p: _trace_sizes(p)["n_traces"] * _trace_sizes(p)["turns"] * _trace_paths(p),
+                not_null=("recomputed", "ttft_ms", "cum_ttft_ms", "cost_ratio"), check=_trace_runs),
+            "10_agent_traces_per_turn": Table(columns=("path", "turn", "ttft_ms", "agree_pct", "cost_ratio"),
+                                              rows=lambda p: _trace_sizes(p)["turns"] * _trace_paths(p),
+                                              not_null=("ttft_ms", "agree_pct")),
+            "10_agent_traces_regions": Table(columns=("region", "path", "turns", "ttft_ms", "speedup", "agree_pct",
+                                                      "agree_diff_pp"), not_null=("ttft_ms", "speedup")),
+            "10_agent_traces_summary": Table(
+                columns=("path", "turns", "ttft_ms", "agree_pct", "em_pct", "cost_ratio", "time_ratio"),
+                rows=_trace_paths, not_null=("agree_pct", "cost_ratio")),
         },
     ),
 }

@@ -15,7 +15,7 @@ from sur_lab.runtime import cli
 REPO = Path(__file__).resolve().parent.parent
 
 # The registered studies, in registration order (sur_lab.studies.STUDIES); a new study adds its name here.
-KNOWN_STUDIES = ["niah", "natural-qa", "noprefix", "evidence-location", "stale-facts"]
+KNOWN_STUDIES = ["niah", "natural-qa", "noprefix", "evidence-location", "stale-facts", "agent-traces"]
 
 
 def _run(capsys, *argv):

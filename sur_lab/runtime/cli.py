@@ -96,7 +96,10 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
 
     try:
         params = study.params(preset, **overrides)
-        method_grid(study.methods(params), params.get("budgets", ()))  # methods and budgets, before any model
+        if hasattr(study, "check_params"):  # a study whose methods are not sweep methods checks its own
+            study.check_params(params)
+        else:
+            method_grid(study.methods(params), params.get("budgets", ()))  # methods and budgets, before any model
     except ValueError as err:
         raise CliError(f"-p: {err}") from None
     notebook = NOTEBOOK_DIR / f"{study.NOTEBOOK}.ipynb"

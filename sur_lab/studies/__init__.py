@@ -4,8 +4,9 @@
 ``natural_qa`` (03: natural multi-hop QA, quality vs latency), ``bench`` (04: packed refresh benchmark), ``validation``
 (05: kernel and executor numerics; with ``execution_paths``, appendix 11), ``noprefix`` (06: non-prefix reuse,
 SAFE-KV), ``evidence_location`` (08: the preregistered evidence-location experiment, appendix 10), ``stale_facts``
-(09: edits that supersede a value, issue 26), ``staleness`` (where staleness lives, used by 01), and ``datasets`` (the QA
-loaders they share). Nothing below this package imports it.
+(09: edits that supersede a value, issue 26), ``agent_traces`` (10: whole agent prompts synced against prefix
+reuse), ``staleness`` (where staleness lives, used by 01), and ``datasets`` (the QA loaders they share). Nothing below
+this package imports it.
 
 The sweepable studies are registered in :data:`STUDIES` (``sur-lab sweep NAME`` looks them up there; a new study adds
 one line). Each exposes the same API, which its notebook and the command both call:
@@ -34,6 +35,7 @@ STUDIES = {
     "noprefix": "sur_lab.studies.noprefix",
     "evidence-location": "sur_lab.studies.evidence_location",
     "stale-facts": "sur_lab.studies.stale_facts",
+    "agent-traces": "sur_lab.studies.agent_traces",
 }
 
 

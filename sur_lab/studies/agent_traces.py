@@ -1,0 +1,602 @@
+"""Agent traces: whole prompts resent every turn, synced into one live cache, against prefix reuse (notebook 10).
+
+An agent runtime rebuilds its whole prompt every turn and sends it again (issue 27). A trace here is built from the QA
+data (development files only; the held-out "final evaluation only" files are never read): a system message, a task
+and a plan, then per turn two tool outputs for that turn's source question, a quick *lookup* (one distractor passage)
+and a *search* result (the supporting passages), and the edits agent runtimes make to the prompt:
+
+- turn 1: a new turn appended, nothing else (the common agent turn);
+- even turns from 2: the previous turn's lookup is removed with its call (superseded by that turn's search);
+- turns from 3: the oldest full search output is compacted into a one-line summary (its titles);
+- turn ``turns // 2``: the plan, near the start, is rewritten;
+- every turn: the new tool outputs appended at the end.
+
+After each turn the turn's question is asked (its supporting passages are in the prompt at that turn), so the answer
+depends on the current context. Every path follows the same prompts with its own :class:`~sur_lab.session.EditSession`,
+so staleness left by a budgeted sync carries into later turns as it would in an agent loop:
+
+- ``sync b %``: :meth:`~sur_lab.session.EditSession.sync` with SUR at b % of the stale rows, always repairing
+  (``SyncPolicy(0, 1.0)``: the study measures the raw repair; :class:`sur_lab.sync.SyncPolicy`'s defaults are chosen
+  from it by ``scripts/bench_sync.py``);
+- ``sync 0 % (Shift)``: the same diff with Shift only (deleted rows dropped, moved keys re-rotated, inserted rows
+  prefilled, nothing refreshed: what llama.cpp's ``--cache-reuse`` does);
+- ``prefix reuse``: recompute every row from the first change (what serving engines' prefix caches do);
+- ``re-prefill``: prefill the whole prompt every turn, the reference.
+
+Per (trace, turn, path) the study records the sync's path and row counts (:class:`~sur_lab.sync.SyncRecord`), the time
+to first answer token (TTFT = the sync call + the query forward, unbatched, one request at a time), the tokens
+recomputed, the greedy answer, EM against the gold answers and agreement with re-prefill's answer, and the cumulative
+cost over the trace so far.
+
+Records: these per-turn rows are the study's own table, not :class:`sur_lab.sweeps.Record` objects. A sweep record is
+one repair of one prepared edit (:func:`sur_lab.sweeps.run_case` prepares a case once and repairs it with every method
+independently); here each path's state at turn t depends on its own repairs at turns 1..t-1 (accumulated staleness),
+and a sync is a diff of many edits rather than one span. The table is stored in the study's sweep folder
+(``turns.parquet``, with ``study.json`` holding the parameters and the model fingerprint) and reused when they match.
+
+Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
+Eq. 3 (allowance), appendix 7.5 (EM, agreement); issue 27.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from sur_lab.analysis.scoring import agreement, extract_answer, score_example
+from sur_lab.edits import chat_segments
+from sur_lab.models import LoadedModel
+from sur_lab.session import EditSession
+from sur_lab.studies.datasets import QAExample, load_qa, select_sources
+from sur_lab.studies.noprefix.composition import truncate_text
+from sur_lab.sync import SyncPolicy
+
+#: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
+NAME = "agent-traces"
+NOTEBOOK = "10_agent_traces"
+FOLDER = "10_agent_traces"
+#: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
+#: (notebook 10's ``model_name``); its size was estimated from the smoke run's per-turn timings to fit 20 minutes on
+#: 2 cores.
+PRESETS = {
+    "smoke": {"n_traces": 1, "turns": 3, "max_doc_tokens": 16, "max_new_tokens": 4},
+    "default": {"n_traces": 12, "turns": 6, "max_doc_tokens": 40, "max_new_tokens": 8},
+    "paper": {"n_traces": 48, "turns": 8, "max_doc_tokens": 96, "max_new_tokens": 16},
+}
+#: The other parameters at their defaults (the literals of notebook 10's ``parameters`` cell).
+FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa"], "budgets": [2, 5, 10], "executor": "packed"}
+#: Path labels of the references.
+SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
+#: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
+REGIONS = ("append", "first half", "second half")
+
+SYSTEM = "You are a research agent. Tool outputs arrive in turns; answer each question with a short answer only."
+TASK = "Task: answer the user's questions from the tool outputs below."
+PLAN = "Plan: read each tool output, keep what answers the question, drop what is superseded, then answer briefly."
+REWRITTEN = "Plan (revised): older outputs are summarised; use the latest search results, then answer in a few words."
+
+
+@dataclass(frozen=True)
+class TracePath:
+    """One way of keeping the cache in step with the prompt.
+
+    Attributes:
+        label: display name (``"sync 5%"``).
+        method: the session's method (``"SUR"``, ``"Shift"`` or ``"Re-prefill"``).
+        budget_pct: b, % of the stale rows (NaN for prefix reuse and re-prefill; 0 for Shift).
+        policy: the :class:`~sur_lab.sync.SyncPolicy` of its syncs.
+    """
+
+    label: str
+    method: str
+    budget_pct: float
+    policy: SyncPolicy
+
+
+def default_paths(budgets: Sequence[float] = (2, 5, 10)) -> list[TracePath]:
+    """sync at each budget (always repairing), sync 0 % (Shift), prefix reuse and re-prefill, in that order.
+
+    Raises:
+        ValueError: naming ``budgets`` when empty or a budget is outside (0, 100].
+    """
+    if not len(budgets):
+        raise ValueError("budgets is empty; give at least one budget in (0, 100]")
+    for b in budgets:
+        if not 0 < float(b) <= 100:
+            raise ValueError(f"budgets holds {b!r}; each budget must lie in (0, 100] (0 % is the Shift path)")
+    always = SyncPolicy(0, 1.0)
+    paths = [TracePath(f"sync {float(b):g}%", "SUR", float(b), always) for b in budgets]
+    paths.append(TracePath(SHIFT, "Shift", 0.0, always))
+    paths.append(TracePath(PREFIX, "SUR", float("nan"), SyncPolicy(min_stale_rows=2**62)))
+    paths.append(TracePath(REFERENCE, "Re-prefill", float("nan"), always))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Traces
+
+
+def _passages(tokenizer, passages, max_doc_tokens: int) -> str:
+    return "\n\n".join(f"Title: {p.title}\n{truncate_text(tokenizer, p.title, p.text, max_doc_tokens)}"
+                       for p in passages)
+
+
+def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int = 40) -> dict:
+    """One trace: a turn per source question, with the edits of the module docstring.
+
+    Args:
+        tokenizer: the model's tokenizer (passages are capped with it).
+        examples: the turns' source questions (one per turn, >= 2), each with a supporting and a distractor passage.
+        max_doc_tokens: per-passage token cap (whole sentences kept; >= 8).
+
+    Returns:
+        ``{"id", "turns": [{"messages", "question", "answers", "dataset", "answer_type", "edits"}, ...]}``: the whole
+        prompt of each turn (chat messages), its question, the gold answers (scored by the dataset's rule) and the
+        edits made at that turn (``"+"``-joined names). This is the
+        JSON form ``scripts/bench_sync.py --traces`` reads.
+
+    Raises:
+        ValueError: naming ``examples`` (fewer than 2, or one without distractors) or ``max_doc_tokens`` (< 8).
+    """
+    if len(examples) < 2:
+        raise ValueError(f"examples holds {len(examples)} questions; a trace needs >= 2 turns")
+    if max_doc_tokens < 8:
+        raise ValueError(f"max_doc_tokens={max_doc_tokens} must be >= 8")
+    for i, ex in enumerate(examples):
+        if not ex.distractors or not ex.supporting:
+            raise ValueError(f"examples[{i}] needs supporting and distractor passages")
+    head = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
+            {"role": "assistant", "content": PLAN}]
+    blocks: list[dict] = []  # tool calls with their outputs, in prompt order: kind, full (not compacted), messages
+    turns = []
+    n = len(examples)
+    for t, ex in enumerate(examples):
+        edits = []
+        full = [b for b in blocks if b["kind"] == "search" and b["full"]]
+        if t >= 3 and len(full) > 1:
+            oldest = full[0]
+            titles = "; ".join(line[len("Title: "):] for line in oldest["output"]["content"].splitlines()
+                               if line.startswith("Title: "))
+            oldest.update(full=False, output={"role": "tool", "content": f"Search (summarised): {titles}."})
+            edits.append("compact")
+        if t == n // 2 and t > 0:
+            head[2] = {"role": "assistant", "content": REWRITTEN}
+            edits.append("plan")
+        if t >= 2 and t % 2 == 0:  # the previous turn's lookup, superseded by its search
+            blocks = [b for b in blocks if not (b["kind"] == "lookup" and b["turn"] == t - 1)]
+            edits.append("remove")
+        for kind, passages in (("lookup", ex.distractors[:1]), ("search", ex.supporting)):
+            blocks.append({"kind": kind, "turn": t, "full": True,
+                           "call": {"role": "assistant", "content": f"{kind}({ex.question!r})"},
+                           "output": {"role": "tool", "content": f"{kind.capitalize()} {t + 1}:\n"
+                                      + _passages(tokenizer, passages, max_doc_tokens)}})
+        edits.append("append" if t else "prefill")
+        messages = head + [m for b in blocks for m in (b["call"], b["output"])]
+        turns.append({"messages": [dict(m) for m in messages], "question": ex.question, "answers": list(ex.answers),
+                      "dataset": ex.dataset, "answer_type": ex.answer_type, "edits": "+".join(edits)})
+    return {"id": f"{examples[0].dataset}:{examples[0].id}", "turns": turns}
+
+
+def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
+    """``p["n_traces"]`` traces of ``p["turns"]`` turns, split evenly over ``p["datasets"]`` (development files), each
+    dataset's sources chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
+
+    Raises:
+        ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty) or a pool too small.
+    """
+    if p["n_traces"] < 1:
+        raise ValueError(f"n_traces={p['n_traces']} must be >= 1")
+    if p["turns"] < 2:
+        raise ValueError(f"turns={p['turns']} must be >= 2")
+    if not p["datasets"]:
+        raise ValueError("datasets is empty; give at least one QA dataset key")
+    k, turns = len(p["datasets"]), p["turns"]
+    traces = []
+    for d, ds in enumerate(p["datasets"]):
+        n = p["n_traces"] // k + (1 if d < p["n_traces"] % k else 0)
+        if n == 0:
+            continue
+        pool = [ex for ex in load_qa(ds, split="dev") if ex.distractors and ex.supporting]
+        if len(pool) < n * turns:
+            raise ValueError(f"{ds}: need n_traces * turns = {n * turns} sources; the dev pool has {len(pool)}")
+        sources = select_sources(pool, n * turns, seed)
+        traces += [build_trace(tokenizer, sources[i * turns:(i + 1) * turns], max_doc_tokens=p["max_doc_tokens"])
+                   for i in range(n)]
+    return traces
+
+
+def query_text(tokenizer, messages: Sequence[dict], question: str) -> str:
+    """The query after a turn's prompt: the question as a user message and the generation prompt (the template's
+    rendering of both after the prompt's segments)."""
+    full = chat_segments(tokenizer, [*messages, {"role": "user", "content": f"Question: {question}"}],
+                         add_generation_prompt=True)
+    return "".join(full[len(chat_segments(tokenizer, messages)):])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running a trace
+
+
+def _region(rec) -> str:
+    if rec.stale_rows == 0:
+        return "append"
+    return "first half" if rec.first_change < rec.previous_tokens / 2 else "second half"
+
+
+def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePath], *, executor: str = "packed",
+              max_new_tokens: int = 8, seed: int = 0) -> list[dict]:
+    """Follow one trace's prompts with every path; one row per (turn, path).
+
+    Turn 0 is the first prefill (every path prefills the prompt whole). Where the first change lies is measured in the
+    cached prompt (the previous turn's): ``first_change_frac`` = first change / previous tokens, and ``region`` is
+    ``"append"`` (no cached row after it), ``"first half"`` or ``"second half"`` of the cached prompt. Per turn each path syncs its session to the
+    turn's prompt (timed), then answers the turn's question greedily, unbatched (its query forward timed): TTFT =
+    sync + query forward, ms. Re-prefill answers first; the others are scored against it.
+
+    Returns:
+        Rows with ``trace, turn, edits, path, method, budget_pct, sync_path, tokens, first_change, first_change_frac,
+        region, deleted, inserted, reused, rerotated, recomputed, stale_rows, allowance, sync_ms, query_ms, ttft_ms,
+        prediction, em, agree, token_exact, debt``.
+
+    Raises:
+        ValueError: naming ``paths`` when re-prefill is missing or labels repeat.
+    """
+    labels = [p.label for p in paths]
+    if REFERENCE not in labels or len(set(labels)) != len(labels):
+        raise ValueError(f"paths must have unique labels and include {REFERENCE!r}; got {labels}")
+    order = sorted(paths, key=lambda p: p.label != REFERENCE)
+    sessions = {p.label: EditSession(lm, method=p.method, budget_pct=0.0 if math.isnan(p.budget_pct) else p.budget_pct,
+                                     executor=executor, seed=seed, sync_policy=p.policy) for p in paths}
+    rows = []
+    for t, turn in enumerate(trace["turns"]):
+        query = query_text(lm.tokenizer, turn["messages"], turn["question"])
+        gold = QAExample(str(t), turn["question"], tuple(turn["answers"]), turn.get("answer_type", "span"), (), (),
+                         turn.get("dataset", "hotpotqa"))
+        ref = None
+        for p in order:
+            session = sessions[p.label]
+            t0 = time.perf_counter()
+            rec = session.sync(turn["messages"])
+            sync_ms = (time.perf_counter() - t0) * 1e3
+            ans = session.answer(query, max_new_tokens=max_new_tokens)
+            if p.label == REFERENCE:
+                ref = ans
+            prediction = extract_answer(ans.text)
+            rows.append({
+                "trace": trace["id"], "turn": t, "edits": turn["edits"], "path": p.label, "method": p.method,
+                "budget_pct": p.budget_pct, "sync_path": rec.path, "tokens": rec.num_tokens,
+                "first_change": rec.first_change, "first_change_frac": rec.first_change / max(1, rec.previous_tokens),
+                "region": _region(rec) if t else "prefill", "deleted": rec.deleted, "inserted": rec.inserted,
+                "reused": rec.reused, "rerotated": rec.rerotated, "recomputed": rec.recomputed,
+                "stale_rows": rec.stale_rows, "allowance": rec.allowance, "sync_ms": sync_ms,
+                "query_ms": ans.timings_ms["query"], "ttft_ms": sync_ms + ans.timings_ms["query"],
+                "prediction": prediction, "em": bool(score_example(prediction, gold)),
+                "agree": bool(agreement(prediction, extract_answer(ref.text))),
+                "token_exact": list(ans.token_ids) == list(ref.token_ids), "debt": session.debt,
+            })
+    return rows
+
+
+def run_traces(lm: LoadedModel, traces: Sequence[Mapping[str, Any]], paths: Sequence[TracePath], *,
+               executor: str = "packed", max_new_tokens: int = 8, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """:func:`run_trace` over ``traces``; one DataFrame with cumulative cost columns.
+
+    Added columns: ``cum_recomputed`` and ``cum_ttft_ms`` (sums over the trace's turns so far, the first prefill
+    included) and ``cost_ratio`` (cumulative tokens recomputed over re-prefill's at the same turn).
+    """
+    rows = []
+    for trace in tqdm(traces, desc="traces", disable=not progress):
+        rows += run_trace(lm, trace, paths, executor=executor, max_new_tokens=max_new_tokens, seed=seed)
+    return add_cumulative(pd.DataFrame(rows))
+
+
+def add_cumulative(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``cum_recomputed``, ``cum_ttft_ms`` and ``cost_ratio`` (see :func:`run_traces`)."""
+    df = df.copy()
+    grouped = df.groupby(["trace", "path"], sort=False)
+    df["cum_recomputed"] = grouped["recomputed"].cumsum()
+    df["cum_ttft_ms"] = grouped["ttft_ms"].cumsum()
+    ref = df[df["path"] == REFERENCE].set_index(["trace", "turn"])["cum_recomputed"]
+    df["cost_ratio"] = df["cum_recomputed"].to_numpy() / ref.loc[list(zip(df["trace"], df["turn"]))].to_numpy()
+    return df
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Study API: parameters, cases, the sweep
+
+
+def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
+    """The study's parameters at ``preset`` (:data:`PRESETS`) with :data:`FIXED`, overrides applied (``None`` keeps
+    the default).
+
+    Raises:
+        ValueError: naming ``preset`` or an unknown parameter.
+    """
+    from sur_lab.studies.presets import study_params
+
+    return study_params(PRESETS, FIXED, preset, **overrides)
+
+
+def check_params(p: Mapping[str, Any]) -> None:
+    """Refuse bad parameters before any model call (``sur-lab sweep`` calls it: the study's paths are not sweep
+    methods).
+
+    Raises:
+        ValueError: naming ``budgets`` (empty or outside (0, 100]), ``n_traces`` (< 1), ``turns`` (< 2),
+            ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty) or ``executor`` (unknown).
+    """
+    from sur_lab.executors import get_executor
+
+    default_paths(p["budgets"])
+    for name, low in (("n_traces", 1), ("turns", 2), ("max_doc_tokens", 8), ("max_new_tokens", 1)):
+        if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < low:
+            raise ValueError(f"{name}={p[name]!r} must be an integer >= {low}")
+    if not p["datasets"]:
+        raise ValueError("datasets is empty; give at least one QA dataset key")
+    get_executor(p["executor"])
+
+
+def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[dict]:
+    """The study's cases: its traces (:func:`build_traces`), one per case. They are traces, not
+    :class:`sur_lab.sweeps.Case` objects: each path's turn depends on its own earlier turns (module docstring)."""
+    return build_traces(tokenizer, params(preset, **overrides), seed=seed)
+
+
+def methods(p: Mapping[str, Any]) -> list[TracePath]:
+    """The study's paths: :func:`default_paths` ``(p["budgets"])``."""
+    return default_paths(p["budgets"])
+
+
+def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str | None = None,
+           outputs: Path | None = None) -> Path:
+    """The study's folder for parameters ``p`` and ``lm`` (:func:`sur_lab.sweeps.sweep_folder`: named by the
+    parameters and the model's fingerprint). ``eval_batch`` is accepted for the study API and ignored: every answer
+    is unbatched (TTFT per request)."""
+    from sur_lab.sweeps import sweep_folder
+
+    ex = executor or p["executor"]
+    return sweep_folder(FOLDER, lm, outputs=outputs, data=p["datasets"], tr=p["n_traces"], turns=p["turns"],
+                        cap=p["max_doc_tokens"], b=p["budgets"], tok=p["max_new_tokens"], ex=ex, seed=seed)
+
+
+def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str, traces: Sequence[dict]) -> dict:
+    from sur_lab.fingerprint import digest, model_fingerprint, versions
+
+    return {**model_fingerprint(lm), "params": dict(p), "seed": int(seed), "executor": executor,
+            "traces": digest(list(traces)), "versions": versions()}
+
+
+def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
+          threads: int | None = None, address: str | None = None, executor: str | None = None,
+          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+    """Run the study (or read its stored table when the parameters, traces and model fingerprint match).
+
+    One process, one request at a time: the per-turn TTFT is a per-request latency, so ``workers`` must be 1 and
+    ``address`` None (refused otherwise); ``eval_batch`` is ignored (answers are unbatched).
+
+    Args:
+        lm: the model. preset, overrides: the parameters (:func:`params`). out: the folder (default :func:`folder`).
+        seed: source selection and randomized allocators. threads: torch threads (None keeps the current setting).
+        executor: the sync paths' refresh executor (default ``FIXED["executor"]``). progress: a progress bar.
+
+    Returns:
+        ``(runs, folder)``: the per-(trace, turn, path) table (:func:`run_traces`) and the folder holding
+        ``turns.parquet`` and ``study.json``.
+
+    Raises:
+        ValueError: naming ``workers``/``address`` for a distributed run, or a bad parameter, before any model call.
+    """
+    import torch
+
+    from sur_lab.paths import atomic_path
+
+    if workers != 1 or address is not None:
+        raise ValueError(f"workers={workers}, address={address!r}: the agent-trace study times requests one at a time "
+                         "in one process; use workers=1 and no address")
+    p = params(preset, **overrides)
+    check_params(p)
+    executor = executor or p["executor"]
+    paths = methods(p)
+    traces = build_traces(lm.tokenizer, p, seed=seed)
+    where = Path(out) if out is not None else folder(lm, p, seed=seed, executor=executor)
+    fp = _fingerprint(lm, p, seed, executor, traces)
+    table, meta = where / "turns.parquet", where / "study.json"
+    if table.exists() and meta.exists() and json.loads(meta.read_text()) == json.loads(json.dumps(fp)):
+        return pd.read_parquet(table), where
+    if threads:
+        torch.set_num_threads(threads)
+    runs = run_traces(lm, traces, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed,
+                      progress=progress)
+    runs = runs.assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
+    where.mkdir(parents=True, exist_ok=True)
+    with atomic_path(table) as tmp:
+        runs.to_parquet(tmp, index=False)
+    with atomic_path(where / "traces.json") as tmp:
+        Path(tmp).write_text(json.dumps(traces))
+    with atomic_path(meta) as tmp:
+        Path(tmp).write_text(json.dumps(fp, indent=1))
+    return runs, where
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tables, figures and the conclusion
+
+
+def per_turn_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (path, turn) over traces: median TTFT, mean tokens recomputed, EM and agreement (%), mean cumulative cost
+    (tokens recomputed and TTFT) and its ratio to re-prefill's."""
+    out = runs.groupby(["path", "turn"], sort=False).agg(
+        n=("em", "size"), ttft_ms=("ttft_ms", "median"), recomputed=("recomputed", "mean"), em_pct=("em", "mean"),
+        agree_pct=("agree", "mean"), cum_recomputed=("cum_recomputed", "mean"), cum_ttft_ms=("cum_ttft_ms", "mean"),
+        cost_ratio=("cost_ratio", "mean"),
+    ).reset_index()
+    out[["em_pct", "agree_pct"]] *= 100
+    return out
+
+
+def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0) -> pd.DataFrame:
+    """Per (region of the first change, path) over the turns after the first: median TTFT, the median paired ratio
+    ``against``'s TTFT / this path's on the same turns with its 95 % bootstrap CI (of the median; > 1: this path is
+    faster), median tokens recomputed, and agreement with re-prefill and EM (%) with the paired difference of
+    agreement against ``against`` (percentage points, 95 % bootstrap CI).
+
+    Raises:
+        ValueError: naming ``against`` when it is not a path of ``runs``.
+    """
+    from sur_lab.analysis.stats import bootstrap_ci
+
+    if against not in set(runs["path"]):
+        raise ValueError(f"against={against!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
+    later = runs[runs["turn"] > 0]
+    rows = []
+    for region in REGIONS + ("all",):
+        part = later if region == "all" else later[later["region"] == region]
+        if part.empty:
+            continue
+        wide = part.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
+        for path in dict.fromkeys(part["path"]):
+            ratio = (wide["ttft_ms"][against] / wide["ttft_ms"][path]).to_numpy(float)
+            diff = (wide["agree"][path].astype(float) - wide["agree"][against].astype(float)).to_numpy() * 100
+            mine = part[part["path"] == path]
+            lo, hi = _median_ci(ratio, seed) if len(ratio) > 1 else (float("nan"), float("nan"))
+            dlo, dhi = bootstrap_ci(diff, seed=seed) if len(diff) > 1 else (float("nan"), float("nan"))
+            rows.append({"region": region, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
+                         "speedup": float(np.median(ratio)), "speedup_lo": lo, "speedup_hi": hi,
+                         "recomputed": mine["recomputed"].median(), "agree_pct": 100 * mine["agree"].mean(),
+                         "agree_diff_pp": float(diff.mean()), "agree_diff_lo": dlo, "agree_diff_hi": dhi,
+                         "em_pct": 100 * mine["em"].mean()})
+    return pd.DataFrame(rows)
+
+
+def _median_ci(values: np.ndarray, seed: int, n_resamples: int = 4999) -> tuple[float, float]:
+    """Percentile bootstrap 95 % CI of the median of ``values``."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
+    meds = np.median(values[idx], axis=1)
+    return float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per path over every turn after the first: median TTFT, agreement and EM (%), and over whole traces the total
+    tokens recomputed and TTFT and their ratio to re-prefill's (means over traces)."""
+    later = runs[runs["turn"] > 0]
+    quality = later.groupby("path", sort=False).agg(turns=("em", "size"), ttft_ms=("ttft_ms", "median"),
+                                                    agree_pct=("agree", "mean"), em_pct=("em", "mean"))
+    quality[["agree_pct", "em_pct"]] *= 100
+    last = runs[runs["turn"] == runs.groupby("trace")["turn"].transform("max")]
+    total = last.groupby("path", sort=False).agg(total_recomputed=("cum_recomputed", "mean"),
+                                                 total_ttft_ms=("cum_ttft_ms", "mean"), cost_ratio=("cost_ratio", "mean"))
+    ref_ms = total.loc[REFERENCE, "total_ttft_ms"] if REFERENCE in total.index else float("nan")
+    total["time_ratio"] = total["total_ttft_ms"] / ref_ms
+    return quality.join(total).reset_index()
+
+
+def _styles(paths: Sequence[str]) -> dict:
+    return {p: {"color": f"C{i}", "marker": "os^vDP*X"[i % 8]} for i, p in enumerate(paths)}
+
+
+def plot_cost_agreement(table: pd.DataFrame):
+    """Per turn: cumulative tokens recomputed (left, log), cumulative TTFT (middle, log) and agreement with
+    re-prefill (right), one line per path (``table``: :func:`per_turn_table`)."""
+    import matplotlib.pyplot as plt
+
+    paths = list(dict.fromkeys(table["path"]))
+    style = _styles(paths)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), sharex=True)
+    panels = ((axes[0], "cum_recomputed", "cumulative tokens recomputed", True),
+              (axes[1], "cum_ttft_ms", "cumulative time to first token (ms)", True),
+              (axes[2], "agree_pct", "agreement with re-prefill (%)", False))
+    for ax, col, label, log in panels:
+        for path in paths:
+            t = table[table["path"] == path]
+            ax.plot(t["turn"], t[col], label=path, lw=1.4, ms=5, **style[path])
+        ax.set_xlabel("turn (0: first prefill)")
+        ax.set_ylabel(label)
+        if log:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(-3, 103)
+    axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_regions(regions: pd.DataFrame):
+    """Median TTFT (left) and agreement with re-prefill (right) per region of the first change, one bar per path
+    (``regions``: :func:`region_table`)."""
+    import matplotlib.pyplot as plt
+
+    paths = list(dict.fromkeys(regions["path"]))
+    names = [r for r in (*REGIONS, "all") if r in set(regions["region"])]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    width = 0.8 / max(1, len(paths))
+    for i, path in enumerate(paths):
+        t = regions[regions["path"] == path].set_index("region").reindex(names)
+        x = np.arange(len(names)) + i * width
+        axes[0].bar(x, t["ttft_ms"], width, label=path, color=f"C{i}")
+        axes[1].bar(x, t["agree_pct"], width, label=path, color=f"C{i}")
+    for ax, label in ((axes[0], "median time to first token (ms)"), (axes[1], "agreement with re-prefill (%)")):
+        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
+        ax.set_xlabel("first change of the turn")
+        ax.set_ylabel(label)
+    axes[1].set_ylim(0, 105)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, *, sync: str = "sync 5%",
+               max_agreement_loss_pp: float = 5.0) -> list[str]:
+    """The conclusion's sentences from this run's tables: which path is fastest per region of the first change, how
+    ``sync`` compares with prefix reuse (paired speedup and agreement difference with their CIs), and where ``sync``
+    should not be used (no speedup over prefix reuse, or an agreement loss beyond ``max_agreement_loss_pp`` points
+    against it; or a CI of the agreement difference that reaches below ``-max_agreement_loss_pp``).
+
+    Raises:
+        ValueError: naming ``sync`` when it is not a path of the tables.
+    """
+    if sync not in set(regions["path"]):
+        raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
+    lines = []
+    avoid = []
+    for region in [r for r in (*REGIONS, "all") if r in set(regions["region"])]:
+        t = regions[regions["region"] == region].set_index("path")
+        fastest = t["ttft_ms"].idxmin()
+        s = t.loc[sync]
+        lines.append(
+            f"{region} ({int(s.turns)} turns): fastest path {fastest} ({t.loc[fastest, 'ttft_ms']:.0f} ms median TTFT); "
+            f"{sync} {s.ttft_ms:.0f} ms, {s.speedup:.2f}x prefix reuse's speed (paired median, 95 % CI "
+            f"{s.speedup_lo:.2f}-{s.speedup_hi:.2f}), re-prefill {t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement "
+            f"with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
+            f"({s.agree_diff_pp:+.0f} pp, CI {s.agree_diff_lo:+.0f} to {s.agree_diff_hi:+.0f}); tokens recomputed "
+            f"{s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
+        if region == "all":
+            continue
+        if not s.speedup > 1.0:
+            avoid.append(f"{region}: no speedup over prefix reuse ({s.speedup:.2f}x)")
+        elif s.agree_diff_pp < -max_agreement_loss_pp or (
+            not math.isnan(s.agree_diff_lo) and s.agree_diff_lo < -max_agreement_loss_pp
+        ):
+            avoid.append(f"{region}: agreement {s.agree_diff_pp:+.0f} pp against prefix reuse "
+                         f"(CI down to {s.agree_diff_lo:+.0f}) for {s.speedup:.2f}x")
+    sm = summary.set_index("path")
+    for path, r in sm.iterrows():
+        if path != REFERENCE:
+            lines.append(f"over whole traces {path}: {r.cost_ratio:.0%} of re-prefill's tokens recomputed, "
+                         f"{r.time_ratio:.0%} of its summed TTFT; agreement {r.agree_pct:.0f} %, EM {r.em_pct:.0f} % "
+                         f"(re-prefill EM {sm.loc[REFERENCE, 'em_pct']:.0f} %).")
+    if avoid:
+        lines.append(f"Where {sync} should not be used (prefix reuse is as fast or safer): " + "; ".join(avoid) + ".")
+    else:
+        lines.append(f"{sync} was faster than prefix reuse in every region without losing more than "
+                     f"{max_agreement_loss_pp:g} points of agreement in this run.")
+    return lines

@@ -1,0 +1,151 @@
+"""The agent-trace study (notebook 10): trace construction, the per-turn runner on a tiny float64 model with a real chat
+template, and the tables and conclusion on hand-made runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sur_lab.edits import chat_segments, tokenize_segments
+from sur_lab.studies import agent_traces as at
+from sur_lab.studies import get_study
+from sur_lab.studies.datasets import Passage, QAExample
+from sur_lab.sync import diff_tokens
+from test_sync import chat_lm, qwen_tokenizer
+
+
+def _examples(n: int) -> list[QAExample]:
+    return [QAExample(f"q{i}", f"Who founded company {i}?", (f"Founder {i}",), "span",
+                      (Passage(f"Gold {i}", f"Company {i} was founded by Founder {i} in the year {1900 + i}.", True),),
+                      (Passage(f"Other {i}", f"An unrelated passage number {i} about rivers and hills.", False),),
+                      "hotpotqa") for i in range(n)]
+
+
+def _ids(tok, messages):
+    return [i for seg in tokenize_segments(tok, chat_segments(tok, messages))[0] for i in seg]
+
+
+def test_trace_edits_follow_the_schedule():
+    tok = qwen_tokenizer()
+    trace = at.build_trace(tok, _examples(6), max_doc_tokens=16)
+    turns = trace["turns"]
+    assert [t["edits"] for t in turns] == ["prefill", "append", "remove+append", "compact+plan+append",
+                                           "compact+remove+append", "compact+append"]
+    for t, turn in enumerate(turns):
+        text = "\n".join(m["content"] for m in turn["messages"])
+        assert turn["question"] == f"Who founded company {t}?" and turn["answers"] == [f"Founder {t}"]
+        assert f"Founder {t}" in text  # the turn's supporting passage is in its prompt
+    assert turns[1]["messages"][: len(turns[0]["messages"])] == turns[0]["messages"]  # turn 1 only appends
+    lookups = [m["content"].split(":")[0] for m in turns[2]["messages"] if m["content"].startswith("Lookup")]
+    assert lookups == ["Lookup 1", "Lookup 3"]  # the previous turn's lookup removed (superseded)
+    assert turns[3]["messages"][2]["content"] == at.REWRITTEN and turns[2]["messages"][2]["content"] == at.PLAN
+    summaries = [m["content"] for m in turns[3]["messages"] if m["content"].startswith("Search (summarised)")]
+    assert summaries == ["Search (summarised): Gold 0."]  # the oldest search compacted to its titles
+
+
+def test_trace_regions_from_the_token_diff():
+    tok = qwen_tokenizer()
+    turns = at.build_trace(tok, _examples(6), max_doc_tokens=16)["turns"]
+    plans = [diff_tokens(_ids(tok, a["messages"]), _ids(tok, b["messages"])) for a, b in zip(turns, turns[1:])]
+    assert plans[0].stale_rows == 0 and plans[0].inserted > 0  # turn 1: a pure append
+    assert all(p.stale_rows > 0 for p in plans[1:])
+    assert plans[1].first_change > plans[1].old_len / 2  # turn 2: a removal late in the cached prompt
+    plan3 = plans[2]  # the plan rewrite lands near the start
+    assert plan3.first_change < plan3.new_len / 4
+
+
+def test_traces_read_development_files_only(monkeypatch):
+    tok = qwen_tokenizer()
+    splits = []
+
+    def fake_load(ds, split="dev"):
+        splits.append((ds, split))
+        return _examples(20)
+
+    monkeypatch.setattr(at, "load_qa", fake_load)
+    p = at.params("smoke", n_traces=3, turns=2, datasets=["hotpotqa", "musique"])
+    traces = at.build_traces(tok, p, seed=0)
+    assert splits == [("hotpotqa", "dev"), ("musique", "dev")]
+    assert len(traces) == 3 and all(len(t["turns"]) == 2 for t in traces)
+    questions = [turn["question"] for t in traces for turn in t["turns"]]
+    assert len(set(questions[:4])) == 4  # one source per turn within a dataset's selection
+
+
+def test_bad_arguments_are_refused():
+    tok = qwen_tokenizer()
+    with pytest.raises(ValueError, match="examples"):
+        at.build_trace(tok, _examples(1))
+    with pytest.raises(ValueError, match="max_doc_tokens"):
+        at.build_trace(tok, _examples(2), max_doc_tokens=4)
+    with pytest.raises(ValueError, match="budgets"):
+        at.default_paths([])
+    with pytest.raises(ValueError, match="budgets"):
+        at.default_paths([0])
+    with pytest.raises(ValueError, match="workers"):
+        at.sweep(None, workers=2)
+    with pytest.raises(ValueError, match="turns"):
+        at.build_traces(tok, at.params("smoke", turns=1))
+    assert get_study("agent-traces") is at
+
+
+def test_run_trace_on_a_tiny_model():
+    """Re-prefill agrees with itself; prefix reuse recomputes exactly the rows from the first change and answers as
+    re-prefill does (fp64); an append costs every incremental path only the new tokens; a 100 % sync answers as
+    re-prefill does."""
+    lm = chat_lm()
+    trace = at.build_trace(lm.tokenizer, _examples(4), max_doc_tokens=12)
+    paths = [at.TracePath("sync 100%", "SUR", 100.0, at.SyncPolicy(0, 1.0)), *at.default_paths([5])]
+    df = at.run_traces(lm, [trace], paths, executor="sequential", max_new_tokens=3, progress=False)
+    assert len(df) == 4 * len(paths)
+    ref = df[df.path == at.REFERENCE]
+    assert ref.agree.all() and ref.token_exact.all() and (ref.recomputed == ref.tokens).all()
+    later = df[df.turn > 0]
+    prefix = later[later.path == at.PREFIX]
+    assert (prefix.recomputed == prefix.tokens - prefix.first_change).all() and prefix.token_exact.all()
+    assert later[later.path == "sync 100%"].token_exact.all()
+    append = later[(later.turn == 1) & (later.path != at.REFERENCE)]
+    assert (append.region == "append").all() and (append.recomputed == append.inserted).all()
+    repaired = later[(later.turn > 1) & (later.path == "sync 5%")]
+    assert (repaired.sync_path == "repair").all()
+    assert (repaired.allowance == np.ceil(repaired.stale_rows * 5 / 100)).all()
+    last = df[df.turn == 3].set_index("path")
+    assert last.loc[at.REFERENCE, "cost_ratio"] == 1.0
+    assert last.loc[at.REFERENCE, "cum_recomputed"] == ref.tokens.sum()
+
+
+def _runs() -> pd.DataFrame:
+    """Two traces, turns 0..2; turn 1 an append, turn 2 a first-half change where sync is 3x faster than prefix reuse
+    but disagrees on one of the two traces."""
+    rows = []
+    for trace in ("a", "b"):
+        for turn, region in ((0, "prefill"), (1, "append"), (2, "first half")):
+            for path, ttft, rec in (("sync 5%", 100.0, 10), (at.PREFIX, 300.0, 50), (at.REFERENCE, 400.0, 80)):
+                if turn == 1:
+                    ttft, rec = (50.0, 5) if path != at.REFERENCE else (400.0, 80)
+                if turn == 0:
+                    ttft, rec = 400.0, 80
+                agree = not (path == "sync 5%" and turn == 2 and trace == "b")
+                rows.append({"trace": trace, "turn": turn, "path": path, "region": region, "ttft_ms": ttft,
+                             "recomputed": rec, "agree": agree, "em": agree, "tokens": 80})
+    return at.add_cumulative(pd.DataFrame(rows))
+
+
+def test_tables_and_conclusion_on_hand_made_runs():
+    runs = _runs()
+    last = runs[(runs.turn == 2) & (runs.path == "sync 5%")]
+    assert (last.cum_recomputed == 80 + 5 + 10).all() and np.allclose(last.cost_ratio, 95 / 240)
+    regions = at.region_table(runs).set_index(["region", "path"])
+    first = regions.loc[("first half", "sync 5%")]
+    assert first.speedup == 3.0 and first.agree_pct == 50.0 and first.agree_diff_pp == -50.0
+    assert regions.loc[("append", "sync 5%")].speedup == 1.0
+    summary = at.summary_table(runs).set_index("path")
+    assert summary.loc["sync 5%", "agree_pct"] == 75.0 and math.isclose(summary.loc["sync 5%", "cost_ratio"], 95 / 240)
+    text = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs)))
+    assert "should not be used" in text and "append: no speedup" in text and "first half: agreement -50 pp" in text
+    with pytest.raises(ValueError, match="sync"):
+        at.conclusion(at.region_table(runs), at.summary_table(runs), sync="sync 7%")
+    with pytest.raises(ValueError, match="against"):
+        at.region_table(runs, against="nope")
