@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import fp64_tol, make_tiny_model
-from hypothesis import example, given, HealthCheck, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sur_lab import EditSession, ModelCheckError, SyncPolicy, check_model
