@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -100,8 +101,23 @@ def api_pages() -> dict[str, str]:
             found.append(".".join(rel.parts).removesuffix(".__init__"))
         return found
 
+    def own_names(module: str) -> list[str]:
+        """Public names a package's ``__init__.py`` defines itself (functions, classes, assignments; no imports)."""
+        tree = ast.parse((REPO / Path(*module.split(".")) / "__init__.py").read_text(encoding="utf-8"))
+        names = []
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names += [t.id for t in targets if isinstance(t, ast.Name)]
+        return [n for n in dict.fromkeys(names) if not n.startswith("_") and n != "__all__"]
+
     def block(module: str, package_doc: bool = False) -> str:
-        options = "\n    options:\n      members: false\n      show_root_heading: true" if package_doc else ""
+        # a package's page shows its docstring and what its __init__ defines (e.g. sur_lab.studies.STUDIES), not
+        # the names it re-exports (documented where they are defined) nor its submodules (their own blocks)
+        options = (f"\n    options:\n      members: {json.dumps(own_names(module)) if module != 'sur_lab' else 'false'}"
+                   "\n      show_root_heading: true") if package_doc else ""
         return f"::: {module}{options}\n"
 
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_"))

@@ -104,7 +104,8 @@ def test_mkdocs_build_strict(tmp_path):
                 "SUR_LAB_OUTPUTS_DIR": str(tmp_path / "outputs"), "SUR_LAB_DOCS_CACHE": str(tmp_path / "cache"),
                 "NO_MKDOCS_2_WARNING": "1"})
     site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=REPO,
+    # no -q: it silences warnings before strict mode counts them, so a broken reference would pass
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for page in ("index.html", "results/index.html", "notebooks/00_quickstart/index.html", "api/core/index.html",

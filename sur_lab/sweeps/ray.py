@@ -92,7 +92,7 @@ def check_local_gpus(model_args: Mapping, workers: int, address: str | None, ava
     Args:
         model_args: :func:`model_args_of` result; only ``device`` is read.
         workers: Ray actors.
-        address: as in :func:`run_sweep_distributed`; a cluster (``"auto"``, ``ray://...``) is not checked here.
+        address: as in :func:`check_workers`; a cluster (``"auto"``, ``ray://...``) is not checked here.
         available: GPUs on this machine (default ``torch.cuda.device_count()``).
 
     Raises:
