@@ -65,8 +65,9 @@ NAME = "agent-traces"
 NOTEBOOK = "10_agent_traces"
 FOLDER = "10_agent_traces"
 #: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
-#: (notebook 10's ``model_name``); its size was estimated from the smoke run's per-turn timings to fit 20 minutes on
-#: 2 cores.
+#: (notebook 10's ``model_name``): 72 turns, prompts of a few hundred to about a thousand tokens, about 1.4e5 tokens
+#: forwarded over all paths (counted from the traces' token diffs); its run time on 2 cores is an estimate until
+#: ``scripts/bench_sync.py`` has timed the study model on these traces (issue 27).
 PRESETS = {
     "smoke": {"n_traces": 1, "turns": 3, "max_doc_tokens": 16, "max_new_tokens": 4},
     "default": {"n_traces": 12, "turns": 6, "max_doc_tokens": 40, "max_new_tokens": 8},
