@@ -99,25 +99,27 @@ HOLDOUT_SEED = 9314
 #: length), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls.
 #: ``ablation`` (SUR's variants and the boundary controls, run with the allocators on the same cases) and
 #: ``matched_allocators`` (token-level allocators given SUR's exact count on the holdout roster; ``[]``: no
-#: matched-token sweep) are the design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in
+#: matched-token sweep; ``matched_cases``: the holdout roster's size, cases alternating over ``context_lens``) are the
+#: design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in
 #: ``default`` (the bonus factor is SUR-IDF, already among its allocators).
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 1, "budgets": [2, 5], "max_new_tokens": 4,
               "allocators": ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
                              "Random semantic units", "CacheBlend-Adapted"],
               "ablation": ["SUR[aggregation=mean]", "Fixed blocks", "Multiple local windows"],
-              "matched_allocators": ["Dense tokens"]},
+              "matched_allocators": ["Dense tokens"], "matched_cases": 1},
     "default": {"context_lens": [1024, 2048], "num_cases": 48, "budgets": [2, 5], "max_new_tokens": 16,
                 "allocators": ["SUR", "SUR-IDF", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
                                "Random semantic units"],
                 "ablation": ["SUR[aggregation=mean]", "SUR[partial_unit=prefix]", "Fixed blocks",
                              "Multiple local windows"],
-                "matched_allocators": ["Dense tokens", "ProphetKV-Adapted"]},
+                "matched_allocators": ["Dense tokens", "ProphetKV-Adapted"], "matched_cases": 16},
     "paper": {"context_lens": [1024, 2048, 4096, 8192, 16384, 32768], "num_cases": 96,
               "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32, "allocators": [*PAPER_ALLOCATORS, *BEYOND_PAPER],
               "ablation": list(ABLATION),
               "matched_allocators": ["Dense tokens", "ProphetKV-Adapted", "InfoFlow-Motivated", "Cache-Craft-Adapted",
-                                     "CacheBlend-Adapted", "A3-Adapted", "Clean-state oracle"]},
+                                     "CacheBlend-Adapted", "A3-Adapted", "Clean-state oracle"],
+              "matched_cases": 96},
 }
 #: The paper's NIAH budget grid, %.
 PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
@@ -661,7 +663,7 @@ def matched_folder(lm, p: Mapping[str, Any], *, eval_batch: int | None = None, e
     from sur_lab.sweeps import EVAL_BATCH, sweep_folder
 
     extra = {} if executor == "sequential" else {"ex": executor}
-    return sweep_folder(f"{FOLDER}_matched", lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"],
+    return sweep_folder(f"{FOLDER}_matched", lm, outputs=outputs, ctx=p["context_lens"], n=p["matched_cases"],
                         b=p["matched_budgets"], tok=p["max_new_tokens"], seed=p["holdout_seed"],
                         eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
 
@@ -672,7 +674,7 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
                   **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the matched-token study (Table 14 analogue) on the frozen holdout roster.
 
-    The roster is :func:`cases` at the preset's sizes with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never
+    The roster is :func:`cases` at the preset's sizes, ``p["matched_cases"]`` of them, with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never
     used for design); the methods are :func:`matched_methods`: the region allocator at each matched budget, and each
     token-level allocator at the region's exact count on the same case (:class:`MatchedTokens`). Records come from
     :func:`sur_lab.sweeps.run_sweep`, strictly scored like :func:`sweep`'s.
@@ -697,8 +699,8 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
     if not p["matched_allocators"]:
         return records_frame([]), where
     seed = int(p["holdout_seed"])
-    overrides = {k: v for k, v in overrides.items() if k != "holdout_seed"}
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    overrides = {k: v for k, v in overrides.items() if k not in ("holdout_seed", "matched_cases", "num_cases")}
+    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, num_cases=p["matched_cases"], **overrides)
     records = run_sweep(lm, the_cases, the_methods, p["matched_budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
                         seed=seed, workers=workers, threads=threads, address=address, progress=progress)
