@@ -1057,7 +1057,6 @@ def plot_budget_curves(
     """
     import matplotlib.pyplot as plt
     import seaborn as sns
-    from matplotlib.ticker import NullFormatter
 
     missing = [m for m in metrics if m not in records.columns]
     if missing:
@@ -1072,24 +1071,8 @@ def plot_budget_curves(
     budgets = sorted(alloc["budget_pct"].unique())
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 2.4, 4.0), squeeze=False)
     for ax, metric, title in zip(axes[0], metrics, titles):
-        scale = 100.0 if metric in PERCENT_FIELDS else 1.0
         how = agg if isinstance(agg, str) else agg.get(metric, "mean")
-        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].agg(how)
-        for method in order:
-            c = curve.loc[method]
-            ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
-                    lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
-        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].agg(how)
-        for method in [m for m in REFERENCES if m in ref_means.index]:
-            color, style = REFERENCE_STYLES[method]
-            ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")
-        if len(budgets) > 1:
-            ax.set_xscale("log")
-        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        if scale == 100.0:
-            ax.set_ylim(-4, 104)
-        ax.set_xlabel("suffix budget b (%)")
+        _budget_panel(ax, alloc, refs, metric, order, palette, budgets, how=how)
         ax.set_title(title)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
@@ -1258,12 +1241,10 @@ def plot_model_panels(records: pd.DataFrame, metric: str = "em", *, title: str |
     """
     import matplotlib.pyplot as plt
     import seaborn as sns
-    from matplotlib.ticker import NullFormatter
 
     if metric not in records.columns:
         raise ValueError(f"metric={metric!r} is not a record field")
     models = list(dict.fromkeys(records["model"]))
-    scale = 100.0 if metric in PERCENT_FIELDS else 1.0
     alloc_all = records[records["budget_pct"].notna()]
     present = list(dict.fromkeys(alloc_all["method"]))
     order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
@@ -1274,23 +1255,7 @@ def plot_model_panels(records: pd.DataFrame, metric: str = "em", *, title: str |
     for ax, model in zip(axes[0], models):
         sub = records[records["model"] == model]
         alloc, refs = sub[sub["budget_pct"].notna()], sub[sub["budget_pct"].isna()]
-        curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].mean()
-        for method in order:
-            if method in curve.index.get_level_values(0):
-                c = curve.loc[method]
-                ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
-                        lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
-        ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].mean()
-        for method in [m for m in REFERENCES if m in ref_means.index]:
-            color, style = REFERENCE_STYLES[method]
-            ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")
-        if len(budgets) > 1:
-            ax.set_xscale("log")
-        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        if scale == 100.0:
-            ax.set_ylim(-4, 104)
-        ax.set_xlabel("suffix budget b (%)")
+        _budget_panel(ax, alloc, refs, metric, order, palette, budgets, how="mean")
         ax.set_title(f"{model} (n = {sub['case_id'].nunique()})")
     axes[0][0].set_ylabel(title or metric)
     handles, labels = [], []
@@ -1302,3 +1267,29 @@ def plot_model_panels(records: pd.DataFrame, metric: str = "em", *, title: str |
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def _budget_panel(ax, alloc: pd.DataFrame, refs: pd.DataFrame, metric: str, order: Sequence[str],
+                  palette: Mapping[str, Any], budgets: Sequence[float], *, how: str = "mean") -> None:
+    """One Figure-3 panel: ``metric`` (×100 for a 0/1 field) aggregated by ``how`` per allocator and budget, a line
+    per allocator of ``order`` present in ``alloc`` (SUR thick), each reference of ``refs`` a horizontal line; the
+    budget axis logarithmic when there are several budgets."""
+    from matplotlib.ticker import NullFormatter
+
+    scale = 100.0 if metric in PERCENT_FIELDS else 1.0
+    curve = alloc.assign(_v=alloc[metric].astype(float) * scale).groupby(["method", "budget_pct"])["_v"].agg(how)
+    for method in [m for m in order if m in curve.index.get_level_values(0)]:
+        c = curve.loc[method]
+        ax.plot(c.index, c.values, marker="o", ms=4, color=palette[method], label=method,
+                lw=2.8 if method == "SUR" else 1.2, zorder=3 if method == "SUR" else 2)
+    ref_means = refs.assign(_v=refs[metric].astype(float) * scale).groupby("method")["_v"].agg(how)
+    for method in [m for m in REFERENCES if m in ref_means.index]:
+        color, style = REFERENCE_STYLES[method]
+        ax.axhline(ref_means[method], color=color, ls=style, lw=1.3, label=f"{method} (reference)")
+    if len(budgets) > 1:
+        ax.set_xscale("log")
+    ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if scale == 100.0:
+        ax.set_ylim(-4, 104)
+    ax.set_xlabel("suffix budget b (%)")
