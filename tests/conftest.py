@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -104,6 +106,31 @@ def data_dir():
         return default_data_dir()
     except FileNotFoundError as err:
         pytest.skip(str(err))
+
+
+#: The Qwen2.5 tokenizer files for fast tests (the workspace's shared data; no model weights).
+QWEN_TOKENIZER_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizers" / (
+    "qwen2.5-coder-0.5b-instruct")
+if not QWEN_TOKENIZER_DIR.is_dir():
+    QWEN_TOKENIZER_DIR = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
+def tokenizer(request):
+    """A real tokenizer of each embedded model family (SmolLM2's from its package, Qwen2.5's from the shared
+    tokenizer files); skipped where its files are missing."""
+    from transformers import AutoTokenizer
+
+    if request.param == "qwen2.5":
+        if not (QWEN_TOKENIZER_DIR / "tokenizer.json").is_file():
+            pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_TOKENIZER_DIR}")
+        return AutoTokenizer.from_pretrained(QWEN_TOKENIZER_DIR)
+    from sur_lab.models import embedded_tokenizer
+
+    try:
+        return embedded_tokenizer()
+    except FileNotFoundError as err:
+        pytest.skip(f"SmolLM2 tokenizer unavailable: {err}")
 
 
 #: float64 unit roundoff (2^-52).

@@ -4,7 +4,6 @@ agreement, the gold-answer NLL and the canonical answer's tokens, against hand-c
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,9 +25,6 @@ from sur_lab.analysis.endpoints import (
 from sur_lab.analysis.scoring import first_token_tv
 
 LN2 = math.log(2.0)
-QWEN_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizers" / "qwen2.5-coder-0.5b-instruct"
-if not QWEN_DIR.is_dir():
-    QWEN_DIR = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
 
 logit_vectors = arrays(np.float64, st.integers(2, 12), elements=st.floats(-30, 30))
 
@@ -175,21 +171,6 @@ def test_gold_nll_validation():
 # --------------------------------------------------------------------------------------------------------------------
 # canonical answer tokens
 
-
-@pytest.fixture(scope="module", params=["qwen2.5", "smollm2"])
-def tokenizer(request):
-    from transformers import AutoTokenizer
-
-    if request.param == "qwen2.5":
-        if not (QWEN_DIR / "tokenizer.json").is_file():
-            pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_DIR}")
-        return AutoTokenizer.from_pretrained(QWEN_DIR)
-    from sur_lab.models import embedded_tokenizer
-
-    try:
-        return embedded_tokenizer()
-    except FileNotFoundError as err:
-        pytest.skip(f"SmolLM2 tokenizer unavailable: {err}")
 
 
 @pytest.mark.parametrize("answer", ["Paris", "Vytautas the Great", "1,000", "yes", "  The Who  "])

@@ -6,7 +6,6 @@ from a wrong one; depth and distance are controlled and recorded."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,25 +14,7 @@ import torch
 from sur_lab.edits import replacement_edit, splice_replacement, tokenize_segments
 from sur_lab.studies import stale_facts as sf
 
-QWEN_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizers" / "qwen2.5-coder-0.5b-instruct"
-if not QWEN_DIR.is_dir():
-    QWEN_DIR = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
 
-
-@pytest.fixture(scope="module", params=["smollm2", "qwen2.5"])
-def tokenizer(request):
-    from transformers import AutoTokenizer
-
-    if request.param == "qwen2.5":
-        if not (QWEN_DIR / "tokenizer.json").is_file():
-            pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_DIR}")
-        return AutoTokenizer.from_pretrained(QWEN_DIR)
-    from sur_lab.models import embedded_tokenizer
-
-    try:
-        return embedded_tokenizer()
-    except FileNotFoundError as err:
-        pytest.skip(f"SmolLM2 tokenizer unavailable: {err}")
 
 
 @pytest.fixture(scope="module")
