@@ -1056,7 +1056,6 @@ def plot_budget_curves(
         ValueError: naming ``metrics`` when a metric is not a record field.
     """
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     missing = [m for m in metrics if m not in records.columns]
     if missing:
@@ -1064,10 +1063,7 @@ def plot_budget_curves(
     titles = list(titles or metrics)
     alloc = records[records["budget_pct"].notna()]
     refs = records[records["budget_pct"].isna()]
-    present = list(dict.fromkeys(alloc["method"]))
-    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
-    others = [m for m in order if m != "SUR"]
-    palette = dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
+    order, palette = _allocator_palette(alloc)
     budgets = sorted(alloc["budget_pct"].unique())
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 2.4, 4.0), squeeze=False)
     for ax, metric, title in zip(axes[0], metrics, titles):
@@ -1240,16 +1236,12 @@ def plot_model_panels(records: pd.DataFrame, metric: str = "em", *, title: str |
         ValueError: naming ``metric`` when it is not a record field.
     """
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     if metric not in records.columns:
         raise ValueError(f"metric={metric!r} is not a record field")
     models = list(dict.fromkeys(records["model"]))
     alloc_all = records[records["budget_pct"].notna()]
-    present = list(dict.fromkeys(alloc_all["method"]))
-    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
-    others = [m for m in order if m != "SUR"]
-    palette = dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
+    order, palette = _allocator_palette(alloc_all)
     budgets = sorted(alloc_all["budget_pct"].unique())
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models) + 2.4, 4.0), squeeze=False, sharey=True)
     for ax, model in zip(axes[0], models):
@@ -1293,3 +1285,14 @@ def _budget_panel(ax, alloc: pd.DataFrame, refs: pd.DataFrame, metric: str, orde
     if scale == 100.0:
         ax.set_ylim(-4, 104)
     ax.set_xlabel("suffix budget b (%)")
+
+
+def _allocator_palette(alloc: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
+    """The allocators of ``alloc`` in Table 2-6 order (others after, in order of appearance) and one colour each
+    (SUR black, the others from seaborn's ``tab20``), shared by every Figure-3 panel."""
+    import seaborn as sns
+
+    present = list(dict.fromkeys(alloc["method"]))
+    order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
+    others = [m for m in order if m != "SUR"]
+    return order, dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
