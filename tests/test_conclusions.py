@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sur_lab.analysis.conclusions import against_rivals, difference_sentence, verdict
+from sur_lab.analysis.conclusions import against_rivals, arm_differences, difference_sentence, verdict
 
 
 def test_verdict():
@@ -63,3 +63,32 @@ def test_against_rivals():
         against_rivals(df, "SUR", ["Window"], "agree")
     with pytest.raises(ValueError, match="focus"):
         against_rivals(df, "Shift", ["Window"], "em")
+
+
+def test_arm_differences_pairs_budgeted_and_unbudgeted_arms():
+    df = _records()
+    # An unbudgeted arm (Erratum) right on every odd case, and a Re-prefill right everywhere.
+    extra = []
+    for i in range(12):
+        extra.append({"case_id": i, "context_len": 1024, "method": "Erratum", "budget_pct": np.nan,
+                      "em": float(i % 2)})
+        extra.append({"case_id": i, "context_len": 1024, "method": "Re-prefill", "budget_pct": np.nan, "em": 1.0})
+    df = pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
+    out = arm_differences(df, metrics=["em"], compared=["SUR", "Dense tokens", "Erratum", "Absent"], n_boot=500)
+    # Erratum vs the two baselines once (budget NaN); at each budget: 3 arm pairs + 2 budgeted arms x 2 baselines.
+    assert len(out) == 2 + 2 * (3 + 4)
+    fixed = out[out.budget_pct.isna()].set_index("b")
+    assert fixed.loc["Shift", "a"] == "Erratum" and fixed.loc["Shift", "diff_pp"] == pytest.approx(50.0)
+    assert fixed.loc["Re-prefill", "diff_pp"] == pytest.approx(-50.0)
+    at2 = out[out.budget_pct == 2.0].set_index(["a", "b"])
+    assert at2.loc[("SUR 2%", "Dense tokens 2%"), "diff_pp"] == pytest.approx(100.0)
+    assert bool(at2.loc[("SUR 2%", "Dense tokens 2%"), "separates"])
+    assert at2.loc[("SUR 2%", "Erratum"), "diff_pp"] == pytest.approx(50.0)
+    assert at2.loc[("Dense tokens 2%", "Erratum"), "kind"] == "arms"
+    assert at2.loc[("SUR 2%", "Re-prefill"), "diff_pp"] == pytest.approx(0.0)
+    assert not bool(at2.loc[("SUR 2%", "Re-prefill"), "separates"])
+    assert (out.n_cases == 12).all()
+    with pytest.raises(ValueError, match="metrics"):
+        arm_differences(df, metrics=["agree"], compared=["SUR"])
+    with pytest.raises(ValueError, match="strata_col"):
+        arm_differences(df, metrics=["em"], compared=["SUR"], strata_col="family")

@@ -140,3 +140,80 @@ def against_rivals(records: pd.DataFrame, focus: str, rivals: Sequence[str], met
                          "verdict": verdict(res.diff, res.low, res.high)})
     return pd.DataFrame(rows, columns=["focus", "rival", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp",
                                        "n_cases", "verdict"])
+
+
+def arm_labels(records: pd.DataFrame, *, method_col: str = "method", budget_col: str = "budget_pct") -> pd.Series:
+    """A label per record: the method, with its budget for budgeted methods (``"SUR 5%"``); a reference (budget
+    NaN) keeps its name (``"Erratum"``)."""
+    return pd.Series([m if pd.isna(b) else f"{m} {b:g}%" for m, b in zip(records[method_col], records[budget_col])],
+                     index=records.index, dtype=object)
+
+
+def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: Sequence[str],
+                    baselines: Sequence[str] = ("Shift", "Re-prefill"), strata_col: str = "context_len",
+                    case_col: str = "case_id", n_boot: int = 10_000, seed: int = 20260928,
+                    ci: float = 95.0) -> pd.DataFrame:
+    """Case-paired bootstrap differences of several arms against each other and against baseline references, at
+    each budget, in percentage points (percentile intervals of appendix 8.3: 10,000 replicates, seed 20260928; cases
+    resampled within each ``strata_col`` value).
+
+    At budget b the arms are each budgeted method of ``compared`` at b and the unbudgeted ones (a reference operator
+    such as Erratum, whose records have budget NaN); every pair of them is compared once (``a`` minus ``b`` in
+    ``compared`` order), and each budgeted arm against each baseline (``a`` minus the baseline). An unbudgeted arm
+    is compared with the baselines once, with budget NaN. A metric's NaN rows are left out of its comparisons (e.g.
+    a stale rate on cases without a stale value), so ``n_cases`` may differ by metric.
+
+    Args:
+        records: one row per (case, method, budget) with ``method``, ``budget_pct`` (NaN for references),
+            ``case_col``, ``strata_col`` and the metrics.
+        metrics: 0/1 or numeric record columns (``"em"``, ``"agree_reprefill"``, ``"stale"``); differences are x100.
+        compared: the arms' method names, budgeted or not; those absent from ``records`` are skipped.
+        baselines: reference methods each arm is compared with; those absent are skipped.
+        strata_col, case_col: the columns naming a case's stratum and the case.
+        n_boot, seed, ci: as :func:`sur_lab.analysis.stats.paired_bootstrap`.
+
+    Returns:
+        One row per (metric, budget_pct, a, b): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
+        ``separates`` (the interval excludes 0), ``kind`` (``"arms"`` or ``"baseline"``).
+
+    Raises:
+        ValueError: naming ``metrics`` when a metric is not a column, ``strata_col`` or ``case_col`` when not a
+            column; as :func:`sur_lab.analysis.stats.paired_bootstrap` otherwise.
+    """
+    from sur_lab.analysis.stats import paired_bootstrap
+
+    bad = [m for m in metrics if m not in records.columns]
+    if bad:
+        raise ValueError(f"metrics {bad} are not record columns")
+    for name, col in (("strata_col", strata_col), ("case_col", case_col)):
+        if col not in records.columns:
+            raise ValueError(f"{name}={col!r} is not a record column")
+    df = records.assign(arm=arm_labels(records))
+    present = set(df["method"])
+    budgets = sorted(df.loc[df["budget_pct"].notna() & df["method"].isin(compared), "budget_pct"].unique())
+    rows = []
+    for metric in metrics:
+        sub = df[df[metric].notna()]
+        budgeted = set(sub.loc[sub["budget_pct"].notna(), "method"])
+        fixed = [m for m in compared if m in present and m not in budgeted and m in set(sub["arm"])]
+        bases = [base for base in baselines if base in set(sub["arm"])]
+        grid = [(float("nan"), [(x, base, "baseline") for x in fixed for base in bases])]
+        for b in budgets:
+            arms = [m if m not in budgeted else f"{m} {b:g}%" for m in compared if m in present]
+            arms = [a for a in arms if a in set(sub["arm"])]
+            pairs = [(x, y, "arms") for i, x in enumerate(arms) for y in arms[i + 1:]]
+            pairs += [(x, base, "baseline") for x in arms if x not in fixed for base in bases]
+            grid.append((b, pairs))
+        for b, pairs in grid:
+            for x, y, kind in pairs:
+                cases_ = set(sub.loc[sub["arm"] == x, case_col]) & set(sub.loc[sub["arm"] == y, case_col])
+                pair = sub[sub["arm"].isin([x, y]) & sub[case_col].isin(cases_)]
+                if pair.empty:
+                    continue
+                res = paired_bootstrap(pair, metric_col=metric, method_a=x, method_b=y, source_col=case_col,
+                                       strata_col=strata_col, method_col="arm", n_boot=n_boot, seed=seed, ci=ci)
+                rows.append({"metric": metric, "budget_pct": float(b), "a": x, "b": y, "kind": kind,
+                             "diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
+                             "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)})
+    return pd.DataFrame(rows, columns=["metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp",
+                                       "ci_high_pp", "n_cases", "separates"])

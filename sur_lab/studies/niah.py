@@ -69,10 +69,9 @@ PAPER_ALLOCATORS = (
     "Clean-state oracle",
 )
 
-#: Methods beyond the paper in the ``paper`` preset (issue 26): SUR's tie-robust variant, the edit-local baselines
+#: Methods beyond the paper in the ``paper`` and ``default`` presets (issue 26): SUR's tie-robust variant, the edit-local baselines
 #: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :func:`methods`).
 BEYOND_PAPER = ("SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
-#: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: SUR's design factors (appendix 9.3), one at a time: ``(factor, the paper's setting, the changed setting, method)``.
 #: Each method is SUR with exactly one option changed (``docs/allocators.md``); the bonus factor has two changes.
 SUR_FACTORS = (
@@ -96,7 +95,8 @@ HOLDOUT_SEED = 9314
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (48
 #: cases, 24 at each of 1K and 2K tokens: issue 23 spent the time batched answering saves on more cases and a second
-#: length), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls.
+#: length), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls, the edit-local
+#: baselines and Erratum (:data:`BEYOND_PAPER`, issue 26's paired tables come from this run).
 #: ``ablation`` (SUR's variants and the boundary controls, run with the allocators on the same cases) and
 #: ``matched_allocators`` (token-level allocators given SUR's exact count on the holdout roster; ``[]``: no
 #: matched-token sweep; ``matched_cases``: the holdout roster's size, cases alternating over ``context_lens``) are the
@@ -105,12 +105,12 @@ HOLDOUT_SEED = 9314
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 1, "budgets": [2, 5], "max_new_tokens": 4,
               "allocators": ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
-                             "Random semantic units", "CacheBlend-Adapted"],
+                             "Random semantic units", "CacheBlend-Adapted", "Edit-local window", "Erratum"],
               "ablation": ["SUR[aggregation=mean]", "Fixed blocks", "Multiple local windows"],
               "matched_allocators": ["Dense tokens"], "matched_cases": 1},
     "default": {"context_lens": [1024, 2048], "num_cases": 48, "budgets": [2, 5], "max_new_tokens": 16,
                 "allocators": ["SUR", "SUR-IDF", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
-                               "Random semantic units"],
+                               "Random semantic units", "Edit-local window", "Edit-local + SUR", "Erratum"],
                 "ablation": ["SUR[aggregation=mean]", "SUR[partial_unit=prefix]", "Fixed blocks",
                              "Multiple local windows"],
                 "matched_allocators": ["Dense tokens", "ProphetKV-Adapted"], "matched_cases": 16},

@@ -797,9 +797,11 @@ def add_stale_endpoints(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def _arm(records: pd.DataFrame) -> pd.Series:
-    """A label per record: the method, with its budget for budgeted methods (``"SUR 5%"``)."""
-    return pd.Series([m if pd.isna(b) else f"{m} {b:g}%" for m, b in zip(records["method"], records["budget_pct"])],
-                     index=records.index)
+    """A label per record: the method, with its budget for budgeted methods (``"SUR 5%"``;
+    :func:`sur_lab.analysis.conclusions.arm_labels`)."""
+    from sur_lab.analysis.conclusions import arm_labels
+
+    return arm_labels(records)
 
 
 def summary_table(records: pd.DataFrame) -> pd.DataFrame:
@@ -832,14 +834,10 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
 def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em", "stale"),
                        compared: Sequence[str] = COMPARED, baselines: Sequence[str] = BASELINES,
                        n_boot: int = 10_000, seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
-    """Case-paired bootstrap differences with percentile intervals (appendix 8.3: 10,000 replicates, seed
-    20260928; cases resampled within each family) of every compared arm against each other and against the
-    baselines, at each budget, in percentage points.
-
-    At budget b the arms are each budgeted method of ``compared`` at b and the unbudgeted ones (Erratum); every pair
-    of them is compared once (``a`` minus ``b`` in ``compared`` order), and each budgeted arm against each baseline
-    (``a`` minus the baseline). An unbudgeted arm is compared with the baselines once, with budget NaN. ``stale`` is compared on the cases that ask the edited key (the others have no stale
-    value); a lower stale rate is better, so a negative difference favours ``a``.
+    """The study's case-paired differences: :func:`sur_lab.analysis.conclusions.arm_differences` of the
+    ``compared`` arms against each other and the ``baselines`` at each budget, cases resampled within each
+    ``family``. ``stale`` is compared on the cases that ask the edited key (the others have no stale value); a lower
+    stale rate is better, so a negative difference favours ``a``.
 
     Args:
         records: :func:`add_stale_endpoints` records.
@@ -848,47 +846,15 @@ def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em",
         n_boot, seed, ci: bootstrap replicates, generator seed, interval coverage (%).
 
     Returns:
-        One row per (metric, budget_pct, a, b): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
-        ``separates`` (the interval excludes 0), ``kind`` (``"arms"`` or ``"baseline"``).
+        As :func:`~sur_lab.analysis.conclusions.arm_differences`.
 
     Raises:
-        ValueError: naming ``metrics`` when a metric is not a column; as
-            :func:`sur_lab.analysis.stats.paired_bootstrap`.
+        ValueError: as :func:`~sur_lab.analysis.conclusions.arm_differences`.
     """
-    from sur_lab.analysis.stats import paired_bootstrap
+    from sur_lab.analysis.conclusions import arm_differences
 
-    bad = [m for m in metrics if m not in records.columns]
-    if bad:
-        raise ValueError(f"metrics {bad} are not record columns")
-    df = records.assign(arm=_arm(records))
-    present = set(df["method"])
-    budgets = sorted(df.loc[df["budget_pct"].notna() & df["method"].isin(compared), "budget_pct"].unique())
-    rows = []
-    for metric in metrics:
-        sub = df[df[metric].notna()]
-        budgeted = set(sub.loc[sub["budget_pct"].notna(), "method"])
-        fixed = [m for m in compared if m in present and m not in budgeted and m in set(sub["arm"])]
-        bases = [base for base in baselines if base in set(sub["arm"])]
-        grid = [(float("nan"), [(x, base, "baseline") for x in fixed for base in bases])]
-        for b in budgets:
-            arms = [m if m not in budgeted else f"{m} {b:g}%" for m in compared if m in present]
-            arms = [a for a in arms if a in set(sub["arm"])]
-            pairs = [(x, y, "arms") for i, x in enumerate(arms) for y in arms[i + 1:]]
-            pairs += [(x, base, "baseline") for x in arms if x not in fixed for base in bases]
-            grid.append((b, pairs))
-        for b, pairs in grid:
-            for x, y, kind in pairs:
-                cases_ = set(sub.loc[sub["arm"] == x, "case_id"]) & set(sub.loc[sub["arm"] == y, "case_id"])
-                pair = sub[sub["arm"].isin([x, y]) & sub["case_id"].isin(cases_)]
-                if pair.empty:
-                    continue
-                res = paired_bootstrap(pair, metric_col=metric, method_a=x, method_b=y, source_col="case_id",
-                                       strata_col="family", method_col="arm", n_boot=n_boot, seed=seed, ci=ci)
-                rows.append({"metric": metric, "budget_pct": float(b), "a": x, "b": y, "kind": kind,
-                             "diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-                             "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)})
-    return pd.DataFrame(rows, columns=["metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp",
-                                       "ci_high_pp", "n_cases", "separates"])
+    return arm_differences(records, metrics=metrics, compared=compared, baselines=baselines, strata_col="family",
+                           n_boot=n_boot, seed=seed, ci=ci)
 
 
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
