@@ -150,8 +150,10 @@ def _niah_arms(p: dict) -> tuple[int, int, int]:
     q = study_params("niah", p)
     from sur_lab.studies import niah
 
+    from sur_lab.repair import REFERENCE_OPERATORS
+
     methods = niah.methods(q)
-    refs = [m for m in methods if m in q["references"]]
+    refs = [m for m in methods if m in REFERENCE_OPERATORS]  # Erratum has no budget, listed among the allocators
     return len(refs), len(methods) - len(refs), len(q["budgets"])
 
 
@@ -475,7 +477,12 @@ EXPECTED: dict[str, Expected] = {
                          "agree_reprefill", "tv_reprefill", "nll_reprefill"),
                 rows=lambda p: study_params("niah", p)["num_cases"] * (
                     _niah_arms(p)[0] + _niah_arms(p)[1] * _niah_arms(p)[2]),
-                not_null=("em", "agree_reprefill", "tv_reprefill", "nll_reprefill"), check=_niah_records),
+                not_null=("em", "agree_reprefill", "tv_reprefill", "nll_reprefill", "gold_nll", "gold_margin"),
+                check=_niah_records),
+            "02_beyond_paper_differences": Table(
+                columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
+                         "separates"),
+                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "n_cases")),
             "02_table12": Table(columns=("rule",)),
             "02_table12_concordance": Table(columns=("budget", "paper_model", "concordant", "discordant", "tied"),
                                             check=_concordance_counts),

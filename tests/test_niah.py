@@ -193,6 +193,20 @@ def test_builder_on_the_embedded_tokenizer_and_wikipedia_filler(smol_tokenizer):
         assert 1024 <= edit.num_tokens <= 1024 + 400
 
 
+def test_answer_target_is_the_retained_value_after_the_answer_prefix(tokenizer):
+    """Every NIAH record gets gold_nll and gold_margin (issues 25, 26): the answer target is the retained value as the
+    model writes it after RULER's answer prefix ("...are:" + " 1234567"), and only that value."""
+    cases = build_niah_cases(tokenizer, context_lens=(256,), depths=(0.3, 0.7), num_cases=2, seed=0)
+    for case in cases:
+        query = tokenizer.decode(case.edit.query_ids.tolist())
+        assert query.rstrip().endswith(":")
+        ids = case.answer_ids
+        assert ids and tokenizer.decode(list(ids)) == " " + case.gold[0]
+        # The deleted value is not the target: the edited answer is the kept needle's value alone.
+        assert case.values[case.deleted] not in tokenizer.decode(list(ids))
+        assert case.sweep_case().answer_ids == ids
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Paired differences (notebook 02)
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.repair import REFERENCE_METHODS as REFERENCES
@@ -214,6 +215,10 @@ class NiahCase:
         kept_token_span: the retained needle sentence's token span in ``edit.edited_ids``.
         seed: the case's own seed.
         edit: the edit (deleting ``deleted_char_span``), with the question as relevance query.
+        answer_ids: the retained value's token ids as the model would write them right after the query
+            (:func:`sur_lab.analysis.endpoints.canonical_answer_ids`: a leading space after RULER's answer prefix),
+            teacher-forced for every record's ``gold_nll`` and ``gold_margin`` (issues 25, 26); ``None`` when built
+            without a tokenizer-derived target.
     """
 
     case_id: str
@@ -233,6 +238,7 @@ class NiahCase:
     kept_token_span: tuple[int, int]
     seed: int
     edit: EditedContext = field(repr=False)
+    answer_ids: tuple[int, ...] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -263,10 +269,11 @@ class NiahCase:
         }
 
     def sweep_case(self):
-        """This case as a :class:`sur_lab.sweeps.Case` (gold = the edited answer, meta = :meth:`meta`)."""
+        """This case as a :class:`sur_lab.sweeps.Case` (gold = the edited answer, meta = :meth:`meta`, answer target
+        :attr:`answer_ids`)."""
         from sur_lab.sweeps import Case
 
-        return Case(self.case_id, self.edit, self.gold, self.meta())
+        return Case(self.case_id, self.edit, self.gold, self.meta(), answer_ids=self.answer_ids)
 
 
 def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
@@ -415,6 +422,7 @@ def build_niah_case(
         kept_token_span=kept_tokens,
         seed=int(seed),
         edit=edit,
+        answer_ids=tuple(canonical_answer_ids(tokenizer, values[kept], query_text)),
     )
 
 
