@@ -224,7 +224,7 @@ def test_presets_and_geometries():
     assert GEOMETRIES["half"][0].deletion == 128
     assert set(PRESETS) == {"smoke", "default", "paper"}
     assert PRESETS["smoke"]["sources_per_dataset"] * len(PRESETS["smoke"]["datasets"]) == 2
-    assert PRESETS["default"]["sources_per_dataset"] * len(PRESETS["default"]["datasets"]) >= 16  # the 30-min share
+    assert PRESETS["default"]["sources_per_dataset"] * len(PRESETS["default"]["datasets"]) >= 24  # issue 25's floor
     assert PRESETS["paper"]["geometry"] == "paper" and PRESETS["paper"]["candidates_per_dataset"] == 100
     for preset in PRESETS.values():
         assert preset["geometry"] in GEOMETRIES

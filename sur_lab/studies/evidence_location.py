@@ -144,15 +144,16 @@ GEOMETRIES: dict[str, tuple[Geometry, ...]] = {
 #: per dataset from the natural-QA eligible sources (``None`` = all of them, in draw order); ``sources_per_dataset``:
 #: stop after this many feasible sources per dataset (``None`` = every feasible candidate). Methods: the references,
 #: the fixed-slot refresh (:data:`FIXED_SLOT_METHOD` at the exact allowance W) and the allocators at ``budgets`` (%).
-#: ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 16 sources (quarter geometry; sized from the
-#: CPU time of one source's cells to fit 30 min on 2 cores), ``paper`` the 400-candidate pool of natural QA with the
+#: ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 24 sources (issue 25's floor; quarter
+#: geometry; about 2.5-3.3 CPU-minutes per source's four cells on one thread, so the suite fans notebook 08 out over two
+#: Ray workers, its ``suite_parameters``, to fit 30 min on 2 cores), ``paper`` the 400-candidate pool of natural QA with the
 #: paper's geometry (275 feasible in the paper).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa", "2wikimultihopqa"], "candidates_per_dataset": 100, "sources_per_dataset": 1,
               "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"], "fixed_slot": True,
               "allocators": ["SUR"], "budgets": [5], "max_new_tokens": 4, "n_boot": 200},
     "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "candidates_per_dataset": None,
-                "sources_per_dataset": 4, "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"],
+                "sources_per_dataset": 6, "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"],
                 "fixed_slot": True, "allocators": ["SUR"], "budgets": [2, 5], "max_new_tokens": 16,
                 "n_boot": 10_000},
     "paper": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "candidates_per_dataset": 100,
