@@ -489,3 +489,19 @@ def test_notebooks_validate_right_after_the_parameters_cell(name):
     assert annotations and all(a in CHECKED_TYPES for a in annotations.values()), annotations
     validate_parameters(namespace)  # the defaults pass their own annotations
     validate_parameters({**namespace, **nb.metadata["sur_lab"]["smoke_parameters"]})  # and so do the smoke values
+
+
+@pytest.mark.parametrize("study, table", [("agent-traces", "turns.parquet"), ("niah", "records.parquet")])
+def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, study, table):
+    """`sur-lab sweep` says which file it wrote: agent traces keep their own per-turn table (`TABLE_FILE`)."""
+    from conftest import make_tiny_model
+
+    import sur_lab.models
+    from sur_lab.studies import get_study
+
+    module = get_study(study)
+    monkeypatch.setattr(sur_lab.models, "load_model", lambda *a, **k: make_tiny_model("llama"))
+    monkeypatch.setattr(module, "sweep", lambda lm, **kw: (pd.DataFrame({"x": [1, 2, 3]}), kw["out"]))
+    code, out, err = _run(capsys, "sweep", study, "--preset", "smoke", "--out", str(tmp_path / "f"))
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"3 {table.split('.')[0]} -> {tmp_path / 'f' / table}"

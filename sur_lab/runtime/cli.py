@@ -164,7 +164,7 @@ def run_study_sweep(args) -> Path:
     Every option that can be checked without a model (:func:`check_sweep_args`) is checked before one is loaded.
 
     Returns:
-        The directory holding ``records.parquet``.
+        The directory holding ``records.parquet`` (or the study's ``TABLE_FILE``: ``turns.parquet`` for agent traces).
     """
     import torch
 
@@ -198,7 +198,8 @@ def run_study_sweep(args) -> Path:
     records, folder = study.sweep(lm, preset=args.preset, out=folder, seed=args.seed, workers=args.workers,
                                   threads=args.threads, address=args.address, executor=args.executor,
                                   eval_batch=args.eval_batch, progress=not args.no_progress, **overrides)
-    print(f"{len(records)} records -> {folder / 'records.parquet'}")
+    table = getattr(study, "TABLE_FILE", "records.parquet")  # agent-traces keeps its own per-turn table
+    print(f"{len(records)} {table.split('.')[0]} -> {folder / table}")
     return folder
 
 

@@ -64,6 +64,8 @@ from sur_lab.sync import SyncPolicy
 NAME = "agent-traces"
 NOTEBOOK = "10_agent_traces"
 FOLDER = "10_agent_traces"
+#: The study's own per-turn table in its folder (not ``records.parquet``: a turn is not a one-edit :class:`Record`).
+TABLE_FILE = "turns.parquet"
 #: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
 #: (notebook 10's ``model_name``): 72 turns, prompts of a few hundred to about a thousand tokens, about 1.4e5 tokens
 #: forwarded over all paths (counted from the traces' token diffs); its run time on 2 cores is an estimate until
@@ -410,7 +412,7 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     traces = build_traces(lm.tokenizer, p, seed=seed)
     where = Path(out) if out is not None else folder(lm, p, seed=seed, executor=executor)
     fp = _fingerprint(lm, p, seed, executor, traces)
-    table, meta = where / "turns.parquet", where / "study.json"
+    table, meta = where / TABLE_FILE, where / "study.json"
     if table.exists() and meta.exists() and json.loads(meta.read_text()) == json.loads(json.dumps(fp)):
         return pd.read_parquet(table), where
     if threads:
