@@ -686,6 +686,10 @@ EXPECTED: dict[str, Expected] = {
                 rows=_stale_pairs, not_null=("a", "b", "diff_pp", "ci_low_pp", "ci_high_pp")),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
+            "09_margin_differences": Table(
+                columns=("answer_in", "budget_pct", "a", "b", "kind", "diff_logit", "ci_low_logit", "ci_high_logit",
+                         "n_cases", "separates"),
+                not_null=("a", "b", "diff_logit", "ci_low_logit", "ci_high_logit")),
         },
     ),
     "10_agent_traces": Expected(

@@ -93,12 +93,31 @@ def test_stale_endpoints_summary_and_paired_differences():
     text = "\n".join(lines)
     assert "EM at 2 %: Edit-local window 2% beats SUR 2%, Edit-local window 2% minus SUR 2% = +100.0 pp" in text
     assert "stale-answer rate (lower is better) at 2 %: Edit-local window 2% beats SUR 2%" in text
-    assert lines[-1].startswith("Where SUR loses (separated): SUR 2% vs Edit-local window 2% on em")
+    assert lines[-1].startswith("Where SUR loses on EM or the stale rate (separated): SUR 2% vs Edit-local window 2% "
+                                "on em")
     null = sf.conclusion(sf.summary_table(recs), diffs.assign(separates=False), model="m", n_cases=6)
     assert any(line.startswith("No paired difference separates") for line in null)
-    assert null[-1] == "Where SUR loses (separated): nowhere in this run (no separated difference against it)."
+    assert null[-1] == ("Where SUR loses on EM or the stale rate (separated): nowhere in this run (no separated "
+                        "difference against it).")
     by = sf.stratified_table(recs, "answer_in", "margin_recovery")
     assert by.loc["Re-prefill"].tolist() == [1.0, 1.0]
+
+    # Gold-margin differences (logits, not x100) within each answer location: the hand-made margins are 1 for a
+    # correct answer and -1 otherwise, so SUR 5% (right on cases 0-2) minus the Edit-local window (right everywhere)
+    # is (0, 0, -2) on the inserted cases 0, 2, 4 (mean -2/3) and (0, -2, -2) on the suffix cases 1, 3, 5 (-4/3).
+    margins = sf.margin_differences(recs, n_boot=500)
+    assert set(margins.answer_in) == {"inserted", "suffix"} and "diff_logit" in margins.columns
+    row = margins[(margins.answer_in == "inserted") & (margins.a == "SUR 5%") & (margins.b == "Edit-local window 5%")]
+    assert row.diff_logit.iloc[0] == pytest.approx(-2 / 3) and row.n_cases.iloc[0] == 3
+    row = margins[(margins.answer_in == "suffix") & (margins.a == "SUR 5%") & (margins.b == "Edit-local window 5%")]
+    assert row.diff_logit.iloc[0] == pytest.approx(-4 / 3)
+    shift = margins[(margins.answer_in == "suffix") & (margins.a == "Erratum") & (margins.b == "Shift")]
+    assert shift.diff_logit.iloc[0] == pytest.approx(1.0) and np.isnan(shift.budget_pct.iloc[0])
+    text = "\n".join(sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, margins=margins))
+    assert "Gold margin (logits), answer in the suffix text: " in text
+    assert "Where SUR loses on the gold margin (separated): " in text
+    with pytest.raises(ValueError, match="by="):
+        sf.margin_differences(recs, by="nowhere")
 
 
 def test_add_stale_endpoints_refuses_records_without_the_case_values():

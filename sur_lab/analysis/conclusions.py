@@ -151,7 +151,7 @@ def arm_labels(records: pd.DataFrame, *, method_col: str = "method", budget_col:
 
 def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: Sequence[str],
                     baselines: Sequence[str] = ("Shift", "Re-prefill"), strata_col: str = "context_len",
-                    case_col: str = "case_id", n_boot: int = 10_000, seed: int = 20260928,
+                    case_col: str = "case_id", scale: float = 100.0, n_boot: int = 10_000, seed: int = 20260928,
                     ci: float = 95.0) -> pd.DataFrame:
     """Case-paired bootstrap differences of several arms against each other and against baseline references, at
     each budget, in percentage points (percentile intervals of appendix 8.3: 10,000 replicates, seed 20260928; cases
@@ -170,15 +170,17 @@ def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: 
         compared: the arms' method names, budgeted or not; those absent from ``records`` are skipped.
         baselines: reference methods each arm is compared with; those absent are skipped.
         strata_col, case_col: the columns naming a case's stratum and the case.
+        scale: the differences' multiplier: 100 (default) turns 0/1 metrics into percentage points; 1 keeps a metric
+            in its own unit (the gold margin in logits), the ``_pp`` columns then holding that unit. > 0.
         n_boot, seed, ci: as :func:`sur_lab.analysis.stats.paired_bootstrap`.
 
     Returns:
-        One row per (metric, budget_pct, a, b): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
-        ``separates`` (the interval excludes 0), ``kind`` (``"arms"`` or ``"baseline"``).
+        One row per (metric, budget_pct, a, b): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` (times ``scale``),
+        ``n_cases``, ``separates`` (the interval excludes 0), ``kind`` (``"arms"`` or ``"baseline"``).
 
     Raises:
         ValueError: naming ``metrics`` when a metric is not a column, ``strata_col`` or ``case_col`` when not a
-            column; as :func:`sur_lab.analysis.stats.paired_bootstrap` otherwise.
+            column, ``scale`` when not > 0; as :func:`sur_lab.analysis.stats.paired_bootstrap` otherwise.
     """
     from sur_lab.analysis.stats import paired_bootstrap
 
@@ -188,6 +190,8 @@ def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: 
     for name, col in (("strata_col", strata_col), ("case_col", case_col)):
         if col not in records.columns:
             raise ValueError(f"{name}={col!r} is not a record column")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale={scale!r} must be a finite number > 0")
     df = records.assign(arm=arm_labels(records))
     present = set(df["method"])
     budgets = sorted(df.loc[df["budget_pct"].notna() & df["method"].isin(compared), "budget_pct"].unique())
@@ -213,7 +217,8 @@ def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: 
                 res = paired_bootstrap(pair, metric_col=metric, method_a=x, method_b=y, source_col=case_col,
                                        strata_col=strata_col, method_col="arm", n_boot=n_boot, seed=seed, ci=ci)
                 rows.append({"metric": metric, "budget_pct": float(b), "a": x, "b": y, "kind": kind,
-                             "diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-                             "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)})
+                             "diff_pp": scale * res.diff, "ci_low_pp": scale * res.low,
+                             "ci_high_pp": scale * res.high, "n_cases": res.n_sources,
+                             "separates": bool(res.low > 0 or res.high < 0)})
     return pd.DataFrame(rows, columns=["metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp",
                                        "ci_high_pp", "n_cases", "separates"])

@@ -857,6 +857,45 @@ def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em",
                            n_boot=n_boot, seed=seed, ci=ci)
 
 
+def margin_differences(records: pd.DataFrame, *, compared: Sequence[str] = COMPARED,
+                       baselines: Sequence[str] = BASELINES, by: str = "answer_in", n_boot: int = 10_000,
+                       seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
+    """Case-paired differences of the gold answer's first-token margin (``gold_margin``, logits) between the
+    compared arms and against the baselines, at each budget, within each value of ``by`` (where the answer-bearing
+    text sits: ``"inserted"`` or ``"suffix"``; or the ``family``, ``distance``...).
+
+    The margin is continuous where EM saturates, so it says which repair moves the answer toward Re-prefill's even
+    when every arm answers: the question "Contiguity, Not Importance" asks by answer location. Cases are resampled
+    within each family (:func:`sur_lab.analysis.conclusions.arm_differences`, ``scale=1``).
+
+    Args:
+        records: :func:`add_stale_endpoints` records (``gold_margin`` defined).
+        compared, baselines: as :func:`paired_differences`.
+        by: the record column whose values split the cases.
+        n_boot, seed, ci: as :func:`paired_differences`.
+
+    Returns:
+        One row per (``by`` value, budget_pct, a, b): ``diff_logit``, ``ci_low_logit``, ``ci_high_logit`` (a minus b;
+        a positive difference favours ``a``), ``n_cases``, ``separates``, ``kind``.
+
+    Raises:
+        ValueError: naming ``by`` when it is not a record column; as
+            :func:`~sur_lab.analysis.conclusions.arm_differences`.
+    """
+    from sur_lab.analysis.conclusions import arm_differences
+
+    if by not in records.columns:
+        raise ValueError(f"by={by!r} is not a record column")
+    parts = []
+    for value, sub in records.groupby(by, sort=True):
+        d = arm_differences(sub, metrics=["gold_margin"], compared=compared, baselines=baselines,
+                            strata_col="family", scale=1.0, n_boot=n_boot, seed=seed, ci=ci)
+        parts.append(d.assign(**{by: value}))
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    out = out.rename(columns={"diff_pp": "diff_logit", "ci_low_pp": "ci_low_logit", "ci_high_pp": "ci_high_logit"})
+    return out[[by, *[c for c in out.columns if c not in (by, "metric")]]]
+
+
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
     """Mean ``value`` (x100 for 0/1 columns) per arm (rows) and ``by`` stratum (columns): e.g. EM by family, or the
     stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade)."""
@@ -865,15 +904,18 @@ def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em
     return 100 * table if value in ("em", "stale", "agree_reprefill") else table
 
 
-def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_cases: int) -> list[str]:
+def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_cases: int,
+               margins: pd.DataFrame | None = None, by: str = "answer_in") -> list[str]:
     """The generated conclusion: lines that state, from this run's tables, the references' EM and stale rates, the
     best compared arm per budget, every separated paired difference (who wins where), and where SUR loses
-    (a separated difference with SUR on the losing side), or that nothing separates.
+    (a separated difference with SUR on the losing side), or that nothing separates; with ``margins``, the separated
+    gold-margin differences between the compared arms by where the answer sits, and the count of null ones.
 
     Args:
         summary: :func:`summary_table` of the run.
         diffs: :func:`paired_differences` of the run.
         model: the model's name; n_cases: cases in the run.
+        margins: :func:`margin_differences` of the run (optional); by: its split column.
     """
     lines = [f"This run: {model}; {n_cases} stale-fact cases."]
     s = summary.assign(arm=_arm(summary))
@@ -916,8 +958,26 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
         loser = r.b if better_a else r.a
         if loser.startswith(("SUR ", "SUR-IDF ")):
             sur_losses.append(f"{loser} vs {r.a if loser == r.b else r.b} on {r.metric}")
-    lines.append("Where SUR loses (separated): " + ("; ".join(sur_losses) if sur_losses else
-                                                  "nowhere in this run (no separated difference against it)") + ".")
+    lines.append("Where SUR loses on EM or the stale rate (separated): " + (
+        "; ".join(sur_losses) if sur_losses else "nowhere in this run (no separated difference against it)") + ".")
+    if margins is not None and len(margins):
+        sur_margin_losses: list[str] = []
+        arms = margins[margins["kind"] == "arms"]
+        for value, block in arms.groupby(by, sort=True):
+            sep_m = block[block["separates"]]
+            said = []
+            for r in sep_m.itertuples():
+                win, lose, d, low, high = ((r.a, r.b, r.diff_logit, r.ci_low_logit, r.ci_high_logit)
+                                           if r.diff_logit > 0 else
+                                           (r.b, r.a, -r.diff_logit, -r.ci_high_logit, -r.ci_low_logit))
+                said.append(f"{win} over {lose} {d:+.3g} [{low:.3g}, {high:.3g}] (n={r.n_cases})")
+                if lose.startswith(("SUR ", "SUR-IDF ")):
+                    sur_margin_losses.append(f"{lose} vs {win} on the gold margin, answer in the {value} text")
+            lines.append(f"Gold margin (logits), answer in the {value} text: "
+                         + ("; ".join(said) if said else "no pair of compared arms separates")
+                         + f" ({len(block) - len(sep_m)} of {len(block)} pairs not separated).")
+        lines.append("Where SUR loses on the gold margin (separated): " + (
+            "; ".join(sur_margin_losses) if sur_margin_losses else "nowhere in this run") + ".")
     return lines
 
 
