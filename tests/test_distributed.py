@@ -87,6 +87,18 @@ def ray_session():
         os.environ["PYTHONPATH"] = old
 
 
+def test_local_workers_run_at_the_drivers_niceness(ray_session):
+    """Ray's workers default to niceness 15 above the driver; a sweep's local instance starts them at the driver's
+    own (init_ray), so a second job on the machine does not take the sweep's cores."""
+    ray = ray_session
+
+    @ray.remote
+    def niceness():
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)  # the driver's own (CI may run the suite niced)
+
+
 def _results(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=[*TIMING_FIELDS, *CONCURRENCY_FIELDS]).reset_index(drop=True)
 

@@ -187,6 +187,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, attempt
     """``ray.init`` for sweeps (no dashboard, workers' logs shown), retried when a busy machine makes the local node miss
     Ray's start-up deadline (its raylet waits a fixed time for the dashboard agent; ray-project/ray#65983).
 
+    A local instance starts its workers at the driver's niceness (``worker_niceness`` 0; Ray's default adds
+    15, so any other process on the machine, a second notebook included, takes the sweep's cores: a two-worker
+    NIAH sweep beside one notebook at niceness 0 was starved, its workers at 50 % CPU each). A cluster reached by
+    ``address`` keeps its own setting.
+
     Args:
         address: ``None``/``"local"`` start a local instance; anything else is passed to ``ray.init(address=...)``.
         num_cpus: CPUs a local instance offers (default: Ray's count).
@@ -195,7 +200,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, attempt
     ray = require_ray()
     kwargs: dict[str, Any] = {"configure_logging": False, "log_to_driver": True}
     if address in (None, "local"):
-        kwargs.update(include_dashboard=False, num_cpus=num_cpus)
+        kwargs.update(include_dashboard=False, num_cpus=num_cpus, _system_config={"worker_niceness": 0})
     else:
         kwargs["address"] = address
     for attempt in range(1, attempts + 1):
