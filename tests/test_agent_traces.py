@@ -147,5 +147,9 @@ def test_tables_and_conclusion_on_hand_made_runs():
     assert "should not be used" in text and "append: no speedup" in text and "first half: agreement -50 pp" in text
     with pytest.raises(ValueError, match="sync"):
         at.conclusion(at.region_table(runs), at.summary_table(runs), sync="sync 7%")
+    # One trace: each region has one turn, so no interval; the conclusion says so instead of printing "nan".
+    one = runs[runs.trace == "a"]
+    text = "\n".join(at.conclusion(at.region_table(one), at.summary_table(one)))
+    assert "nan" not in text and "no interval (one turn)" in text and "first half (1 turn)" in text
     with pytest.raises(ValueError, match="against"):
         at.region_table(runs, against="nope")

@@ -340,10 +340,11 @@ def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
                              "--no-progress")
     assert code == 0, err
     records = pd.read_parquet(out / "records.parquet")
-    # four references + six smoke allocators + three ablation methods (issue 28), at one budget
+    # four references and Erratum + seven smoke allocators (the edit-local window among them, issue 26) + three
+    # ablation methods (issue 28), at one budget
     from sur_lab.studies import niah
 
-    assert len(records) == 4 + 6 + 3 == len(niah.methods(niah.params("smoke")))
+    assert len(records) == 5 + 7 + 3 == len(niah.methods(niah.params("smoke")))
     assert set(records["workers"]) == {1}
     assert f"{len(records)} records -> {out / 'records.parquet'}" in stdout
 
@@ -364,7 +365,7 @@ def test_the_command_names_its_folder_as_the_study_does(capsys, tmp_path, data_d
     assert f"-> {folder / 'records.parquet'}" in stdout
     before = {p.name: p.read_bytes() for p in (folder / "parts").glob("*.jsonl")}
     records, again = niah.sweep(lm, preset="smoke", context_lens=[400], budgets=[5], progress=False)
-    assert again == folder and len(records) == 13
+    assert again == folder and len(records) == len(niah.methods(niah.params("smoke"))) == 15
     assert {p.name: p.read_bytes() for p in (folder / "parts").glob("*.jsonl")} == before  # nothing recomputed
 
 

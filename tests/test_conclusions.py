@@ -6,7 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sur_lab.analysis.conclusions import against_rivals, arm_differences, difference_sentence, verdict
+from sur_lab.analysis.conclusions import (
+    MIN_PAIRED_UNITS,
+    against_rivals,
+    arm_differences,
+    difference_sentence,
+    separates,
+    verdict,
+)
 
 
 def test_verdict():
@@ -25,13 +32,26 @@ def test_difference_sentence():
     assert difference_sentence("SUR 5%", "Shift", 12.5, 4.25, 20.75, n=24) == (
         "SUR 5% beats Shift: +12.5 pp (95 % CI +4.2 to +20.8; 24 cases)")
     assert difference_sentence("SUR 5%", "Re-prefill", -29.2, -40.0, -18.0).startswith("SUR 5% loses to Re-prefill: -29.2")
-    null = difference_sentence("SUR 2%", "Shift", 4.2, -4.0, 12.0, n=3, what="sources")
-    assert null == "SUR 2% vs Shift: not separated, +4.2 pp (95 % CI -4.0 to +12.0; 3 sources), a null result at this size"
+    null = difference_sentence("SUR 2%", "Shift", 4.2, -4.0, 12.0, n=8, what="sources")
+    assert null == "SUR 2% vs Shift: not separated, +4.2 pp (95 % CI -4.0 to +12.0; 8 sources), a null result at this size"
     # lower is better (latency, TV): a negative difference wins
     assert difference_sentence("SUR", "Re-prefill", -300.0, -400.0, -200.0, unit="ms", higher_is_better=False,
                                digits=0).startswith("SUR beats Re-prefill: -300 ms")
     with pytest.raises(ValueError, match="digits"):
         difference_sentence("a", "b", 1.0, 0.5, 1.5, digits=-1)
+    # Fewer than MIN_PAIRED_UNITS paired units never separate, even with an interval away from 0 (smoke-sized runs:
+    # one case gives the degenerate interval [d, d]).
+    tiny = difference_sentence("Erratum", "Shift", -100.0, -100.0, -100.0, n=1)
+    assert tiny.startswith("Erratum vs Shift: not separated, -100.0 pp") and "fewer than 6 cases cannot separate" in tiny
+    assert difference_sentence("a", "b", 10.0, 5.0, 15.0, n=6).startswith("a beats b")
+
+
+def test_separates_needs_enough_paired_units():
+    assert MIN_PAIRED_UNITS == 6  # 2 * 0.5**5 = 0.0625 > 0.05: five same-sign pairs are not enough for a sign test
+    assert 2 * 0.5**MIN_PAIRED_UNITS < 0.05 <= 2 * 0.5 ** (MIN_PAIRED_UNITS - 1)
+    assert separates(0.1, 0.2) and separates(-0.2, -0.1, n=6) and not separates(-0.1, 0.2, n=100)
+    assert not separates(0.1, 0.2, n=5) and not separates(float("nan"), float("nan"))
+    assert verdict(1.0, 0.5, 1.5, n=5) == "not separated" and verdict(1.0, 0.5, 1.5, n=6) == "higher"
 
 
 def _records(n_cases: int = 12) -> pd.DataFrame:

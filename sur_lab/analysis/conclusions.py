@@ -20,18 +20,32 @@ HIGHER = "higher"
 LOWER = "lower"
 #: Verdict of :func:`verdict`: the interval contains or touches 0 (a null result at this sample size).
 NOT_SEPARATED = "not separated"
+#: Fewest paired units (cases, sources) on which a difference may separate. Below six, even pairs that all differ in
+#: the same direction cannot reach two-sided 5 % significance (sign test: 2 * 0.5**5 = 0.0625), and the percentile
+#: bootstrap's interval over so few units is degenerate (one case gives ``[d, d]``), so it is never read as a result.
+MIN_PAIRED_UNITS = 6
 
 
-def verdict(diff: float, low: float, high: float) -> str:
+def separates(low: float, high: float, n: int | None = None) -> bool:
+    """Whether an interval ``[low, high]`` of a paired difference excludes 0 on enough paired units: ``low > 0`` or
+    ``high < 0``, and ``n >= MIN_PAIRED_UNITS`` when ``n`` is given (NaN endpoints never separate)."""
+    if n is not None and int(n) < MIN_PAIRED_UNITS:
+        return False
+    low, high = float(low), float(high)
+    return bool(low > 0 or high < 0)
+
+
+def verdict(diff: float, low: float, high: float, n: int | None = None) -> str:
     """Whether a paired difference ``a - b`` separates from 0.
 
     Args:
         diff: the observed difference (any unit).
         low, high: its interval's endpoints, ``low <= diff <= high`` up to rounding.
+        n: the number of paired units behind it (optional); fewer than :data:`MIN_PAIRED_UNITS` never separate.
 
     Returns:
         :data:`HIGHER` when the interval lies above 0 (``low > 0``), :data:`LOWER` when below (``high < 0``), else
-        :data:`NOT_SEPARATED` (the interval contains or touches 0).
+        :data:`NOT_SEPARATED` (the interval contains or touches 0, or ``n`` is too small).
 
     Raises:
         ValueError: naming ``diff``, ``low`` or ``high`` when it is NaN, or ``low`` when ``low > high``.
@@ -41,6 +55,8 @@ def verdict(diff: float, low: float, high: float) -> str:
             raise ValueError(f"{name}={value!r} must be a number, not NaN")
     if float(low) > float(high):
         raise ValueError(f"low={low!r} must be <= high={high!r}")
+    if n is not None and int(n) < MIN_PAIRED_UNITS:
+        return NOT_SEPARATED
     if float(low) > 0:
         return HIGHER
     if float(high) < 0:
@@ -74,10 +90,13 @@ def difference_sentence(a: str, b: str, diff: float, low: float, high: float, *,
     """
     if digits < 0:
         raise ValueError(f"digits={digits!r} must be >= 0")
-    v = verdict(diff, low, high)
+    v = verdict(diff, low, high, n)
     u = f" {unit}" if unit else ""
     size = f"; {n} {what}" if n is not None else ""
     numbers = f"{diff:+.{digits}f}{u} ({ci:g} % CI {low:+.{digits}f} to {high:+.{digits}f}{size})"
+    if n is not None and int(n) < MIN_PAIRED_UNITS:
+        return (f"{a} vs {b}: not separated, {numbers}: fewer than {MIN_PAIRED_UNITS} {what} cannot separate "
+                "(a smoke-sized run)")
     if v == NOT_SEPARATED:
         return f"{a} vs {b}: not separated, {numbers}, a null result at this size"
     better = (v == HIGHER) == higher_is_better
@@ -137,7 +156,7 @@ def against_rivals(records: pd.DataFrame, focus: str, rivals: Sequence[str], met
                                    strata_col=strata_col, method_col=method_col, n_boot=n_boot, seed=seed, ci=ci)
             rows.append({"focus": focus, "rival": rival, "budget_pct": float(budget), "diff_pp": 100 * res.diff,
                          "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high, "n_cases": res.n_sources,
-                         "verdict": verdict(res.diff, res.low, res.high)})
+                         "verdict": verdict(res.diff, res.low, res.high, res.n_sources)})
     return pd.DataFrame(rows, columns=["focus", "rival", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp",
                                        "n_cases", "verdict"])
 
@@ -219,6 +238,6 @@ def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: 
                 rows.append({"metric": metric, "budget_pct": float(b), "a": x, "b": y, "kind": kind,
                              "diff_pp": scale * res.diff, "ci_low_pp": scale * res.low,
                              "ci_high_pp": scale * res.high, "n_cases": res.n_sources,
-                             "separates": bool(res.low > 0 or res.high < 0)})
+                             "separates": separates(res.low, res.high, res.n_sources)})
     return pd.DataFrame(rows, columns=["metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp",
                                        "ci_high_pp", "n_cases", "separates"])

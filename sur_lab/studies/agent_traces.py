@@ -64,7 +64,7 @@ from sur_lab.sync import SyncPolicy
 NAME = "agent-traces"
 NOTEBOOK = "10_agent_traces"
 FOLDER = "10_agent_traces"
-#: The study's own per-turn table in its folder (not ``records.parquet``: a turn is not a one-edit :class:`Record`).
+#: The study's own per-turn table in its folder (not ``records.parquet``: a turn is not a one-edit sweep record).
 TABLE_FILE = "turns.parquet"
 #: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
 #: (notebook 10's ``model_name``): 72 turns, prompts of a few hundred to about a thousand tokens, about 1.4e5 tokens
@@ -571,17 +571,22 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, *, sync: str = "syn
         raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
     lines = []
     avoid = []
+    def interval(lo: float, hi: float, fmt: str, sep: str) -> str:
+        # One turn has no interval (the bootstrap needs two): say so instead of printing "nan".
+        return "no interval (one turn)" if math.isnan(lo) or math.isnan(hi) else f"{lo:{fmt}}{sep}{hi:{fmt}}"
+
     for region in [r for r in (*REGIONS, "all") if r in set(regions["region"])]:
         t = regions[regions["region"] == region].set_index("path")
         fastest = t["ttft_ms"].idxmin()
         s = t.loc[sync]
         lines.append(
-            f"{region} ({int(s.turns)} turns): fastest path {fastest} ({t.loc[fastest, 'ttft_ms']:.0f} ms median TTFT); "
+            f"{region} ({int(s.turns)} turn{'s' if int(s.turns) != 1 else ''}): fastest path {fastest} "
+            f"({t.loc[fastest, 'ttft_ms']:.0f} ms median TTFT); "
             f"{sync} {s.ttft_ms:.0f} ms, {s.speedup:.2f}x prefix reuse's speed (paired median, 95 % CI "
-            f"{s.speedup_lo:.2f}-{s.speedup_hi:.2f}), re-prefill {t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement "
-            f"with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
-            f"({s.agree_diff_pp:+.0f} pp, CI {s.agree_diff_lo:+.0f} to {s.agree_diff_hi:+.0f}); tokens recomputed "
-            f"{s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
+            f"{interval(s.speedup_lo, s.speedup_hi, '.2f', '-')}), re-prefill {t.loc[REFERENCE, 'ttft_ms']:.0f} ms; "
+            f"agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
+            f"({s.agree_diff_pp:+.0f} pp, CI {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); tokens "
+            f"recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
         if region == "all":
             continue
         if not s.speedup > 1.0:
@@ -589,8 +594,9 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, *, sync: str = "syn
         elif s.agree_diff_pp < -max_agreement_loss_pp or (
             not math.isnan(s.agree_diff_lo) and s.agree_diff_lo < -max_agreement_loss_pp
         ):
-            avoid.append(f"{region}: agreement {s.agree_diff_pp:+.0f} pp against prefix reuse "
-                         f"(CI down to {s.agree_diff_lo:+.0f}) for {s.speedup:.2f}x")
+            low = "" if math.isnan(s.agree_diff_lo) else f" (CI down to {s.agree_diff_lo:+.0f})"
+            avoid.append(f"{region}: agreement {s.agree_diff_pp:+.0f} pp against prefix reuse{low} "
+                         f"for {s.speedup:.2f}x")
     sm = summary.set_index("path")
     for path, r in sm.iterrows():
         if path != REFERENCE:

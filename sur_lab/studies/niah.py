@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sur_lab.analysis.conclusions import separates
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
@@ -724,7 +725,7 @@ def _paired(records: pd.DataFrame, a: str, b: str, metric: str, *, n_boot: int, 
     res = paired_bootstrap(records, metric_col=metric, method_a=a, method_b=b, source_col="case_id",
                            strata_col="context_len", n_boot=n_boot, seed=seed, ci=ci)
     return {"diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-            "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)}
+            "n_cases": res.n_sources, "separates": separates(res.low, res.high, res.n_sources)}
 
 
 def table14(records: pd.DataFrame, *, region: str = "SUR", metrics: Sequence[str] = ("em", "agree_reprefill"),
@@ -1030,7 +1031,7 @@ def paired_differences(
                                        strata_col="context_len", n_boot=n_boot, seed=seed, ci=ci)
                 rows.append({"method": method, "budget_pct": float(budget), "baseline": base,
                              "diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-                             "n_cases": res.n_sources, "separates": bool(res.low > 0 or res.high < 0)})
+                             "n_cases": res.n_sources, "separates": separates(res.low, res.high, res.n_sources)})
     return pd.DataFrame(rows, columns=["method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp",
                                        "n_cases", "separates"])
 
