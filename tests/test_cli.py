@@ -502,7 +502,11 @@ def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, s
 
     module = get_study(study)
     monkeypatch.setattr(sur_lab.models, "load_model", lambda *a, **k: make_tiny_model("llama"))
-    monkeypatch.setattr(module, "sweep", lambda lm, **kw: (pd.DataFrame({"x": [1, 2, 3]}), kw["out"]))
+    seen = {}
+    monkeypatch.setattr(module, "sweep", lambda lm, **kw: seen.update(kw) or (pd.DataFrame({"x": [1, 2, 3]}), kw["out"]))
     code, out, err = _run(capsys, "sweep", study, "--preset", "smoke", "--out", str(tmp_path / "f"))
     assert code == 0, err
     assert out.splitlines()[-1] == f"3 {table.split('.')[0]} -> {tmp_path / 'f' / table}"
+    # Without --executor the command uses the notebook's (packed for agent traces), so both name the same folder.
+    assert seen["executor"] == module.FIXED.get("executor", "sequential") == (
+        "packed" if study == "agent-traces" else "sequential")

@@ -173,6 +173,8 @@ def run_study_sweep(args) -> Path:
     from sur_lab.sweeps.ray import check_workers, model_label
 
     study = get_study(args.study)
+    if args.executor is None:  # the notebook's executor, so the command and the notebook share a folder
+        args.executor = study.FIXED.get("executor", "sequential")
     overrides = sweep_overrides(study, args.preset, args.p)
     try:
         check_workers(args.workers, args.address, args.threads)
@@ -500,7 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
     sw.add_argument("--out", default=None, help="sweep directory (default: the study's folder under outputs/sweeps, "
                                                 "the one its notebook uses)")
-    sw.add_argument("--executor", default="sequential", help="sparse-refresh executor")
+    sw.add_argument("--executor", default=None,
+                    help="sparse-refresh executor (default: the study notebook's, e.g. packed for agent-traces, "
+                         "else sequential)")
     sw.add_argument("--seed", type=int_arg("--seed", 0), default=0,
                     help="roster / source selection and allocator seed (>= 0)")
     sw.add_argument("--eval-batch", type=int_arg("--eval-batch"), default=EVAL_BATCH,
