@@ -424,6 +424,11 @@ def test_report_tables_on_synthetic_records():
     t_half = results_table(_records(fixed_share=0.5))
     verdicts = findings(factorial_table(t_half, n_boot=200, seed=1), table16(t_half, n_boot=200, seed=1))
     assert verdicts.set_index("finding").loc["fixed-slot refresh carries the side effect", "reproduced"] is False
+    # An EM stratum of fewer than MIN_PAIRED_UNITS sources decides nothing (the default run's Qwen stratum had one).
+    small = t15.copy()
+    small.loc[small.endpoint == "EM", "n_sources"] = 5
+    row = findings(small, t16).set_index("finding").loc["EM side contrast positive"]
+    assert row.reproduced is None and "fewer than 6: undecided" in row.evidence
 
 
 def test_an_empty_em_stratum_gives_nan_rows_and_keeps_the_holm_family():

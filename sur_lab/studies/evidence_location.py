@@ -1318,8 +1318,14 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, *, alpha: float = 0.05) -> pd
 
     Returns:
         One row per finding: ``finding``, ``rule``, ``evidence`` (the numbers it read, as text), ``reproduced``
-        (True/False; None when the data cannot decide, e.g. an empty EM stratum).
+        (True/False; None when the data cannot decide: an empty EM stratum, or fewer sources than
+        :data:`sur_lab.analysis.conclusions.MIN_PAIRED_UNITS`, on which no interval separates).
     """
+    from sur_lab.analysis.conclusions import MIN_PAIRED_UNITS
+
+    def few(r) -> bool:
+        return r is None or np.isnan(r.low) or int(r.n_sources) < MIN_PAIRED_UNITS
+
     def pick(df, cond, **kw):
         sel = df[df["condition"] == cond]
         for k, v in kw.items():
@@ -1331,22 +1337,23 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, *, alpha: float = 0.05) -> pd
 
     out = []
     r = pick(t15, COMPLETE_REPLAY, hypothesis="NLL side")
-    ok = None if r is None or np.isnan(r.low) else bool(r.low <= 0.0 <= r.high)
+    ok = None if few(r) else bool(r.low <= 0.0 <= r.high)
     out.append({"finding": "NLL side contrast null", "rule": "replay's NLL side 95 % interval contains 0",
                 "evidence": "n/a" if r is None else f"{ci(r, ' nats')} over {r.n_sources} sources", "reproduced": ok})
     r = pick(t15, COMPLETE_REPLAY, hypothesis="EM side")
-    ok = None if r is None or np.isnan(r.low) else bool(r.low > 0.0 and r.holm_p < alpha)
+    ok = None if few(r) else bool(r.low > 0.0 and r.holm_p < alpha)
     out.append({"finding": "EM side contrast positive",
                 "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g}",
                 "evidence": ("empty EM stratum" if r is None or r.n_sources == 0
-                             else f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g}, {r.n_sources} sources"),
+                             else f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g}, {r.n_sources} sources"
+                             + (f" (fewer than {MIN_PAIRED_UNITS}: undecided)" if few(r) else "")),
                 "reproduced": ok})
     parts, verdicts = [], []
     for label in FIDELITY_ENDPOINTS:
         if label == "Gold NLL":
             continue
         rep, fix = pick(t16, COMPLETE_REPLAY, endpoint=label), pick(t16, FIXED_SLOT_LABEL, endpoint=label)
-        if rep is None or fix is None or np.isnan(fix.low):
+        if rep is None or few(fix):
             verdicts.append(None)
             continue
         verdicts.append(bool(fix.low > 0.0 and fix.low <= rep.estimate <= fix.high))
