@@ -48,7 +48,8 @@ REPEATS = 3
 #: Record columns that identify a cell.
 CELL_KEYS = ("model", "dtype", "device", "case_id")
 #: Study sizes. Cells are evidence-location cases (four per source); the paper ran 40 sources (160 cells) per model
-#: in BF16 on GPUs. ``default`` runs the Qwen study model on 16 cells in float32 and bfloat16 on the CPU.
+#: in BF16 on GPUs. ``default`` runs 16 cells in float32 and bfloat16 on the CPU, on the model it is given (notebook 05:
+#: the embedded SmolLM2, its ``model_name`` default).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa"], "sources_per_dataset": 1, "geometry": "quarter", "dtypes": ["float32"],
               "max_new_tokens": 4},
