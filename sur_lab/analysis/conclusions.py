@@ -55,7 +55,7 @@ def verdict(diff: float, low: float, high: float, n: int | None = None) -> str:
             raise ValueError(f"{name}={value!r} must be a number, not NaN")
     if float(low) > float(high):
         raise ValueError(f"low={low!r} must be <= high={high!r}")
-    if n is not None and int(n) < MIN_PAIRED_UNITS:
+    if not separates(low, high, n):
         return NOT_SEPARATED
     if float(low) > 0:
         return HIGHER
@@ -173,7 +173,7 @@ def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: 
                     case_col: str = "case_id", scale: float = 100.0, n_boot: int = 10_000, seed: int = 20260928,
                     ci: float = 95.0) -> pd.DataFrame:
     """Case-paired bootstrap differences of several arms against each other and against baseline references, at
-    each budget, in percentage points (percentile intervals of appendix 8.3: 10,000 replicates, seed 20260928; cases
+    each budget, times ``scale`` (percentage points by default; percentile intervals of appendix 8.3: 10,000 replicates, seed 20260928; cases
     resampled within each ``strata_col`` value).
 
     At budget b the arms are each budgeted method of ``compared`` at b and the unbudgeted ones (a reference operator
@@ -185,7 +185,7 @@ def arm_differences(records: pd.DataFrame, *, metrics: Sequence[str], compared: 
     Args:
         records: one row per (case, method, budget) with ``method``, ``budget_pct`` (NaN for references),
             ``case_col``, ``strata_col`` and the metrics.
-        metrics: 0/1 or numeric record columns (``"em"``, ``"agree_reprefill"``, ``"stale"``); differences are x100.
+        metrics: 0/1 or numeric record columns (``"em"``, ``"agree_reprefill"``, ``"stale"``, ``"gold_margin"``).
         compared: the arms' method names, budgeted or not; those absent from ``records`` are skipped.
         baselines: reference methods each arm is compared with; those absent are skipped.
         strata_col, case_col: the columns naming a case's stratum and the case.

@@ -145,8 +145,8 @@ GEOMETRIES: dict[str, tuple[Geometry, ...]] = {
 #: stop after this many feasible sources per dataset (``None`` = every feasible candidate). Methods: the references,
 #: the fixed-slot refresh (:data:`FIXED_SLOT_METHOD` at the exact allowance W) and the allocators at ``budgets`` (%).
 #: ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 24 sources (issue 25's floor; quarter
-#: geometry; about 2.5-3.3 CPU-minutes per source's four cells on one thread, so the suite fans notebook 08 out over two
-#: Ray workers, its ``suite_parameters``, to fit 30 min on 2 cores), ``paper`` the 400-candidate pool of natural QA with the
+#: geometry; the suite fans notebook 08 out over two Ray workers, its ``suite_parameters``; its quiet 2-core time is
+#: not measured yet, and issue 25's note estimates it above the 30-minute share), ``paper`` the 400-candidate pool of natural QA with the
 #: paper's geometry (275 feasible in the paper).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa", "2wikimultihopqa"], "candidates_per_dataset": 100, "sources_per_dataset": 1,
