@@ -213,6 +213,11 @@ def main() -> None:
               f"SyncPolicy(min_stale_rows={int(best.min_stale_rows)}, max_new_share={best.max_new_share:g}) "
               f"({best.ttft_median_ms:.1f} ms median TTFT, {best.agree_pct:.1f} % agreement, "
               f"{int(best.repaired)} turns repaired)")
+    else:
+        top = grid[grid.agree_pct == grid.agree_pct.max()]
+        print(f"no policy within {args.max_loss:g} points of prefix reuse's agreement; the most faithful "
+              f"({top.agree_pct.iloc[0]:.1f} %): " + ", ".join(
+                  f"SyncPolicy({int(r.min_stale_rows)}, {r.max_new_share:g})" for r in top.itertuples()))
     if args.out:
         from sur_lab.paths import atomic_path
 

@@ -264,6 +264,57 @@ class AnswerBatch:
         self._mask = self._extend_mask(q)
         self.first_token_logits = logits.detach().float().cpu().clone()
 
+    @classmethod
+    def queried(cls, lm: LoadedModel, caches: Sequence[DynamicCache], query_ids: torch.Tensor,
+                first_token_logits: torch.Tensor, *, copy: bool = True) -> "AnswerBatch":
+        """A batch of caches whose query has already been forwarded, one request at a time: the per-request query
+        forwards give time to first token, and decoding the rest of the answers is batched (a quality endpoint).
+
+        Row i must be the cache ``greedy_answer(lm, cache_i, query_ids, max_new_tokens=1, copy=False)`` left behind:
+        the pre-query rows followed by the query's ``Q`` rows, and ``first_token_logits[i]`` the logits it returned.
+        :meth:`decode` and :meth:`score` then give each row what :func:`greedy_answer` on ``cache_i`` alone would, up
+        to the rounding of a batched forward; the first token is exactly the unbatched one. :attr:`query_ms` is NaN
+        (the query forwards were the caller's).
+
+        Args:
+            lm: the model.
+            caches: B >= 1 post-query caches, ``[1, H_kv, L_i + Q, d_h]`` per layer (same layout).
+            query_ids: ``[Q]`` int64, the query they hold.
+            first_token_logits: ``[B, V]`` logits after the query (any float dtype, any device).
+            copy: as :class:`AnswerBatch`.
+
+        Raises:
+            ValueError: naming ``caches`` (empty, a cache shorter than ``Q + 1`` rows, layouts differ) or
+                ``first_token_logits`` (not ``[B, V]``), before any work.
+        """
+        query_ids = as_token_ids(query_ids, "query_ids").reshape(-1)
+        q = int(query_ids.numel())
+        if not len(caches):
+            raise ValueError("caches is empty; answer at least one cache")
+        totals = [cache_length(c) for c in caches]
+        if min(totals) < q + 1:
+            raise ValueError(f"caches hold {totals} rows; each must hold its context and the query's {q} rows")
+        vocab = lm.spec.vocab_size
+        if tuple(first_token_logits.shape) != (len(caches), vocab):
+            raise ValueError(f"first_token_logits has shape {tuple(first_token_logits.shape)}; expected "
+                             f"({len(caches)}, {vocab})")
+        self = cls.__new__(cls)
+        self.lm = lm
+        self.query_ids = query_ids
+        self.lengths = [t - q for t in totals]
+        work = [clone_cache(c) for c in caches] if copy else caches
+        self._cache, pads = stack_caches_(work)
+        device = lm.device
+        self._mask = None
+        if any(pads):
+            self._mask = torch.arange(max(totals), device=device)[None, :] >= torch.tensor(pads, device=device)[:, None]
+        self._next = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        self._base = max(totals)
+        self.query_ms = math.nan
+        self._first = first_token_logits.to(device)
+        self.first_token_logits = first_token_logits.detach().float().cpu().clone()
+        return self
+
     def __len__(self) -> int:
         return len(self.lengths)
 

@@ -551,6 +551,33 @@ class EditSession:
         # A fresh cache object over the session's tensors: decoding concatenates into new tensors, no clone needed.
         return greedy_answer(self.lm, self.cache, ids, max_new_tokens=max_new_tokens, copy=False)
 
+    def forward_query(self, query=None) -> tuple[Answer, DynamicCache]:
+        """One request's query forward after the current context: the first answer token and the cache holding the
+        query's rows; the session is unchanged (the cache's tensors are new).
+
+        For studies that time the first token per request and decode the rest of several answers together
+        (:meth:`sur_lab.answer.AnswerBatch.queried` takes the returned caches and first-token logits).
+
+        Args:
+            query: query text or ids; ``None`` uses the pending query.
+
+        Returns:
+            ``(first, cache)``: ``first`` is :func:`~sur_lab.answer.greedy_answer` with ``max_new_tokens=1`` (its
+            ``timings_ms["query"]`` is the query forward, ms; ``first_token_logits`` ``[V]`` float32), ``cache`` the
+            ``n + Q`` rows after it.
+
+        Raises:
+            ValueError: as :meth:`answer`.
+        """
+        if query is None:
+            if self._query is None:
+                raise ValueError("query is None and no query is pending (set_query)")
+            ids = self._query.ids
+        else:
+            ids = self._as_ids(query, "query")
+        cache = self.cache  # a fresh object over the session's tensors: the forward concatenates into new tensors
+        return greedy_answer(self.lm, cache, ids, max_new_tokens=1, copy=False), cache
+
     # ------------------------------------------------------------------------------------------------------------
     # Edits
 

@@ -116,6 +116,46 @@ def test_run_trace_on_a_tiny_model():
     assert last.loc[at.REFERENCE, "cum_recomputed"] == ref.tokens.sum()
 
 
+class _Stopped(Exception):
+    """A run stopped from outside (as a kernel interrupt would)."""
+
+
+def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
+    """A finished trace is on disk before the next starts: a run stopped in its second trace loses only that trace,
+    the next call runs only what is missing and gives the uninterrupted table; a part made with other parameters is
+    never read."""
+    lm = chat_lm()
+    traces = [at.build_trace(lm.tokenizer, _examples(3), max_doc_tokens=12) for _ in range(3)]
+    for i, trace in enumerate(traces):
+        trace["id"] = f"trace-{i}"
+    monkeypatch.setattr(at, "build_traces", lambda tok, p, seed=0: [dict(t) for t in traces])
+    real, calls, stop = at.run_trace, [], ["trace-1"]
+
+    def counting(lm_, trace, *args, **kwargs):
+        calls.append(trace["id"])
+        if stop and trace["id"] == stop[0]:
+            stop.clear()
+            raise _Stopped  # the first run is stopped in its second trace
+        return real(lm_, trace, *args, **kwargs)
+
+    monkeypatch.setattr(at, "run_trace", counting)
+    kw = dict(preset="smoke", out=tmp_path, executor="sequential", budgets=[5], max_new_tokens=2, progress=False)
+    with pytest.raises(_Stopped):
+        at.sweep(lm, **kw)
+    assert not (tmp_path / at.TABLE_FILE).exists()
+    assert len(list((tmp_path / "parts").glob("*.parquet"))) == 1  # trace-0 kept
+    runs, where = at.sweep(lm, **kw)
+    assert calls == ["trace-0", "trace-1", "trace-1", "trace-2"]  # trace-0 read back, not rerun
+    assert list(runs.trace.unique()) == ["trace-0", "trace-1", "trace-2"]
+    fresh, _ = at.sweep(lm, **{**kw, "out": tmp_path / "fresh"})
+    pd.testing.assert_frame_equal(runs.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]),
+                                  fresh.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]))
+    calls.clear()
+    at.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: no part of the first run is reused
+    assert calls == ["trace-0", "trace-1", "trace-2"]
+    assert len(list((tmp_path / "parts").glob("*.parquet"))) == 6
+
+
 def _runs() -> pd.DataFrame:
     """Two traces, turns 0..2; turn 1 an append, turn 2 a first-half change where sync is 3x faster than prefix reuse
     but disagrees on one of the two traces."""

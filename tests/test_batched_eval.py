@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tiny_model
+from transformers import DynamicCache
 
 from sur_lab.allocators import ALLOCATORS
 from sur_lab.analysis.endpoints import canonical_answer_ids, gold_margin, logits_digest
@@ -131,6 +132,44 @@ def test_answer_batch_equals_the_per_record_decoder(eos_lm, case):
             assert torch.equal(k_now, k) and torch.equal(v_now, v)
     assert [a.token_ids for a in greedy_answers(lm, caches, case.edit.query_ids, max_new_tokens=MAX_NEW)] == [
         a.token_ids for a in singles]
+
+
+def test_answer_batch_from_per_request_query_forwards(eos_lm, case):
+    """AnswerBatch.queried continues the per-request query forwards (greedy_answer with one token, copy=False):
+    every row's answer, stop and target NLL are the per-record decoder's, on a padded batch; the caches the caller
+    keeps are unchanged with copy=True."""
+    lm = eos_lm
+    prepared = prepare(lm, case.edit)
+    caches = [repair(lm, prepared, m, 20).cache for m in ("Re-prefill", "Dirty", "Shift", "SUR", "Dense tokens")]
+    singles = [greedy_answer(lm, c, case.edit.query_ids, max_new_tokens=MAX_NEW) for c in caches]
+    queried, firsts = [], []
+    for c in caches:
+        work = DynamicCache()
+        for layer, (k, v) in enumerate(to_tensors(c)):
+            work.update(k, v, layer)
+        first = greedy_answer(lm, work, case.edit.query_ids, max_new_tokens=1, copy=False)
+        queried.append(work)
+        firsts.append(first.first_token_logits)
+    assert [cache_length(w) - cache_length(c) for w, c in zip(queried, caches)] == [len(case.edit.query_ids)] * 5
+    before = [[(k.clone(), v.clone()) for k, v in to_tensors(w)] for w in queried]
+    target = list(singles[0].token_ids) or [5]
+    nll = [continuation_nll(lm, c, case.edit, target) for c in caches]
+    batch = AnswerBatch.queried(lm, queried, case.edit.query_ids, torch.stack(firsts))
+    answers = batch.decode(MAX_NEW)
+    assert [a.token_ids for a in answers] == [a.token_ids for a in singles]
+    assert [a.finished for a in answers] == [a.finished for a in singles]
+    assert len({len(a.token_ids) for a in answers}) >= 2  # rows stop at different steps
+    for ans, ref, lp, want in zip(answers, singles, batch.score(target), nll):
+        assert torch.equal(ans.first_token_logits, ref.first_token_logits)  # the per-request forward's own logits
+        assert -lp.sum() == pytest.approx(want, abs=2 * len(target) * _ulp_tol(ref.first_token_logits))
+        assert math.isnan(ans.timings_ms["query"])
+    for w, layers in zip(queried, before):
+        for (k_now, v_now), (k, v) in zip(to_tensors(w), layers):
+            assert torch.equal(k_now, k) and torch.equal(v_now, v)
+    with pytest.raises(ValueError, match="first_token_logits"):
+        AnswerBatch.queried(lm, queried[:2], case.edit.query_ids, torch.stack(firsts))
+    with pytest.raises(ValueError, match="caches"):
+        AnswerBatch.queried(lm, [DynamicCache()], case.edit.query_ids, firsts[0][None])
 
 
 def test_answer_batch_refuses_bad_input(lm, case):
