@@ -266,7 +266,7 @@ class AnswerBatch:
 
     @classmethod
     def queried(cls, lm: LoadedModel, caches: Sequence[DynamicCache], query_ids: torch.Tensor,
-                first_token_logits: torch.Tensor, *, copy: bool = True) -> "AnswerBatch":
+                first_token_logits: torch.Tensor, *, copy: bool = True) -> AnswerBatch:
         """A batch of caches whose query has already been forwarded, one request at a time: the per-request query
         forwards give time to first token, and decoding the rest of the answers is batched (a quality endpoint).
 
@@ -278,10 +278,14 @@ class AnswerBatch:
 
         Args:
             lm: the model.
-            caches: B >= 1 post-query caches, ``[1, H_kv, L_i + Q, d_h]`` per layer (same layout).
-            query_ids: ``[Q]`` int64, the query they hold.
+            caches: B >= 1 post-query caches, ``[1, H_kv, L_i + Q, d_h]`` per layer; every cache with the same layer
+                count, KV heads, head dim and dtype (lengths may differ: shorter ones are left-padded and masked).
+            query_ids: ``[Q]`` integer ids (a tensor or a list), the query they hold.
             first_token_logits: ``[B, V]`` logits after the query (any float dtype, any device).
-            copy: as :class:`AnswerBatch`.
+            copy: stack copies, leaving ``caches`` unchanged (default); ``False`` consumes them.
+
+        Returns:
+            The batch: :meth:`decode` and :meth:`score` as for a batch built from the pre-query caches.
 
         Raises:
             ValueError: naming ``caches`` (empty, a cache shorter than ``Q + 1`` rows, layouts differ) or

@@ -559,12 +559,15 @@ class EditSession:
         (:meth:`sur_lab.answer.AnswerBatch.queried` takes the returned caches and first-token logits).
 
         Args:
-            query: query text or ids; ``None`` uses the pending query.
+            query: the query as text (tokenized without special tokens, so it must carry the chat template's user turn
+                and generation prompt itself, as :meth:`answer`'s does) or ``[Q]`` / ``[1, Q]`` integer ids; ``None``
+                uses the pending query.
 
         Returns:
             ``(first, cache)``: ``first`` is :func:`~sur_lab.answer.greedy_answer` with ``max_new_tokens=1`` (its
-            ``timings_ms["query"]`` is the query forward, ms; ``first_token_logits`` ``[V]`` float32), ``cache`` the
-            ``n + Q`` rows after it.
+            ``timings_ms["query"]`` is the query forward, ms; ``first_token_logits`` ``[V]`` float32 on the CPU);
+            ``cache`` holds the session's ``n = len(session)`` rows followed by the query's ``Q`` rows. Pass the same ids
+            as ``query_ids`` to :meth:`~sur_lab.answer.AnswerBatch.queried`.
 
         Raises:
             ValueError: as :meth:`answer`.

@@ -495,6 +495,23 @@ def test_notebooks_validate_right_after_the_parameters_cell(name):
     validate_parameters({**namespace, **nb.metadata["sur_lab"]["smoke_parameters"]})  # and so do the smoke values
 
 
+def test_an_interrupted_sweep_says_how_to_resume(capsys, monkeypatch, tmp_path):
+    """Ctrl-C during `sur-lab sweep` exits 130 with where the finished work is and how to resume, not a traceback."""
+    from conftest import make_tiny_model
+
+    import sur_lab.models
+    from sur_lab.studies import get_study
+
+    def stopped(lm, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sur_lab.models, "load_model", lambda *a, **k: make_tiny_model("llama"))
+    monkeypatch.setattr(get_study("agent-traces"), "sweep", stopped)
+    code, out, err = _run(capsys, "sweep", "agent-traces", "--preset", "smoke", "--out", str(tmp_path / "f"))
+    assert code == 130
+    assert f"interrupted: the finished work is kept in {tmp_path / 'f' / 'parts'}; run the same command again" in err
+
+
 @pytest.mark.parametrize("study, table", [("agent-traces", "turns.parquet"), ("niah", "records.parquet")])
 def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, study, table):
     """`sur-lab sweep` says which file it wrote: agent traces keep their own per-turn table (`TABLE_FILE`)."""
@@ -509,7 +526,7 @@ def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, s
     monkeypatch.setattr(module, "sweep", lambda lm, **kw: seen.update(kw) or (pd.DataFrame({"x": [1, 2, 3]}), kw["out"]))
     code, out, err = _run(capsys, "sweep", study, "--preset", "smoke", "--out", str(tmp_path / "f"))
     assert code == 0, err
-    assert out.splitlines()[-1] == f"3 {table.split('.')[0]} -> {tmp_path / 'f' / table}"
+    assert out.splitlines()[-1] == f"3 {'rows' if study == 'agent-traces' else 'records'} -> {tmp_path / 'f' / table}"
     # Without --executor the command uses the notebook's (packed for agent traces), so both name the same folder.
     assert seen["executor"] == module.FIXED.get("executor", "sequential") == (
         "packed" if study == "agent-traces" else "sequential")

@@ -197,11 +197,17 @@ def run_study_sweep(args) -> Path:
     print(f"{args.study} sweep ({args.preset}) on {label}"
           f"{'' if args.model else f' (the {args.preset} preset default; --model to change)'}: records in {folder}",
           flush=True)
-    records, folder = study.sweep(lm, preset=args.preset, out=folder, seed=args.seed, workers=args.workers,
-                                  threads=args.threads, address=args.address, executor=args.executor,
-                                  eval_batch=args.eval_batch, progress=not args.no_progress, **overrides)
+    try:
+        records, folder = study.sweep(lm, preset=args.preset, out=folder, seed=args.seed, workers=args.workers,
+                                      threads=args.threads, address=args.address, executor=args.executor,
+                                      eval_batch=args.eval_batch, progress=not args.no_progress, **overrides)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the finished work is kept in {folder / 'parts'}; run the same command again to resume",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     table = getattr(study, "TABLE_FILE", "records.parquet")  # agent-traces keeps its own per-turn table
-    print(f"{len(records)} {table.split('.')[0]} -> {folder / table}")
+    what = "records" if table == "records.parquet" else "rows"
+    print(f"{len(records)} {what} -> {folder / table}")
     return folder
 
 
@@ -493,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Ray cluster: auto (the cluster this machine belongs to), ray://HOST:10001 or HOST:6379; "
                          "--out must then be a shared filesystem path")
     sw.add_argument("--threads", type=int_arg("--threads"), default=None,
-                    help="torch threads per worker (default: cores // workers)")
+                    help="torch threads per worker (default: with --workers > 1, cores // workers; with one worker, "
+                         "torch's own setting, which follows OMP_NUM_THREADS)")
     sw.add_argument("--model", default=None,
                     help="an embedded model name, hub id or local path (default: the preset's, as in the notebooks: "
                          "smoke runs the embedded SmolLM2-135M-Instruct, default and paper the embedded "
@@ -563,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as err:
         print(f"sur-lab {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except SystemExit as exit_:  # an interrupted sweep (130, its resume hint printed)
+        return int(exit_.code or 0)
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"sur-lab {args.command}: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2 if isinstance(err, ValueError) else 1

@@ -451,18 +451,23 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     if threads:
         torch.set_num_threads(threads)
     with SweepStore(where).lock():
+        files = [trace_part(where, trace["id"], fp) for trace in traces]
+        done = sum(f.exists() for f in files)
+        if done and progress:
+            print(f"{done} of {len(traces)} traces read back from {where / 'parts'}", flush=True)
         parts = []
-        for trace in tqdm(traces, desc="traces", disable=not progress):
-            part = trace_part(where, trace["id"], fp)
-            if part.exists():
-                parts.append(pd.read_parquet(part))
-                continue
-            rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
-            df = pd.DataFrame(rows).assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
-            part.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(part) as tmp:
-                df.to_parquet(tmp, index=False)
-            parts.append(df)
+        with tqdm(total=len(traces) - done, desc="traces", disable=not progress) as bar:
+            for trace, part in zip(traces, files):
+                if part.exists():
+                    parts.append(pd.read_parquet(part))
+                    continue
+                rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
+                df = pd.DataFrame(rows).assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
+                part.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(part) as tmp:
+                    df.to_parquet(tmp, index=False)
+                parts.append(df)
+                bar.update(1)
         runs = add_cumulative(pd.concat(parts, ignore_index=True))
         with atomic_path(table) as tmp:
             runs.to_parquet(tmp, index=False)
