@@ -540,16 +540,19 @@ class EditSession:
             ValueError: naming ``query`` when there is neither a query nor a pending one, or it is empty; naming
                 ``max_new_tokens`` when < 1.
         """
-        if query is None:
-            if self._query is None:
-                raise ValueError("query is None and no query is pending (set_query)")
-            ids = self._query.ids
-        else:
-            ids = self._as_ids(query, "query")
+        ids = self._query_ids(query)
         if draft:
             return greedy_answer(self.lm, self.cache, ids, max_new_tokens=max_new_tokens, draft=draft, copy=True)
         # A fresh cache object over the session's tensors: decoding concatenates into new tensors, no clone needed.
         return greedy_answer(self.lm, self.cache, ids, max_new_tokens=max_new_tokens, copy=False)
+
+    def _query_ids(self, query) -> torch.Tensor:
+        """``[Q]`` ids of ``query`` (text or ids), or of the pending query when ``None``."""
+        if query is None:
+            if self._query is None:
+                raise ValueError("query is None and no query is pending (set_query)")
+            return self._query.ids
+        return self._as_ids(query, "query")
 
     def forward_query(self, query=None) -> tuple[Answer, DynamicCache]:
         """One request's query forward after the current context: the first answer token and the cache holding the
@@ -572,12 +575,7 @@ class EditSession:
         Raises:
             ValueError: as :meth:`answer`.
         """
-        if query is None:
-            if self._query is None:
-                raise ValueError("query is None and no query is pending (set_query)")
-            ids = self._query.ids
-        else:
-            ids = self._as_ids(query, "query")
+        ids = self._query_ids(query)
         cache = self.cache  # a fresh object over the session's tensors: the forward concatenates into new tensors
         return greedy_answer(self.lm, cache, ids, max_new_tokens=1, copy=False), cache
 
