@@ -25,7 +25,8 @@ so staleness left by a budgeted sync carries into later turns as it would in an 
 
 Per (trace, turn, path) the study records the sync's path and row counts (:class:`~sur_lab.sync.SyncRecord`), the time
 to first answer token (TTFT = the sync call + the query forward, unbatched, one request at a time), the tokens
-recomputed, the greedy answer, EM against the gold answers and agreement with re-prefill's answer, and the cumulative
+recomputed, the greedy answer (its first token from that timed forward, the rest decoded for the turn's paths
+together: a quality endpoint), EM against the gold answers and agreement with re-prefill's answer, and the cumulative
 cost over the trace so far.
 
 Records: these per-turn rows are the study's own table, not :class:`sur_lab.sweeps.Record` objects. A sweep record is
@@ -72,9 +73,9 @@ TABLE_FILE = "turns.parquet"
 #: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
 #: (notebook 10's ``model_name``): 72 turns, prompts of a few hundred to about eight hundred tokens, about 1.0e5
 #: tokens forwarded over all paths (counted from the traces' token diffs). Its passage cap (16 tokens with the title
-#: line) and answer length (6 tokens) keep it within issue 27's 20 minutes on 2 cores with two torch threads (the
-#: suite's ``suite_parameters``): a turn's time is prefill-bound, and the chat scaffolding, not the passages, is most
-#: of each prompt. The measured time is in the issue note and on the results page.
+#: line) and answer length (6 tokens) keep it within issue 27's 20 minutes on 2 cores, with notebook 10's
+#: ``num_threads`` default (0: torch's, every core): a turn's time is prefill-bound, and the chat scaffolding, not the
+#: passages, is most of each prompt. The measured time is in the issue note and on the results page.
 PRESETS = {
     "smoke": {"n_traces": 1, "turns": 3, "max_doc_tokens": 16, "max_new_tokens": 4},
     "default": {"n_traces": 12, "turns": 6, "max_doc_tokens": 16, "max_new_tokens": 6},
@@ -378,8 +379,8 @@ def methods(p: Mapping[str, Any]) -> list[TracePath]:
 def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str | None = None,
            outputs: Path | None = None) -> Path:
     """The study's folder for parameters ``p`` and ``lm`` (:func:`sur_lab.sweeps.sweep_folder`: named by the
-    parameters and the model's fingerprint). ``eval_batch`` is accepted for the study API and ignored: every answer
-    is unbatched (TTFT per request)."""
+    parameters and the model's fingerprint). ``eval_batch`` is accepted for the study API and ignored: the query
+    forward is per request (TTFT) and a turn's answers are decoded together (:func:`run_trace`)."""
     from sur_lab.sweeps import sweep_folder
 
     ex = executor or p["executor"]
@@ -410,7 +411,8 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     fingerprint match).
 
     One process, one request at a time: the per-turn TTFT is a per-request latency, so ``workers`` must be 1 and
-    ``address`` None (refused otherwise); ``eval_batch`` is ignored (answers are unbatched). Each finished trace's rows
+    ``address`` None (refused otherwise); ``eval_batch`` is ignored (the query forward is per request; the rest of a
+    turn's answers is decoded for its paths together, :func:`run_trace`). Each finished trace's rows
     are written at once (atomically) to a part file named by the fingerprint (:func:`trace_part`), so an interrupted
     run loses at most the trace in flight and the next call with the same fingerprint resumes after it; a part made
     with other parameters, traces, model or versions is never read. The folder is locked for the call
