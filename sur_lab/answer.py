@@ -244,15 +244,10 @@ class AnswerBatch:
         self.lm = lm
         self.query_ids = query_ids.reshape(-1)
         self.lengths = [cache_length(c) for c in caches]
-        work = [clone_cache(c) for c in caches] if copy else caches
-        self._cache, pads = stack_caches_(work)
+        self._stack(caches, copy)
         batch, q = len(self.lengths), int(self.query_ids.numel())
         longest = max(self.lengths)
         device = lm.device
-        # Padding rows are hidden; rows without padding need no mask (the unbatched forward's own path).
-        self._mask = None
-        if any(pads):
-            self._mask = torch.arange(longest, device=device)[None, :] >= torch.tensor(pads, device=device)[:, None]
         self._next = torch.tensor(self.lengths, dtype=torch.long, device=device)  # each row's next position
         self._base = longest + q
         t0 = time.perf_counter()
@@ -306,18 +301,25 @@ class AnswerBatch:
         self.lm = lm
         self.query_ids = query_ids
         self.lengths = [t - q for t in totals]
-        work = [clone_cache(c) for c in caches] if copy else caches
-        self._cache, pads = stack_caches_(work)
+        self._stack(caches, copy)
         device = lm.device
-        self._mask = None
-        if any(pads):
-            self._mask = torch.arange(max(totals), device=device)[None, :] >= torch.tensor(pads, device=device)[:, None]
         self._next = torch.tensor(self.lengths, dtype=torch.long, device=device)
         self._base = max(totals)
         self.query_ms = math.nan
         self._first = first_token_logits.to(device)
         self.first_token_logits = first_token_logits.detach().float().cpu().clone()
         return self
+
+    def _stack(self, caches: Sequence[DynamicCache], copy: bool) -> None:
+        """Stack ``caches`` (copies when ``copy``) into ``self._cache``; ``self._mask`` hides the left padding (None
+        when no row is padded: the unbatched forward's own path)."""
+        work = [clone_cache(c) for c in caches] if copy else caches
+        self._cache, pads = stack_caches_(work)
+        self._mask = None
+        if any(pads):
+            device = self.lm.device
+            width = cache_length(self._cache)
+            self._mask = torch.arange(width, device=device)[None, :] >= torch.tensor(pads, device=device)[:, None]
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from sur_lab.allocators import ALLOCATORS
 from sur_lab.analysis.endpoints import canonical_answer_ids, gold_margin, logits_digest
 from sur_lab.answer import AnswerBatch, continuation_nll, greedy_answer, greedy_answers
-from sur_lab.cache_ops import cache_length, to_tensors
+from sur_lab.cache_ops import cache_length, from_tensors, to_tensors
 from sur_lab.repair import REFERENCE_METHODS, prepare, repair
 from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
 from sur_lab.sweeps import ANSWER_TIMING_FIELDS, Case, comparable_fields, run_case
@@ -144,9 +144,7 @@ def test_answer_batch_from_per_request_query_forwards(eos_lm, case):
     singles = [greedy_answer(lm, c, case.edit.query_ids, max_new_tokens=MAX_NEW) for c in caches]
     queried, firsts = [], []
     for c in caches:
-        work = DynamicCache()
-        for layer, (k, v) in enumerate(to_tensors(c)):
-            work.update(k, v, layer)
+        work = from_tensors(to_tensors(c))  # a new cache object over c's tensors: the query forward leaves c unchanged
         first = greedy_answer(lm, work, case.edit.query_ids, max_new_tokens=1, copy=False)
         queried.append(work)
         firsts.append(first.first_token_logits)
