@@ -355,6 +355,34 @@ def test_bad_input_raises_before_any_change(call, match):
     assert session.pending_query.tolist() == [3, 4, 5]
 
 
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda s: s.append(None), "content must be text or integer token ids.*got NoneType"),
+        (lambda s: s.append([1, 2, "three"]), r"content must be text or integer token ids, one kind; content\[2\] is str"),
+        (lambda s: s.append([1, None]), r"content\[1\] is NoneType"),
+        (lambda s: s.append([True, 3]), r"content\[0\] is bool"),
+        (lambda s: s.append({"role": "user", "content": "hi"}), "content must be text or integer token ids.*dict"),
+        (lambda s: s.replace(2, 4, None), "content must be text or integer token ids.*NoneType"),
+        (lambda s: s.replace(2, 4, [5, "x"]), r"content\[1\] is str"),
+        (lambda s: s.set_query(None), "content must be text or integer token ids"),
+        (lambda s: s.set_query([1, 2], question=[3, "q"]), r"question\[1\] is str"),
+        (lambda s: s.answer([4, None]), r"query\[1\] is NoneType"),
+    ],
+)
+def test_wrong_input_kinds_are_refused_before_any_tensor(call, match):
+    """Issue 38: append, replace, set_query and answer check their inputs' kinds before any tensor is built (no
+    torch message naming no argument), name the argument, and leave the session unchanged."""
+    session = EditSession(tiny("llama"), method="SUR", budget_pct=30)
+    session.append(rand_ids(np.random.default_rng(7), 30))
+    session.set_query(torch.tensor([3, 4, 5]))
+    snap = _snapshot(session)
+    with pytest.raises(TypeError, match=match):
+        call(session)
+    _assert_unchanged(session, snap)
+    assert session.pending_query.tolist() == [3, 4, 5]
+
+
 def test_an_error_inside_the_repair_leaves_the_session_unchanged(monkeypatch):
     def broken(request):
         raise RuntimeError("allocator failed")
