@@ -32,7 +32,7 @@ callers fall back (:func:`onepass_attention` to :func:`~sur_lab.executors.kernel
 
 Integrity: a damaged library must not crash a process (``dlopen`` of a truncated file dies of SIGBUS, with no Python
 error, in every later process while the file stays). A build runs in a fresh folder; the library is loaded once in a
-subprocess (:func:`_probe`: it loads and registers ``torch.ops.sur_lab_onepass.attention``), and only then are its
+subprocess (it must load and register ``torch.ops.sur_lab_onepass.attention``), and only then are its
 manifest (:data:`MANIFEST_FILE`: size, sha256, torch version, compiler, source, flags, platform) and the folder
 renamed into place, atomically. Before any process loads the cached library it checks it against the manifest
 (:func:`verify_library`); a missing or unreadable manifest or any mismatch (a truncated file, another library in its
