@@ -381,9 +381,9 @@ def test_a_records_parquet_without_parts_is_checked_before_it_is_overwritten(lm,
     full = run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, seed=1, **kwargs)
     shutil.rmtree(tmp_path / "parts")
     before = (tmp_path / "records.parquet").read_bytes()
-    with pytest.raises(ValueError, match=rf"out_dir='{re.escape(str(tmp_path))}' holds records.parquet with records "
-                                         r"that have no part files \(case 'case/0'\) made with another seed \(1 vs 2 "
-                                         r"now\).*not overwritten"):
+    with pytest.raises(ValueError, match=rf"out_dir='{re.escape(str(tmp_path))}' holds a record of case 'case/0' "
+                                         r"made with another seed \(1 vs 2 now\).*in records.parquet and no part file "
+                                         r"holds it.*not overwritten"):
         run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, seed=2, **kwargs)
     assert (tmp_path / "records.parquet").read_bytes() == before and not (tmp_path / "parts").exists()
     calls = []

@@ -229,19 +229,15 @@ class SweepStore:
                 f"out_dir={str(self.out_dir)!r}: records.parquet cannot be read as records ({err}); it may be the only "
                 "copy of records no part file holds, so it is not overwritten: move it away or use a fresh out_dir"
             ) from None
-        for rec in orphans:
-            row = rec.to_json()
-            bad = first_difference(row, expected)
-            if bad is not None:
-                raise ValueError(
-                    f"out_dir={str(self.out_dir)!r} holds records.parquet with records that have no part files "
-                    f"(case {rec.case_id!r}) made with another {bad} ({row.get(bad)!r} vs {expected[bad]!r} now); it "
-                    "is the only copy of those records and is not overwritten: use a fresh out_dir, or move "
-                    "records.parquet away"
-                )
         by_case: dict[str, list[Record]] = {}
         for rec in orphans:
             by_case.setdefault(rec.case_id, []).append(rec)
+        for case_id, recs in by_case.items():
+            try:
+                check_fingerprint(recs, expected, out_dir=self.out_dir, case_id=case_id)
+            except ValueError as err:
+                raise ValueError(f"{err}. That record is in records.parquet and no part file holds it: the only "
+                                 "copy, so it is not overwritten (or move records.parquet away)") from None
         self.parts.mkdir(parents=True, exist_ok=True)
         for case_id, recs in by_case.items():
             with atomic_path(self.part_path(case_id)) as tmp:

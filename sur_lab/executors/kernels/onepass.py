@@ -325,11 +325,8 @@ def _build_dir(inputs: dict) -> Path:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def verify_library(folder: Path, inputs: dict | None = None) -> str | None:
