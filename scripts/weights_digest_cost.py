@@ -3,7 +3,7 @@ digest every in-process store keyed on the weights makes, issue 38) against the 
 (:func:`sur_lab.fingerprint.weights_hash` with ``full=True``), and the digest after an in-place update.
 
 Prints, for the model's parameters and buffers: the tensor count and bytes, the median and the 90th percentile of
-``--repeats`` digest checks (ms), the first check (views made), one full hash (ms), and whether an in-place
+``--repeats`` digest checks (ms), the first check, one full hash (ms), and whether an in-place
 ``p.data.add_`` on every parameter changed the digest. Run it alone on the machine (``flock -x /work/cpu.lock``) for
 numbers to report.
 
@@ -20,7 +20,7 @@ import time
 import torch
 
 from sur_lab import load_model
-from sur_lab.fingerprint import _SAMPLE_VIEWS, weights_digest, weights_hash
+from sur_lab.fingerprint import weights_digest, weights_hash
 from sur_lab.models import QWEN_MODEL
 
 
@@ -34,7 +34,6 @@ def main() -> None:
     module = lm.model
     tensors = list(module.named_parameters()) + list(module.named_buffers())
     size = sum(t.numel() * t.element_size() for _, t in tensors)
-    _SAMPLE_VIEWS.pop(module, None)
     t0 = time.perf_counter()
     first = weights_digest(module)
     first_ms = (time.perf_counter() - t0) * 1e3
@@ -54,7 +53,7 @@ def main() -> None:
     print(f"model {lm.spec.name} ({args.dtype}): {len(tensors)} tensors, {size / 2**20:.0f} MiB, "
           f"{torch.get_num_threads()} threads")
     print(f"weights_digest: median {statistics.median(times):.2f} ms, p90 {times[int(0.9 * len(times))]:.2f} ms "
-          f"over {args.repeats} checks; first check (views made) {first_ms:.2f} ms")
+          f"over {args.repeats} checks; first check {first_ms:.2f} ms")
     print(f"weights_hash(full=True): {full_ms:.0f} ms")
     print(f"digest changed after p.data.add_ on every parameter: {changed}")
 

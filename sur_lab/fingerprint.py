@@ -29,6 +29,7 @@ the one update it can miss; :func:`weights_hash` ``(model, full=True)`` hashes e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -48,9 +49,6 @@ DIGEST_RUNS = 16
 
 # module -> (weights digest, full hex digest); weak keys so that a dropped model frees its entry.
 _WEIGHTS_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, str]]" = weakref.WeakKeyDictionary()
-# module -> {tensor name: (data_ptr, shape, strides, sampled view)}: the strided views of weights_digest, made once per
-# storage (a view aliases its parameter's storage, so it reads every later in-place write).
-_SAMPLE_VIEWS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 def versions() -> str:
@@ -84,24 +82,33 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
-def _sample_view(t: torch.Tensor) -> torch.Tensor:
-    """:data:`DIGEST_SAMPLES` elements of ``t`` spread over all of it: a ``[runs, run]`` view of its storage (or all of
-    a small tensor, ``[1, n]``), for a contiguous ``t`` an alias of its storage that reads every later write.
-
-    :data:`DIGEST_RUNS` runs of consecutive elements, equally spaced: a run is a cache line or two, so a check costs
-    about ``DIGEST_RUNS`` memory accesses per tensor (scattered single elements cost one miss each). The spacing is
-    coprime with the last dimension, so the runs fall in different columns of successive rows.
-    """
-    flat = t.detach().reshape(-1)  # a view of a contiguous tensor, a copy of a strided one
-    n = flat.numel()
+@functools.lru_cache(maxsize=4096)
+def _run_step(n: int, cols: int) -> int:
+    """Spacing of :data:`DIGEST_RUNS` runs over ``n`` elements: as wide as possible, coprime with the row length
+    ``cols`` (so the runs fall in different columns of successive rows)."""
     run = DIGEST_SAMPLES // DIGEST_RUNS
-    if n <= DIGEST_SAMPLES:
-        return flat.reshape(1, n)
     step = (n - run) // (DIGEST_RUNS - 1)
-    cols = t.shape[-1] if t.dim() else 1
     while step > run and math.gcd(step, cols) != 1:
         step -= 1
-    return flat.as_strided((DIGEST_RUNS, run), (step, 1), flat.storage_offset())
+    return step
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    """:data:`DIGEST_SAMPLES` elements of ``t`` spread over all of it: a ``[runs, run]`` view (``[1, n]``: all of a
+    small tensor).
+
+    :data:`DIGEST_RUNS` runs of consecutive elements, equally spaced: a run is a cache line or two, so a check costs
+    about ``DIGEST_RUNS`` memory accesses per tensor (scattered single elements would cost one miss each). Made per
+    check and never kept: a kept view would keep a replaced tensor's storage alive.
+    """
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()  # a copy (parameters are contiguous)
+    n = t.numel()
+    if n <= DIGEST_SAMPLES:
+        return t.reshape(1, n)
+    step = _run_step(n, t.shape[-1])
+    return t.as_strided((DIGEST_RUNS, DIGEST_SAMPLES // DIGEST_RUNS), (step, 1), t.storage_offset())
 
 
 def weights_digest(model: torch.nn.Module | Any) -> str:
@@ -109,10 +116,10 @@ def weights_digest(model: torch.nn.Module | Any) -> str:
 
     It hashes each parameter's and buffer's name, shape, dtype, storage pointer and autograd version counter, and the
     content of :data:`DIGEST_SAMPLES` elements of each, in :data:`DIGEST_RUNS` runs spread over the tensor (module
-    docstring: which updates it sees and the one it can miss). The sample views are made once per storage and reused,
-    so a check walks the module tree once and gathers the samples in one copy per dtype: a few milliseconds on
-    Qwen2.5-0.5B on a CPU (``scripts/weights_digest_cost.py``). Every in-process store keyed on the weights checks it
-    (a SAFE-KV document store through :func:`model_fingerprint`, :class:`sur_lab.EditSession`'s live cache).
+    docstring: which updates it sees and the one it can miss). A check walks the module tree once and gathers the
+    samples in one copy per dtype: a few milliseconds on Qwen2.5-0.5B on a CPU (``scripts/weights_digest_cost.py``).
+    Every in-process store keyed on the weights checks it (a SAFE-KV document store through
+    :func:`model_fingerprint`, :class:`sur_lab.EditSession`'s live cache).
 
     Args:
         model: a ``torch.nn.Module`` or a :class:`sur_lab.models.LoadedModel` (its ``model``).
@@ -125,32 +132,23 @@ def weights_digest(model: torch.nn.Module | Any) -> str:
         ValueError: naming ``model`` when it is neither a module nor a LoadedModel.
     """
     module = _module_of(model)
-    views = _SAMPLE_VIEWS.setdefault(module, {})
     stamp, runs, small = [], {}, {}
     with torch.no_grad():
         for name, t in _tensors(module):
             if t.is_meta:
                 stamp.append((name, 0, _version(t), tuple(t.shape), t.dtype))
                 continue
-            ptr = t.data_ptr()
-            key = (ptr, t.shape, t.stride())
-            entry = views.get(name)
-            if entry is None or entry[0] != key:
-                # A contiguous tensor's view aliases its storage and is reused; a strided one is sampled afresh (a copy).
-                entry = (key, _sample_view(t) if t.is_contiguous() else None)
-                views[name] = entry
-            stamp.append((name, ptr, _version(t), tuple(t.shape), t.dtype))
-            sample = entry[1] if entry[1] is not None else _sample_view(t)
-            group = (t.dtype, t.device)
+            stamp.append((name, t.data_ptr(), _version(t), tuple(t.shape), t.dtype))
+            sample = _sample(t)
             if sample.shape[0] == DIGEST_RUNS:
-                runs.setdefault(group, []).append(sample)
+                runs.setdefault((t.dtype, t.device), []).append(sample)
             elif sample.numel():
-                small.setdefault(group, []).append(sample.reshape(-1))
+                small.setdefault((t.dtype, t.device), []).append(sample.reshape(-1))
         h = hashlib.blake2b(repr(stamp).encode(), digest_size=DIGEST_BYTES)
         for parts in (runs, small):
-            for _, views_of in sorted(parts.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+            for _, samples in sorted(parts.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
                 # Raw bytes whatever the dtype (numpy has no bfloat16): one gather per dtype, reinterpreted as uint8.
-                h.update(torch.cat(views_of).cpu().contiguous().view(torch.uint8).numpy().data)
+                h.update(torch.cat(samples).cpu().contiguous().view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 

@@ -413,15 +413,16 @@ def parse_line(line: str | bytes, meta_keys: Iterable[str] | None = None) -> Rec
         data = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"not JSON ({err.msg if hasattr(err, 'msg') else err})") from None
-    if meta_keys is not None and isinstance(data, Mapping):
+    record = Record.from_json(data)
+    if meta_keys is not None:
         expected = set(meta_keys)
-        unknown = sorted(k for k in data if k not in FIELD_SET and k not in expected)
+        unknown = sorted(k for k in record.meta if k not in expected)
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r} (neither a record field nor a column of its case)")
-        missing = sorted(expected - set(data))
+        missing = sorted(expected - set(record.meta))
         if missing:
             raise ValueError(f"the case's column {missing[0]!r} is missing")
-    return Record.from_json(data)
+    return record
 
 
 def records_frame(records: Iterable[Record]) -> pd.DataFrame:
