@@ -209,6 +209,36 @@ def tokenize_segments(tokenizer, segments: Sequence[str]) -> tuple[list[list[int
     return ids, offsets
 
 
+def common_prefix_len(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings (a binary search over slice comparisons: C speed on long
+    prompts)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def offset_pieces(text: str, offsets: Sequence[tuple[int, int]]) -> tuple[str, ...]:
+    """Each token's share of ``text``: from its start offset to the next token's (the first from 0, the last to the
+    end), so the pieces join to ``text`` exactly, whatever spaces a tokenizer leaves out of its offsets.
+
+    Args:
+        text: the tokenized text.
+        offsets: ``(start, end)`` character offsets of its tokens in order (a fast tokenizer's ``offset_mapping``,
+            or :func:`tokenize_segments`' offsets).
+    """
+    starts, prev = [], 0
+    for i, (a, _) in enumerate(offsets):
+        prev = 0 if i == 0 else max(prev, int(a))
+        starts.append(prev)
+    bounds = starts[1:] + [len(text)]
+    return tuple(text[a:b] for a, b in zip(starts, bounds))
+
+
 def passage_cuts(documents: str) -> tuple[int, ...]:
     """Character positions just after each blank-line run in ``documents`` (where a new passage begins).
 
@@ -551,6 +581,24 @@ def chat_prompt_ids(
     return torch.tensor([t for x in ids for t in x], dtype=torch.long)
 
 
+def _check_chat_tokenizer(tokenizer) -> None:
+    """Refuse a tokenizer that cannot render a chat (``None``, a model, a template-less tokenizer), naming it.
+
+    Raises:
+        TypeError: naming ``tokenizer`` when it has no ``apply_chat_template`` (``None`` included).
+        ValueError: naming ``tokenizer`` when it has no chat template.
+    """
+    if not callable(getattr(tokenizer, "apply_chat_template", None)):
+        raise TypeError(f"tokenizer must be a transformers tokenizer with a chat template (apply_chat_template); got "
+                        f"{type(tokenizer).__name__}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("tokenizer has no chat template; pass token ids or text segments instead")
+
+
+#: A private-use character appended to a message's content to find where the template ends it (it occurs in no text).
+_END_MARK = "\ue000"
+
+
 def _render(tokenizer, messages, add_generation_prompt: bool, template_kwargs: dict) -> str:
     return tokenizer.apply_chat_template(
         list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
@@ -562,12 +610,16 @@ def chat_segments(
 ) -> list[str]:
     """The chat template's rendering of ``messages``, cut into one text segment per message (agent prompts).
 
-    Segment k ends where the rendering of ``messages[:k + 1]`` ends, so each message with its template markers is a
+    Each boundary is located by rendering the conversation prefix, never by searching for a message's text: segment
+    k ends where the rendering of ``messages[:k + 1]`` stops agreeing with the rendering of all messages (where it
+    ends, for a template whose prefixes are prefixes of the whole), so each message with its template markers is a
     segment of its own and :func:`tokenize_segments` keeps message boundaries as token boundaries: a message that did
-    not change tokenizes the same in every prompt that holds it, whatever the messages around it. When a template
-    renders a shorter list differently (some drop reasoning from earlier turns), the cut falls where message k's
-    content starts in the full rendering instead (found in order; a message whose content cannot be found joins the
-    segment before it). With ``add_generation_prompt`` the template's generation prompt is one more, last segment.
+    not change tokenizes the same in every prompt that holds it, whatever the messages around it. A template that
+    closes a message differently when another follows (Qwen2.5 groups consecutive tool results in one turn) cuts
+    after the message's content, where the two renderings part. A template that renders an earlier message's content
+    differently once another follows (some drop the reasoning of earlier turns) is not prefix-stable: the message
+    cannot be located and it is refused. With ``add_generation_prompt`` the template's generation prompt is one more,
+    last segment.
 
     Args:
         tokenizer: a tokenizer with a chat template (``apply_chat_template``).
@@ -580,27 +632,39 @@ def chat_segments(
         Text segments whose concatenation is the whole rendering (empty segments are dropped).
 
     Raises:
+        TypeError: naming ``tokenizer`` when it cannot render a chat (``None``); naming ``template_kwargs`` when it is
+            not a dict.
         ValueError: naming ``messages`` when it is empty or holds something other than dicts with ``role`` and a
-            string ``content``; naming ``tokenizer`` when it has no chat template.
+            string ``content``; naming ``tokenizer`` when it has no chat template, or when its template is not
+            prefix-stable (an earlier message rendered differently once another follows).
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': str} dicts")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}] must be a dict with 'role' and a str 'content'; got {m!r:.80}")
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("tokenizer has no chat template; pass token ids or text segments instead")
+    _check_chat_tokenizer(tokenizer)
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise TypeError(f"template_kwargs must be a dict (or None); got {type(template_kwargs).__name__}")
     kwargs = {"enable_thinking": False} if template_kwargs is None else dict(template_kwargs)
     full = _render(tokenizer, messages, add_generation_prompt, kwargs)
     body = _render(tokenizer, messages, False, kwargs) if add_generation_prompt else full
     cuts, pos = [], 0
     for k in range(1, len(messages)):
         head = _render(tokenizer, messages[:k], False, kwargs)
-        if body.startswith(head) and len(head) >= pos:
-            cut = len(head)
-        else:
-            found = body.find(messages[k]["content"], pos) if messages[k]["content"] else -1
-            cut = found if found >= 0 else pos
+        cut = common_prefix_len(head, body)
+        if cut < len(head):
+            # The renderings part before the prefix's end: fine while message k-1's content lies before the parting
+            # (a closing marker that depends on what follows), not when the content itself is rendered otherwise.
+            last = dict(messages[k - 1], content=messages[k - 1]["content"] + _END_MARK)
+            content_end = _render(tokenizer, [*messages[: k - 1], last], False, kwargs).find(_END_MARK)
+            if content_end < 0 or cut < content_end or cut < pos:
+                raise ValueError(
+                    f"tokenizer's chat template is not prefix-stable: it renders messages[{k - 1}] (role "
+                    f"{messages[k - 1]['role']!r}) differently once another message follows (e.g. it drops the "
+                    "reasoning of earlier turns), so the message cannot be located by rendering the conversation "
+                    "prefix; pass the prompt as text or token ids instead"
+                )
         cuts.append(cut)
         pos = cut
     if add_generation_prompt and full.startswith(body):
@@ -634,8 +698,11 @@ def chat_edit(
         system: optional system message (the template's default is used otherwise).
 
     Raises:
+        TypeError: naming ``tokenizer`` when it cannot render a chat (``None``, an object without
+            ``apply_chat_template``).
         ValueError: naming ``documents`` when it is not a str or is empty; ``span`` when it is not a pair of integers,
-            empty or outside ``[0, len(documents)]``; otherwise as :func:`build_edit` and :func:`render_chat`.
+            empty or outside ``[0, len(documents)]``; ``tokenizer`` when it has no chat template; otherwise as
+            :func:`build_edit` and :func:`render_chat`.
     """
     _check_documents(documents)
     if not isinstance(question, str):
@@ -646,6 +713,7 @@ def chat_edit(
             f"span=({start}, {end}) is out of range; need 0 <= start < end <= len(documents) = {len(documents)} "
             "(the query follows the documents and cannot be deleted)"
         )
+    _check_chat_tokenizer(tokenizer)
     text, query_text, doc_start, containers = render_chat(
         tokenizer, documents, question, instruction=instruction, system=system
     )

@@ -9,14 +9,27 @@ and :func:`describe` turn those into flat JSON-safe fields; :func:`digest` hashe
 names the first field on which a stored fingerprint and the current one differ (callers raise a ``ValueError`` naming
 it, or write to a new folder).
 
-The weights hash is BLAKE2b (16-byte digest) over every parameter's and buffer's name, dtype, shape and raw bytes, in
-``named_parameters`` / ``named_buffers`` order. It is computed once per module and cached; the cache is invalidated
-when any parameter is replaced or modified in place (the tensors' ``data_ptr`` and autograd version counter form the
-cache key). Hashing costs a few seconds once per model (SmolLM2-135M in float32: ~2-4 s on a busy shared CPU).
+The weights hash (:func:`weights_hash`) is BLAKE2b (16-byte digest) over every parameter's and buffer's name, dtype,
+shape and raw bytes, in ``named_parameters`` / ``named_buffers`` order: what a result stored on disk records. Hashing
+costs a few seconds per model (SmolLM2-135M in float32: ~2-4 s on a busy shared CPU), so it is cached per module under
+the module's :func:`weights_digest`, the cheap check every in-process store keyed on the weights makes.
+
+The weights digest sees in-place updates. A write through ``p.data`` (``p.data.copy_(new)``, ``p.data.add_(delta)``:
+how RL trainers push new weights into an inference copy) changes neither the parameter's storage pointer nor its
+autograd version counter (``.data`` is a tensor with a version counter of its own), so a key made of those two alone
+stays the same while the weights change. :func:`weights_digest` therefore also hashes the content of
+:data:`DIGEST_SAMPLES` elements of every parameter and buffer, in :data:`DIGEST_RUNS` runs spread over it (spaced
+coprime with the last dimension, so the runs fall in different columns of successive rows), together with each
+tensor's name, shape, dtype, storage pointer and version counter. An update that changes the weights almost everywhere (an optimizer step, a weight sync, a
+``load_state_dict``) changes sampled elements; ``load_state_dict(assign=True)`` and ``p.data = t`` change the pointer;
+in-place writes on the parameter itself (``copy_`` under ``torch.no_grad`` or ``torch.inference_mode``, optimizer
+steps) bump the version counter. A ``.data`` write confined to elements between the samples (one row of a matrix) is
+the one update it can miss; :func:`weights_hash` ``(model, full=True)`` hashes every byte again.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -29,9 +42,13 @@ import torch
 
 #: The digest size of every fingerprint hash, bytes (32 hex characters).
 DIGEST_BYTES = 16
+#: Elements of each parameter and buffer whose content :func:`weights_digest` hashes (all of a smaller tensor).
+DIGEST_SAMPLES = 256
+#: Runs of consecutive elements those samples come in, equally spaced over the tensor.
+DIGEST_RUNS = 16
 
-# module -> (stamp, hex digest); weak keys so that a dropped model frees its entry.
-_WEIGHTS_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+# module -> (weights digest, full hex digest); weak keys so that a dropped model frees its entry.
+_WEIGHTS_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, str]]" = weakref.WeakKeyDictionary()
 
 
 def versions() -> str:
@@ -50,48 +67,123 @@ def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(module.named_parameters(remove_duplicate=True)) + list(module.named_buffers(remove_duplicate=True))
 
 
-def _stamp(tensors: list[tuple[str, torch.Tensor]]) -> tuple:
-    out = []
-    for name, t in tensors:
-        try:
-            version = t._version
-        except RuntimeError:  # inference tensors keep no version counter; their storage pointer still changes on swap
-            version = -1
-        out.append((name, t.data_ptr(), version, tuple(t.shape), str(t.dtype)))
-    return tuple(out)
+def _module_of(model: torch.nn.Module | Any) -> torch.nn.Module:
+    # A LoadedModel holds its module in .model; a *ForCausalLM module's own .model is the inner decoder (no LM head).
+    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module or a LoadedModel; got {type(model).__name__}")
+    return module
 
 
-def weights_hash(model: torch.nn.Module | Any) -> str:
-    """BLAKE2b hex digest (32 characters) of a module's parameters and buffers: names, dtypes, shapes and bytes.
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter; their storage pointer still changes on swap
+        return -1
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_step(n: int, cols: int) -> int:
+    """Spacing of :data:`DIGEST_RUNS` runs over ``n`` elements: as wide as possible, coprime with the row length
+    ``cols`` (so the runs fall in different columns of successive rows)."""
+    run = DIGEST_SAMPLES // DIGEST_RUNS
+    step = (n - run) // (DIGEST_RUNS - 1)
+    while step > run and math.gcd(step, cols) != 1:
+        step -= 1
+    return step
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    """:data:`DIGEST_SAMPLES` elements of ``t`` spread over all of it: a ``[runs, run]`` view (``[1, n]``: all of a
+    small tensor).
+
+    :data:`DIGEST_RUNS` runs of consecutive elements, equally spaced: a run is a cache line or two, so a check costs
+    about ``DIGEST_RUNS`` memory accesses per tensor (scattered single elements would cost one miss each). Made per
+    check and never kept: a kept view would keep a replaced tensor's storage alive.
+    """
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()  # a copy (parameters are contiguous)
+    n = t.numel()
+    if n <= DIGEST_SAMPLES:
+        return t.reshape(1, n)
+    step = _run_step(n, t.shape[-1])
+    return t.as_strided((DIGEST_RUNS, DIGEST_SAMPLES // DIGEST_RUNS), (step, 1), t.storage_offset())
+
+
+def weights_digest(model: torch.nn.Module | Any) -> str:
+    """A cheap BLAKE2b hex digest (32 characters) that changes when a module's weights change, in place included.
+
+    It hashes each parameter's and buffer's name, shape, dtype, storage pointer and autograd version counter, and the
+    content of :data:`DIGEST_SAMPLES` elements of each, in :data:`DIGEST_RUNS` runs spread over the tensor (module
+    docstring: which updates it sees and the one it can miss). A check walks the module tree once and gathers the
+    samples in one copy per dtype: a few milliseconds on Qwen2.5-0.5B on a CPU (``scripts/weights_digest_cost.py``).
+    Every in-process store keyed on the weights checks it (a SAFE-KV document store through
+    :func:`model_fingerprint`, :class:`sur_lab.EditSession`'s live cache).
 
     Args:
         model: a ``torch.nn.Module`` or a :class:`sur_lab.models.LoadedModel` (its ``model``).
 
     Returns:
-        The digest; cached per module until a parameter or buffer is replaced or modified in place.
+        The digest. Equal digests mean the same tensors with the same version counters and sampled values; any
+        replacement of a tensor gives another digest even when its values are equal.
 
     Raises:
         ValueError: naming ``model`` when it is neither a module nor a LoadedModel.
     """
-    # A LoadedModel holds its module in .model; a *ForCausalLM module's own .model is the inner decoder (no LM head).
-    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
-    if not isinstance(module, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module or a LoadedModel; got {type(model).__name__}")
-    tensors = _tensors(module)
-    stamp = _stamp(tensors)
+    module = _module_of(model)
+    stamp, runs, small = [], {}, {}
+    with torch.no_grad():
+        for name, t in _tensors(module):
+            if t.is_meta:
+                stamp.append((name, 0, _version(t), tuple(t.shape), t.dtype))
+                continue
+            stamp.append((name, t.data_ptr(), _version(t), tuple(t.shape), t.dtype))
+            sample = _sample(t)
+            if sample.shape[0] == DIGEST_RUNS:
+                runs.setdefault((t.dtype, t.device), []).append(sample)
+            elif sample.numel():
+                small.setdefault((t.dtype, t.device), []).append(sample.reshape(-1))
+        h = hashlib.blake2b(repr(stamp).encode(), digest_size=DIGEST_BYTES)
+        for parts in (runs, small):
+            for _, samples in sorted(parts.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+                # Raw bytes whatever the dtype (numpy has no bfloat16): one gather per dtype, reinterpreted as uint8.
+                h.update(torch.cat(samples).cpu().contiguous().view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def weights_hash(model: torch.nn.Module | Any, *, full: bool = False) -> str:
+    """BLAKE2b hex digest (32 characters) of a module's parameters and buffers: names, dtypes, shapes and bytes.
+
+    Args:
+        model: a ``torch.nn.Module`` or a :class:`sur_lab.models.LoadedModel` (its ``model``).
+        full: hash every byte again even when :func:`weights_digest` is unchanged (a ``.data`` write confined to
+            elements between its samples).
+
+    Returns:
+        The digest of the content (equal weights give equal hashes, wherever they are stored); cached per module
+        under its :func:`weights_digest`, so an in-place update (``p.data.copy_``, ``p.data.add_``,
+        ``load_state_dict``, ``copy_`` under ``torch.inference_mode``, ``assign=True``, an optimizer step) is hashed
+        again.
+
+    Raises:
+        ValueError: naming ``model`` when it is neither a module nor a LoadedModel.
+    """
+    module = _module_of(model)
+    key = weights_digest(module)
     hit = _WEIGHTS_CACHE.get(module)
-    if hit is not None and hit[0] == stamp:
+    if hit is not None and hit[0] == key and not full:
         return hit[1]
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
     with torch.no_grad():
-        for name, t in tensors:
+        for name, t in _tensors(module):
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
             flat = t.detach().reshape(-1).contiguous().cpu()
             # Raw bytes whatever the dtype (numpy has no bfloat16): reinterpret as uint8 without copying.
             if flat.numel():
                 h.update(flat.view(torch.uint8).numpy().data)  # a buffer view: no copy of the bytes
     digest = h.hexdigest()
-    _WEIGHTS_CACHE[module] = (stamp, digest)
+    _WEIGHTS_CACHE[module] = (key, digest)
     return digest
 
 
@@ -166,5 +258,5 @@ def first_difference(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> 
     return None
 
 
-__all__ = ["DIGEST_BYTES", "describe", "device_name", "digest", "first_difference", "model_fingerprint", "versions",
-           "weights_hash"]
+__all__ = ["DIGEST_BYTES", "DIGEST_SAMPLES", "describe", "device_name", "digest", "first_difference",
+           "DIGEST_RUNS", "model_fingerprint", "versions", "weights_digest", "weights_hash"]

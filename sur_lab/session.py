@@ -26,9 +26,15 @@ SmolLM2 in bfloat16, 40 Shifts of 2 positions leave about 8x the layer-0 key err
 ``scripts/session_drift.py``). Anchors cost one extra copy of the keys.
 
 :meth:`EditSession.sync` takes a whole new prompt instead (token ids, text, segments, or chat messages rendered one
-message per segment), diffs it against the cached ids (:mod:`sur_lab.sync`) and applies all its deletions, insertions
-and replacements with one repair; :class:`~sur_lab.sync.SyncPolicy` falls back to prefix reuse where a repair saves
-little. :func:`sur_lab.check_model` (``EditSession(..., check=True)``) checks a model before it is trusted.
+message per segment), diffs it against the cached ids (:mod:`sur_lab.sync`; text is compared as text first, so a
+resent unchanged prompt is a no-op and a resent prompt plus a suffix an append) and applies all its deletions,
+insertions and replacements with one repair; :class:`~sur_lab.sync.SyncPolicy` falls back to prefix reuse where a
+repair saves little. :func:`sur_lab.check_model` (``EditSession(..., check=True)``) checks a model before it is trusted.
+
+**Weights.** The live cache is valid for the weights it was computed with. Every call that reads or extends it first
+compares the model's :func:`~sur_lab.fingerprint.weights_digest` with the one its rows were computed under (an RL
+loop's ``p.data.copy_(new)`` included); after a change the context is prefilled again (one warning), and a
+:meth:`EditSession.sync` takes the ``"re-prefill"`` path for the new prompt.
 
 :func:`repair_cache` applies one deletion repair to a user's own ``DynamicCache`` built from known ids, with no
 sur_lab types in its signature. The session's :attr:`EditSession.cache` works with ``model.generate`` (transformers
@@ -41,8 +47,11 @@ Source: section 3 (evolving contexts, Eq. 2, Eq. 3), Algorithm 1, appendix 7.1 (
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import operator
 import time
+import warnings
+from collections.abc import Mapping
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,13 +64,14 @@ from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocat
 from sur_lab.answer import Answer, greedy_answer
 from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
-from sur_lab.checks import as_count
-from sur_lab.edits import EditedContext, chat_segments, splice_replacement, tokenize_segments
+from sur_lab.checks import as_count, user_stacklevel
+from sur_lab.edits import EditedContext, chat_segments, offset_pieces, splice_replacement, tokenize_segments
 from sur_lab.executors import get_executor, insert_rows, replay
+from sur_lab.fingerprint import weights_digest
 from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
 from sur_lab.models import LoadedModel, as_loaded_model
 from sur_lab.repair import PreparedEdit, erratum_note_for, repair
-from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, choose_path, diff_tokens
+from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, align_text, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
 SESSION_REFERENCE_METHODS = ("Shift", "Replay", "Re-prefill", "Erratum")
@@ -132,6 +142,67 @@ def recomputed_staleness(stale: np.ndarray, rows: np.ndarray) -> np.ndarray:
     before = np.concatenate(([0], np.maximum.accumulate(kept)[:-1]))  # max over kept rows strictly before j
     out[recomputed] = before[recomputed]
     return out
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_ids_kind(content, name: str) -> None:
+    """Refuse, before any tensor is built, a ``content`` that is neither text nor token ids: ``None``, another
+    object, or a list holding something other than numbers (text, a message, ``None``, a boolean).
+
+    Raises:
+        TypeError: naming ``name`` (and the first offending item).
+    """
+    if isinstance(content, (str, torch.Tensor, np.ndarray)):
+        return
+    if isinstance(content, (list, tuple)):
+        rows = content if content and all(isinstance(x, (list, tuple)) for x in content) else [content]
+        for row in rows:  # [L] or [[L]] (batch size one; a larger batch is refused by the shape check)
+            for i, x in enumerate(row):
+                if not _is_id(x):
+                    raise TypeError(f"{name} must be text or integer token ids, one kind; {name}[{i}] is "
+                                    f"{type(x).__name__} {x!r:.40}")
+        return
+    raise TypeError(f"{name} must be text or integer token ids ([L] list, tensor or array); got "
+                    f"{type(content).__name__} {content!r:.40}")
+
+
+def _prompt_kind(new) -> str:
+    """What :meth:`EditSession.sync` was given: ``"text"``, ``"ids"``, ``"segments"`` (a list of str) or
+    ``"messages"`` (a list of dicts), checked before any tensor is built.
+
+    Raises:
+        TypeError: naming ``new`` for ``None``, another object, or a list that mixes kinds (ids and text, messages and
+            text), with the first item of another kind.
+    """
+    if new is None:
+        raise TypeError("new is None; pass the whole new prompt: token ids, text, a list of text segments or a list of "
+                        "chat messages")
+    if isinstance(new, str):
+        return "text"
+    if isinstance(new, (torch.Tensor, np.ndarray)):
+        return "ids"
+    if not isinstance(new, (list, tuple)):
+        raise TypeError(f"new must be token ids, text, a list of text segments or a list of chat messages; got "
+                        f"{type(new).__name__} {new!r:.40}")
+    if not new:
+        return "ids"  # refused as empty by the ids check
+    kinds = {"ids": _is_id, "segments": lambda x: isinstance(x, str), "messages": lambda x: isinstance(x, Mapping)}
+    if all(isinstance(x, (list, tuple)) for x in new):  # [[L]]: ids of batch size one
+        _check_ids_kind(new, "new")
+        return "ids"
+    for kind, test in kinds.items():
+        if test(new[0]):
+            bad = next((i for i, x in enumerate(new) if not test(x)), None)
+            if bad is None:
+                return kind
+            raise TypeError(f"new mixes kinds: new[0] is {type(new[0]).__name__} ({kind}) but new[{bad}] is "
+                            f"{type(new[bad]).__name__} {new[bad]!r:.40}; pass one kind: token ids, text segments or "
+                            "chat messages")
+    raise TypeError(f"new must be token ids, text, a list of text segments or a list of chat messages; new[0] is "
+                    f"{type(new[0]).__name__} {new[0]!r:.40}")
 
 
 @dataclass(frozen=True)
@@ -297,6 +368,7 @@ class EditSession:
         self._next_segment = 0
         self._query: _Query | None = None
         self.history: list[EditRecord | SyncRecord] = []
+        self._weights = weights_digest(lm.model)  # the weights the live rows were computed with
 
     # ------------------------------------------------------------------------------------------------------------
     # Construction from an existing cache
@@ -355,8 +427,10 @@ class EditSession:
         """
         merged = {**{f: getattr(self._defaults, f) for f in _Policy.__dataclass_fields__},
                   "sync_policy": self._sync_policy, **defaults}
+        self._follow_weights()
         other = EditSession(self.lm, **merged)
         other._state, other._next_segment, other._query = self._state, self._next_segment, self._query
+        other._weights = self._weights
         return other
 
     # ------------------------------------------------------------------------------------------------------------
@@ -380,8 +454,10 @@ class EditSession:
         """The live cache: a new ``DynamicCache`` object over the session's tensors (no copy), ``n`` rows per layer.
 
         Appending to it (``model.generate``, :func:`~sur_lab.forward.forward_tokens`) concatenates into new tensors
-        and leaves the session unchanged; writing into its tensors in place would not.
+        and leaves the session unchanged; writing into its tensors in place would not. After an update of the model's
+        weights the context is prefilled again first (module docstring).
         """
+        self._follow_weights()
         return self._state.cache()
 
     @property
@@ -437,7 +513,26 @@ class EditSession:
         return _Policy(method, budget, executor, debt, seed,
                        dict(d.options if options is None else options))
 
+    def _follow_weights(self) -> None:
+        """Prefill the context again when the model's weights changed since its rows were computed (an in-place
+        update: :func:`~sur_lab.fingerprint.weights_digest`); the new rows are fresh (debt 0)."""
+        now = weights_digest(self.lm.model)
+        if now == self._weights:
+            return
+        old = self._state
+        if old.n:
+            warnings.warn(
+                f"EditSession: the model's weights changed since the cache was computed (an in-place update); the "
+                f"context's {old.n} rows are prefilled again", RuntimeWarning, stacklevel=user_stacklevel(),
+            )
+            kv = to_tensors(prefill(self.lm, old.ids)[0])
+            keys = tuple(k for k, _ in kv)
+            self._state = _State(old.ids, keys, tuple(v for _, v in kv), keys, np.arange(old.n, dtype=np.int64),
+                                 np.zeros(old.n, dtype=np.int64), old.segment, old.pieces)
+        self._weights = now
+
     def _as_ids(self, content, name: str) -> torch.Tensor:
+        _check_ids_kind(content, name)
         if isinstance(content, str):
             if self.lm.tokenizer is None:
                 raise ValueError(f"{name} is text but the model has no tokenizer; pass token ids")
@@ -481,14 +576,9 @@ class EditSession:
     # Text pieces
 
     def _text_pieces(self, text: str, ids: torch.Tensor) -> tuple[str, ...]:
-        """Each token's share of ``text``: from its start offset to the next token's (the last runs to the end)."""
+        """Each token's share of ``text`` (:func:`sur_lab.edits.offset_pieces`)."""
         enc = self.lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        starts, prev = [], 0
-        for i, (s, _) in enumerate(enc["offset_mapping"]):
-            prev = 0 if i == 0 else max(prev, int(s))
-            starts.append(prev)
-        bounds = starts[1:] + [len(text)]
-        return tuple(text[s:e] for s, e in zip(starts, bounds))
+        return offset_pieces(text, enc["offset_mapping"])
 
     def _decode_pieces(self, ids: torch.Tensor) -> tuple[str, ...] | None:
         if self.lm.tokenizer is None:
@@ -514,6 +604,7 @@ class EditSession:
             question: the question alone (text or ids), for relevance scoring (defaults to the whole query).
 
         Raises:
+            TypeError: naming ``content`` or ``question`` when neither text nor integer ids.
             ValueError: naming ``content`` or ``question`` when empty or out of the vocabulary.
         """
         ids = self._as_ids(content, "content")
@@ -576,7 +667,7 @@ class EditSession:
             ValueError: as :meth:`answer`.
         """
         ids = self._query_ids(query)
-        cache = self.cache  # a fresh object over the session's tensors: the forward concatenates into new tensors
+        cache = self.cache  # a fresh object over the session's tensors (weights followed): new tensors on forward
         return greedy_answer(self.lm, cache, ids, max_new_tokens=1, copy=False), cache
 
     # ------------------------------------------------------------------------------------------------------------
@@ -593,10 +684,12 @@ class EditSession:
             EditRecord with ``kind="append"`` and ``timings_ms["prefill"]``.
 
         Raises:
-            ValueError: naming ``content`` when empty, not ids, or text without a tokenizer.
+            TypeError: naming ``content`` when it is neither text nor integer ids (``None``, a list holding text).
+            ValueError: naming ``content`` when empty, not integer ids, or text without a tokenizer.
         """
         ids = self._as_ids(content, "content")
         pieces = self._pieces(content, ids)
+        self._follow_weights()
         old = self._state
         n, m = old.n, int(ids.numel())
         new, prefill_ms = self._extended(old, ids, pieces, np.full(m, self._next_segment, dtype=np.int64))
@@ -662,6 +755,7 @@ class EditSession:
         """
         policy = self._policy(method, budget_pct, executor, debt_pct, seed, options)
         a, b = self._check_span(start, end)
+        self._follow_weights()
         return self._edit(a, b, None, None, policy)
 
     @one_context_warning
@@ -680,11 +774,13 @@ class EditSession:
         instead (issue 26): the session then holds the context before the edit followed by the note.
 
         Raises:
+            TypeError: naming ``content`` when it is neither text nor integer ids.
             ValueError: as :meth:`delete`, and naming ``content`` when empty.
         """
         policy = self._policy(method, budget_pct, executor, debt_pct, seed, options)
         a, b = self._check_span(start, end)
         ids = self._as_ids(content, "content")
+        self._follow_weights()
         return self._edit(a, b, ids, self._pieces(content, ids), policy)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -716,15 +812,23 @@ class EditSession:
         allocation lands on inserted rows (recomputed anyway) refreshes fewer than B kept rows; the record tells.
         :class:`~sur_lab.sync.SyncPolicy` (``policy``, default the session's) falls back to prefix reuse (recompute
         every row from the first change) when the first change is near the end or most of what follows it is new.
-        A pure append computes only the new tokens; an unchanged prompt computes nothing. ``Re-prefill`` prefills
-        the new prompt whole.
+        A pure append computes only the new tokens; an unchanged prompt computes nothing but the debt pass
+        (``debt_pct``). ``Re-prefill`` prefills the new prompt whole, and so does every sync after the model's weights
+        changed (module docstring).
+
+        Text is compared as text before any token diff (:func:`sur_lab.sync.align_text`): the session's own
+        :attr:`text` resent unchanged is a no-op, and :attr:`text` plus a suffix is an append of the suffix's tokens,
+        whatever the whole text would tokenize to; only the text between the stable boundaries around a change is
+        tokenized again, and any token that then differs from the cached ones is repaired and counted in the debt.
 
         Args:
             new: the whole new prompt: ``[m]`` token ids (tensor or list of ints); text (tokenized as one segment,
                 without special tokens); a list of text segments (each tokenized on its own,
                 :func:`sur_lab.edits.tokenize_segments`, one container each); or a list of chat messages
                 (``{"role", "content"}`` dicts) rendered with the tokenizer's chat template segment by segment
-                (:func:`sur_lab.edits.chat_segments`: message boundaries are token boundaries).
+                (:func:`sur_lab.edits.chat_segments`: message boundaries are token boundaries, located by rendering
+                the conversation prefix; a template that renders an earlier message differently once another follows
+                is refused).
             method, budget_pct, executor, debt_pct, seed, options: as :meth:`delete` (session defaults when None).
             policy: when to fall back to prefix reuse (default: the session's ``sync_policy``).
             add_generation_prompt: chat messages only: end the prompt with the template's generation prompt.
@@ -735,9 +839,12 @@ class EditSession:
             allowance, debt, timings in ms); it is also appended to :attr:`history`.
 
         Raises:
+            TypeError: before any tensor is built, naming ``new`` (``None``, another object, a list that mixes ids,
+                text and messages), ``template_kwargs`` (not a dict) or ``add_generation_prompt`` (not a bool).
             ValueError: before any work, naming ``new`` (empty, ids outside the vocabulary, text or messages
-                without a tokenizer, a malformed message), ``policy`` (not a SyncPolicy), ``method``,
-                ``budget_pct``, ``executor`` or ``debt_pct``. After any error the session is unchanged.
+                without a tokenizer, a malformed message, a chat template that is not prefix-stable), ``policy`` (not
+                a SyncPolicy), ``method``, ``budget_pct``, ``executor`` or ``debt_pct``. After any error the session
+                is unchanged.
         """
         t_start = time.perf_counter()
         pol = self._policy(method, budget_pct, executor, debt_pct, seed, options)
@@ -747,13 +854,21 @@ class EditSession:
         sync_policy = self._sync_policy if policy is None else policy
         if not isinstance(sync_policy, SyncPolicy):
             raise ValueError(f"policy must be a sur_lab.SyncPolicy; got {type(sync_policy).__name__}")
-        ids, pieces, labels = self._sync_input(new, add_generation_prompt, template_kwargs)
-        old = self._state
+        if not isinstance(add_generation_prompt, (bool, np.bool_)):
+            raise TypeError(f"add_generation_prompt must be True or False; got {add_generation_prompt!r}")
+        if template_kwargs is not None and not isinstance(template_kwargs, Mapping):
+            raise TypeError("template_kwargs must be a dict of apply_chat_template keyword arguments (or None); got "
+                            f"{type(template_kwargs).__name__} {template_kwargs!r:.60}")
         timings = {"diff": 0.0, "prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
+        ids, pieces, labels = self._sync_input(new, bool(add_generation_prompt), template_kwargs)
+        old = self._state
         t0 = time.perf_counter()
         plan = diff_tokens(old.ids, ids)
         timings["diff"] = _ms(t0)
         path = choose_path(plan, sync_policy, pol.method)
+        weights = weights_digest(self.lm.model)
+        if weights != self._weights and old.n:  # rows computed under other weights: every row is recomputed
+            path = "re-prefill"
         pieces = self._sync_pieces(old, plan, ids, pieces)
         labels, next_segment = self._sync_labels(old, plan, labels)
         f, m = plan.first_change, plan.new_len
@@ -781,9 +896,7 @@ class EditSession:
             recomputed[plan.source < 0] = True
             recomputed[refreshed] = True
         debt_before = int((state.stale > 0).sum())
-        debt_rows = np.zeros(0, dtype=np.int64)
-        if path != "unchanged":
-            state, debt_rows = self._pay_debt(state, pol, timings)
+        state, debt_rows = self._pay_debt(state, pol, timings)  # an unchanged prompt pays debt_pct too
         forwarded = int(recomputed.sum()) + len(debt_rows)
         recomputed[debt_rows] = True
         timings["total"] = _ms(t_start)
@@ -799,39 +912,39 @@ class EditSession:
         )
         self._commit(state, record)
         self._next_segment = next_segment
+        self._weights = weights
         return record
 
     def _sync_input(self, new, add_generation_prompt: bool, template_kwargs):
         """``new`` as ``(ids [m], pieces or None, container labels or None)``; None: derived from the diff."""
         tok = self.lm.tokenizer
-        segments = None
-        if isinstance(new, str):
+        kind = _prompt_kind(new)
+        if kind == "text":
+            old = self._state
+            if tok is not None and old.pieces is not None and old.n:
+                # Text first: the unchanged text keeps its cached rows (sur_lab.sync.align_text).
+                aligned = align_text(tok, old.ids, old.pieces, old.segment, new)
+                if aligned is not None:
+                    return self._as_ids(aligned[0], "new"), aligned[1], None
             ids = self._as_ids(new, "new")
             return ids, self._pieces(new, ids), None
-        if isinstance(new, (list, tuple)) and new and all(isinstance(x, dict) for x in new):
-            if tok is None:
-                raise ValueError("new is a list of chat messages but the model has no tokenizer; pass token ids")
+        if kind == "ids":
+            return self._as_ids(new, "new"), None, None
+        if tok is None:
+            what = "chat messages" if kind == "messages" else "text segments"
+            raise ValueError(f"new is a list of {what} but the model has no tokenizer; pass token ids")
+        if kind == "messages":
             try:
                 segments = chat_segments(tok, new, add_generation_prompt=add_generation_prompt,
                                          template_kwargs=template_kwargs)
             except ValueError as err:
                 raise ValueError(f"new: {err}") from None
-        elif isinstance(new, (list, tuple)) and new and all(isinstance(x, str) for x in new):
-            if tok is None:
-                raise ValueError("new is a list of text segments but the model has no tokenizer; pass token ids")
+        else:
             segments = list(new)
-        if segments is None:
-            return self._as_ids(new, "new"), None, None
         seg_ids, offsets = tokenize_segments(tok, segments)
         flat = [t for x in seg_ids for t in x]
         ids = self._as_ids(torch.tensor(flat, dtype=torch.long), "new")
-        text = "".join(segments)
-        starts, prev = [], 0
-        for i, (a, _) in enumerate(offsets):
-            prev = 0 if i == 0 else max(prev, int(a))
-            starts.append(prev)
-        bounds = starts[1:] + [len(text)]
-        pieces = tuple(text[a:b] for a, b in zip(starts, bounds))
+        pieces = offset_pieces("".join(segments), offsets)
         labels = np.concatenate([np.full(len(x), k, dtype=np.int64) for k, x in enumerate(seg_ids)])
         return ids, pieces, labels
 

@@ -10,6 +10,17 @@ in one pass with every row index valid. :class:`SyncPolicy` says when a repair i
 (recompute everything from the first change, what serving engines do today) is taken instead.
 :meth:`sur_lab.session.EditSession.sync` runs the plan and returns a :class:`SyncRecord`.
 
+Text is compared as text first (:func:`align_text`): agent runtimes resend the whole prompt as a string, and
+tokenizing that string whole gives other ids than the cached ones wherever earlier appends met (a BPE merge across the
+seam), so a token diff alone would see edits in unchanged text. The unchanged text before the first changed character
+and after the last one keeps its cached rows; only the text between the last stable boundary before the change and
+the first one after it is tokenized again. A stable boundary is a message boundary (where an appended segment
+starts), a special token, or a whitespace boundary where tokenizing across it gives the same ids as tokenizing each
+side (a round trip; the end of the cached text is checked so too). An unchanged text is then the cached ids, and the
+cached text plus a suffix that starts at a stable boundary is the cached ids plus the suffix's own, as
+:meth:`~sur_lab.session.EditSession.append` would give. Whatever still differs from the cached ids is an edit of the
+token diff, repaired and counted in the debt.
+
 Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
 Eq. 3 (allowance), appendix 14 (stale causal predecessors).
 """
@@ -24,9 +35,14 @@ import torch
 
 from sur_lab.allocators import Selection
 from sur_lab.budget import Support
+from sur_lab.edits import common_prefix_len, offset_pieces
 
 #: Paths :meth:`EditSession.sync` can take.
 SYNC_PATHS = ("unchanged", "tail", "repair", "prefix-reuse", "re-prefill")
+#: Characters each side of a whitespace boundary that :func:`align_text` tokenizes to check it by round trip.
+ROUND_TRIP_CHARS = 64
+#: Whitespace boundaries :func:`align_text` tries on each side of a change before it settles for a structural one.
+ROUND_TRIP_TRIES = 32
 
 
 @dataclass(frozen=True)
@@ -159,6 +175,114 @@ def diff_tokens(old_ids, new_ids) -> SyncPlan:
         for i, j, size in matcher.get_matching_blocks():
             source[f + j : f + j + size] = np.arange(f + i, f + i + size)
     return SyncPlan(old_len=n, new_len=m, source=source, first_change=f)
+
+
+def special_ids(tokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's special tokens (``all_special_ids`` and added tokens marked special): tokenization
+    always splits around them."""
+    out = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            out.add(int(i))
+    return frozenset(out)
+
+
+def splits_at(tokenizer, text: str, c: int, window: int = ROUND_TRIP_CHARS) -> bool:
+    """Whether tokenizing across character ``c`` of ``text`` gives the ids of tokenizing each side on its own (a
+    round trip over ``window`` characters each side): a boundary where re-tokenizing from ``c`` changes nothing."""
+    if c <= 0 or c >= len(text):
+        return True
+    lo, hi = max(0, c - window), min(len(text), c + window)
+
+    def enc(x: str) -> list[int]:
+        return list(tokenizer(x, add_special_tokens=False)["input_ids"])
+
+    return enc(text[lo:hi]) == enc(text[lo:c]) + enc(text[c:hi])
+
+
+def align_text(tokenizer, old_ids, old_pieces, old_segment, new_text: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+    """Token ids of ``new_text`` that keep the cached rows of its unchanged text (module docstring).
+
+    The longest common prefix and suffix of the cached text and ``new_text`` are found as text. The rows before the
+    last stable boundary at or before the first changed character, and from the first stable boundary at or after the
+    last one, keep their cached ids; the text between is tokenized on its own (without special tokens added). Stable
+    boundaries: where a segment (an append, a message) starts, either side of a special token, or a whitespace
+    boundary that :func:`splits_at` accepts (at most :data:`ROUND_TRIP_TRIES` tried per side); the end of the cached
+    text is one after a special token or where :func:`splits_at` accepts it (``"...\\n"`` followed by ``"\\n..."``
+    merges into one token: the last row is tokenized again with the suffix).
+
+    Args:
+        tokenizer: a fast tokenizer (offsets).
+        old_ids: ``[n]`` int64 cached ids.
+        old_pieces: ``n`` strings, each row's share of the cached text.
+        old_segment: int64 ``[n]`` container label of each row (a change of label is a message boundary).
+        new_text: the whole new prompt.
+
+    Returns:
+        ``(ids [m] int64, pieces)``: the cached ids for ``new_text == "".join(old_pieces)``, the cached ids plus the
+        suffix's own for an appended suffix that starts at a stable boundary; ``None`` when the result would not decode to ``new_text`` (a tokenizer
+        that adds a prefix space to a piece, or cached pieces that are not the text of their ids): tokenize
+        ``new_text`` whole then.
+    """
+    old_ids = torch.as_tensor(old_ids, dtype=torch.long).reshape(-1).cpu()
+    old_text = "".join(old_pieces)
+    n = len(old_pieces)
+    if new_text == old_text:
+        return old_ids.clone(), tuple(old_pieces)
+    lengths = np.fromiter((len(x) for x in old_pieces), dtype=np.int64, count=n)
+    starts = np.concatenate(([0], np.cumsum(lengths)))  # starts[r]: character where row r starts; starts[n] = len
+    ids = old_ids.tolist()
+    segment = np.asarray(old_segment, dtype=np.int64)
+    special = special_ids(tokenizer)
+    grow = len(new_text) - len(old_text)
+    cp = common_prefix_len(old_text, new_text)
+    cs = min(common_prefix_len(old_text[::-1], new_text[::-1]), min(len(old_text), len(new_text)) - cp)
+
+    def structural(r: int, keep_after: bool) -> bool:
+        if r == 0 or r == n and not keep_after:
+            return True
+        if r == n:  # the end of the cached text: stable after a special token, or where the round trip says so
+            return ids[r - 1] in special or splits_at(tokenizer, new_text, len(old_text))
+        if segment[r] != segment[r - 1]:  # where an append started: its seam is in the cache already
+            return True
+        if keep_after:  # rows before r are kept: a special token before r, or one at r wholly in the common prefix
+            return ids[r - 1] in special or (ids[r] in special and starts[r + 1] <= cp)
+        return ids[r] in special or (ids[r - 1] in special and starts[r - 1] >= len(old_text) - cs)
+
+    def whitespace(c: int) -> bool:
+        return (c > 0 and new_text[c - 1].isspace()) or (c < len(new_text) and new_text[c].isspace())
+
+    # r0: the last stable boundary at or before the first change (rows [0, r0) kept).
+    r0, tries = int(np.searchsorted(starts, cp, side="right")) - 1, 0
+    while not structural(r0, True):
+        c = int(starts[r0])
+        if tries < ROUND_TRIP_TRIES and whitespace(c):
+            tries += 1
+            if splits_at(tokenizer, new_text, c):
+                break
+        r0 -= 1
+    # r1: the first stable boundary at or after the last change (rows [r1, n) kept).
+    r1, tries = max(r0, int(np.searchsorted(starts, len(old_text) - cs, side="left"))), 0
+    while not structural(r1, False):
+        c = int(starts[r1]) + grow
+        if tries < ROUND_TRIP_TRIES and whitespace(c):
+            tries += 1
+            if splits_at(tokenizer, new_text, c):
+                break
+        r1 += 1
+    c0, c1 = int(starts[r0]), int(starts[r1]) + grow
+    middle = new_text[c0:c1]
+    mid_ids: list[int] = []
+    mid_pieces: tuple[str, ...] = ()
+    if middle:
+        enc = tokenizer(middle, add_special_tokens=False, return_offsets_mapping=True)
+        mid_ids = list(enc["input_ids"])
+        mid_pieces = offset_pieces(middle, enc["offset_mapping"])
+    new_ids = torch.tensor(ids[:r0] + mid_ids + ids[r1:], dtype=torch.long)
+    back = tokenizer.decode(new_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if back != new_text:
+        return None
+    return new_ids, tuple(old_pieces[:r0]) + mid_pieces + tuple(old_pieces[r1:])
 
 
 def choose_path(plan: SyncPlan, policy: SyncPolicy, method: str) -> str:

@@ -57,10 +57,14 @@ def test_no_command_is_a_usage_error(capsys):
         (["sweep", "niah", "--workers", "two"], "--workers must be an integer >= 1; got 'two'"),
         (["sweep", "niah", "--workers", "2", "--address", "nowhere"], "--address: address must be"),
         (["sweep", "niah", "--threads", "-1"], "--threads must be an integer >= 1"),
-        (["sweep", "niah", "-p", "budgets", "[150]"], "-p: budget_pct must be in [0, 100]"),
-        (["sweep", "niah", "-p", "allocators", "['Nope']"], "-p: unknown allocator name='Nope'"),
+        (["sweep", "niah", "-p", "budgets", "[150]"], "parameter 'budgets' must hold values in [0, 100]"),
+        # Issue 38: a -p value that fails conversion or the study's own check names the parameter.
+        (["sweep", "niah", "-p", "budgets", "[5, 'x']"], "parameter 'budgets' must hold values in [0, 100]"),
+        (["sweep", "niah", "-p", "budgets", "5"], "parameter 'budgets' must be list"),
+        (["sweep", "niah", "-p", "budgets", "[1" + "0" * 400 + "]"], "parameter 'budgets' must hold values in [0, 100]"),
+        (["sweep", "niah", "-p", "allocators", "['Nope']"], "-p allocators ['Nope']: unknown allocator name='Nope'"),
         (["sweep", "noprefix", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
-        (["sweep", "noprefix", "-p", "protocols", "['copy']"], "-p: protocol='copy'; allowed: forward, donor"),
+        (["sweep", "noprefix", "-p", "protocols", "['copy']"], "parameter 'protocols' must hold values one of 'forward'"),
         (["sweep", "niah", "-p", "n_per_dataset", "3"], "-p n_per_dataset: not a parameter of the niah sweep"),
         (["sweep", "niah", "-p", "num_cases", "0"], "-p: 02_allocation_geometry.ipynb: parameter 'num_cases' must be >= 1"),
         (["sweep", "niah", "--eval-batch", "0"], "--eval-batch must be an integer >= 1; got '0'"),
@@ -468,6 +472,18 @@ def test_wrong_types_are_refused(annotation, value):
         check_parameter("x", value, annotation)
 
 
+def test_conversion_errors_name_the_parameter():
+    """Issue 38: an int beyond float's range (a -p literal of 400 digits) is a ParameterError naming the parameter,
+    for a float parameter and for a range check, never an OverflowError."""
+    from sur_lab.runtime.params import ParameterError, ParameterRange, check_parameter
+
+    huge = 10**400
+    with pytest.raises(ParameterError, match="parameter 'budget' must be a float; 1000.* is beyond float's range"):
+        check_parameter("budget", huge, float)
+    with pytest.raises(ParameterError, match=r"parameter 'budgets' must hold values in \[0, 100\].*got 1000.*\.\.\."):
+        ParameterRange.parse("0..100", "budgets").check("budgets", [5, huge])
+
+
 def test_optional_and_unchecked_annotations():
     from sur_lab.runtime.params import check_parameter
 
@@ -530,3 +546,23 @@ def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, s
     # Without --executor the command uses the notebook's (packed for agent traces), so both name the same folder.
     assert seen["executor"] == module.FIXED.get("executor", "sequential") == (
         "packed" if study == "agent-traces" else "sequential")
+
+
+def test_a_second_sweep_into_a_busy_folder_is_one_line_and_exit_1(capsys, tmp_path, data_dir):
+    """Issue 38: a concurrent `sur-lab sweep` into the same folder prints the lock message as one line (no traceback)
+    and exits 1; nothing is written."""
+    from filelock import FileLock
+
+    model_dir = _tiny_byte_model(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "sweep"
+    out.mkdir()
+    with FileLock(str(out / ".sweep.lock")):  # the first sweep, still running
+        code, stdout, err = _run(capsys, "sweep", "niah", "--preset", "smoke", "--model", str(model_dir), "--dtype",
+                                 "float64", "-p", "context_lens", "[400]", "-p", "budgets", "[5]", "--out", str(out),
+                                 "--no-progress")
+    assert code == 1 and "Traceback" not in err
+    lines = [x for x in err.strip().splitlines() if "it/s]" not in x]  # (model loading's progress bars)
+    assert lines == [f"sur-lab sweep: error: out_dir={str(out)!r} is in use by another sweep (lock "
+                     f"{out / '.sweep.lock'}); wait for it or use another folder"]
+    assert not (out / "parts").exists() and not (out / "records.parquet").exists()

@@ -33,7 +33,7 @@ from sur_lab.answer import answer, continuation_nll
 from sur_lab.cache_ops import caches_equal, max_abs_diff, to_tensors
 from sur_lab.edits import token_edit
 from sur_lab.repair import prepare, repair
-from sur_lab.fingerprint import model_fingerprint, weights_hash
+from sur_lab.fingerprint import model_fingerprint, weights_digest, weights_hash
 from sur_lab.sweeps import Case, run_sweep, sweep_folder
 from sur_lab.studies.noprefix import (
     build_caches,
@@ -140,6 +140,7 @@ def test_sweep_reference_file_of_another_model_is_recomputed(lm64, tmp_path):
     _sweep(lm64, tmp_path / "a")
     for part in (tmp_path / "a" / "parts").glob("*.jsonl"):  # a crash after the reference, before any record
         part.unlink()
+    (tmp_path / "a" / "records.parquet").unlink()  # (and so before any consolidation)
     stale = _sweep(other, tmp_path / "a")
     fresh = _sweep(other, tmp_path / "b")
     cols = ["method", "answer", "tv_reprefill", "tv_dirty_reprefill", "nll_reprefill"]
@@ -208,6 +209,108 @@ def test_weights_hash_is_cached_and_sees_in_place_changes(lm64):
         next(lm.model.parameters())[0, 0] += 1e-12  # one ulp-scale change in one weight
     assert weights_hash(lm) != h
     assert model_fingerprint(lm)["dtype"] == "float64" and model_fingerprint(lm)["device"] == "cpu"
+
+
+def _update_data_copy(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.copy_(p.data * 1.01)  # an RL weight sync: through .data, no version bump, same storage
+
+
+def _update_data_add(model):
+    for p in model.parameters():
+        p.data.add_(1e-3)
+
+
+def _update_load_state_dict(model):
+    model.load_state_dict({k: v * 1.01 for k, v in model.state_dict().items()})
+
+
+def _update_copy_inference_mode(model):
+    with torch.inference_mode():
+        for p in model.parameters():
+            p.copy_(p * 1.01)
+
+
+def _update_assign(model):
+    model.load_state_dict({k: v * 1.01 for k, v in model.state_dict().items()}, assign=True)
+
+
+def _update_optimizer_step(model):
+    params = list(model.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    model(input_ids=torch.tensor([[3, 4, 5, 6]])).logits.square().mean().backward()
+    torch.optim.SGD(params, lr=1e-2).step()  # a trainer's step on the served module
+    for p in params:
+        p.grad = None
+        p.requires_grad_(False)
+
+
+def _update_vector_to_parameters(model):
+    vec = torch.nn.utils.parameters_to_vector(model.parameters())
+    torch.nn.utils.vector_to_parameters(vec * 1.01, model.parameters())  # param.data = new storage
+
+
+WEIGHT_UPDATES = [
+    ("p.data.copy_", _update_data_copy),
+    ("p.data.add_", _update_data_add),
+    ("load_state_dict", _update_load_state_dict),
+    ("copy_ under inference_mode", _update_copy_inference_mode),
+    ("load_state_dict(assign=True)", _update_assign),
+    ("optimizer step", _update_optimizer_step),
+    ("vector_to_parameters", _update_vector_to_parameters),
+]
+
+
+@pytest.mark.parametrize("label,update", WEIGHT_UPDATES, ids=[r[0] for r in WEIGHT_UPDATES])
+def test_every_store_keyed_on_the_weights_sees_an_in_place_update(label, update):
+    """Issue 38: after an in-place weight update, the weights digest and hash change, the SAFE-KV document store
+    encodes the documents again (never serving KV of the old weights), the sweep fingerprint changes, and an
+    EditSession prefills its context again (its cache equals a fresh prefill under the new weights)."""
+    from sur_lab import EditSession
+    from sur_lab.forward import prefill
+    from sur_lab.studies.noprefix import document_caches
+    from sur_lab.sweeps.record import config_fields
+
+    lm = make_tiny_model("llama", seed=0)
+    digest0, hash0, weights0 = weights_digest(lm), weights_hash(lm), config_fields(lm)["model_weights"]
+    assert weights_digest(lm) == digest0  # a check without an update changes nothing
+    prompt = _prompt([1, 2, 3, 4, 5, 6])
+    store: dict = {}
+    build_caches(lm, prompt, doc_store=store)
+    session = EditSession(lm, method="Shift")
+    ids = torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1))
+    session.append(ids)
+
+    update(lm.model)
+    assert weights_digest(lm) != digest0
+    assert weights_hash(lm) != hash0 and weights_hash(lm) == weights_hash(lm, full=True)
+    assert config_fields(lm)["model_weights"] != weights0
+    fresh = build_caches(lm, prompt, doc_store=store)
+    assert len(store) == 2 * prompt.num_docs  # encoded again under the new weights
+    expected = document_caches(lm, prompt, fresh.prefix)
+    assert all(caches_equal(a, b) for a, b in zip(fresh.documents, expected))
+    with pytest.warns(RuntimeWarning, match="weights changed since the cache was computed.*20 rows are prefilled"):
+        cache = session.cache
+    assert caches_equal(cache, prefill(lm, ids)[0]) and session.debt == 0
+    record = session.sync(ids)  # nothing changed since: no second prefill, the prompt is unchanged
+    assert record.path == "unchanged" and record.recomputed == 0
+
+
+def test_a_sync_after_a_weight_update_prefills_the_new_prompt():
+    from sur_lab import EditSession
+    from sur_lab.forward import prefill
+
+    lm = make_tiny_model("llama", seed=0)
+    session = EditSession(lm, method="SUR", budget_pct=0)
+    ids = torch.randint(3, 96, (30,), generator=torch.Generator().manual_seed(2))
+    session.sync(ids)
+    _update_data_copy(lm.model)
+    new = torch.cat((ids[:10], ids[15:], torch.tensor([7, 8])))
+    record = session.sync(new)
+    assert record.path == "re-prefill" and record.recomputed == len(new) and record.reused == 0
+    assert caches_equal(session.cache, prefill(lm, new)[0])
 
 
 # =====================================================================================================================
@@ -440,6 +543,23 @@ def test_shipped_files_are_verified_against_sha256sums(data_copy, label, damage,
     os.utime(data_copy / HOTPOT_DEV)  # (a cached verification is keyed by size and mtime)
     damage(data_copy)
     with pytest.raises(ValueError, match=match):
+        load_qa("hotpotqa")
+
+
+def test_a_dataset_folder_reached_through_a_symlink_is_verified_against_its_own_sha256sums(data_copy, tmp_path):
+    """Issue 38: the data folder links its dataset folder from elsewhere (another disk, a shared copy): the file is
+    listed in the data folder's SHA256SUMS under the link's name, so it is found there and verified, not refused."""
+    from sur_lab.studies.datasets import load_qa, verify_checksum
+
+    elsewhere = tmp_path / "elsewhere" / "hotpotqa_v2"
+    shutil.move(str(data_copy / "hotpotqa"), elsewhere.parent / "tmp")
+    (elsewhere.parent / "tmp").rename(elsewhere)
+    (data_copy / "hotpotqa").symlink_to(elsewhere, target_is_directory=True)
+    assert len(load_qa("hotpotqa")) == 100
+    assert verify_checksum(data_copy / HOTPOT_DEV)
+    with (elsewhere / Path(HOTPOT_DEV).name).open("a") as fh:  # damaged behind the link: still refused
+        fh.write("\n")
+    with pytest.raises(ValueError, match=r"hotpotqa__v2_dev_random_100.jsonl.*SHA-256 .* differs"):
         load_qa("hotpotqa")
 
 

@@ -265,6 +265,164 @@ def test_disabled_by_environment(monkeypatch):
         assert not onepass.onepass_available()
 
 
+# ---- integrity of the cached library (issue 38) --------------------------------------------------------------------
+# Each check runs in a fresh Python process over a copy of the built kernel folder in a temporary cache: a damaged
+# library loaded by dlopen kills its process (a truncated one with SIGBUS, exit 135), so the process that meets it
+# must be another one, and its exit status says whether it survived. "The compiler" is, unless a test says otherwise,
+# a copy of the good build into the build folder (the rebuild path without its ~10-60 s of compiling; the real
+# compile is the slow test below).
+
+_PROBE = """
+import json, os, shutil, sys, warnings
+import torch
+from torch.utils import cpp_extension
+
+compiler, good = sys.argv[1], sys.argv[2]
+
+
+def fake_load(name, sources, build_directory, **kwargs):
+    if compiler == "broken":
+        raise RuntimeError("Error building extension 'sur_lab_onepass': c++: fatal error")
+    shutil.copy(good, os.path.join(build_directory, name + ".so"))
+
+
+if compiler != "real":
+    cpp_extension.load = fake_load
+from sur_lab.executors.kernels import onepass
+from sur_lab.executors.kernels.reference import packed_sdpa_reference
+import sur_lab.executors.packed as packed
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    available = onepass.onepass_available()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 16, generator=gen), torch.randn(1, 2, 40, 16, generator=gen), torch.randn(
+        1, 2, 40, 16, generator=gen)
+    out = onepass.onepass_attention(q, k, v, [5, 20, 39])  # the kernel, or the fallback: never an AttributeError
+    attention = packed._make_attention("cpp", torch.tensor([5, 20, 39]), 0, torch.float32, flex_compile=False,
+                                       num_kv_groups=2)
+print(json.dumps({
+    "available": available, "reason": onepass.onepass_unavailable_reason(),
+    "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    "close": bool(torch.allclose(out, packed_sdpa_reference(q, k, v, torch.tensor([5, 20, 39])), atol=1e-5)),
+    "backend": attention.backend, "problem": onepass.verify_library(onepass.onepass_build_dir()),
+}))
+"""
+
+
+@pytest.fixture
+def kernel_copy(tmp_path):
+    """``(cache root, build folder, good library)``: the built kernel's folder copied into a temporary cache."""
+    import shutil
+
+    good = onepass._library_path()  # built (or verified) in the real cache, once per machine
+    cache = tmp_path / "cache"
+    folder = cache / "kernels" / good.parent.name
+    shutil.copytree(good.parent, folder)
+    spare = tmp_path / "good.so"
+    shutil.copy(good, spare)
+    return cache, folder, spare
+
+
+def _probe_process(cache, good, compiler="copy"):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "SUR_LAB_CACHE": str(cache), "PYTHONPATH": str(repo)}
+    env.pop("SUR_LAB_NO_CPP_KERNEL", None)
+    run = subprocess.run([sys.executable, "-c", _PROBE, compiler, str(good)], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])  # 135 would be SIGBUS: the crash of issue 38
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _sha(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_truncated_cached_library_is_rebuilt_in_a_later_process(kernel_copy):
+    cache, folder, good = kernel_copy
+    library = folder / "sur_lab_onepass.so"
+    _truncate(library)
+    assert "truncated or replaced" in onepass.verify_library(folder)
+    result = _probe_process(cache, good)
+    assert result["available"] and result["warnings"] == [] and result["close"] and result["backend"] == "cpp"
+    assert result["problem"] is None and _sha(library) == _sha(good)  # rebuilt once, atomically, with its manifest
+    again = _probe_process(cache, good, compiler="broken")  # a later process loads the rebuilt library: no build
+    assert again["available"] and again["warnings"] == []
+
+
+def test_another_library_in_its_place_is_rebuilt(kernel_copy):
+    import shutil
+
+    cache, folder, good = kernel_copy
+    library = folder / "sur_lab_onepass.so"
+    shutil.copy(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_global_deps.so"), library)
+    assert "sha256 differs" in onepass.verify_library(folder) or "bytes" in onepass.verify_library(folder)
+    result = _probe_process(cache, good)
+    assert result["available"] and result["close"] and result["backend"] == "cpp" and _sha(library) == _sha(good)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "manifest deleted", "manifest of another torch"])
+def test_a_damaged_library_whose_rebuild_fails_falls_back_with_one_warning_naming_the_file(kernel_copy, damage):
+    import json
+
+    cache, folder, good = kernel_copy
+    library = folder / "sur_lab_onepass.so"
+    if damage == "truncated":
+        _truncate(library)
+    elif damage == "manifest deleted":
+        (folder / onepass.MANIFEST_FILE).unlink()
+    else:
+        manifest = json.loads((folder / onepass.MANIFEST_FILE).read_text())
+        (folder / onepass.MANIFEST_FILE).write_text(json.dumps({**manifest, "torch": "1.0.0"}))
+    for _ in range(2 if damage == "truncated" else 1):  # and a later process: the damaged file stays, crashes none
+        result = _probe_process(cache, good, compiler="broken")
+        assert not result["available"] and result["close"] and result["backend"] == "sdpa"
+        assert len(result["warnings"]) == 1 and "\n" not in result["warnings"][0]
+        assert f"{library}: " in result["warnings"][0] and "its rebuild failed" in result["warnings"][0]
+        assert "falls back to the key-split SDPA path" in result["warnings"][0]
+        assert result["problem"] is not None
+
+
+def test_a_loaded_library_without_the_op_falls_back_with_one_warning(kernel_copy):
+    """A manifest that vouches for a library which registers no op (both replaced): after loading, the missing op is
+    caught, named with the file, and the packed refresh falls back, with no AttributeError."""
+    import hashlib
+    import json
+    import shutil
+
+    cache, folder, good = kernel_copy
+    library = folder / "sur_lab_onepass.so"
+    shutil.copy(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_global_deps.so"), library)
+    manifest = json.loads((folder / onepass.MANIFEST_FILE).read_text())
+    manifest.update(size=library.stat().st_size, sha256=hashlib.sha256(library.read_bytes()).hexdigest())
+    (folder / onepass.MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert onepass.verify_library(folder) is None
+    result = _probe_process(cache, good, compiler="broken")
+    assert not result["available"] and result["close"] and result["backend"] == "sdpa"
+    assert result["warnings"] == [result["warnings"][0]]
+    assert f"{library} loaded but registers no sur_lab_onepass.attention op" in result["warnings"][0]
+
+
+@pytest.mark.slow
+def test_a_truncated_cached_library_is_rebuilt_by_the_compiler(kernel_copy):
+    cache, folder, good = kernel_copy
+    _truncate(folder / "sur_lab_onepass.so")
+    result = _probe_process(cache, good, compiler="real")
+    assert result["available"] and result["warnings"] == [] and result["close"] and result["problem"] is None
+
+
 # ---- the packed-cpp executor -------------------------------------------------------------------------------------
 
 

@@ -318,38 +318,52 @@ def _assert_unchanged(session: EditSession, snap) -> None:
     assert len(now) == len(tensors) and all(a is b for a, b in zip(now, tensors))
 
 
-@pytest.mark.parametrize(
-    "call, match",
-    [
-        (lambda s: s.delete(5, 5), "empty"),
-        (lambda s: s.delete(9, 3), "empty"),
-        (lambda s: s.delete(-1, 3), "out of range"),
-        (lambda s: s.delete(34, 40), "out of range"),
-        (lambda s: s.delete(20, 31), "pending query"),
-        (lambda s: s.delete(28, 32), "pending query"),
-        (lambda s: s.delete(30, 31), "pending query"),
-        (lambda s: s.replace(29, 31, torch.tensor([1])), "pending query"),
-        (lambda s: s.delete(True, 3), "integers"),
-        (lambda s: s.delete(1.5, 3), "integers"),
-        (lambda s: s.replace(2, 4, torch.tensor([], dtype=torch.long)), "content"),
-        (lambda s: s.replace(2, 4, torch.tensor([VOCAB])), "content"),
-        (lambda s: s.replace(2, 4, "text"), "tokenizer"),
-        (lambda s: s.append(torch.tensor([0.5])), "content"),
-        (lambda s: s.delete(2, 4, method="Dirty"), "Dirty"),
-        (lambda s: s.delete(2, 4, method="nope"), "method"),
-        (lambda s: s.delete(2, 4, budget_pct=101), "budget_pct"),
-        (lambda s: s.delete(2, 4, executor="nope"), "executor"),
-        (lambda s: s.delete(2, 4, debt_pct=-1), "debt_pct"),
-        (lambda s: s.answer(torch.tensor([], dtype=torch.long)), "query"),
-        (lambda s: s.set_query(torch.tensor([], dtype=torch.long)), "content"),
-    ],
-)
-def test_bad_input_raises_before_any_change(call, match):
+VALUE_ERRORS = [
+    (lambda s: s.delete(5, 5), "empty"),
+    (lambda s: s.delete(9, 3), "empty"),
+    (lambda s: s.delete(-1, 3), "out of range"),
+    (lambda s: s.delete(34, 40), "out of range"),
+    (lambda s: s.delete(20, 31), "pending query"),
+    (lambda s: s.delete(28, 32), "pending query"),
+    (lambda s: s.delete(30, 31), "pending query"),
+    (lambda s: s.replace(29, 31, torch.tensor([1])), "pending query"),
+    (lambda s: s.delete(True, 3), "integers"),
+    (lambda s: s.delete(1.5, 3), "integers"),
+    (lambda s: s.replace(2, 4, torch.tensor([], dtype=torch.long)), "content"),
+    (lambda s: s.replace(2, 4, torch.tensor([VOCAB])), "content"),
+    (lambda s: s.replace(2, 4, "text"), "tokenizer"),
+    (lambda s: s.append(torch.tensor([0.5])), "content"),
+    (lambda s: s.delete(2, 4, method="Dirty"), "Dirty"),
+    (lambda s: s.delete(2, 4, method="nope"), "method"),
+    (lambda s: s.delete(2, 4, budget_pct=101), "budget_pct"),
+    (lambda s: s.delete(2, 4, executor="nope"), "executor"),
+    (lambda s: s.delete(2, 4, debt_pct=-1), "debt_pct"),
+    (lambda s: s.answer(torch.tensor([], dtype=torch.long)), "query"),
+    (lambda s: s.set_query(torch.tensor([], dtype=torch.long)), "content"),
+]
+# Issue 38: inputs of the wrong kind are refused before any tensor is built, naming the argument.
+KIND_ERRORS = [
+    (lambda s: s.append(None), "content must be text or integer token ids.*got NoneType"),
+    (lambda s: s.append([1, 2, "three"]), r"content must be text or integer token ids, one kind; content\[2\] is str"),
+    (lambda s: s.append([1, None]), r"content\[1\] is NoneType"),
+    (lambda s: s.append([True, 3]), r"content\[0\] is bool"),
+    (lambda s: s.append({"role": "user", "content": "hi"}), "content must be text or integer token ids.*dict"),
+    (lambda s: s.replace(2, 4, None), "content must be text or integer token ids.*NoneType"),
+    (lambda s: s.replace(2, 4, [5, "x"]), r"content\[1\] is str"),
+    (lambda s: s.set_query(None), "content must be text or integer token ids"),
+    (lambda s: s.set_query([1, 2], question=[3, "q"]), r"question\[1\] is str"),
+    (lambda s: s.answer([4, None]), r"query\[1\] is NoneType"),
+]
+
+
+@pytest.mark.parametrize("call, match, error", [(c, m, ValueError) for c, m in VALUE_ERRORS]
+                         + [(c, m, TypeError) for c, m in KIND_ERRORS])
+def test_bad_input_raises_before_any_change(call, match, error):
     session = EditSession(tiny("llama"), method="SUR", budget_pct=30)
     session.append(rand_ids(np.random.default_rng(7), 30))
     session.set_query(torch.tensor([3, 4, 5]))
     snap = _snapshot(session)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         call(session)
     _assert_unchanged(session, snap)
     assert session.pending_query.tolist() == [3, 4, 5]

@@ -279,8 +279,19 @@ def test_timed_cases_are_checked_and_recorded(lm, cases, tmp_path):
     ('{"case_id": "case/0", "answer": "x"}', "field 'method' is missing"),  # valid JSON, not a record
     ("\x00\x01 garbage", "not JSON"),  # unreadable
     ("", "empty line"),
-    (None, "field 'em' must be bool?"),  # a record with a field of the wrong type
+    ({"em": "yes"}, "field 'em' must be bool?"),  # a record with a field of the wrong type
     ("other-case", "a record of case 'case/1', not 'case/0'"),  # a record of another case in this case's file
+    # Issue 38: ranges from the schema, and no key beyond the record's fields and its case's columns.
+    ({"tv_reprefill": 37.5}, "field 'tv_reprefill' must be in [0.0, 1.0]; got 37.5"),  # a TV written as a percent
+    ({"jsd_reprefill": 0.9}, "field 'jsd_reprefill' must be in [0.0, 0.69"),  # above ln 2 nats
+    ({"em": 2}, "field 'em' must be bool?"),  # EM in {0, 1}: stored as a bool
+    ({"nll_reprefill": -0.25}, "field 'nll_reprefill' must be in >= 0.0"),
+    ({"refresh_ms": -1.0}, "field 'refresh_ms' must be in >= 0.0"),
+    ({"budget_pct": 500.0}, "field 'budget_pct' must be in [0.0, 100.0]"),
+    ({"allowance": -3}, "field 'allowance' must be in >= 0"),
+    ({"threads": 0}, "field 'threads' must be in >= 1"),
+    ({"extra_column": 1}, "unknown key 'extra_column'"),  # reused, it would add a column to the table
+    ({"context_len": None}, "the case's column 'context_len' is missing"),  # None: the key is removed
 ])
 def test_invalid_stored_lines_are_reported_with_file_and_line_and_recomputed(lm, cases, tmp_path, bad, why):
     """Issue 24: every part-file line is validated against the record schema; a line that is not a valid record of
@@ -289,17 +300,23 @@ def test_invalid_stored_lines_are_reported_with_file_and_line_and_recomputed(lm,
     full = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR"), (5,), tmp_path, **kwargs)
     part = next(p for p in (tmp_path / "parts").glob("*.jsonl") if p.name.startswith("case_0"))
     lines = part.read_text().splitlines()
-    if bad is None:
-        rec = json.loads(lines[1])
-        rec["em"] = "yes"
+    at = 1  # line 2 is replaced: its record is lost
+    if isinstance(bad, dict):
+        at = next(i for i, x in enumerate(lines) if json.loads(x)["method"] == "SUR")  # every field defined
+        rec = json.loads(lines[at])
+        for key, value in bad.items():
+            if value is None:
+                del rec[key]
+            else:
+                rec[key] = value
         bad = json.dumps(rec)
     elif bad == "other-case":
         other = next(p for p in (tmp_path / "parts").glob("*.jsonl") if p.name.startswith("case_1"))
         bad = other.read_text().splitlines()[0]
-    part.write_text("\n".join([lines[0], bad, *lines[2:]]) + "\n")  # line 2 replaced: its record is lost
-    with pytest.warns(UserWarning, match=rf"{part.name}:2: not a valid sweep record \({re.escape(why)}"):
+    part.write_text("\n".join([*lines[:at], bad, *lines[at + 1:]]) + "\n")
+    with pytest.warns(UserWarning, match=rf"{part.name}:{at + 1}: not a valid sweep record \({re.escape(why)}"):
         again = run_sweep(lm, cases, ("Shift", "Re-prefill", "SUR"), (5,), tmp_path, **kwargs)
-    pd.testing.assert_frame_equal(_comparable(again), _comparable(full))
+    pd.testing.assert_frame_equal(_comparable(again), _comparable(full))  # no column gained, no value reused
     kept = part.read_text().splitlines()
     assert kept[0] == lines[0] and len(kept) == len(lines)  # valid lines kept byte for byte; the lost one recomputed
     assert all(json.loads(x)["case_id"] == "case/0" for x in kept)
@@ -328,3 +345,59 @@ def test_record_round_trips_through_a_json_line_and_a_parquet_row(lm, cases, tmp
         dataclasses.replace(recs[0], meta={"method": "x"})
     empty = records_frame([])
     assert list(empty.columns) == list(FIELD_NAMES) and empty.empty
+
+
+@pytest.mark.parametrize("stored", [1, 3, 6])
+def test_a_resumed_case_equals_an_uninterrupted_one_bit_for_bit(cases, stored):
+    """Issue 38: a case's records are answered in batches cut from the whole grid, whatever is already stored (its
+    stored rows are dropped after the fact), so the records a resume makes equal an uninterrupted run's bit for bit:
+    float32 logits digests and NLLs included, on this machine. (Batches of other compositions pad and sum otherwise:
+    the float32 endpoints then differ in their last bits.)"""
+    from sur_lab.sweeps import comparable_fields
+
+    import torch
+
+    lm32 = dataclasses.replace(make_tiny_model("llama", dtype=torch.float32), tokenizer=char_tokenizer())
+    kwargs = dict(max_new_tokens=4, eval_batch=4, parser=parse_niah_answer, scorer=niah_scorer, seed=2)
+    full = run_case(lm32, cases[0], METHODS, BUDGETS, **kwargs)
+    skip = {r.key for r in full[:stored]}
+    resumed = run_case(lm32, cases[0], METHODS, BUDGETS, skip=skip, **kwargs)
+    assert [r.key for r in resumed] == [r.key for r in full[stored:]]
+
+    def line(rec) -> str:
+        return json.dumps(comparable_fields(rec), sort_keys=True)  # NaN written as NaN: equal lines, equal records
+
+    assert [line(r) for r in resumed] == [line(r) for r in full[stored:]]
+
+
+def test_a_records_parquet_without_parts_is_checked_before_it_is_overwritten(lm, cases, tmp_path, monkeypatch):
+    """Issue 38: a finished folder whose parts/ was deleted holds its only copy of the records in records.parquet.
+    A sweep with another configuration into it is refused, naming out_dir (the file stays byte for byte); one with the
+    same configuration writes the records back as part files and resumes them (nothing recomputed, nothing lost, also
+    for the cases it does not run)."""
+    import shutil
+
+    kwargs = dict(max_new_tokens=2, parser=parse_niah_answer, scorer=niah_scorer, progress=False)
+    full = run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, seed=1, **kwargs)
+    shutil.rmtree(tmp_path / "parts")
+    before = (tmp_path / "records.parquet").read_bytes()
+    with pytest.raises(ValueError, match=rf"out_dir='{re.escape(str(tmp_path))}' holds a record of case 'case/0' "
+                                         r"made with another seed \(1 vs 2 now\).*in records.parquet and no part file "
+                                         r"holds it.*not overwritten"):
+        run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, seed=2, **kwargs)
+    assert (tmp_path / "records.parquet").read_bytes() == before and not (tmp_path / "parts").exists()
+    calls = []
+    monkeypatch.setattr(case_mod, "repair", lambda *a, **k: calls.append(a) or pytest.fail("recomputed"))
+    again = run_sweep(lm, cases[:1], ("Shift", "Re-prefill"), (), tmp_path, seed=1, **kwargs)
+    assert calls == [] and len(again) == 2
+    pd.testing.assert_frame_equal(again, full[full.case_id == "case/0"].reset_index(drop=True))
+    assert len(list((tmp_path / "parts").glob("*.jsonl"))) == 2  # case/1's records are kept in its part file
+    resumed = run_sweep(lm, cases, ("Shift", "Re-prefill"), (), tmp_path, seed=1, **kwargs)
+    pd.testing.assert_frame_equal(resumed, full)
+
+
+def test_a_damaged_records_parquet_without_parts_is_not_overwritten(lm, cases, tmp_path):
+    (tmp_path / "records.parquet").write_bytes(b"PAR1 not a parquet file")
+    with pytest.raises(ValueError, match=r"out_dir=.*records.parquet cannot be read as records.*not overwritten"):
+        run_sweep(lm, cases[:1], ("Shift",), (), tmp_path, max_new_tokens=2, progress=False)
+    assert (tmp_path / "records.parquet").read_bytes() == b"PAR1 not a parquet file"

@@ -12,7 +12,9 @@ attention that ignores its mask.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+
 import numpy as np
 import pytest
 import torch
@@ -365,6 +367,160 @@ def test_message_boundaries_are_token_boundaries():
     assert ids[1] == other[1]
     with pytest.raises(ValueError, match="messages"):
         chat_segments(tok, [{"role": "user"}])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 38: resent text, prefix-stable chat templates, input kinds, debt_pct on an unchanged prompt
+
+TURNS = ["<|im_start|>system\nYou are a coding agent.<|im_end|>\n", "<|im_start|>user\nFix the parser.\n",
+         "\nThe lexer changed yesterday.<|im_end|>\n"]  # the third starts with the newline the second ends with
+
+
+def _text_session(**kwargs) -> EditSession:
+    session = EditSession(chat_lm(), **kwargs)
+    for turn in TURNS:
+        session.append(turn)
+    return session
+
+
+def _tok_ids(text: str) -> list[int]:
+    return chat_lm().tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_resent_unchanged_text_is_a_no_op():
+    session = _text_session(method="SUR", budget_pct=0)
+    # Tokenized whole, the text merges the seam "\n" + "\n": a token diff alone would see an edit there.
+    assert _tok_ids(session.text) != session.tokens.tolist()
+    before = session.tokens.tolist(), [t for kv in to_tensors(session.cache) for t in kv]
+    record = session.sync(session.text)
+    assert record.path == "unchanged" and record.recomputed == 0 and record.deleted == record.inserted == 0
+    assert session.debt == 0 and session.tokens.tolist() == before[0]
+    assert all(a is b for a, b in zip(before[1], [t for kv in to_tensors(session.cache) for t in kv]))
+
+
+def test_resent_text_plus_a_suffix_is_an_append():
+    session = _text_session(method="SUR", budget_pct=0)
+    appended = session.fork()
+    turn = "<|im_start|>assistant\nI will look at the lexer first.<|im_end|>\n"
+    record = session.sync(session.text + turn)
+    appended.append(turn)
+    assert record.path == "tail" and record.deleted == 0 and record.inserted == len(_tok_ids(turn))
+    assert record.recomputed == len(_tok_ids(turn)) and record.debt_after == 0
+    assert torch.equal(session.tokens, appended.tokens) and session.text == appended.text
+    assert max(max_abs_diff(session.cache, appended.cache)) == 0.0
+
+
+@pytest.mark.parametrize("budget", [0.0, 100.0])
+def test_a_text_edit_retokenizes_between_stable_boundaries_and_repairs_the_seam(budget):
+    lm = chat_lm()
+    session = _text_session(method="SUR", budget_pct=budget, sync_policy=ALWAYS_REPAIR)
+    old = session.tokens.tolist()
+    new_text = session.text.replace("Fix the parser.\n", "Fix the parser and the lexer.\n")
+    record = session.sync(new_text)
+    assert session.text == new_text
+    assert lm.tokenizer.decode(session.tokens.tolist(), skip_special_tokens=False) == new_text
+    # Rows before the boundary at " parser" and from the next message boundary on keep their cached ids: the old
+    # seam "\n" | "\n" after the edited message is kept, not re-tokenized into one "\n\n".
+    kept_tail = _tok_ids(TURNS[2])
+    assert session.tokens.tolist()[-len(kept_tail):] == kept_tail == old[-len(kept_tail):]
+    # The boundary before " parser" and the one after "." pass the round trip: only " parser and the lexer." is
+    # tokenized again, and its diff against " parser." is the three inserted words.
+    assert record.path == "repair" and record.deleted == 0 and record.inserted == len(_tok_ids(" and the lexer")) == 3
+    reference = prefill(lm, session.tokens)[0]
+    if budget == 100.0:
+        assert record.debt_after == 0 and max(max_abs_diff(session.cache, reference)) <= fp64_tol(reference)
+    else:  # Shift only: the stale rows after the edit are counted in the debt, the rows before it are exact
+        assert record.debt_after == record.stale_rows == len(old) - record.first_change > len(kept_tail)
+        n = len(session) - session.debt
+        assert max(max_abs_diff(session.cache, reference, slice(0, n))) <= fp64_tol(reference)
+
+
+def test_a_suffix_that_merges_with_the_cached_end_is_retokenized_from_a_stable_boundary():
+    session = _text_session(method="SUR", budget_pct=0)
+    n, old = len(session), session.tokens.tolist()
+    text = session.text + "\nDone."  # the cached text ends with "\n": whole, "\n\n" is one token
+    record = session.sync(text)
+    # The end of the cached text fails the round trip; the boundary after the special token <|im_end|> is stable:
+    # its last row is tokenized again with the suffix, canonically, and the prompt stays an append (no stale row).
+    assert session.tokens.tolist() == old[:-1] + _tok_ids("\n\nDone.") and session.text == text
+    assert record.path == "tail" and record.first_change == n - 1 and record.deleted == 1
+    assert record.recomputed == record.inserted == len(_tok_ids("\n\nDone.")) and session.debt == 0
+
+
+def test_debt_pct_is_honoured_on_an_unchanged_prompt(tiny_lm):
+    ids = rand_ids(np.random.default_rng(3), 40)
+    session = _session(tiny_lm, ids, method="SUR", budget_pct=0, sync_policy=ALWAYS_REPAIR)
+    new = ids[:10] + ids[14:]
+    session.sync(torch.tensor(new))
+    debt = session.debt
+    assert debt == len(new) - 10  # b = 0: every row after the deletion is stale
+    record = session.sync(torch.tensor(new), debt_pct=100)
+    assert record.path == "unchanged" and record.debt_before == debt and record.debt_refreshed == debt
+    assert record.debt_after == session.debt == 0 and record.recomputed == debt
+    reference = prefill(tiny_lm, torch.tensor(new))[0]
+    assert max(max_abs_diff(session.cache, reference)) <= fp64_tol(reference)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(new=None), TypeError, "new is None"),
+        (dict(new=[1, 2, "three"]), TypeError, r"new mixes kinds: new\[0\] is int \(ids\) but new\[2\] is str"),
+        (dict(new=["text", 4]), TypeError, r"new mixes kinds: new\[0\] is str \(segments\) but new\[1\] is int"),
+        (dict(new=[{"role": "user", "content": "hi"}, "text"]), TypeError, r"new mixes kinds.*new\[1\] is str"),
+        (dict(new=[1, None]), TypeError, r"new mixes kinds.*new\[1\] is NoneType"),
+        (dict(new=[True, False]), TypeError, r"new must be token ids.*new\[0\] is bool"),
+        (dict(new={"role": "user"}), TypeError, "new must be token ids, text"),
+        (dict(new=[{"role": "user", "content": "hi"}], template_kwargs="enable_thinking"), TypeError,
+         "template_kwargs must be a dict"),
+        (dict(new=[{"role": "user", "content": "hi"}], template_kwargs=[("a", 1)]), TypeError,
+         "template_kwargs must be a dict"),
+        (dict(new=[{"role": "user", "content": "hi"}], add_generation_prompt="yes"), TypeError,
+         "add_generation_prompt must be True or False"),
+    ],
+)
+def test_sync_checks_input_kinds_before_any_tensor(kwargs, error, match):
+    session = _text_session()
+    before = session.tokens.tolist(), len(session.history)
+    with pytest.raises(error, match=match):
+        session.sync(**kwargs)
+    assert (session.tokens.tolist(), len(session.history)) == before
+
+
+def test_chat_messages_are_located_by_rendering_the_conversation_prefix():
+    tok = qwen_tokenizer()
+    # The same text in several messages (the old fallback searched for it and could cut inside an earlier message);
+    # consecutive tool results, which the Qwen2.5 template groups into one turn.
+    messages = [{"role": "system", "content": "OK"}, {"role": "user", "content": "OK"},
+                {"role": "tool", "content": "OK"}, {"role": "tool", "content": "OK"},
+                {"role": "assistant", "content": "OK"}]
+    segments = chat_segments(tok, messages)
+    assert "".join(segments) == tok.apply_chat_template(messages, tokenize=False, enable_thinking=False)
+    assert len(segments) == len(messages) and all("OK" in seg for seg in segments)
+    assert segments[2].endswith("</tool_response>") and segments[3].startswith("\n<tool_response>\nOK")
+    for k in (1, 2, 4):  # where the prefix's rendering is a prefix of the whole, the cut is exactly its end
+        head = tok.apply_chat_template(messages[:k], tokenize=False, enable_thinking=False)
+        assert "".join(segments[:k]) == head
+
+
+def test_a_template_that_renders_earlier_turns_differently_is_refused():
+    import copy
+
+    tok = copy.deepcopy(qwen_tokenizer())
+    # Drops an assistant message's reasoning once another message follows (reasoning templates do).
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not "
+                         "loop.last %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}"
+                         "<|im_end|>\n{% endfor %}")
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>R</think>A"},
+                {"role": "user", "content": "A"}]
+    with pytest.raises(ValueError, match=r"not prefix-stable: it renders messages\[1\] \(role 'assistant'\)"):
+        chat_segments(tok, messages)
+    lm = dataclasses.replace(chat_lm(), tokenizer=tok)
+    session = EditSession(lm)
+    with pytest.raises(ValueError, match="new: tokenizer's chat template is not prefix-stable"):
+        session.sync(messages)
+    assert len(session) == 0
+    assert len(chat_segments(tok, messages[:2])) == 2  # the last turn is rendered live: nothing to refuse
 
 
 # ---------------------------------------------------------------------------------------------------------------------

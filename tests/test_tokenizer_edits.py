@@ -177,6 +177,11 @@ def test_bad_inputs_are_refused_with_the_argument_named():
         build_edit(tok, "abc def", "\n\nQ?", (0, 3), cuts=(99,))
     with pytest.raises(ValueError, match="deleted"):
         segment_edit(tok, "abc", "", "def", "\n\nQ?")
+    # Issue 38: no tokenizer, or an object that is not one, is named (not an AttributeError from inside the template)
+    for bad in (None, "Qwen/Qwen2.5-0.5B", object()):
+        with pytest.raises(TypeError, match=f"tokenizer must be a transformers tokenizer with a chat template.*got "
+                                            f"{type(bad).__name__}"):
+            chat_edit(bad, documents, QUESTION, spans[0])
     # numpy integers are integers, not truncated floats
     np = pytest.importorskip("numpy")
     edit = chat_edit(tok, documents, QUESTION, (np.int64(spans[1][0]), np.int64(spans[1][1])))

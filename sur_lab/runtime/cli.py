@@ -79,9 +79,10 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
 
     Raises:
         CliError: naming ``--preset`` when the study has no such preset, ``-p NAME`` when NAME is not one of its
-            parameters (listing them), or ``-p`` with the error when a value is out of range (an unknown method, a
-            budget outside [0, 100], or outside the range the study's notebook declares for it,
-            :func:`sur_lab.runtime.params.check_notebook_parameters`).
+            parameters (listing them), or ``-p NAME`` with the error when its value has the wrong type or is out of
+            range (against the annotation and range its notebook declares,
+            :func:`sur_lab.runtime.params.check_notebook_parameters`, then the study's own checks: an unknown method,
+            a budget outside [0, 100]).
     """
     overrides = {name: _literal(value) for name, value in pairs}
     try:
@@ -92,25 +93,41 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
     for name in overrides:
         if name not in known:
             raise CliError(f"-p {name}: not a parameter of the {study.NAME} sweep; parameters: {', '.join(known)}")
-    from sur_lab.sweeps import method_grid
-
-    try:
-        params = study.params(preset, **overrides)
-        if hasattr(study, "check_params"):  # a study whose methods are not sweep methods checks its own
-            study.check_params(params)
-        else:
-            method_grid(study.methods(params), params.get("budgets", ()))  # methods and budgets, before any model
-    except ValueError as err:
-        raise CliError(f"-p: {err}") from None
     notebook = NOTEBOOK_DIR / f"{study.NOTEBOOK}.ipynb"
-    if overrides and notebook.exists():  # the ranges its notebook's parameters cell declares (robust, issue 24)
+    if overrides and notebook.exists():  # its notebook's annotations and declared ranges (issue 24): they name it
         from sur_lab.runtime.params import ParameterError, check_notebook_parameters
 
         try:
             check_notebook_parameters(notebook, overrides)
         except (ParameterError, ValueError) as err:
             raise CliError(f"-p: {err}") from None
+    try:
+        _check_study_params(study, preset, overrides)
+    except (ValueError, TypeError) as err:
+        # The study's own checks name the value, not always the parameter: find the override that fails on its own.
+        culprit = next((name for name in overrides if _fails(study, preset, {name: overrides[name]})), None)
+        where = f"-p {culprit} {overrides[culprit]!r}" if culprit is not None else "-p"
+        raise CliError(f"{where}: {type(err).__name__ + ': ' if isinstance(err, TypeError) else ''}{err}") from None
     return overrides
+
+
+def _check_study_params(study, preset: str, overrides: dict[str, Any]) -> None:
+    """The study's parameters with ``overrides``, checked as a sweep would (methods and budgets, before any model)."""
+    from sur_lab.sweeps import method_grid
+
+    params = study.params(preset, **overrides)
+    if hasattr(study, "check_params"):  # a study whose methods are not sweep methods checks its own
+        study.check_params(params)
+    else:
+        method_grid(study.methods(params), params.get("budgets", ()))
+
+
+def _fails(study, preset: str, overrides: dict[str, Any]) -> bool:
+    try:
+        _check_study_params(study, preset, overrides)
+    except (ValueError, TypeError):
+        return True
+    return False
 
 
 def check_out_folder(out: Path, writes: str = "a sweep writes a folder (records.parquet, parts/)") -> None:
@@ -572,6 +589,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exit_:  # an interrupted sweep (130, its resume hint printed)
         return int(exit_.code or 0)
+    except RuntimeError as err:
+        from sur_lab.sweeps.store import FolderInUseError
+
+        if not isinstance(err, FolderInUseError):
+            raise
+        print(f"sur-lab {args.command}: error: {err}", file=sys.stderr)  # a second sweep into one folder: one line
+        return 1
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"sur-lab {args.command}: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2 if isinstance(err, ValueError) else 1

@@ -140,13 +140,21 @@ class ParameterRange:
     def _check_item(self, name: str, value: Any, where: str, verb: str) -> None:
         if self.choices is not None and value not in self.choices:
             raise ParameterRangeError(f"parameter {name!r} must {verb}{self.describe()} (declared {{{self.spec}}}); "
-                                      f"got {value!r}{where}")
+                                      f"got {_short(value)}{where}")
         if not self.bounds:
             return
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or math.isnan(value) or not all(_compare(op, value, b) for op, b in self.bounds):
+        # math.isnan(int) converts to float: an int beyond float's range is refused here, not an OverflowError.
+        if not number or (isinstance(value, float) and math.isnan(value)) or not all(
+            _compare(op, value, b) for op, b in self.bounds
+        ):
             raise ParameterRangeError(f"parameter {name!r} must {verb}{self.describe()} (declared {{{self.spec}}}); "
-                                      f"got {value!r}{where}")
+                                      f"got {_short(value)}{where}")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _fmt(x: float) -> str:
@@ -275,7 +283,13 @@ def check_parameter(name: str, value: Any, annotation: Any) -> Any:
         return value
     for kind in kinds:
         if _matches(value, kind):
-            return float(value) if kind is float and not isinstance(value, float) else value
+            if kind is float and not isinstance(value, float):
+                try:
+                    return float(value)
+                except OverflowError:
+                    raise ParameterError(f"parameter {name!r} must be a float; {value!r:.40} is beyond float's range "
+                                         f"(about 1.8e308)") from None
+            return value
     containers = [k for k in kinds if k in (list, dict, tuple)]
     if isinstance(value, str) and containers:
         return _parse_container(name, value, containers[0])

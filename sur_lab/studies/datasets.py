@@ -412,14 +412,19 @@ def _read_checksums(sums: Path) -> dict[str, str]:
 
 def _checksum_entry(path: Path) -> tuple[Path, str] | None:
     """``(checksum file, pinned sha256)`` for ``path`` from the nearest ``SHA256SUMS`` in its folder or up to two
-    folders above that lists it; ``None`` when none does."""
-    path = path.resolve()
-    for parent in list(path.parents)[:3]:
-        sums = parent / CHECKSUM_FILE
-        if sums.is_file():
-            pinned = _read_checksums(sums).get(path.relative_to(parent).as_posix())
-            if pinned is not None:
-                return sums, pinned
+    folders above that lists it; ``None`` when none does.
+
+    The folders are those of the path as given (made absolute, symlinks kept) first: a dataset folder reached through a
+    symlink is listed relative to the data folder that links it, so it is checked against that folder's own
+    ``SHA256SUMS``; then those of the resolved path (a checksum file beside the link's target)."""
+    given = Path(os.path.abspath(path))
+    for base in dict.fromkeys((given, path.resolve())):
+        for parent in list(base.parents)[:3]:
+            sums = parent / CHECKSUM_FILE
+            if sums.is_file():
+                pinned = _read_checksums(sums).get(base.relative_to(parent).as_posix())
+                if pinned is not None:
+                    return sums, pinned
     return None
 
 

@@ -34,10 +34,11 @@ from sur_lab.sweeps.record import (
     records_frame,
 )
 from sur_lab.sweeps.run import run_sweep, seeded_subset, timed_set
-from sur_lab.sweeps.store import SweepStore, read_records, sweep_folder
+from sur_lab.sweeps.store import FolderInUseError, SweepStore, read_records, sweep_folder
 
 __all__ = [
-    "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "EVAL_BATCH", "FIELD_NAMES", "TIMING_FIELDS", "Case", "Method",
+    "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "EVAL_BATCH", "FIELD_NAMES", "TIMING_FIELDS", "Case", "FolderInUseError",
+    "Method",
     "Record", "SweepStore", "answer_target", "case_fingerprint", "case_seed", "comparable_fields", "grid_keys", "method_grid",
     "parse_line", "read_records",
     "record_key", "records_frame", "run_case", "run_sweep", "seeded_subset", "sweep_folder", "timed_set",

@@ -384,7 +384,10 @@ def run_case(
     every record's endpoints), first. Records are made in chunks of at most ``eval_batch``: each chunk's repairs run one
     at a time (timed: select, shift, refresh), then its caches are answered together (:class:`sur_lab.answer.
     AnswerBatch`: one query forward, greedy decoding with per-row stopping, and the teacher-forced NLL of
-    Re-prefill's continuation), so at most ``eval_batch`` repaired caches are alive at once.
+    Re-prefill's continuation), so at most ``eval_batch`` repaired caches are alive at once. The chunks are cut from
+    the whole grid whatever ``skip`` holds (a chunk whose records are all skipped is not run; the others are answered
+    whole and their skipped rows dropped), so a resumed case's records equal an uninterrupted run's bit for bit on
+    the same machine.
 
     Timing honesty: answer timings (``query_ms``, ``decode_ms``, ``answer_ms`` and so ``latency_ms``, Eq. 20) are never
     taken from a batched pass. A ``timed`` case (and every case at ``eval_batch=1``) is answered one record at a time
@@ -447,16 +450,22 @@ def run_case(
     wanted = {_key(m, b) for m, b in todo}
     # The references first: every record's endpoints compare with Re-prefill (and Dirty, Eq. 14's normaliser).
     references = [("Re-prefill", NO_BUDGET)] + ([("Dirty", NO_BUDGET)] if prepared.dirty_cache is not None else [])
-    rows = references + [(m, b) for m, b in todo if _key(m, b) not in {_key(*r) for r in references}]
+    # The whole grid, stored rows included: a batch's composition (and so every float it answers, bit for bit) must
+    # not depend on what a previous run stored; stored rows are dropped after the fact (resume determinism).
+    rows = references + [(m, b) for m, b in grid if _key(m, b) not in {_key(*r) for r in references}]
     refs = _References(gold_ids=gold_ids)
     pending: list = []
     made: dict[tuple, Record] = {}
     nan_timings = {"query": float("nan"), "decode": float("nan"), "answer": float("nan")}
     # A timed case is answered one record at a time: latency (Eq. 20) is per request, never from a batched pass.
     for chunk in _chunks(rows, 1 if per_request else _chunk_rows(prepared, int(eval_batch))):
+        emitted = [_key(m, b) in wanted for m, b in chunk]
+        needed = ((refs.reprefill is None and any(m == "Re-prefill" for m, _ in chunk))
+                  or (refs.dirty_logits is None and any(m == "Dirty" for m, _ in chunk)))
+        if not any(emitted) and not needed:
+            continue  # every record of this batch is stored: nothing to answer
         results = [repair(lm, prepared, m, b, executor=executor, seed=seed_c, options=options) if isinstance(m, str)
                    else m.repair(lm, prepared, executor=executor, seed=seed_c, options=options) for m, b in chunk]
-        emitted = [_key(m, b) in wanted for m, b in chunk]
         kept = [_Repaired(method_name(m), b, method_protocol(m), r.selection, r.timings_ms, r.allowance,
                           cache_length(r.cache), r.note_tokens, r.note_template) for (m, b), r in zip(chunk, results)]
         for row, r in zip(kept, results):

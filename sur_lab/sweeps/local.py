@@ -54,7 +54,8 @@ def run_local(
                                                               "options")})
     keys = grid_keys(methods, budgets)
     with store.lock():
-        stored = {c.case_id: store.read(c.case_id) for c in cases}
+        store.adopt_consolidated(config)  # before anything can overwrite a records.parquet without parts
+        stored = {c.case_id: store.read(c.case_id, c.meta.keys()) for c in cases}
         for case in cases:
             expected = {**config, "case_fingerprint": case.fingerprint(),
                         "timed": case.case_id in timed or config["eval_batch"] == 1}

@@ -171,7 +171,7 @@ class _CaseRunner:
     def run(self, case: Case, methods, budgets, out_dir: str, case_args: dict, timed: bool) -> tuple[str, int]:
         """Run the records of ``case`` still missing from its part file; returns ``(case_id, records written)``."""
         store = SweepStore(out_dir)
-        stored = store.read(case.case_id)
+        stored = store.read(case.case_id, case.meta.keys())
         # The full fingerprint (weights hash, dtype, device, options, versions) needs the model: checked here, on
         # the actor that holds it, against every stored record of the case before any work.
         config = config_fields(self.lm, **{k: case_args[k] for k in ("seed", "executor", "max_new_tokens",
@@ -285,7 +285,8 @@ def run_ray(
     known = {"model": model_label(model_args), "seed": int(case_args["seed"]), "executor": case_args["executor"],
              "max_new_tokens": int(case_args["max_new_tokens"]), "eval_batch": eval_batch}
     with store.lock():
-        stored = {c.case_id: store.read(c.case_id) for c in cases}
+        store.adopt_consolidated(known)  # before anything can overwrite a records.parquet without parts
+        stored = {c.case_id: store.read(c.case_id, c.meta.keys()) for c in cases}
         for case in cases:
             expected = {**known, "case_fingerprint": case.fingerprint(),
                         "timed": case.case_id in timed or eval_batch == 1}

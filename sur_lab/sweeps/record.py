@@ -9,12 +9,14 @@ along in :attr:`Record.meta` and become ordinary columns in every table.
 Serialisations: :meth:`Record.to_json` / :meth:`Record.from_json` (one JSON object per line of a part file; meta keys
 flattened beside the fields), :meth:`Record.to_row` / :meth:`Record.from_row` (one Parquet or DataFrame row, the same
 flat mapping), :func:`records_frame` (a DataFrame of records with a stable column order). :func:`parse_line` validates
-a stored line against the schema (every field present with its type; meta flat scalars) and raises ``ValueError``
-saying what is wrong, so that the store can report and recompute an invalid line instead of crashing.
+a stored line against the schema (every field present with its type and within its range, :data:`FIELD_RANGES`; meta
+flat scalars; with ``meta_keys``, no key beyond the case's) and raises ``ValueError`` saying what is wrong, so that
+the store can report and recompute an invalid line instead of crashing or reusing it.
 
-To add a field: declare it below with its unit in the docstring, give it a type in :data:`FIELD_TYPES` (checked by
-:func:`parse_line`), and fill it where records are built (:func:`sur_lab.sweeps.case.run_case`). Stored records
-without it then fail validation and are recomputed, with a warning naming the file, line and field.
+To add a field: declare it below with its unit in the docstring, give it a type in :data:`FIELD_TYPES` and, when it
+has one, a range in :data:`FIELD_RANGES` (both checked where a record is built and by :func:`parse_line`), and fill it
+where records are built (:func:`sur_lab.sweeps.case.run_case`). Stored records without it then fail validation and
+are recomputed, with a warning naming the file, line and field.
 """
 
 from __future__ import annotations
@@ -275,6 +277,22 @@ FIELD_TYPES: dict[str, str] = {
     "gold_nll": _FLOAT, "gold_tokens": _INT, "gold_margin": _FLOAT,
 }
 assert set(FIELD_TYPES) == set(FIELD_NAMES), set(FIELD_TYPES) ^ set(FIELD_NAMES)  # one entry per field
+#: Slack of the float ranges: values a few float64 ulps outside a bound are rounding (a TV summed over a vocabulary),
+#: not a wrong unit.
+RANGE_SLACK = 1e-9
+_COUNTS = ("prefix_len", "deleted_len", "suffix_len", "cache_len", "allowance", "num_intervals", "extra_forward_tokens",
+           "extra_forward_layers", "tied_units", "note_tokens", "nll_tokens", "gold_tokens", "seed", "case_seed")
+#: Each numeric field's allowed closed range ``(low, high)`` (None: unbounded), from its definition in
+#: :class:`Record`: TV in [0, 1], JSD in [0, ln 2] nats, budgets in [0, 100] %, NLLs and timings (ms) nonnegative,
+#: counts nonnegative, workers, threads, eval_batch and max_new_tokens at least 1. NaN passes (a float field NaN
+#: means "not defined for this record"); booleans (``em`` included) are checked by type.
+FIELD_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "budget_pct": (0.0, 100.0), "tv_reprefill": (0.0, 1.0), "tv_dirty_reprefill": (0.0, 1.0),
+    "jsd_reprefill": (0.0, math.log(2.0)), "nll_reprefill": (0.0, None), "gold_nll": (0.0, None),
+    **{t: (0.0, None) for t in TIMING_FIELDS}, **{c: (0, None) for c in _COUNTS},
+    "workers": (1, None), "threads": (1, None), "eval_batch": (1, None), "max_new_tokens": (1, None),
+}
+assert set(FIELD_RANGES) <= set(FIELD_NAMES), set(FIELD_RANGES) - set(FIELD_NAMES)
 _SCALARS = (str, int, float, bool, type(None), np.integer, np.floating, np.bool_)
 
 
@@ -309,8 +327,28 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def _check_range(name: str, value: Any) -> Any:
+    """``value`` when within field ``name``'s :data:`FIELD_RANGES` (NaN and None pass), else ValueError naming it."""
+    bounds = FIELD_RANGES.get(name)
+    if bounds is None or value is None or (isinstance(value, float) and math.isnan(value)):
+        return value
+    low, high = bounds
+    slack = RANGE_SLACK if isinstance(value, float) else 0
+    if (low is not None and value < low - slack) or (high is not None and value > high + slack):
+        where = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"field {name!r} must be in {where}; got {value!r} (out of range: another unit, or not a "
+                         "value this field can take)")
+    return value
+
+
 def _coerce(name: str, value: Any) -> Any:
-    """``value`` as field ``name``'s type, or ValueError naming the field (JSON and Parquet forms both accepted)."""
+    """``value`` as field ``name``'s type within its range, or ValueError naming the field (JSON and Parquet forms
+    both accepted)."""
+    return _check_range(name, _coerce_type(name, value))
+
+
+def _coerce_type(name: str, value: Any) -> Any:
+    """``value`` as field ``name``'s type, or ValueError naming the field."""
     kind = FIELD_TYPES[name]
     value = _plain(value)
     bad = ValueError(f"field {name!r} must be {kind}; got {value!r} ({type(value).__name__})")
@@ -359,18 +397,32 @@ def _coerce(name: str, value: Any) -> Any:
     return tuple(out)
 
 
-def parse_line(line: str | bytes) -> Record:
+def parse_line(line: str | bytes, meta_keys: Iterable[str] | None = None) -> Record:
     """Validate one stored part-file line against the schema and return its record.
+
+    Args:
+        line: one JSON line of a part file.
+        meta_keys: the case's meta keys (its columns); a line holding a key that is neither a field nor one of them,
+            or lacking one of them, is refused. ``None``: any flat scalar keys are taken as meta.
 
     Raises:
         ValueError: saying why the line is not a record (not JSON, not an object, a missing field, a field of the
-            wrong type, a meta value that is not a flat scalar).
+            wrong type or out of its range, a meta value that is not a flat scalar, an unknown or missing key).
     """
     try:
         data = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"not JSON ({err.msg if hasattr(err, 'msg') else err})") from None
-    return Record.from_json(data)
+    record = Record.from_json(data)
+    if meta_keys is not None:
+        expected = set(meta_keys)
+        unknown = sorted(k for k in record.meta if k not in expected)
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} (neither a record field nor a column of its case)")
+        missing = sorted(expected - set(record.meta))
+        if missing:
+            raise ValueError(f"the case's column {missing[0]!r} is missing")
+    return record
 
 
 def records_frame(records: Iterable[Record]) -> pd.DataFrame:
@@ -431,7 +483,8 @@ def comparable_fields(record_or_row: Mapping[str, Any] | Record) -> dict[str, An
 
 
 __all__ = [
-    "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "CONFIG_FIELDS", "DECODING", "FIELD_NAMES", "FIELD_TYPES",
+    "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "CONFIG_FIELDS", "DECODING", "FIELD_NAMES", "FIELD_RANGES",
+    "FIELD_TYPES",
     "FINGERPRINT_FIELDS", "NO_BUDGET", "Record", "TIMING_FIELDS", "check_meta", "comparable_fields", "config_fields",
     "frame_records", "parse_line", "record_key", "records_frame",
 ]

@@ -102,8 +102,9 @@ def run_sweep(
         ValueError: for an unknown method or executor, a budget outside [0, 100], ``max_new_tokens`` or ``eval_batch``
             < 1, duplicate case ids, a ``timed`` id that is not a case's, bad ``workers``/``address``/``threads``
             (all before any model call), or naming ``out_dir`` and the first differing field when it holds records made
-            with another configuration.
-        RuntimeError: naming ``out_dir`` when another process is running a sweep into it (nothing is written).
+            with another configuration (part files, or a ``records.parquet`` without them).
+        FolderInUseError: (a ``RuntimeError``) naming ``out_dir`` when another process is running a sweep into it
+            (nothing is written).
     """
     check_run_args(cases, methods, budgets, executor, max_new_tokens, eval_batch)
     timed_ids = timed_set(cases, timed)

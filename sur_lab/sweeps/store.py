@@ -9,13 +9,19 @@ On-disk layout under ``out_dir`` (the part files are the source of truth, writte
 - ``.sweep.lock``: held for the whole call; a second concurrent sweep of the folder fails at once.
 
 Reading (:meth:`SweepStore.read`) validates every line against the record schema
-(:func:`sur_lab.sweeps.record.parse_line`). A line that is not a record (torn by a crash, edited by hand, written by
-an older version) is reported in a ``UserWarning`` naming the file, the line number and what is wrong, dropped from
-the part file (the valid lines are kept byte for byte, the file is rewritten atomically) and its record is recomputed;
-it never crashes a resume. A valid record made with another configuration is different: resuming would mix results,
-so :func:`check_fingerprint` (the one fingerprint check, used by every scheduler) raises a ``ValueError`` naming the
+(:func:`sur_lab.sweeps.record.parse_line`: types, ranges, and no key beyond the case's columns). A line that is not a
+record (torn by a crash, edited by hand, written by an older version, a value out of its range, an unknown key) is
+reported in a ``UserWarning`` naming the file, the line number and what is wrong, dropped from the part file (the
+valid lines are kept byte for byte, the file is rewritten atomically) and its record is recomputed; it never crashes
+a resume. A valid record made with another configuration is different: resuming would mix results, so
+:func:`check_fingerprint` (the one fingerprint check, used by every scheduler) raises a ``ValueError`` naming the
 folder, the case and the first differing field. :func:`sweep_folder` names a folder per model fingerprint, so that a
 run with another model, dtype or device starts a new folder instead.
+
+A ``records.parquet`` whose cases have no part files (``parts/`` deleted, or copied without it) is the only copy of
+those records: before anything can overwrite it, :meth:`SweepStore.adopt_consolidated` checks its records against the
+run's fingerprint and refuses a mismatch (``ValueError`` naming ``out_dir``); matching records are written back as
+part files, so the run resumes them instead of losing them.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import pandas as pd
 
 from sur_lab.fingerprint import digest, first_difference, model_fingerprint
 from sur_lab.paths import atomic_path, outputs_dir
-from sur_lab.sweeps.record import Record, parse_line, records_frame
+from sur_lab.sweeps.record import Record, frame_records, parse_line, records_frame
 
 
 def sweep_folder(name: str, lm, *, outputs: Path | None = None, **params: Any) -> Path:
@@ -88,6 +94,10 @@ def check_fingerprint(stored: Iterable[Record], expected: Mapping[str, Any], *, 
             )
 
 
+class FolderInUseError(RuntimeError):
+    """Another process holds a sweep folder's lock (:meth:`SweepStore.lock`); the message names ``out_dir``."""
+
+
 class SweepStore:
     """The records of one sweep folder (module docstring). Methods never raise on an invalid stored line.
 
@@ -109,7 +119,8 @@ class SweepStore:
         records and race on ``records.parquet``, so a second concurrent sweep of one folder fails at once.
 
         Raises:
-            RuntimeError: naming ``out_dir`` when another process holds the lock (nothing is written).
+            FolderInUseError: (a ``RuntimeError``) naming ``out_dir`` when another process holds the lock (nothing is
+                written).
         """
         from filelock import FileLock, Timeout
 
@@ -118,7 +129,7 @@ class SweepStore:
         try:
             lock.acquire(timeout=0)
         except Timeout:
-            raise RuntimeError(
+            raise FolderInUseError(
                 f"out_dir={str(self.out_dir)!r} is in use by another sweep (lock {lock.lock_file}); wait for it or use "
                 "another folder"
             ) from None
@@ -127,11 +138,16 @@ class SweepStore:
         finally:
             lock.release()
 
-    def read(self, case_id: str) -> dict[tuple[str, str, str], Record]:
+    def read(self, case_id: str, meta_keys: Iterable[str] | None = None) -> dict[tuple[str, str, str], Record]:
         """The valid stored records of a case by :attr:`Record.key` (the last line wins for a repeated key).
 
         Lines that are not records of this case are reported (``UserWarning`` with the file, the line number and the
         reason), removed from the part file, and so recomputed by the sweep.
+
+        Args:
+            case_id: the case.
+            meta_keys: the case's meta keys (:attr:`sur_lab.sweeps.Case.meta`): a line with a key beyond them and the
+                record fields (or without one of them) is not a record of this case. ``None``: not checked.
         """
         path = self.part_path(case_id)
         if not path.exists():
@@ -147,7 +163,7 @@ class SweepStore:
                 problems.append((lineno, "empty line"))
                 continue
             try:
-                rec = parse_line(line)
+                rec = parse_line(line, meta_keys)
             except ValueError as err:
                 problems.append((lineno, str(err)))
                 continue
@@ -181,6 +197,52 @@ class SweepStore:
             fh.write(record.to_line() + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+
+    def adopt_consolidated(self, expected: Mapping[str, Any]) -> int:
+        """Check the records of ``records.parquet`` whose cases have no part file against ``expected`` and write them
+        back as part files (module docstring); call it under :meth:`lock`, before reading the cases.
+
+        Args:
+            expected: configuration fingerprint fields (:data:`sur_lab.sweeps.record.CONFIG_FIELDS` or the subset a
+                driver knows) every such record must match; the case fingerprints are checked when the cases are
+                read (:func:`check_fingerprint`).
+
+        Returns:
+            Records written back (0 when there is no ``records.parquet`` or every case in it has its part file).
+
+        Raises:
+            ValueError: naming ``out_dir`` when ``records.parquet`` cannot be read, or holds such a record made with
+                another configuration (the first differing field, with both values): nothing is written then, and the
+                sweep does not run (it would overwrite the only copy).
+        """
+        path = self.out_dir / "records.parquet"
+        if not path.is_file():
+            return 0
+        try:
+            frame = pd.read_parquet(path)
+            if "case_id" not in frame.columns:
+                raise ValueError("it has no case_id column")
+            lost = [cid for cid in dict.fromkeys(frame["case_id"]) if not self.part_path(str(cid)).exists()]
+            orphans = frame_records(frame[frame["case_id"].isin(lost)]) if lost else []
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"out_dir={str(self.out_dir)!r}: records.parquet cannot be read as records ({err}); it may be the only "
+                "copy of records no part file holds, so it is not overwritten: move it away or use a fresh out_dir"
+            ) from None
+        by_case: dict[str, list[Record]] = {}
+        for rec in orphans:
+            by_case.setdefault(rec.case_id, []).append(rec)
+        for case_id, recs in by_case.items():
+            try:
+                check_fingerprint(recs, expected, out_dir=self.out_dir, case_id=case_id)
+            except ValueError as err:
+                raise ValueError(f"{err}. That record is in records.parquet and no part file holds it: the only "
+                                 "copy, so it is not overwritten (or move records.parquet away)") from None
+        self.parts.mkdir(parents=True, exist_ok=True)
+        for case_id, recs in by_case.items():
+            with atomic_path(self.part_path(case_id)) as tmp:
+                tmp.write_text("".join(r.to_line() + "\n" for r in recs), encoding="utf-8")
+        return len(orphans)
 
     def write_manifest(self, config: Mapping[str, Any], **details: Any) -> None:
         """Write ``sweep.json`` atomically: the configuration, its digest (``fingerprint``) and ``details`` (methods,
@@ -216,4 +278,4 @@ def read_records(out_dir: Path | str) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
-__all__ = ["SweepStore", "check_fingerprint", "part_name", "read_records", "sweep_folder"]
+__all__ = ["FolderInUseError", "SweepStore", "check_fingerprint", "part_name", "read_records", "sweep_folder"]

@@ -30,6 +30,15 @@ symbol, an unsupported platform) never raises: :func:`onepass_available` returns
 callers fall back (:func:`onepass_attention` to :func:`~sur_lab.executors.kernels.packed_sdpa_reference`, the
 ``"cpp"`` packed backend to the key-split SDPA path). ``SUR_LAB_NO_CPP_KERNEL=1`` disables it.
 
+Integrity: a damaged library must not crash a process (``dlopen`` of a truncated file dies of SIGBUS, with no Python
+error, in every later process while the file stays). A build runs in a fresh folder; the library is loaded once in a
+subprocess (it must load and register ``torch.ops.sur_lab_onepass.attention``), and only then are its
+manifest (:data:`MANIFEST_FILE`: size, sha256, torch version, compiler, source, flags, platform) and the folder
+renamed into place, atomically. Before any process loads the cached library it checks it against the manifest
+(:func:`verify_library`); a missing or unreadable manifest or any mismatch (a truncated file, another library in its
+place, another torch) rebuilds it once, and a failed rebuild falls back with one warning naming the file. After loading,
+the op must be registered, or the kernel is unavailable (one warning naming the file).
+
 Source: Eq. 22-24, appendix 13.2.
 """
 
@@ -41,7 +50,9 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import uuid
 import warnings
@@ -60,6 +71,7 @@ __all__ = [
     "ONEPASS_DTYPES",
     "ONEPASS_MAX_TILE_KEYS",
     "ONEPASS_TILE_SCORES",
+    "MANIFEST_FILE",
     "OnePassPlan",
     "build_onepass_plan",
     "onepass_attention",
@@ -67,6 +79,7 @@ __all__ = [
     "onepass_build_dir",
     "onepass_fingerprint",
     "onepass_unavailable_reason",
+    "verify_library",
 ]
 
 #: Key tile of the plan (the 64 of Eq. 23-24); merged tiles are multiples of it.
@@ -84,6 +97,8 @@ ONEPASS_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 _SOURCE = Path(__file__).with_name("onepass.cpp")
 _NAME = "sur_lab_onepass"
+#: The manifest beside the built library: its size and sha256 and what it was built from (module docstring).
+MANIFEST_FILE = "manifest.json"
 _LOCK = threading.Lock()
 _STATE: bool | None = None  # None: not tried in this process; True: loaded; False: unavailable (see _REASON)
 _REASON = ""
@@ -266,20 +281,32 @@ def _compiler_identity() -> str:
     return f"{compiler}: {version.stdout.splitlines()[0] if version.stdout else ''}"
 
 
-def onepass_fingerprint() -> str:
-    """Hex fingerprint of what the built library depends on: source, torch version, compiler, flags, platform.
+def _build_inputs() -> dict:
+    """What the built library depends on: source hash, torch version, compiler, flags, platform.
 
     Raises:
         OSError, subprocess.SubprocessError: when the compiler cannot be run.
     """
-    parts = {
+    return {
         "source": hashlib.sha256(_SOURCE.read_bytes()).hexdigest(),
         "torch": torch.__version__,
         "compiler": _compiler_identity(),
         "cflags": _cflags(),
         "platform": f"{platform.system()}-{platform.machine()}",
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def onepass_fingerprint() -> str:
+    """Hex fingerprint of what the built library depends on: source, torch version, compiler, flags, platform.
+
+    Raises:
+        OSError, subprocess.SubprocessError: when the compiler cannot be run.
+    """
+    return _digest(_build_inputs())
+
+
+def _digest(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def onepass_build_dir() -> Path:
@@ -288,49 +315,146 @@ def onepass_build_dir() -> Path:
     Raises:
         OSError, subprocess.SubprocessError: when the compiler cannot be run (the fingerprint names it).
     """
+    return _build_dir(_build_inputs())
+
+
+def _build_dir(inputs: dict) -> Path:
     from sur_lab.models import cache_root
 
-    return cache_root() / "kernels" / f"onepass-{onepass_fingerprint()}"
+    return cache_root() / "kernels" / f"onepass-{_digest(inputs)}"
+
+
+def _sha256_file(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def verify_library(folder: Path, inputs: dict | None = None) -> str | None:
+    """Why the library cached in ``folder`` must not be loaded, or ``None`` when its manifest vouches for it.
+
+    Reads the files only (nothing is loaded): the library must exist, the manifest (:data:`MANIFEST_FILE`) must parse,
+    record a successful subprocess probe, and match the library's size and sha256 and this process's build inputs
+    (torch version, compiler, source, flags, platform).
+
+    Args:
+        folder: a build folder (:func:`onepass_build_dir`).
+        inputs: the build inputs to match (default: this process's, which runs the compiler's ``--version``).
+
+    Returns:
+        ``None``, ``"missing"`` when there is no library, or a one-line reason naming what differs.
+    """
+    library = folder / f"{_NAME}.so"
+    if not library.is_file():
+        return "missing"
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"no readable {MANIFEST_FILE}"
+    if not isinstance(manifest, dict) or manifest.get("probed") is not True:
+        return f"{MANIFEST_FILE} records no successful load probe"
+    size = library.stat().st_size
+    if manifest.get("size") != size:
+        return f"{size} bytes, the manifest says {manifest.get('size')!r} (truncated or replaced)"
+    if manifest.get("sha256") != _sha256_file(library):
+        return "its sha256 differs from the manifest's (damaged or replaced)"
+    for key, value in (inputs if inputs is not None else _build_inputs()).items():
+        if manifest.get(key) != value:
+            return f"built with another {key} ({manifest.get(key)!r}, now {value!r})"
+    return None
+
+
+def _probe(library: Path) -> None:
+    """Load ``library`` in a fresh Python process and check that it registers the op: a library that would crash a
+    process on load (SIGBUS, SIGSEGV) or lacks the op is refused here, never loaded into this one.
+
+    Raises:
+        RuntimeError: naming the file, the exit status (a signal by name) and the probe's last error line.
+    """
+    code = ("import sys, torch; torch.ops.load_library(sys.argv[1]); "
+            "sys.exit(0 if hasattr(torch.ops.sur_lab_onepass, 'attention') else 3)")
+    run = subprocess.run([sys.executable, "-c", code, str(library)], capture_output=True, text=True, timeout=600)
+    if run.returncode == 0:
+        return
+    rc = run.returncode
+    status = "no sur_lab_onepass.attention op" if rc == 3 else f"exit {rc}"
+    if rc < 0:
+        try:
+            status = f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            status = f"killed by signal {-rc}"
+    lines = run.stderr.strip().splitlines()
+    raise RuntimeError(f"{library} failed its load probe in a subprocess ({status}){': ' + lines[-1] if lines else ''}")
+
+
+def _build(folder: Path, inputs: dict) -> Path:
+    """Compile into a fresh folder, probe the library in a subprocess, write its manifest, then rename the folder into
+    place (an old folder is moved aside first): a killed build leaves no half-built library behind, and no process
+    ever sees a library without its manifest."""
+    from torch.utils import cpp_extension
+
+    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.mkdir()
+    try:
+        cpp_extension.load(
+            name=_NAME,
+            sources=[str(_SOURCE)],
+            extra_cflags=_cflags(),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(tmp),
+            is_python_module=False,
+            verbose=False,
+        )
+        built = tmp / f"{_NAME}.so"
+        _probe(built)
+        manifest = {"library": built.name, "size": built.stat().st_size, "sha256": _sha256_file(built),
+                    "probed": True, **inputs}
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+        if folder.exists():
+            stale = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.stale")
+            os.replace(folder, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder / f"{_NAME}.so"
 
 
 def _library_path() -> Path:
-    """The built library, compiling it first when this fingerprint has none (under a file lock: concurrent test
-    workers build once). The build runs in a fresh folder renamed into place, so a killed build leaves no half-built
-    library behind."""
-    from filelock import FileLock
-    from torch.utils import cpp_extension
+    """The built library, verified against its manifest (:func:`verify_library`), compiling it first when this
+    fingerprint has none and rebuilding it once when the cached one fails verification; under a file lock, so that
+    concurrent test workers build once.
 
-    folder = onepass_build_dir()
+    Raises:
+        RuntimeError: naming the cached file and what was wrong with it when its rebuild fails too; the build's own
+            error when there was nothing cached.
+    """
+    from filelock import FileLock
+
+    inputs = _build_inputs()
+    folder = _build_dir(inputs)
     library = folder / f"{_NAME}.so"
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
-        if library.is_file():
+        problem = verify_library(folder, inputs)
+        if problem is None:
             return library
-        tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.mkdir()
         try:
-            cpp_extension.load(
-                name=_NAME,
-                sources=[str(_SOURCE)],
-                extra_cflags=_cflags(),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(tmp),
-                is_python_module=False,
-                verbose=False,
-            )
-            (tmp / "fingerprint.json").write_text(json.dumps({"torch": torch.__version__, "cflags": _cflags()}))
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return library
+            return _build(folder, inputs)
+        except Exception as err:
+            if problem == "missing":
+                raise
+            lines = str(err).strip().splitlines()
+            raise RuntimeError(f"{library}: {problem}; its rebuild failed ({type(err).__name__}: "
+                               f"{lines[-1] if lines else ''})") from err
 
 
 def onepass_available() -> bool:
     """Whether the one-pass kernel runs in this process: builds or loads it on the first call, then remembers.
 
-    Never raises: any failure (no compiler, a failed build, a library that does not load, ``SUR_LAB_NO_CPP_KERNEL=1``)
-    gives False and one ``RuntimeWarning`` line naming the reason (:func:`onepass_unavailable_reason`) and the
-    fallback. Thread-safe.
+    Never raises and never loads an unverified file: any failure (no compiler, a failed build, a damaged cached
+    library whose rebuild fails, a library that does not load or registers no op, ``SUR_LAB_NO_CPP_KERNEL=1``) gives
+    False and one ``RuntimeWarning`` line naming the reason and, for a library, its file
+    (:func:`onepass_unavailable_reason`) and the fallback. Thread-safe.
     """
     global _STATE, _REASON
     with _LOCK:
@@ -341,11 +465,13 @@ def onepass_available() -> bool:
                 library = _library_path()
                 if not hasattr(torch.ops.sur_lab_onepass, "attention"):
                     torch.ops.load_library(str(library))
+                    if not hasattr(torch.ops.sur_lab_onepass, "attention"):
+                        raise RuntimeError(f"{library} loaded but registers no sur_lab_onepass.attention op")
                 _STATE = True
             except Exception as err:  # noqa: BLE001 - any build or load failure means: fall back, never fail
                 _STATE = False
                 lines = str(err).strip().splitlines()
-                detail = f"{type(err).__name__}: {lines[-1] if lines else ''}"[:240]
+                detail = f"{type(err).__name__}: {lines[-1] if lines else ''}"[:480]
                 _REASON = detail
                 warnings.warn(
                     f"sur_lab: the one-pass C++ attention kernel is unavailable ({detail}); packed attention falls "
