@@ -33,7 +33,7 @@ def fake_runner(calls: list, *, fail: set = frozenset(), interrupt: set = frozen
         df = pd.DataFrame({"method": ["SUR", "Shift"], "em": [1.0, 0.0]})
         df.to_csv(out / "tables" / f"{n}_summary_tag-1.csv", index=False)
         df.to_parquet(out / "tables" / f"{n}_summary_tag-1.parquet", index=False)
-        sweep = out / "sweeps" / f"{n}_study_ctx-128_float32_cpu_w0123abcd"
+        sweep = out / "sweeps" / f"{n}_study_ctx-128_float32_cpu_w-0123abcd"
         (sweep / "parts").mkdir(parents=True, exist_ok=True)
         df.to_parquet(sweep / "records.parquet", index=False)
         (sweep / "sweep.json").write_text(json.dumps({"records_planned": 2}))

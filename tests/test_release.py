@@ -91,8 +91,8 @@ def test_release_runs_skips_and_resumes(tmp_path, two):
     assert entry["fingerprint"] == rel.notebook_inputs(two[0])["fingerprint"]
     assert sorted(entry["outputs"]) == [
         "00_quickstart.ipynb", "figures/00_curves_tag-1.png", "figures/00_curves_tag-1.svg",
-        "sweeps/00_study_ctx-128_float32_cpu_w0123abcd/records.parquet",
-        "sweeps/00_study_ctx-128_float32_cpu_w0123abcd/sweep.json",
+        "sweeps/00_study_ctx-128_float32_cpu_w-0123abcd/records.parquet",
+        "sweeps/00_study_ctx-128_float32_cpu_w-0123abcd/sweep.json",
         "tables/00_summary_tag-1.csv", "tables/00_summary_tag-1.parquet"]  # no part file, no lock
     run = entry["run"]
     assert run["weights"] == ["0123abcd"] and run["wall_minutes"] >= 0 and run["peak_rss_mib"] is not None
@@ -178,7 +178,7 @@ def test_verify_finds_a_tampered_folder(tmp_path, two):
     csv.write_text(csv.read_text().replace("1.0", "0.9"))
     (tmp_path / "figures" / "00_extra.png").write_bytes(PNG)
     (tmp_path / "figures" / "00_curves_tag-1.svg").unlink()
-    (tmp_path / "sweeps" / "01_study_ctx-128_float32_cpu_w0123abcd" / "parts" / "x.jsonl").write_text("junk")
+    (tmp_path / "sweeps" / "01_study_ctx-128_float32_cpu_w-0123abcd" / "parts" / "x.jsonl").write_text("junk")
     problems = rel.verify(tmp_path)
     assert problems == ["00_quickstart: figures/00_curves_tag-1.svg is listed in the manifest but missing",
                         "00_quickstart: figures/00_extra.png is not listed in the manifest",
@@ -283,3 +283,35 @@ def test_run_watch_samples_memory_and_sweeps(tmp_path):
         bar = watch._bars["02_niah_a"]
         assert (bar.n, bar.total) == (3, 10)
     assert watch.peak_rss_mib > 150  # the child's resident memory was seen
+
+
+def test_figure_and_table_formats_follow_the_environment(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from PIL import Image
+
+    from sur_lab.analysis import plotting
+
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.plot([0, 1], [0, 1])
+    assert [p.suffix for p in plotting.save_figure(fig, "f", outputs=tmp_path)] == [".png", ".pdf"]  # the default
+    monkeypatch.setenv(plotting.FIGURE_FORMATS_ENV, "png,svg")
+    monkeypatch.setenv(plotting.FIGURE_DPI_ENV, "50")
+    with matplotlib.rc_context({"savefig.bbox": "standard"}):  # the house style's tight box would trim the size
+        png, svg = plotting.save_figure(fig, "g", outputs=tmp_path)
+    assert svg.suffix == ".svg" and svg.read_text().lstrip().startswith("<?xml")
+    assert Image.open(png).size == (100, 50)  # 2 x 1 inches at 50 dpi
+    monkeypatch.setenv(plotting.FIGURE_DPI_ENV, "0")
+    with pytest.raises(ValueError, match="SUR_LAB_FIGURE_DPI='0'"):
+        plotting.save_figure(fig, "h", outputs=tmp_path)
+    monkeypatch.setenv(plotting.FIGURE_FORMATS_ENV, "png,eps")
+    with pytest.raises(ValueError, match="SUR_LAB_FIGURE_FORMATS='png,eps'"):
+        plotting.save_figure(fig, "h", outputs=tmp_path)
+    assert not list(tmp_path.glob("figures/h.*"))
+    plt.close(fig)
+    monkeypatch.setenv(plotting.TABLE_FORMATS_ENV, "csv,parquet")
+    csv, parquet = plotting.save_table(pd.DataFrame({"a": [1]}), "t", outputs=tmp_path)
+    assert pd.read_parquet(parquet).equals(pd.read_csv(csv))

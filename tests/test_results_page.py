@@ -85,7 +85,7 @@ def test_release_pages_render_a_results_folder(tmp_path):
     assert "!!!" not in fresh.split("## Figures")[0].split("??? info")[0]
     assert "### 00_curves\n\n![00_curves](figures/00_curves_tag-1.png)" in fresh
     assert "| method | em |\n|---|---|\n| SUR | 1 |\n| Shift | 0 |" in fresh
-    assert "`results/sweeps/00_study_ctx-128_float32_cpu_w0123abcd/records.parquet`: 2 rows" in fresh
+    assert "`results/sweeps/00_study_ctx-128_float32_cpu_w-0123abcd/records.parquet`: 2 rows" in fresh
     assert "[00_quickstart.ipynb](00_quickstart.ipynb)" in fresh and "| peak memory |" in fresh
     assert "Not in this release yet" in pages[f"{SITE_PREFIX}/02_allocation_geometry.md"]
     assert {k: v.name for k, v in assets.items()} == {

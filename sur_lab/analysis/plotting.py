@@ -50,6 +50,8 @@ def run_tag(**params: Any) -> str:
 #: (``parquet`` makes every table also a Parquet file).
 FIGURE_FORMATS_ENV = "SUR_LAB_FIGURE_FORMATS"
 TABLE_FORMATS_ENV = "SUR_LAB_TABLE_FORMATS"
+#: The resolution of raster figures, dots per inch, when a runner sets it (default: the style's ``savefig.dpi``).
+FIGURE_DPI_ENV = "SUR_LAB_FIGURE_DPI"
 FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
@@ -68,15 +70,27 @@ def figure_formats() -> tuple[str, ...]:
 
 def save_figure(fig, name: str, *, tag: str = "", outputs: Path | None = None) -> list[Path]:
     """Write ``fig`` as ``figures/{name}[_{tag}].png`` and ``.pdf`` (each atomically; the formats of
-    :func:`figure_formats`); returns the paths."""
+    :func:`figure_formats`, PNGs at ``$SUR_LAB_FIGURE_DPI`` when set); returns the paths.
+
+    Raises:
+        ValueError: naming ``SUR_LAB_FIGURE_FORMATS`` or ``SUR_LAB_FIGURE_DPI`` when either is set to something
+            unusable (before anything is written).
+    """
     formats = figure_formats()
+    dpi = os.environ.get(FIGURE_DPI_ENV)
+    try:
+        dpi = float(dpi) if dpi else "figure"
+    except ValueError:
+        dpi = -1.0
+    if dpi != "figure" and not 10 <= dpi <= 1200:
+        raise ValueError(f"{FIGURE_DPI_ENV}={os.environ[FIGURE_DPI_ENV]!r}: give dots per inch in [10, 1200]")
     folder = (outputs or outputs_dir()) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_{tag}" if tag else name
     paths = [folder / f"{stem}.{fmt}" for fmt in formats]
     for path in paths:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=path.suffix[1:])
+            fig.savefig(tmp, format=path.suffix[1:], **({} if dpi == "figure" else {"dpi": dpi}))
     return paths
 
 

@@ -78,6 +78,7 @@ SCHEMA = 1
 PRESETS = {"default": suite_parameters, "smoke": smoke_parameters}
 #: What the release asks of :mod:`sur_lab.analysis.plotting` in every kernel it starts.
 FIGURE_FORMATS = "png,svg"
+FIGURE_DPI = 110  # the notebooks' display resolution: the SVG keeps the detail, the PNG is for looking at
 TABLE_FORMATS = "csv,parquet"
 #: Statuses of a notebook in the manifest, and the two more that :func:`check` adds.
 STATUSES = ("finished", "failed", "missing")
@@ -833,11 +834,11 @@ def link_figures(executed: Path, results: Path, written: Sequence[Path]) -> int:
 @contextlib.contextmanager
 def _release_environment(results: Path) -> Iterator[None]:
     """The environment the kernels inherit: outputs under ``results`` (absolute, since kernels run from
-    ``notebooks/``), PNG + SVG figures, CSV + Parquet tables."""
-    from sur_lab.analysis.plotting import FIGURE_FORMATS_ENV, TABLE_FORMATS_ENV
+    ``notebooks/``), PNG (at :data:`FIGURE_DPI`) + SVG figures, CSV + Parquet tables."""
+    from sur_lab.analysis.plotting import FIGURE_DPI_ENV, FIGURE_FORMATS_ENV, TABLE_FORMATS_ENV
 
     values = {"SUR_LAB_OUTPUTS_DIR": str(Path(results).resolve()), FIGURE_FORMATS_ENV: FIGURE_FORMATS,
-              TABLE_FORMATS_ENV: TABLE_FORMATS}
+              FIGURE_DPI_ENV: str(FIGURE_DPI), TABLE_FORMATS_ENV: TABLE_FORMATS}
     previous = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -877,10 +878,11 @@ def _now() -> str:
 
 
 def _weights_ids(results: Path, stem: str) -> list[str]:
-    """The weights hashes (8 hex) in the names of the notebook's sweep folders (``..._w<hash>``)."""
+    """The weights hashes (8 hex) in the names of the notebook's sweep folders (``..._w-<hash>``,
+    :func:`sur_lab.sweeps.store.sweep_folder`)."""
     sweeps = Path(results) / "sweeps"
     names = [p.name for p in sweeps.glob(_prefix(stem) + "*")] if sweeps.is_dir() else []
-    return sorted({m.group(1) for n in names if (m := re.search(r"_w([0-9a-f]{8})$", n))})
+    return sorted({m.group(1) for n in names if (m := re.search(r"_w-?([0-9a-f]{8})$", n))})
 
 
 Runner = Callable[..., Path]
@@ -926,6 +928,8 @@ def run_one(path: Path, results: Path, manifest: dict[str, Any], *, runner: Runn
         except Exception as err:  # noqa: BLE001 - recorded in the manifest; the release goes on
             error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     wall = (time.perf_counter() - t0) / 60
+    if error is None and not (results / f"{path.stem}.ipynb").is_file():
+        error = f"the runner wrote no executed copy {path.stem}.ipynb"
     written = [p for p in notebook_outputs(results, path.stem) if p.stat().st_mtime >= start_epoch - 1]
     if error is None:
         for sub in ("figures", "tables"):  # files of an earlier run with other parameters (every run rewrites its own)
