@@ -28,7 +28,8 @@ def test_inputs_follow_imports_and_ignore_prose(tmp_path):
     pkg = root / "sur_lab"
     (pkg / "pkg").mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""Top."""\nfrom sur_lab.a import f\n')
-    (pkg / "a.py").write_text('"""A."""\n\ndef f():\n    from sur_lab import b  # inside a function\n    return b.g()\n')
+    (pkg / "a.py").write_text('"""A."""\n\ndef f():\n    from sur_lab import b  # inside a function\n'
+                              '    return b.g()\n')
     load = "\n\ndef load():\n    for m in ('sur_lab.late',):\n        importlib.import_module(m)\n"
     (pkg / "b.py").write_text("import importlib\n\ndef g():\n    return 1\n" + load)
     (pkg / "late.py").write_text("y = 2\n")  # imported by name (importlib), as executors.registry does
@@ -47,8 +48,9 @@ def test_inputs_follow_imports_and_ignore_prose(tmp_path):
     assert rel.study_modules(notebook, root) == ["sur_lab", "sur_lab.a", "sur_lab.b", "sur_lab.late", "sur_lab.pkg",
                                                  "sur_lab.pkg.c", "sur_lab.pkg.d"]
     files = rel.input_files(notebook, root)
-    assert set(files) == {"notebooks/00_x.ipynb", "sur_lab/__init__.py", "sur_lab/a.py", "sur_lab/b.py", "sur_lab/late.py",
-                          "sur_lab/pkg/__init__.py", "sur_lab/pkg/c.py", "sur_lab/pkg/d.py", "sur_lab/pkg/kernel.cpp"}
+    assert set(files) == {"notebooks/00_x.ipynb", "sur_lab/__init__.py", "sur_lab/a.py", "sur_lab/b.py",
+                          "sur_lab/late.py", "sur_lab/pkg/__init__.py", "sur_lab/pkg/c.py", "sur_lab/pkg/d.py",
+                          "sur_lab/pkg/kernel.cpp"}
     before = rel.notebook_inputs(notebook, {}, root=root)
     # prose: a docstring, a comment, a bare string and the notebook's markdown change nothing
     (pkg / "a.py").write_text('"""A, reworded."""\n\ndef f():\n    """Doc."""\n    from sur_lab import b  # moved\n'

@@ -237,8 +237,8 @@ def notebook_hash(notebook: Path) -> str:
     """A short hash of a notebook's code cells and its ``sur_lab`` metadata (its markdown and outputs are left out:
     prose does not change a result)."""
     nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
-    text = json.dumps({"code": [c.rstrip() for c in _code_cells(nb)], "meta": nb.get("metadata", {}).get("sur_lab", {})},
-                      sort_keys=True)
+    meta = nb.get("metadata", {}).get("sur_lab", {})
+    text = json.dumps({"code": [c.rstrip() for c in _code_cells(nb)], "meta": meta}, sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=_HASH_BYTES).hexdigest()
 
 

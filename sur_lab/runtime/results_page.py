@@ -273,9 +273,11 @@ def release_notebook_page(results: Path, check, preset: str = "default",
              ("peak memory", f"{run['peak_rss_mib']:.0f} MiB ({run.get('peak_rss_source', '')})"
               if run.get("peak_rss_mib") is not None else "–"),
              ("finished", (run.get("finished") or "–").replace("T", " ")),
-             ("commit", f"`{(run.get('commit') or '–')[:12]}`" + (" (uncommitted changes)" if run.get("dirty") else "")),
+             ("commit", f"`{(run.get('commit') or '–')[:12]}`"
+              + (" (uncommitted changes)" if run.get("dirty") else "")),
              ("machine", f"{machine.get('cpu_model', '?')}, {machine.get('cpus', '?')} CPUs, flags "
-              f"{', '.join(machine.get('cpu_flags', [])) or '–'}, torch capability {machine.get('torch_cpu_capability')}"),
+              f"{', '.join(machine.get('cpu_flags', [])) or '–'}, torch capability "
+              f"{machine.get('torch_cpu_capability')}"),
              ("threads", "torch default (one per core)" if threads == 0 else str(threads)),
              ("model weights", ", ".join(f"`w{w}`" for w in run.get("weights", []))
               or "– (no sweep folder names them)"),
@@ -356,7 +358,8 @@ def release_pages(results: Path, titles: Mapping[str, str] | None = None) -> tup
                   "their pages name what changed.", ""]
     rows = claim_rows(results)
     lines += [claims_markdown(rows, link=lambda stem: f"{stem}.md", level=2), ""]
-    lines += ["## Runs", "", "| notebook | against the code | wall time | peak memory | finished |", "|---|---|---|---|---|"]
+    lines += ["## Runs", "", "| notebook | against the code | wall time | peak memory | finished |",
+              "|---|---|---|---|---|"]
     for c in checks:
         run = c.entry.get("run") or {}
         peak = f"{run['peak_rss_mib']:.0f} MiB" if run.get("peak_rss_mib") is not None else "–"
