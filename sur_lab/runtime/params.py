@@ -358,10 +358,26 @@ VALIDATION_CELL = "from sur_lab.runtime.params import validate_parameters\n\nval
 
 def parameters_cell(path: str | Path) -> str:
     """The source of the notebook's cell tagged ``parameters`` ("" when it has none)."""
-    import nbformat
+    import json  # not nbformat: importing it costs seconds
 
-    nb = nbformat.read(str(path), as_version=4)
-    return next((c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
+    cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
+    return next(("".join(c.get("source", "")) for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])),
+                "")
+
+
+def literal_defaults(source: str) -> dict[str, Any]:
+    """The literal defaults a ``parameters`` cell's source assigns, by name (assignments whose value is not a literal
+    are left out; nothing is executed)."""
+    out: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                      else None)
+        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+            try:
+                out[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return out
 
 
 def check_notebook_parameters(path: str | Path, parameters: Mapping[str, Any] | None = None) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -45,20 +45,11 @@ def format_seconds(seconds: float | None) -> str:
 
 def _declared_defaults(nb: dict) -> dict:
     """Literal defaults of the notebook's tagged ``parameters`` cell (papermill keeps it in the executed copy)."""
-    import ast
+    from sur_lab.runtime.params import literal_defaults
 
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            source = "".join(cell.get("source", []))
-            out = {}
-            for node in ast.parse(source).body:
-                target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
-                if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
-                    try:
-                        out[target.id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        pass
-            return out
+            return literal_defaults("".join(cell.get("source", [])))
     return {}
 
 
@@ -197,6 +188,188 @@ def results_markdown(*folders: Path | None, titles: Iterable[str] | None = None)
                         "which later builds include.\n")
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return HEADER + f"\nPage generated {stamp}.\n\n" + "\n".join(sections)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The release's pages: the claims table, each notebook's figures and tables, the run manifest
+
+
+#: Where the release's pages and files sit in the site (not ``results/``: this module's measured-times page is
+#: ``results.md``, which the site serves at ``results/``).
+SITE_PREFIX = "release"
+#: A table is shown on its page when it has at most this many rows and columns; larger ones are linked only.
+TABLE_ROWS, TABLE_COLUMNS = 25, 14
+
+
+def _cell(value) -> str:
+    import math
+
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(df, max_rows: int = TABLE_ROWS) -> str:
+    """A DataFrame's first ``max_rows`` rows as a Markdown table (numbers to 4 significant digits)."""
+    head = df.head(max_rows)
+    lines = ["| " + " | ".join(_cell(c) for c in head.columns) + " |", "|" + "---|" * len(head.columns)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in head.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _banner(check) -> list[str]:
+    """The admonition at the top of a notebook's results page: stale (naming what changed), failed or not run."""
+    if check.status == "stale":
+        return ['!!! warning "Stale: the code or inputs changed since this result was computed"', "",
+                *[f"    - {why}" for why in check.reasons], "",
+                "    Run `sur-lab release` to bring it up to date.", ""]
+    if check.status == "failed":
+        return ['!!! danger "The last run of this notebook did not finish"', "", f"    {check.reasons[0]}", ""]
+    if check.status == "missing":
+        why = "; ".join(check.reasons)
+        return ['!!! note "Not in this release yet"', "", f"    {why[:1].upper()}{why[1:]}: `sur-lab release` runs it.",
+                ""]
+    return []
+
+
+def _title(stem: str) -> str:
+    number, _, name = stem.partition("_")
+    return f"{number} {name.replace('_', ' ').capitalize()}"
+
+
+def _name(stem: str) -> str:
+    """A figure's or table's name without its run tag (``02_table12`` of ``02_table12_ctx-1024_n-48``): the tag's
+    ``key-value`` parts are the ones with a hyphen (:func:`sur_lab.analysis.plotting.run_tag`)."""
+    parts = stem.split("_")
+    kept = [p for i, p in enumerate(parts) if "-" not in p and all("-" not in q for q in parts[:i])]
+    return "_".join(kept) or stem
+
+
+def release_notebook_page(results: Path, check, preset: str = "default",
+                          title: str | None = None) -> tuple[str, dict[str, Path]]:
+    """One notebook's results page (Markdown) and the files it shows or links (site path -> file): its banner
+    (stale, naming what changed; failed; not run), the run's facts, its figures, its tables (small ones shown, all
+    linked), its sweep records and its executed copy. ``title``: the page title (default from the notebook's name)."""
+    import pandas as pd
+
+    from sur_lab.runtime.release import format_minutes
+
+    entry, stem = check.entry, check.notebook
+    title = title or _title(stem)
+    outs = list(entry.get("outputs", {}))
+    assets: dict[str, Path] = {}
+    lines = [f"# {title}", "", *_banner(check)]
+    if not outs:
+        lines += [f"Nothing of `{stem}` is in `results/` yet.", ""]
+        return "\n".join(lines), assets
+    run = entry.get("run") or {}
+    machine = run.get("machine") or {}
+    threads = (run.get("threads") or {}).get("num_threads")
+    facts = [("status", check.status), ("preset", f"`{preset}`"),
+             ("parameters", f"`{json.dumps(entry.get('parameters') or {})}` beside the notebook's defaults"),
+             ("wall time", format_minutes(run.get("wall_minutes"))),
+             ("peak memory", f"{run['peak_rss_mib']:.0f} MiB ({run.get('peak_rss_source', '')})"
+              if run.get("peak_rss_mib") is not None else "–"),
+             ("finished", (run.get("finished") or "–").replace("T", " ")),
+             ("commit", f"`{(run.get('commit') or '–')[:12]}`"
+              + (" (uncommitted changes)" if run.get("dirty") else "")),
+             ("machine", f"{machine.get('cpu_model', '?')}, {machine.get('cpus', '?')} CPUs, flags "
+              f"{', '.join(machine.get('cpu_flags', [])) or '–'}, torch capability "
+              f"{machine.get('torch_cpu_capability')}"),
+             ("threads", "torch default (one per core)" if threads == 0 else str(threads)),
+             ("model weights", ", ".join(f"`w{w}`" for w in run.get("weights", []))
+              or "– (no sweep folder names them)"),
+             ("fingerprint", f"`{(entry.get('fingerprint') or '')[:16]}` over "
+              f"{len((entry.get('inputs') or {}).get('files', {}))} files")]
+    lines += ["| run | |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts], ""]
+    files = (entry.get("inputs") or {}).get("files", {})
+    if files:
+        lines += ['??? info "The files this result depends on"', "",
+                  *[f"    - `{f}` (`{h}`)" for f, h in files.items()], ""]
+    figures = [r for r in outs if r.startswith("figures/") and r.endswith(".png")]
+    if figures:
+        lines += ["## Figures", ""]
+        for rel in figures:
+            assets[rel] = Path(results) / rel
+            lines += [f"### {_name(Path(rel).stem)}", "", f"![{_name(Path(rel).stem)}]({rel})", "",
+                      f"`{Path(rel).name}` (SVG beside it in `results/`)", ""]
+    tables = [r for r in outs if r.startswith("tables/") and r.endswith(".csv")]
+    if tables:
+        lines += ["## Tables", ""]
+        for rel in tables:
+            assets[rel] = Path(results) / rel
+            df = pd.read_csv(Path(results) / rel)
+            lines += [f"### {_name(Path(rel).stem)}", "", f"[`{Path(rel).name}`]({rel}): {len(df)} rows × "
+                      f"{len(df.columns)} columns (Parquet beside it in `results/`)", ""]
+            if len(df.columns) <= TABLE_COLUMNS and len(df):
+                more = f"\n\nFirst {TABLE_ROWS} of {len(df)} rows." if len(df) > TABLE_ROWS else ""
+                lines += [markdown_table(df) + more, ""]
+    sweeps = [r for r in outs if r.startswith("sweeps/") and r.endswith(".parquet")]
+    if sweeps:
+        import pyarrow.parquet as pq
+
+        lines += ["## Sweep records", ""]
+        lines += [f"- `results/{r}`: {pq.read_metadata(Path(results) / r).num_rows} rows" for r in sweeps]
+        lines.append("")
+    executed = f"{stem}.ipynb"
+    if executed in outs:
+        assets[executed] = Path(results) / executed
+        lines += ["## Executed notebook", "", f"[{executed}]({executed}) (download; its figures are the files above). "
+                  f"The site's notebook page, [{title}](../notebooks/{executed}), shows the copy its build ran.", ""]
+    return "\n".join(lines), assets
+
+
+def release_pages(results: Path, titles: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, Path]]:
+    """The site's Results section from a results folder: ``({site path: markdown}, {site path: file})``;
+    ``titles``: notebook stem -> page title (the site's navigation titles; default from the names).
+
+    ``release/index.md`` holds the claims table (:mod:`sur_lab.runtime.claims`), then the runs: each notebook's status
+    against the current code (:func:`sur_lab.runtime.release.check`: fresh, stale, failed, missing), wall time and
+    peak memory, and the machine. ``release/<notebook>.md`` holds one notebook's results
+    (:func:`release_notebook_page`); a stale one opens with a banner naming what changed.
+    """
+    from sur_lab.runtime.claims import claim_rows, claims_markdown
+    from sur_lab.runtime.release import check, format_minutes, manifest_preset, read_manifest
+
+    results = Path(results)
+    try:
+        manifest = read_manifest(results)
+    except ValueError as err:
+        return {f"{SITE_PREFIX}/index.md": f"# Results\n\n!!! danger \"results/ does not parse\"\n\n    {err}\n"}, {}
+    preset = manifest_preset(manifest)
+    checks = [c for c in check(results) if c.status != "orphan"]
+    pages, assets = {}, {}
+    for c in checks:
+        page, files = release_notebook_page(results, c, preset, (titles or {}).get(c.notebook))
+        pages[f"{SITE_PREFIX}/{c.notebook}.md"] = page
+        assets.update({f"{SITE_PREFIX}/{k}": v for k, v in files.items()})
+    counts = {s: sum(c.status == s for c in checks) for s in ("fresh", "stale", "failed", "missing")}
+    lines = ["# Results", "",
+             f"Every notebook run at its `{preset}` preset by `sur-lab release` into `results/` (committed with the "
+             "repository), read from its manifest when this site was built; nothing here is typed by hand. "
+             "Against the current code: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ".", ""]
+    if preset == "smoke":
+        lines += ['!!! warning "A smoke release"', "", "    Plumbing sizes on the small model: it decides nothing.", ""]
+    if counts["stale"]:
+        stale = ", ".join(f"[`{c.notebook}`]({c.notebook}.md)" for c in checks if c.status == "stale")
+        lines += ['!!! warning "Stale results"', "", f"    The code or inputs of {stale} changed since they ran; "
+                  "their pages name what changed.", ""]
+    rows = claim_rows(results)
+    lines += [claims_markdown(rows, link=lambda stem: f"{stem}.md", level=2), ""]
+    lines += ["## Runs", "", "| notebook | against the code | wall time | peak memory | finished |",
+              "|---|---|---|---|---|"]
+    for c in checks:
+        run = c.entry.get("run") or {}
+        peak = f"{run['peak_rss_mib']:.0f} MiB" if run.get("peak_rss_mib") is not None else "–"
+        lines.append(f"| [`{c.notebook}`]({c.notebook}.md) | {c.status} | {format_minutes(c.wall_minutes)} | {peak} | "
+                     f"{(run.get('finished') or '–')[:16].replace('T', ' ')} |")
+    done = [c.wall_minutes for c in checks if c.entry.get("status") == "finished" and c.wall_minutes is not None]
+    lines += ["", f"Total wall time of the {len(done)} finished notebooks: {format_minutes(sum(done))}. "
+              "The executed copies' own timings are on [Measured times](../results.md).", ""]
+    pages[f"{SITE_PREFIX}/index.md"] = "\n".join(lines)
+    return pages, assets
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,10 +67,10 @@ def notebooks(pattern: str = "*", folder: Path | None = None) -> list[Path]:
 
 
 def _metadata_parameters(path: Path, key: str) -> dict:
-    import nbformat
+    import json  # not nbformat: importing it costs seconds, and `sur-lab release --check` reads every notebook
 
-    nb = nbformat.read(path, as_version=4)
-    return dict(nb.metadata.get("sur_lab", {}).get(key, {}))
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    return dict(nb.get("metadata", {}).get("sur_lab", {}).get(key, {}))
 
 
 def smoke_parameters(path: Path) -> dict:

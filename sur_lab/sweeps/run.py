@@ -106,12 +106,12 @@ def run_sweep(
         FolderInUseError: (a ``RuntimeError``) naming ``out_dir`` when another process is running a sweep into it
             (nothing is written).
     """
-    check_run_args(cases, methods, budgets, executor, max_new_tokens, eval_batch)
+    grid = check_run_args(cases, methods, budgets, executor, max_new_tokens, eval_batch)
     timed_ids = timed_set(cases, timed)
     case_args = dict(executor=executor, max_new_tokens=int(max_new_tokens), eval_batch=int(eval_batch),
                      seed=int(seed), options=options, scorer=scorer, parser=parser)
     manifest = dict(methods=[method_name(m) for m in methods], budgets=[float(b) for b in budgets], cases=[c.case_id for c in cases],
-                    timed_cases=sorted(timed_ids))
+                    timed_cases=sorted(timed_ids), records_planned=len(cases) * len(grid))  # a watcher's progress total
     store = SweepStore(out_dir)
     if type(workers) is not int or workers != 1 or address is not None:
         from sur_lab.sweeps.ray import check_workers, run_ray
