@@ -85,6 +85,13 @@ def decides(preset: str | None) -> bool:
     return preset not in PLUMBING_PRESETS
 
 
+def kind_of(values) -> str:
+    """``"binary"`` when every finite value of ``values`` is 0 or 1 (bools included), else ``"continuous"``."""
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    x = x[~np.isnan(x)]
+    return "binary" if np.isin(x, (0.0, 1.0)).all() else "continuous"
+
+
 @dataclass(frozen=True)
 class Margin:
     """An equivalence margin, declared in a study's code before the run.
