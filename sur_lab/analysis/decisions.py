@@ -603,7 +603,8 @@ def _p(p: float) -> str:
 
 
 def sentence(row, *, unit: str | None = None, digits: int | None = None, what: str = "cases",
-             clusters: str = "clusters", words: tuple[str, str] | None = None, na: str = "no paired unit") -> str:
+             clusters: str = "clusters", words: tuple[str, str] | None = None, na: str = "no paired unit",
+             family_name: bool = True) -> str:
     """One decided comparison (a row of :func:`paired_family`) in words, naming its family and size.
 
     Examples: ``"SUR 5% beats Dense tokens 5%: +12.5 pp (95 % CI +4.2 to +20.8; 48 cases, 7 discordant; Holm over 22
@@ -621,6 +622,8 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
         words: the separated verdicts' words (higher side, lower side); default "beats"/"loses to", for ratios
             "is faster than"/"is slower than".
         na: why a comparison has no unit ("no stale-eligible case").
+        family_name: name the family after its size (``False`` under a line that names it:
+            :func:`family_summary`).
 
     Returns:
         The sentence, without a final period.
@@ -650,7 +653,7 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
         interval = (f"{conf} {_num(low, unit, scale, digits, with_unit=False)} to "
                     f"{_num(high, unit, scale, digits, with_unit=False)}")
     p, p_adj, m = float(get("p")), float(get("p_adj")), int(get("family_size"))
-    fam = get("family") or ""
+    fam = (get("family") or "") if family_name else ""
     if get("adjust") == "none":
         mult = f"tested alone{' (' + fam + ')' if fam else ''}, p {_p(p)}"
     else:
@@ -693,7 +696,8 @@ def family_summary(table: pd.DataFrame) -> str:
     if table.empty:
         return "no comparison"
     r = table.iloc[0]
-    how = "tested alone" if r["adjust"] == "none" else f"Holm over {int(r['family_size'])} comparisons"
+    m = int(r["family_size"])
+    how = "tested alone" if r["adjust"] == "none" else f"Holm over {_count(m, 'comparisons')}"
     counts = table["verdict"].value_counts()
     said = ", ".join(f"{int(counts[v])} {v}" for v in VERDICTS if v in counts)
     return f"{r['family'] or 'family'} ({how}): {said}"

@@ -1148,7 +1148,7 @@ def conclusion(records: pd.DataFrame, decided: pd.DataFrame, *, metric: str, all
         return lines + ["No declared comparison ran (the primary needs SUR at 5 % and Shift)."]
     for name, block in decided.groupby("family", sort=False):
         lines.append(family_summary(block) + ":")
-        lines += ["  " + sentence(r) for _, r in block.iterrows()]
+        lines += ["  " + sentence(r, family_name=False) for _, r in block.iterrows()]
     return lines
 
 
