@@ -185,12 +185,22 @@ def _concordance_counts(df: pd.DataFrame, params: dict) -> None:
     assert pairs.nunique() == 1 and int(pairs.iloc[0]) > 0, "every model and budget counts the same pairs of rules"
 
 
-def _sur_vs_allocators(df: pd.DataFrame, params: dict) -> None:
-    _intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")(df, params)
-    assert set(df["focus"]) == {"SUR"} and "SUR" not in set(df["rival"])
-    assert set(df["verdict"]) <= {"higher", "lower", "not separated"}
-    sep = df["verdict"] != "not separated"
-    assert ((df["ci_low_pp"] > 0) | (df["ci_high_pp"] < 0))[sep].all()
+def _decided(df: pd.DataFrame, params: dict) -> None:
+    """Rows of :func:`sur_lab.analysis.decisions.paired_family`: known verdicts, intervals around the estimate with a
+    nonzero width (never a zero-width interval), and nothing decided at the plumbing-check size."""
+    from sur_lab.analysis.decisions import NOT_DECIDED, VERDICTS, decides
+
+    assert set(df["verdict"]) <= set(VERDICTS), set(df["verdict"])
+    has = df["ci_low"].notna()
+    assert ((df["ci_low"] <= df["estimate"] + 1e-9) & (df["estimate"] <= df["ci_high"] + 1e-9))[has].all()
+    assert (df["ci_high"] > df["ci_low"])[has].all(), "a zero-width interval"
+    if not decides(params.get("preset")):
+        assert (df["verdict"] == NOT_DECIDED).all(), "a smoke run decides nothing"
+
+
+#: The columns of a decided family (:data:`sur_lab.analysis.decisions.COLUMNS`).
+DECIDED = ("family", "comparison", "a", "b", "estimate", "ci_low", "ci_high", "p", "p_adj", "n", "n_discordant",
+           "family_size", "verdict")
 
 
 def _nqa(p: dict) -> tuple[int, int, int, int]:
@@ -319,15 +329,16 @@ def _stale_records(p: dict) -> int:
 
 
 def _stale_pairs(p: dict) -> int:
-    """Paired differences: per metric (EM, stale) and budget, every pair of the k compared arms and each budgeted
-    arm against Shift and Re-prefill; each unbudgeted arm (Erratum) against them once."""
-    from sur_lab.studies.stale_facts import BASELINES, COMPARED
+    """Declared comparisons: the primary (SUR at 5 % minus Shift, EM), the compared arms minus SUR on EM at each
+    budget, and every compared arm minus Shift on the stale rate (Erratum once)."""
+    from sur_lab.studies.stale_facts import COMPARED, PRIMARY_BUDGET
 
     q = _stale_params(p)
-    k = len([m for m in COMPARED if m in q["references"] or m in q["allocators"]])
-    u = len([m for m in COMPARED if m in q["references"]])
-    n_base = len([b for b in BASELINES if b in q["references"]])
-    return 2 * (len(q["budgets"]) * (k * (k - 1) // 2 + (k - u) * n_base) + u * n_base)
+    budgeted = [m for m in COMPARED if m in q["allocators"]]
+    u, n_b, shift = int("Erratum" in q["references"]), len(q["budgets"]), "Shift" in q["references"]
+    primary = int("SUR" in budgeted and PRIMARY_BUDGET in q["budgets"] and shift)
+    em = (len(budgeted) - 1 + u) * n_b if "SUR" in budgeted else 0
+    return primary + em + ((len(budgeted) * n_b + u) if shift else 0)
 
 
 def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
@@ -463,13 +474,15 @@ EXPECTED: dict[str, Expected] = {
         tables={
             "02_ablation": Table(
                 columns=("method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "value",
-                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric"),
-                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"), check=_ablation_matched),
+                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric", "verdict"),
+                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"),
+                check=lambda df, p: (_ablation_matched(df, p), _decided(df, p))),
             "02_table14": Table(
                 columns=("budget_pct", "allocator", "mean_tokens", "n_cases", "em_region", "em_token", "em_diff_pp",
                          "em_ci_low_pp", "em_ci_high_pp", "agree_reprefill_region", "agree_reprefill_token",
-                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp"),
-                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp")),
+                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp",
+                         "em_verdict", "agree_reprefill_verdict"),
+                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp", "em_verdict")),
             "02_niah_cases": Table(columns=("case_id", "N", "p", "d", "S"),
                                    rows=lambda p: study_params("niah", p)["num_cases"], not_null=("S",)),
             "02_niah_records": Table(
@@ -479,10 +492,8 @@ EXPECTED: dict[str, Expected] = {
                     _niah_arms(p)[0] + _niah_arms(p)[1] * _niah_arms(p)[2]),
                 not_null=("em", "agree_reprefill", "tv_reprefill", "nll_reprefill", "gold_nll", "gold_margin"),
                 check=_niah_records),
-            "02_beyond_paper_differences": Table(
-                columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
-                         "separates"),
-                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "n_cases")),
+            "02_beyond_paper_differences": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
+            "02_decisions": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
             "02_table12": Table(columns=("rule",)),
             "02_table12_concordance": Table(columns=("budget", "paper_model", "concordant", "discordant", "tied"),
                                             check=_concordance_counts),
@@ -490,16 +501,15 @@ EXPECTED: dict[str, Expected] = {
                                                check=_reference_row_is_100("Reference")),
             "02_budget_table_em": Table(columns=("method", "Reference"), rows=lambda p: sum(_niah_arms(p)[:2])),
             "02_paired_differences": Table(
-                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"),
+                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "verdict"),
                 rows=lambda p: _niah_arms(p)[1] * _niah_arms(p)[2] * 2,  # against Shift and Re-prefill
                 not_null=("diff_pp", "ci_low_pp", "ci_high_pp"),
-                check=_intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")),
+                check=lambda df, p: (_intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")(df, p),
+                                     _decided(df, p))),
             "02_selection_cost": Table(columns=("method", "median_R", "select_ms", "refresh_ms"),
                                        rows=lambda p: _niah_arms(p)[1], not_null=("median_R", "refresh_ms")),
-            "02_sur_vs_allocators": Table(  # the conclusion's generated cell: SUR against each other allocator
-                columns=("focus", "rival", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "verdict"),
-                rows=lambda p: (_niah_arms(p)[1] - 1) * _niah_arms(p)[2], not_null=("diff_pp", "verdict"),
-                check=_sur_vs_allocators),
+            "02_sur_vs_allocators": Table(  # the conclusion's generated cell: SUR's own family
+                columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
         },
     ),
     "03_natural_qa_latency": Expected(
@@ -681,15 +691,14 @@ EXPECTED: dict[str, Expected] = {
                 + len(_stale_params(p)["allocators"]) * len(_stale_params(p)["budgets"]),
                 not_null=("em_pct", "agree_pct")),
             "09_paired_differences": Table(
-                columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
-                         "separates"),
-                rows=_stale_pairs, not_null=("a", "b", "diff_pp", "ci_low_pp", "ci_high_pp")),
+                columns=(*DECIDED, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"),
+                rows=_stale_pairs, not_null=("a", "b", "verdict"), check=_decided),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
             "09_margin_differences": Table(
-                columns=("answer_in", "budget_pct", "a", "b", "kind", "diff_logit", "ci_low_logit", "ci_high_logit",
-                         "n_cases", "separates"),
-                not_null=("a", "b", "diff_logit", "ci_low_logit", "ci_high_logit")),
+                columns=("answer_in", "budget_pct", "a", "b", "diff_logit", "ci_low_logit", "ci_high_logit",
+                         "n_cases"),
+                not_null=("a", "b", "diff_logit")),
         },
     ),
     "10_agent_traces": Expected(

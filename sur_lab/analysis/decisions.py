@@ -397,7 +397,7 @@ def _sign_flip_p(sums: np.ndarray, n_boot: int, rng: np.random.Generator) -> flo
     from scipy.stats import permutation_test
 
     s = sums[sums != 0]
-    if s.size == 0:
+    if s.size <= 1:  # no unit, or one: both signs are equally extreme (scipy needs two observations)
         return 1.0
     res = permutation_test((s,), lambda x, axis: np.sum(x, axis=axis), permutation_type="samples",
                            vectorized=True, n_resamples=n_boot, alternative="two-sided", rng=rng)
