@@ -297,6 +297,13 @@ def _evidence_table15(df: pd.DataFrame, params: dict) -> None:
     assert (nll["n_sources"] == _evidence_cells(params) // 4).all()
 
 
+def _evidence_findings(df: pd.DataFrame, params: dict) -> None:
+    from sur_lab.analysis.decisions import decides
+
+    if not decides(params.get("preset")):
+        assert df["reproduced"].isna().all() and (df["verdict"] == "not decided at this size").all()
+
+
 def _paths_spec(params: dict) -> dict:
     from sur_lab.studies import execution_paths
 
@@ -611,7 +618,8 @@ EXPECTED: dict[str, Expected] = {
                                 rows=lambda p: 2 * 6, check=_evidence_table15),
             "08_table16": Table(columns=("endpoint", "condition", "estimate", "low", "high", "n_sources"),
                                 rows=lambda p: 2 * 5, not_null=("estimate",)),
-            "08_findings": Table(columns=("finding", "rule", "evidence", "reproduced"), rows=lambda p: 3),
+            "08_findings": Table(columns=("finding", "rule", "verdict", "evidence", "reproduced"), rows=lambda p: 3,
+                                 check=_evidence_findings),
         },
     ),
     "06_noprefix_reuse": Expected(
