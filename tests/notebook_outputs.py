@@ -260,6 +260,10 @@ def _operating_rule(df: pd.DataFrame, params: dict) -> None:
     served = df[df["serve"] == "repair"]
     assert not served["label"].str.contains("oracle").any(), "an oracle-selected path is never served"
     assert (df.loc[df["serve"] == "full prefill", "label"] == "Full prefill").all()
+    from sur_lab.analysis.decisions import decides
+
+    if not decides(params.get("preset")):
+        assert (df["serve"] == "full prefill").all() and df["reason"].str.startswith("not decided").all()
 
 
 def _evidence_params(params: dict) -> dict:
@@ -440,7 +444,12 @@ def _noprefix_gate(df: pd.DataFrame, params: dict) -> None:
 def _noprefix_ledger(df: pd.DataFrame, params: dict) -> None:
     rows = df.set_index("experiment")
     assert "Hybrid vs query- and risk-guided start (suffix K2)" in rows.index
-    assert "donor − forward" in rows.loc["Donor-copy vs actual forwarding (suffix K1, risk)", "key_result"]
+    assert rows.loc["Donor-copy vs actual forwarding (suffix K1, risk)", "key_result"].startswith("donor ")
+    assert set(rows["verdict"]) <= {"worked", "did not", "not separated", "not shown", "not run", "not decided"}
+    from sur_lab.analysis.decisions import decides
+
+    if not decides(params.get("preset")):
+        assert set(rows["verdict"]) <= {"not run", "not decided"}, "a smoke run decides nothing"
 
 
 EXPECTED: dict[str, Expected] = {
@@ -662,7 +671,7 @@ EXPECTED: dict[str, Expected] = {
                 not_null=("preservation",)),
             "06_noprefix_operating_rule": Table(columns=("workload", "serve", "label", "reason"),
                                                 rows=_noprefix_workloads, check=_operating_rule),
-            "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "worked", "criterion"),
+            "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "verdict", "criterion"),
                                                rows=lambda p: 11, not_null=("key_result",), check=_noprefix_ledger),
         },
     ),
