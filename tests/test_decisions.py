@@ -155,7 +155,7 @@ def test_continuous_small_samples_and_degenerate_differences():
     assert six.p == pytest.approx(2 / 64) and six.verdict == d.BEATS
     same = d.paired_family({("a", "b"): np.full(10, 0.25)}, kind="continuous").iloc[0]
     assert math.isnan(same.ci_low) and same.verdict == d.BEATS  # the exact test alone: p = 2 / 1024
-    assert "no interval: every unit differs by the same amount" in d.sentence(same)
+    assert "no interval: every one of the 10 cases has the same difference" in d.sentence(same)
     zero = d.paired_family({("a", "b"): np.zeros(10)}, kind="continuous").iloc[0]
     assert zero.p == 1.0 and zero.verdict == d.NOT_SEPARATED
 

@@ -648,7 +648,7 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
     est = _num(get("estimate"), unit, scale, digits)
     low, high = float(get("ci_low")), float(get("ci_high"))
     if math.isnan(low):
-        interval = "no interval: every unit differs by the same amount"
+        interval = f"no interval: every one of the {_count(ncl, clusters if ncl != n else what)} has the same difference"
     else:
         interval = (f"{conf} {_num(low, unit, scale, digits, with_unit=False)} to "
                     f"{_num(high, unit, scale, digits, with_unit=False)}")
