@@ -850,7 +850,7 @@ CALIBRATION_SHAPES: dict[str, list[tuple[str, str]]] = {
 
 def simulate_families(pairs: Sequence[tuple[str, str]], *, kind: str = "binary", n_units: int = 48,
                       n_families: int = 200, effect: Mapping[str, float] | None = None, alpha: float = ALPHA,
-                      n_boot: int = 1_000, seed: int = 0) -> np.ndarray:
+                      n_boot: int = 1_000, seed: int = 0, rule: str = "decisions") -> np.ndarray:
     """How many comparisons of each of ``n_families`` simulated families :func:`paired_family` separates.
 
     Units (cases) differ in difficulty: binary outcomes are Bernoulli(q_i) with ``q_i ~ Beta(2, 2)`` per unit,
@@ -866,12 +866,16 @@ def simulate_families(pairs: Sequence[tuple[str, str]], *, kind: str = "binary",
         effect: arm -> added success probability (binary) or mean (continuous); ``None``: the null.
         alpha, n_boot: as :func:`paired_family`.
         seed: generator seed (family f uses ``np.random.default_rng([seed, f])``).
+        rule: ``"decisions"`` counts the "beats" and "loses to" verdicts; ``"pointwise"`` counts the ``1 - alpha``
+            intervals that exclude 0, with no test and no family control (the rule before issue 36), for contrast.
 
     Returns:
-        int64 array (n_families,): the "beats" and "loses to" verdicts of each family.
+        int64 array (n_families,): the separated comparisons of each family.
     """
     if kind not in ("binary", "continuous"):
         raise ValueError(f"kind={kind!r} must be 'binary' or 'continuous'")
+    if rule not in ("decisions", "pointwise"):
+        raise ValueError(f"rule={rule!r} must be 'decisions' or 'pointwise'")
     arms = list(dict.fromkeys(x for p in pairs for x in p))
     effect = dict(effect or {})
     counts = np.zeros(n_families, dtype=np.int64)
@@ -885,5 +889,8 @@ def simulate_families(pairs: Sequence[tuple[str, str]], *, kind: str = "binary",
             out = {a: u + rng.normal(size=n_units) + effect.get(a, 0.0) for a in arms}
         res = paired_family({p: (out[p[0]], out[p[1]]) for p in pairs}, kind=kind, alpha=alpha, n_boot=n_boot,
                             seed=f)
-        counts[f] = int(res["verdict"].isin([BEATS, LOSES]).sum())
+        if rule == "decisions":
+            counts[f] = int(res["verdict"].isin([BEATS, LOSES]).sum())
+        else:
+            counts[f] = int(((res["ci_low"] > 0) | (res["ci_high"] < 0)).sum())
     return counts

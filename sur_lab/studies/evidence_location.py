@@ -1379,8 +1379,9 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
       p < ``alpha`` over :data:`SECONDARY_FAMILY`); not reproduced when it separates below 0; undecided otherwise;
     - ``fixed-slot refresh carries the side effect``: on every Table 16 fidelity endpoint but the NLL, the fixed
       slot's side contrast beats 0 (Holm over the endpoints) and the paired difference replay minus fixed slot
-      (:func:`slot_gap_table`) is equivalent to 0 within :data:`FIXED_SLOT_SHARE` of replay's estimate; not
-      reproduced when some endpoint's difference separates or its side contrast separates below 0.
+      (:func:`slot_gap_table`) is equivalent to 0 within :data:`FIXED_SLOT_SHARE` of replay's estimate (every
+      endpoint must hold: an intersection, tested at ``alpha`` each); not reproduced when some endpoint's difference
+      separates (Holm over the endpoints) or its side contrast separates below 0.
 
     Args:
         t15: :func:`factorial_table`; t16: :func:`table16`; gaps: :func:`slot_gap_table` (``None``: the fixed-slot
@@ -1445,12 +1446,13 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
     complete = all(x is not None and x.n_sources for x in (*fixed.values(), *rep.values(), *gap.values()))
     if complete:
         adjusted = holm({label: float(fixed[label].p) for label in labels})
+        gap_adjusted = holm({label: float(gap[label].p) for label in labels})
         for label in labels:
             f, g, rp = fixed[label], gap[label], rep[label]
             side = judge(f.estimate, f.low, f.high, p_adj=adjusted[label], alpha=alpha, n=int(f.n_sources),
                          decide=decide)
             margin = FIXED_SLOT_SHARE * abs(float(rp.estimate))
-            same = judge(g.estimate, g.low, g.high, p_adj=g.p, alpha=alpha, tost=(g.tost_low, g.tost_high),
+            same = judge(g.estimate, g.low, g.high, p_adj=gap_adjusted[label], alpha=alpha, tost=(g.tost_low, g.tost_high),
                          margin=margin if margin > 0 else None, n=int(g.n_sources), decide=decide)
             calls.append((side, same))
             parts.append(f"{label}: fixed slot {ci(f)} (Holm p {adjusted[label]:.3g}), replay {rp.estimate:+.4g}, "

@@ -321,26 +321,33 @@ class OperatingDecision:
     reason: str = field(default="")
 
 
-def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95, protocol: str = "forward",
-                   alpha: float = 0.05, decide: bool = True) -> OperatingDecision:
+def operating_rule(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, required_preservation: float = 0.95,
+                   protocol: str = "forward", alpha: float = 0.05, decide: bool = True, seed: int = 0,
+                   n_boot: int = 2_000) -> OperatingDecision:
     """Serve by full prefill unless a reuse path is *shown* to reach the required preservation *and* to be faster
     (SAFE-KV Fig. 5), by the decision rules of :mod:`sur_lab.analysis.decisions` (issue 36).
 
     Candidates are the summary rows of ``protocol`` (donor-copy is a diagnostic and never a serving path) other than
     full prefill and other than oracle-selected units (gold evidence labels are unknown when serving), including prefix
-    composition without repair. A candidate qualifies when the lower Clopper–Pearson bound of its preservation
-    (``n_preserved`` of ``n`` requests, :func:`~sur_lab.analysis.decisions.bound_claim`) reaches
-    ``required_preservation`` (2 of 2 preserved does not: its lower bound is 16 %) and the interval of its
-    per-request speed-up lies above 1 (:func:`~sur_lab.analysis.decisions.ratio_verdict`: "faster"), so neither a
-    handful of requests nor CPU timing noise can select it. The qualifying candidate with the smallest median TTFL is
-    served; with none, full prefill.
+    composition without repair. The rule picks one of several candidates, so both of its tests are corrected for
+    the m candidates: a candidate qualifies when the lower Clopper–Pearson bound of its preservation (``n_preserved``
+    of ``n`` requests, :func:`~sur_lab.analysis.decisions.bound_claim` at level ``alpha / m``, Bonferroni) reaches
+    ``required_preservation`` (2 of 2 preserved never does: the bound is at most 16 %) and it is faster than full
+    prefill: with ``runs``, its per-request speed-up "beats" 1 in the family of the m candidates
+    (:func:`~sur_lab.analysis.decisions.paired_family`, ratios, Holm, a source's requests clustered); without them,
+    the interval of :func:`summarize` lies above 1 (:func:`~sur_lab.analysis.decisions.ratio_verdict`, not corrected
+    for the selection). Neither a handful of requests nor CPU timing noise can then select a path. The qualifying
+    candidate with the smallest median TTFL is served; with none, full prefill.
 
     Args:
         summary: one workload's rows of :func:`summarize`.
+        runs: that workload's per-request rows (``label``, ``protocol``, ``case_id``, ``ttfl_ms``, ``full_ttfl_ms``,
+            ``dataset``, ``source_id``), for the speed-up family; ``None``: the summary's intervals.
         required_preservation: in [0, 1].
         protocol: the serving protocol (``"forward"``).
-        alpha: the level of the preservation bound (the speed-up interval is :func:`summarize`'s).
+        alpha: the family-wise level of the choice.
         decide: ``False`` at a plumbing-check size: full prefill, "not decided at this size".
+        seed, n_boot: the speed-up family's generator seed and resamples.
 
     Raises:
         ValueError: naming ``required_preservation`` outside [0, 1], ``summary`` when it has no full-prefill row or
@@ -362,19 +369,25 @@ def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95
                                  "not decided at this size (a plumbing check): full prefill by default")
     # Gold-evidence (oracle) selection is unavailable when serving, like donor-copy: diagnostics only.
     cand = summary[(summary["protocol"] == protocol) & (summary["unit"] != "full") & (summary["selector"] != "oracle")]
-    shown = [bound_claim(int(r["n_preserved"]), int(r["n"]), at_least=req, alpha=alpha) == HOLDS
+    m = max(1, len(cand))
+    shown = [bound_claim(int(r["n_preserved"]), int(r["n"]), at_least=req, alpha=alpha / m) == HOLDS
              for _, r in cand.iterrows()]
     ok = cand[shown] if len(cand) else cand
     if ok.empty:
         if cand.empty:
             return OperatingDecision("full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl, "no reuse path ran")
         best = cand.sort_values(["preservation", "n"], ascending=False).iloc[0]
-        _, low, _ = proportion_interval(int(best["n_preserved"]), int(best["n"]), alpha=alpha)
+        _, low, _ = proportion_interval(int(best["n_preserved"]), int(best["n"]), alpha=alpha / m)
         return OperatingDecision("full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl,
                                  f"no reuse path is shown to preserve {req:.0%}: the best, {best['label']}, preserves "
-                                 f"{int(best['n_preserved'])} of {int(best['n'])} requests (lower bound {low:.0%})")
-    faster = ok[[ratio_verdict(r["speedup_gmean"], r["speedup_ci_low"], r["speedup_ci_high"]) == BEATS
-                 for _, r in ok.iterrows()]]
+                                 f"{int(best['n_preserved'])} of {int(best['n'])} requests (lower bound {low:.0%}, "
+                                 f"Bonferroni over {m} candidates)")
+    if runs is not None:
+        verdicts = _speed_family(cand, runs, protocol=protocol, alpha=alpha, seed=seed, n_boot=n_boot)
+        faster = ok[[verdicts.get(lab) == BEATS for lab in ok["label"]]]
+    else:
+        faster = ok[[ratio_verdict(r["speedup_gmean"], r["speedup_ci_low"], r["speedup_ci_high"]) == BEATS
+                     for _, r in ok.iterrows()]]
     if faster.empty:
         best = ok.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
         return OperatingDecision(
@@ -382,12 +395,34 @@ def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95
             f"no path shown to preserve {req:.0%} is shown faster than full prefill; the fastest, {best['label']}, "
             f"has speed-up {_speedup(best)}")
     best = faster.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
-    _, low, _ = proportion_interval(int(best["n_preserved"]), int(best["n"]), alpha=alpha)
+    _, low, _ = proportion_interval(int(best["n_preserved"]), int(best["n"]), alpha=alpha / m)
     return OperatingDecision(
         "repair", str(best["label"]), float(best["preservation"]), float(best["ttfl_ms"]), full_ttfl,
-        f"{best['label']} preserves {int(best['n_preserved'])} of {int(best['n'])} requests (lower bound {low:.1%}) "
-        f"at {best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms (speed-up {_speedup(best)})",
+        f"{best['label']} preserves {int(best['n_preserved'])} of {int(best['n'])} requests (lower bound {low:.1%}, "
+        f"Bonferroni over {m} candidates) at {best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms (speed-up "
+        f"{_speedup(best)})",
     )
+
+
+def _speed_family(cand: pd.DataFrame, runs: pd.DataFrame, *, protocol: str, alpha: float, seed: int,
+                  n_boot: int) -> dict[str, str]:
+    """label -> verdict of each candidate's per-request speed-up over full prefill (timed requests), decided as one
+    family (ratios, Holm, a source's requests clustered)."""
+    from sur_lab.analysis.decisions import paired_family
+
+    timed = runs[(runs["protocol"] == protocol) & np.isfinite(runs["ttfl_ms"].astype(float))
+                 & np.isfinite(runs["full_ttfl_ms"].astype(float))]
+    outcomes, clusters = {}, {}
+    for label in cand["label"]:
+        t = timed[timed["label"] == label]
+        if len(t):
+            outcomes[(label, "Full prefill")] = (t["ttfl_ms"].to_numpy(np.float64), t["full_ttfl_ms"].to_numpy(np.float64))
+            clusters[(label, "Full prefill")] = (t["dataset"].astype(str) + "/" + t["source_id"].astype(str)).to_numpy()
+    if not outcomes:
+        return {}
+    res = paired_family(outcomes, kind="ratio", alpha=alpha, cluster=clusters, seed=seed, n_boot=n_boot,
+                        family="serving candidates")
+    return dict(zip(res["a"], res["verdict"]))
 
 
 def _speedup(row: pd.Series) -> str:
