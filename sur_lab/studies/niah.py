@@ -96,16 +96,19 @@ HOLDOUT_SEED = 9314
 
 #: The budget (%) of the primary comparison: the ``default`` preset is sized to separate SUR at 5 % from Shift.
 PRIMARY_BUDGET = 5.0
+#: The budgets (%) of the secondary families :data:`RIVALS` and :data:`BEYOND`: the paper's headline budgets, so that
+#: the ``paper`` preset's six budgets do not multiply the families (a run without them uses every budget it ran).
+FAMILY_BUDGETS = (2.0, 5.0)
 #: The declared families of notebook 02 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run. The
 #: lead endpoint is strict EM, or agreement with Re-prefill when Re-prefill's EM is below
 #: :data:`sur_lab.studies.presets.EM_LEAD_MIN`; cases are the paired units (independent constructions, no clusters).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint", primary=True)
 RIVALS = Family("SUR against the references and the paper's allocators", "binary",
-                "SUR at each budget minus Shift and Re-prefill (the primary excepted) and minus each other allocator of "
-                "Tables 2-6 at the same budget, on the lead endpoint")
+                "SUR at each family budget minus Shift and Re-prefill (the primary excepted) and minus each other "
+                "allocator of Tables 2-6 at the same budget, on the lead endpoint")
 BEYOND = Family("beyond the paper", "binary",
-                "SUR-IDF, the edit-local window, edit-local + SUR and Erratum minus SUR at each budget, on the lead "
-                "endpoint")
+                "SUR-IDF, the edit-local window, edit-local + SUR and Erratum minus SUR at each family budget, on the "
+                "lead endpoint")
 ABLATION_FAMILY = Family("SUR's design factors", "binary",
                          "each one-factor variant and boundary control minus SUR at the same budget, per endpoint")
 MATCHED = Family("matched tokens (holdout roster)", "binary",
@@ -1088,6 +1091,7 @@ def family_pairs(records: pd.DataFrame, family: Family, *, focus: str = "SUR") -
         raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, RIVALS and BEYOND")
     arms = set(arm_labels(records))
     budgets = sorted(records.loc[(records["method"] == focus) & records["budget_pct"].notna(), "budget_pct"].unique())
+    budgets = [b for b in budgets if b in FAMILY_BUDGETS] or budgets
     primary = (f"{focus} {PRIMARY_BUDGET:g}%", "Shift")
     candidates = [primary] if family == PRIMARY else []
     for b in budgets if family != PRIMARY else ():
