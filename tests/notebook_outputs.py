@@ -517,7 +517,8 @@ EXPECTED: dict[str, Expected] = {
                                                check=_reference_row_is_100("Reference")),
             "02_budget_table_em": Table(columns=("method", "Reference"), rows=lambda p: sum(_niah_arms(p)[:2])),
             "02_paired_differences": Table(
-                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "verdict"),
+                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
+                         "verdict"),
                 rows=lambda p: _niah_arms(p)[1] * _niah_arms(p)[2] * 2,  # against Shift and Re-prefill
                 not_null=("diff_pp", "ci_low_pp", "ci_high_pp"),
                 check=lambda df, p: (_intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")(df, p),

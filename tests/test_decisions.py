@@ -114,8 +114,8 @@ def test_sentence_names_the_family_and_its_size():
     out = d.paired_family(family, family=fam)
     text = d.sentence(out.iloc[0])
     assert re.fullmatch(r"SUR 5% beats Dense tokens 5%: \+25\.0 pp \(95 % CI \+\d+\.\d to \+\d+\.\d; 48 cases, 12 "
-                        r"discordant; Holm over 2 comparisons of SUR against the other allocators, p_adj (< )?[\d.e-]+\)",
-                        text), text
+                        r"discordant; Holm over 2 comparisons of SUR against the other allocators, "
+                        r"p_adj (< )?[\d.e-]+\)", text), text
     assert d.family_summary(out) == ("SUR against the other allocators (Holm over 2 comparisons): 1 beats, "
                                      "1 not separated")
 

@@ -583,7 +583,7 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
 
 
 def _num(x: float, unit: str, scale: float, digits: int, *, sign: bool = True, with_unit: bool = True) -> str:
-    """``x`` printed in ``unit`` (scaled; signed unless ``sign=False``; the unit after it unless ``with_unit=False``)."""
+    """``x`` printed in ``unit``: scaled, signed unless ``sign=False``, the unit after it unless ``with_unit=False``."""
     if unit == "x":
         return f"{x:.{digits}f}x"
     value = scale * x
@@ -648,7 +648,8 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
     est = _num(get("estimate"), unit, scale, digits)
     low, high = float(get("ci_low")), float(get("ci_high"))
     if math.isnan(low):
-        interval = f"no interval: every one of the {_count(ncl, clusters if ncl != n else what)} has the same difference"
+        units_of = _count(ncl, clusters if ncl != n else what)
+        interval = f"no interval: every one of the {units_of} has the same difference"
     else:
         interval = (f"{conf} {_num(low, unit, scale, digits, with_unit=False)} to "
                     f"{_num(high, unit, scale, digits, with_unit=False)}")
@@ -676,7 +677,8 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
         tail = (f"; the smallest difference this size could separate is {_num(me, unit, scale, digits, sign=False)}"
                 if me <= 1 else f"; {_count(n, what)} are too few for any difference to separate at this level")
     elif kind == "continuous" and not math.isnan(me):
-        tail = f"; the smallest difference this size could separate is about {_num(me, unit, scale, digits, sign=False)}"
+        tail = ("; the smallest difference this size could separate is about "
+                f"{_num(me, unit, scale, digits, sign=False)}")
     margin = float(get("margin"))
     if not math.isnan(margin):
         tail += (f"; its {100 * (1 - 2 * alpha):g} % interval is not inside the ±"
@@ -688,6 +690,16 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
 def sentences(table: pd.DataFrame, **kw) -> list[str]:
     """:func:`sentence` of every row of a :func:`paired_family` table (``kw`` as :func:`sentence`)."""
     return [sentence(r, **kw) for _, r in table.iterrows()]
+
+
+def family_lines(table: pd.DataFrame, *, indent: str = "  ", **kw) -> list[str]:
+    """Every family of a decided table in words: per family (in order of appearance) its :func:`family_summary`,
+    then each comparison's :func:`sentence` (``kw`` as :func:`sentence`; the family is named once, in its line)."""
+    lines = []
+    for _, block in table.groupby("family", sort=False):
+        lines.append(family_summary(block) + ":")
+        lines += [indent + sentence(r, family_name=False, **kw) for _, r in block.iterrows()]
+    return lines
 
 
 def family_summary(table: pd.DataFrame) -> str:
@@ -748,7 +760,8 @@ def bound_sentence(what: str, k: int, n: int, *, at_least: float | None = None, 
     bound = f"lower bound {100 * low:.0f} %" if at_least is not None else f"upper bound {100 * high:.0f} %"
     if verdict == NOT_DECIDED:
         return f"{head}: {claim} not decided at this size (a plumbing check)"
-    return f"{head}: {claim} {({HOLDS: 'holds', FAILS: 'fails', NOT_SHOWN: 'not shown at this size'})[verdict]} ({bound})"
+    said = {HOLDS: "holds", FAILS: "fails", NOT_SHOWN: "not shown at this size"}[verdict]
+    return f"{head}: {claim} {said} ({bound})"
 
 
 def ratio_verdict(estimate: float, low: float, high: float, *, decide: bool = True) -> str:

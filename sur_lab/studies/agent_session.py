@@ -425,14 +425,9 @@ def decide_families(df: pd.DataFrame, arms: Sequence[Arm], *, decide: bool = Tru
 def conclusion(decided: pd.DataFrame) -> list[str]:
     """The verdict lines of notebook 07's conclusion: each family of :func:`decide_families` with its size, then each
     comparison (:func:`sur_lab.analysis.decisions.sentence`)."""
-    from sur_lab.analysis.decisions import family_summary, sentence
+    from sur_lab.analysis.decisions import family_lines
 
-    lines = []
-    for _, block in decided.groupby("family", sort=False):
-        lines.append(family_summary(block) + ":")
-        lines += ["  " + sentence(r, what="questions", clusters="episodes", family_name=False)
-                  for _, r in block.iterrows()]
-    return lines
+    return family_lines(decided, what="questions", clusters="episodes")
 
 
 def _arm_styles(arms: Sequence[str]) -> dict:

@@ -649,8 +649,8 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
     Raises:
         ValueError: naming ``sync`` when it is not a path of the tables, ``max_agreement_loss`` outside [0, 1].
     """
-    from sur_lab.analysis.decisions import (BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_summary,
-                                            paired_family, sentence)
+    from sur_lab.analysis.decisions import (BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines,
+                                            paired_family)
 
     if sync not in set(regions["path"]):
         raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
@@ -671,8 +671,8 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
             f"{region} ({int(s.turns)} turn{'s' if int(s.turns) != 1 else ''}): lowest median TTFT of the {len(t)} "
             f"paths {fastest} ({t.loc[fastest, 'ttft_ms']:.0f} ms; point estimates); {sync} {s.ttft_ms:.0f} ms, "
             f"{s.speedup:.2f}x prefix reuse's speed (paired geometric mean, "
-            f"{interval(s.speedup_lo, s.speedup_hi, '.2f', ' to ', 'x')}), re-prefill {t.loc[REFERENCE, 'ttft_ms']:.0f} "
-            f"ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
+            f"{interval(s.speedup_lo, s.speedup_hi, '.2f', ' to ', 'x')}), re-prefill "
+            f"{t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
             f"({s.agree_diff_pp:+.0f} pp, {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); "
             f"tokens recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
     later = runs[runs["turn"] > 0]
@@ -689,12 +689,11 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
                             n_boot=n_boot, seed=seed)
     by_region = [r for r in REGIONS if (region_of == r).any()]
     masks = {r: (region_of == r).to_numpy() for r in by_region}
-    fam = paired_family({(f"{sync} ({r})", f"{PREFIX} ({r})"): times(masks[r]) for r in by_region},
-                        family=REGION_FAMILY, cluster={(f"{sync} ({r})", f"{PREFIX} ({r})"): traces[masks[r]]
-                                                       for r in by_region}, decide=decide, n_boot=n_boot, seed=seed)
-    for block in (primary, fam):
-        lines.append(family_summary(block) + ":")
-        lines += ["  " + sentence(r, what="turns", clusters="traces", family_name=False) for _, r in block.iterrows()]
+    keys = {r: (f"{sync} ({r})", f"{PREFIX} ({r})") for r in by_region}
+    fam = paired_family({keys[r]: times(masks[r]) for r in by_region}, family=REGION_FAMILY,
+                        cluster={keys[r]: traces[masks[r]] for r in by_region}, decide=decide, n_boot=n_boot,
+                        seed=seed) if by_region else primary.iloc[:0]
+    lines += family_lines(pd.concat([primary, fam], ignore_index=True), what="turns", clusters="traces")
     avoid, unshown, ok = [], [], []
     limit = f"{100 * max_agreement_loss:g} points"
     for region, (_, r) in zip(by_region, fam.iterrows()):
@@ -730,6 +729,6 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
 def _whole_trace_lines(summary: pd.DataFrame) -> list[str]:
     """Whole-trace cost and quality per path against re-prefill (descriptive)."""
     sm = summary.set_index("path")
-    return [f"over whole traces {path}: {r.cost_ratio:.0%} of re-prefill's tokens recomputed, {r.time_ratio:.0%} of its "
-            f"summed TTFT; agreement {r.agree_pct:.0f} %, EM {r.em_pct:.0f} % (re-prefill EM "
+    return [f"over whole traces {path}: {r.cost_ratio:.0%} of re-prefill's tokens recomputed, {r.time_ratio:.0%} of "
+            f"its summed TTFT; agreement {r.agree_pct:.0f} %, EM {r.em_pct:.0f} % (re-prefill EM "
             f"{sm.loc[REFERENCE, 'em_pct']:.0f} %)." for path, r in sm.iterrows() if path != REFERENCE]

@@ -1452,7 +1452,8 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
             side = judge(f.estimate, f.low, f.high, p_adj=adjusted[label], alpha=alpha, n=int(f.n_sources),
                          decide=decide)
             margin = FIXED_SLOT_SHARE * abs(float(rp.estimate))
-            same = judge(g.estimate, g.low, g.high, p_adj=gap_adjusted[label], alpha=alpha, tost=(g.tost_low, g.tost_high),
+            same = judge(g.estimate, g.low, g.high, p_adj=gap_adjusted[label], alpha=alpha,
+                         tost=(g.tost_low, g.tost_high),
                          margin=margin if margin > 0 else None, n=int(g.n_sources), decide=decide)
             calls.append((side, same))
             parts.append(f"{label}: fixed slot {ci(f)} (Holm p {adjusted[label]:.3g}), replay {rp.estimate:+.4g}, "

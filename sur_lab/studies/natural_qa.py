@@ -132,16 +132,16 @@ PRIMARY_BUDGET = 5.0
 #: is one placement; the three placements of a source are one cluster (resampled and sign-flipped together). The lead
 #: endpoint is EM, or agreement with Re-prefill when Re-prefill's EM is below
 #: :data:`sur_lab.studies.presets.EM_LEAD_MIN`.
-PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered",
-                 primary=True)
+PRIMARY = Family("primary", "binary",
+                 f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered", primary=True)
 REFERENCE_FAMILY = Family("SUR against the references", "binary",
                           "SUR at each budget minus Shift, Replay and Re-prefill (the primary excepted; on agreement "
                           "without Re-prefill, which agrees with itself), on the lead endpoint")
 RIVALS = Family("SUR against the other allocators", "binary",
                 "SUR minus each other allocator at the same budget, on the lead endpoint")
 LATENCY = Family("post-edit latency", "ratio",
-                 "each reference's post-edit latency (Eq. 20) over SUR's at each budget, case-paired on the timed cases: "
-                 "how many times faster SUR is")
+                 "each reference's post-edit latency (Eq. 20) over SUR's at each budget, case-paired on the timed "
+                 "cases: how many times faster SUR is")
 
 # Answer types whose gold strings are checked against candidate passages: a yes/no or "none" gold says nothing
 # about whether a passage leaks the answer.
@@ -989,13 +989,9 @@ def decide_families(table: pd.DataFrame, *, lead: str = "EM", method: str = "SUR
 def conclusion(decided: pd.DataFrame) -> list[str]:
     """The verdict lines of notebook 03's conclusion: each family of :func:`decide_families` with its size, then each
     of its comparisons (:func:`sur_lab.analysis.decisions.sentence`; latency ratios read "is faster than")."""
-    from sur_lab.analysis.decisions import family_summary, sentence
+    from sur_lab.analysis.decisions import family_lines
 
-    lines = []
-    for _, block in decided.groupby("family", sort=False):
-        lines.append(family_summary(block) + ":")
-        lines += ["  " + sentence(r, what="cases", clusters="sources", family_name=False) for _, r in block.iterrows()]
-    return lines
+    return family_lines(decided, what="cases", clusters="sources")
 
 
 def transition_table(table: pd.DataFrame, reference: str = "Shift", *, metric_col: str = "correct") -> pd.DataFrame:

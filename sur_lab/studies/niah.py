@@ -112,8 +112,8 @@ BEYOND = Family("beyond the paper", "binary",
 ABLATION_FAMILY = Family("SUR's design factors", "binary",
                          "each one-factor variant and boundary control minus SUR at the same budget, per endpoint")
 MATCHED = Family("matched tokens (holdout roster)", "binary",
-                 "the region allocator minus each token-level allocator at its exact count, at each matched budget, per "
-                 "endpoint")
+                 "the region allocator minus each token-level allocator at its exact count, at each matched budget, "
+                 "per endpoint")
 ALL_AGAINST_REFERENCES = Family("every allocator against Shift and Re-prefill (the figure)", "binary",
                                 "each allocator at each budget minus Shift and minus Re-prefill, on one endpoint")
 
@@ -1138,7 +1138,7 @@ def conclusion(records: pd.DataFrame, decided: pd.DataFrame, *, metric: str, all
         decide, n_boot, seed: as :func:`decide_families`.
     """
     from sur_lab.analysis.conclusions import arm_labels
-    from sur_lab.analysis.decisions import best_of, family_summary, sentence
+    from sur_lab.analysis.decisions import best_of, family_lines
 
     df = records.assign(arm=arm_labels(records))
     lines = []
@@ -1150,10 +1150,7 @@ def conclusion(records: pd.DataFrame, decided: pd.DataFrame, *, metric: str, all
                                                 seed=seed))
     if decided.empty:
         return lines + ["No declared comparison ran (the primary needs SUR at 5 % and Shift)."]
-    for name, block in decided.groupby("family", sort=False):
-        lines.append(family_summary(block) + ":")
-        lines += ["  " + sentence(r, family_name=False) for _, r in block.iterrows()]
-    return lines
+    return lines + family_lines(decided)
 
 
 #: Line styles of the reference operators in budget curves.

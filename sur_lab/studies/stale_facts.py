@@ -672,11 +672,12 @@ PRIMARY_BUDGET = 5.0
 #: Cases are the paired units (independent constructions).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
 EM_FAMILY = Family("EM against SUR", "binary",
-                   "SUR-IDF, the edit-local window and edit-local + SUR minus SUR at the same budget, and Erratum minus "
-                   "SUR at each budget, on EM")
+                   "SUR-IDF, the edit-local window and edit-local + SUR minus SUR at the same budget, and Erratum "
+                   "minus SUR at each budget, on EM")
 STALE_FAMILY = Family("stale-answer rate against Shift", "binary",
-                      "each compared arm (SUR, SUR-IDF, the edit-local window, edit-local + SUR at each budget; Erratum) "
-                      "minus Shift on the stale-answer rate, over the cases that ask the edited key (lower is better)",
+                      "each compared arm (SUR, SUR-IDF, the edit-local window, edit-local + SUR at each budget; "
+                      "Erratum) minus Shift on the stale-answer rate, over the cases that ask the edited key (lower is "
+                      "better)",
                       higher_is_better=False)
 #: The gold-margin differences by answer location (:func:`margin_differences`) are descriptive: intervals only, no
 #: verdict (they are not a declared family).
@@ -969,8 +970,9 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
                decide: bool = True) -> list[str]:
     """The generated conclusion, from this run's tables: the references' EM and stale rates, at each budget the
     compared arm with the highest EM (ties are ties, the selection named: :func:`sur_lab.analysis.decisions.best_of`
-    on ``records``), the primary comparison and each declared family's comparisons in words (:func:`paired_differences`),
-    where SUR loses (a "beats" against it), and with ``margins`` the descriptive gold-margin intervals.
+    on ``records``), the primary comparison and each declared family's comparisons in words
+    (:func:`paired_differences`), where SUR loses (a "beats" against it), and with ``margins`` the descriptive
+    gold-margin intervals.
 
     Args:
         summary: :func:`summary_table` of the run.
@@ -981,7 +983,7 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
         margins: :func:`margin_differences` of the run (optional); by: its split column.
         decide: as :func:`paired_differences` (the best-arm lines' comparisons).
     """
-    from sur_lab.analysis.decisions import BEATS, LOSES, best_of, family_summary, sentence
+    from sur_lab.analysis.decisions import BEATS, LOSES, best_of, family_lines
 
     lines = [f"This run: {model}; {n_cases} stale-fact cases."]
     s = summary.assign(arm=_arm(summary))
@@ -1003,14 +1005,12 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
             lines.append(f"At {b:g} %, EM: " + best_of({a: wide[a].to_numpy() for a in arms}, kind="binary",
                                                       what="compared arms", decide=decide) + ".")
     na = "no stale-eligible case"
+    lines += family_lines(diffs, na=na)
     losses = []
-    for _, block in diffs.groupby("family", sort=False):
-        lines.append(family_summary(block) + ":")
-        lines += ["  " + sentence(r, family_name=False, na=na) for _, r in block.iterrows()]
-        for _, r in block.iterrows():
-            loser = r["b"] if r["verdict"] == BEATS else (r["a"] if r["verdict"] == LOSES else None)
-            if loser is not None and str(loser).startswith(("SUR ", "SUR-IDF ")):
-                losses.append(f"{loser} against {r['a'] if loser == r['b'] else r['b']} on {r['metric']}")
+    for _, r in diffs.iterrows():
+        loser = r["b"] if r["verdict"] == BEATS else (r["a"] if r["verdict"] == LOSES else None)
+        if loser is not None and str(loser).startswith(("SUR ", "SUR-IDF ")):
+            losses.append(f"{loser} against {r['a'] if loser == r['b'] else r['b']} on {r['metric']}")
     lines.append("Where SUR loses (a separated verdict against it): "
                  + ("; ".join(losses) if losses else "nowhere in this run") + ".")
     if margins is not None and len(margins):

@@ -416,7 +416,8 @@ def _speed_family(cand: pd.DataFrame, runs: pd.DataFrame, *, protocol: str, alph
     for label in cand["label"]:
         t = timed[timed["label"] == label]
         if len(t):
-            outcomes[(label, "Full prefill")] = (t["ttfl_ms"].to_numpy(np.float64), t["full_ttfl_ms"].to_numpy(np.float64))
+            outcomes[(label, "Full prefill")] = (t["ttfl_ms"].to_numpy(np.float64),
+                                                 t["full_ttfl_ms"].to_numpy(np.float64))
             clusters[(label, "Full prefill")] = (t["dataset"].astype(str) + "/" + t["source_id"].astype(str)).to_numpy()
     if not outcomes:
         return {}
@@ -494,7 +495,8 @@ def design_ledger(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, re
     req = required_preservation
     labels = {"comp": "Prefix composition", "doc": "Doc K2 · oracle", "w4": "w4 K1 · risk", "suf1": "Suffix K1 · risk",
               "suf2": "Suffix K2 · risk", "link": "Linked K2 · oracle", "osuf": "Suffix K1 · oracle",
-              "ada": f"Adaptive K2 {b:g}% · risk" if b is not None else "", "sur": f"SUR {b:g}%" if b is not None else "",
+              "ada": f"Adaptive K2 {b:g}% · risk" if b is not None else "",
+              "sur": f"SUR {b:g}%" if b is not None else "",
               "qsuf": "Suffix K2 · query", "hsuf": "Suffix K2 · hybrid"}
     row = {k: _pick(summary, v) for k, v in labels.items()}
     pairs = {"w4": ("w4", "suf1"), "link": ("link", "osuf"), "ada": ("ada", "suf2"), "sur": ("sur", "ada"),
