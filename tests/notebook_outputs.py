@@ -192,15 +192,16 @@ def _decided(df: pd.DataFrame, params: dict) -> None:
 
     assert set(df["verdict"]) <= set(VERDICTS), set(df["verdict"])
     has = df["ci_low"].notna()
-    assert ((df["ci_low"] <= df["estimate"] + 1e-9) & (df["estimate"] <= df["ci_high"] + 1e-9))[has].all()
+    binary = has & (df["kind"] == "binary")  # Newcombe's interval holds its estimate; a percentile one need not
+    assert ((df["ci_low"] <= df["estimate"] + 1e-9) & (df["estimate"] <= df["ci_high"] + 1e-9))[binary].all()
     assert (df["ci_high"] > df["ci_low"])[has].all(), "a zero-width interval"
     if not decides(params.get("preset")):
         assert (df["verdict"] == NOT_DECIDED).all(), "a smoke run decides nothing"
 
 
 #: The columns of a decided family (:data:`sur_lab.analysis.decisions.COLUMNS`).
-DECIDED = ("family", "comparison", "a", "b", "estimate", "ci_low", "ci_high", "p", "p_adj", "n", "n_discordant",
-           "family_size", "verdict")
+DECIDED = ("family", "comparison", "a", "b", "kind", "estimate", "ci_low", "ci_high", "p", "p_adj", "n",
+           "n_discordant", "family_size", "verdict")
 
 
 def _nqa(p: dict) -> tuple[int, int, int, int]:
@@ -545,6 +546,7 @@ EXPECTED: dict[str, Expected] = {
             "03_table10_agreement_by_dataset": Table(columns=("condition", "Pooled", "cases"), rows=_nqa_conditions,
                                                      not_null=("Pooled",),
                                                      check=_reference_row_is_100("Pooled", col="condition")),
+            "03_decisions": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
             "03_table9_paired_differences": Table(
                 columns=("budget_pct", "reference", "delta_pp", "low_pp", "high_pp", "n_sources", "metric"),
                 rows=_nqa_paired_rows, not_null=("delta_pp", "low_pp", "high_pp"),
