@@ -474,6 +474,13 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
                   higher_is_better: bool | None = None) -> pd.DataFrame:
     """Test a family of paired comparisons and decide each one (issue 36).
 
+    Binary comparisons: the exact sign test on the discordant units (clusters when clustered) and Newcombe's paired
+    score interval (hulled with the cluster bootstrap's when clustered); no bootstrap is needed without clusters.
+    Continuous and ratio comparisons: a **percentile** bootstrap interval over units or clusters (not BCa, whose
+    jackknife acceleration is unstable with few clusters and many tied differences; the percentile interval is the one
+    appendix 8.3 reports) and the sign-flip randomization test's p (exact up to ``2**k <= n_boot`` sign patterns).
+    Holm then adjusts the p-values over the family, and :func:`judge` turns each row into its verdict.
+
     Args:
         diffs: comparison -> its paired data, in the family's order. A key is an ``(a, b)`` pair of arm labels (the
             comparison is ``a`` minus ``b``) or a name; a value is the pair ``(a_values, b_values)`` of aligned

@@ -1012,14 +1012,17 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
         if loser is not None and str(loser).startswith(("SUR ", "SUR-IDF ")):
             losses.append(f"{loser} against {r['a'] if loser == r['b'] else r['b']} on {r['metric']}")
     lines.append("Where SUR loses (a separated verdict against it): "
-                 + ("; ".join(losses) if losses else "nowhere in this run") + ".")
+                 + ("; ".join(losses) if losses else "nowhere in this run" if decide else
+                    "not decided at this size (a plumbing check)") + ".")
     if margins is not None and len(margins):
         for value, block in margins.groupby(by, sort=True):
             lines.append(f"Gold margin (logits, descriptive intervals, not a declared family), answer in the {value} "
                          "text: " + "; ".join(
                              f"{r.a} minus {r.b} {r.diff_logit:+.3g} (95 % CI {r.ci_low_logit:+.3g} to "
-                             f"{r.ci_high_logit:+.3g}; {r.n_cases} cases)" if not pd.isna(r.ci_low_logit) else
-                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (no interval; {r.n_cases} cases)"
+                             f"{r.ci_high_logit:+.3g}; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
+                             if not pd.isna(r.ci_low_logit) else
+                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (no interval; {r.n_cases} case"
+                             f"{'s' if r.n_cases != 1 else ''})"
                              for r in block.itertuples()) + ".")
     return lines
 
