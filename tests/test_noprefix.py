@@ -445,3 +445,17 @@ def test_spec_and_unit_errors():
     caches = build_caches(lm, prompt)
     with pytest.raises(ValueError, match="protocol"):
         run_protocol(lm, caches, composition_edit(prompt), suffix_support(prompt, 0), "copy")
+
+
+def test_drift_table_rank_interval():
+    from sur_lab.studies.noprefix import drift_table
+
+    rng = np.random.default_rng(0)
+    risk = [np.r_[0.0, rng.random(5)] for _ in range(8)]
+    drift = [np.r_[0.0, r[1:] + rng.normal(0, 0.3, 5)] for r in risk]
+    runs = pd.DataFrame({"workload": "W", "unit": "full", "risk": risk, "drift": drift})
+    row = drift_table(runs).iloc[0]
+    assert row["docs"] == 40 and row["spearman_low"] < row["spearman_rho"] < row["spearman_high"]
+    perfect = pd.DataFrame({"workload": "W", "unit": "full", "risk": risk, "drift": risk})
+    row = drift_table(perfect).iloc[0]
+    assert row["spearman_rho"] == 1.0 and np.isnan(row["spearman_low"])  # no zero-width interval

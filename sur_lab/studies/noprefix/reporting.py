@@ -43,7 +43,7 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
         DataFrame with ``by``, ``requests``, ``docs``, ``mean_drift`` (relative K/V deviation), ``spearman_rho``
         (risk vs drift, pooled) with its 95 % interval ``spearman_low``/``spearman_high`` (Fisher's z interval of
         the Pearson correlation of the ranks, ``scipy.stats.pearsonr(...).confidence_interval()``; NaN below four
-        documents) and ``within_request_rho`` (mean per-request Spearman over requests with >= 4 documents).
+        documents or for a perfect rank correlation) and ``within_request_rho`` (mean per-request Spearman over requests with >= 4 documents).
 
     Raises:
         ValueError: naming ``runs`` when it has no ``drift``/``risk`` columns.
@@ -62,7 +62,8 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
         low = high = np.nan
         if len(drift) > 3 and np.ptp(risk) > 0 and np.ptp(drift) > 0:
             interval = pearsonr(rankdata(risk), rankdata(drift)).confidence_interval(confidence_level=0.95)
-            low, high = float(interval.low), float(interval.high)
+            if interval.high > interval.low:  # a perfect rank correlation has no interval, never a zero-width one
+                low, high = float(interval.low), float(interval.high)
         rows.append({by: key, "requests": len(g), "docs": len(drift), "mean_drift": float(drift.mean()),
                      "spearman_rho": float(spearmanr(risk, drift)[0]) if len(drift) > 2 else np.nan,
                      "spearman_low": low, "spearman_high": high,
