@@ -656,7 +656,8 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
     low, high = float(get("ci_low")), float(get("ci_high"))
     if math.isnan(low):
         units_of = _count(ncl, clusters if ncl != n else what)
-        interval = f"no interval: every one of the {units_of} has the same difference"
+        interval = (f"no interval: {units_of}" if ncl == 1 else
+                    f"no interval: every one of the {units_of} has the same difference")
     else:
         interval = (f"{conf} {_num(low, unit, scale, digits, with_unit=False)} to "
                     f"{_num(high, unit, scale, digits, with_unit=False)}")
@@ -761,7 +762,7 @@ def bound_sentence(what: str, k: int, n: int, *, at_least: float | None = None, 
     %): at least 95 % not shown at this size (lower bound 16 %)"``."""
     verdict = bound_claim(k, n, at_least=at_least, at_most=at_most, alpha=alpha, decide=decide)
     est, low, high = proportion_interval(k, n, alpha=alpha)
-    head = (f"{what} {100 * est:.0f} % ({k} of {n} {units}; {100 * (1 - alpha):g} % CI {100 * low:.0f} % to "
+    head = (f"{what} {100 * est:.0f} % ({k} of {_count(n, units)}; {100 * (1 - alpha):g} % CI {100 * low:.0f} % to "
             f"{100 * high:.0f} %)")
     claim = f"at least {100 * at_least:g} %" if at_least is not None else f"at most {100 * at_most:g} %"
     bound = f"lower bound {100 * low:.0f} %" if at_least is not None else f"upper bound {100 * high:.0f} %"

@@ -1416,8 +1416,9 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
     else:
         v = judge(r.estimate, r.low, r.high, p_adj=r.p, alpha=alpha, tost=(r.tost_low, r.tost_high), margin=m,
                   n=int(r.n_sources), decide=decide)
-        evidence = (f"{ci(r, ' nats')}, 90 % CI {r.tost_low:+.4g} to {r.tost_high:+.4g} against ±{m:g} nats, p "
-                    f"{r.p:.3g}, over {r.n_sources} sources")
+        tost = ("no 90 % interval" if pd.isna(r.tost_low) else
+                f"90 % CI {r.tost_low:+.4g} to {r.tost_high:+.4g} against ±{m:g} nats")
+        evidence = f"{ci(r, ' nats')}, {tost}, p {r.p:.3g}, over {r.n_sources} sources"
     words = {EQUIVALENT: f"equivalent within ±{m:g} nats", BEATS: "separated from 0 (above)",
              LOSES: "separated from 0 (below)", NA: "n/a", NOT_DECIDED: "not decided at this size"}
     out.append({"finding": "NLL side contrast null",
@@ -1456,8 +1457,9 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
                          tost=(g.tost_low, g.tost_high),
                          margin=margin if margin > 0 else None, n=int(g.n_sources), decide=decide)
             calls.append((side, same))
+            against = f"against ±{margin:.3g}" if margin > 0 else "no margin (replay's estimate is 0)"
             parts.append(f"{label}: fixed slot {ci(f)} (Holm p {adjusted[label]:.3g}), replay {rp.estimate:+.4g}, "
-                         f"replay minus fixed slot {ci(g)} against ±{margin:.3g}")
+                         f"replay minus fixed slot {ci(g)} {against}")
     if not decide:
         v, ok = "not decided at this size", None
     elif not complete:
