@@ -100,6 +100,18 @@ def test_seven_of_seven_beats_alone_and_not_in_a_large_family():
     assert "Holm over 22 comparisons" in d.sentence(first)
 
 
+def test_binary_differences_alone_give_the_hull_over_the_concordant_split():
+    a, b = _pairs(48, 7, 1, n11=30)
+    both = d.paired_family({("a", "b"): (a, b)}, kind="binary").iloc[0]
+    diffs = d.paired_family({("a", "b"): a - b}, kind="binary").iloc[0]
+    assert (diffs.estimate, diffs.p, diffs.n_discordant) == (both.estimate, both.p, both.n_discordant)
+    assert diffs.ci_low <= both.ci_low and diffs.ci_high >= both.ci_high  # conservative: the split is unknown
+    hull = [d.newcombe_interval(k, 7, 1, 40 - k) for k in range(41)]
+    assert diffs.ci_low == pytest.approx(min(float(x[0]) for x in hull))
+    zero = d.paired_family({("a", "b"): np.zeros(2)}, kind="binary").iloc[0]
+    assert zero.ci_low < 0 < zero.ci_high  # never zero-width
+
+
 def test_all_equal_outcomes_on_two_units_have_a_nonzero_interval():
     for value in (0.0, 1.0):
         row = d.paired_family({("a", "b"): (np.full(2, value), np.full(2, value))}, kind="binary").iloc[0]
@@ -254,8 +266,8 @@ def test_declarations_are_checked():
     small = d.Family("small", "binary", "two at most", max_size=2)
     with pytest.raises(ValueError, match="declares at most 2"):
         d.paired_family({(str(i), "b"): (a, b) for i in range(3)}, family=small)
-    with pytest.raises(ValueError, match="needs the pair"):
-        d.paired_family({("a", "b"): a - b}, kind="binary")
+    with pytest.raises(ValueError, match="-1, 0 or 1"):
+        d.paired_family({("a", "b"): 2 * (a - b)}, kind="binary")
     with pytest.raises(ValueError, match="0/1"):
         d.paired_family({("a", "b"): (a * 2, b)}, kind="binary")
     with pytest.raises(ValueError, match="diffs is empty"):

@@ -75,7 +75,7 @@ _UNITS = {"binary": ("pp", 100.0, 1), "continuous": ("", 1.0, 3), "ratio": ("x",
 
 COLUMNS = ["family", "comparison", "a", "b", "kind", "adjust", "estimate", "ci_low", "ci_high", "tost_low",
            "tost_high", "p", "p_adj", "n", "n_clusters", "n_discordant", "family_size", "alpha", "margin",
-           "margin_source", "higher_is_better", "min_effect", "verdict"]
+           "margin_source", "higher_is_better", "mde", "verdict"]
 
 
 def decides(preset: str | None) -> bool:
@@ -365,9 +365,6 @@ def _paired_values(key, value, kind: str) -> tuple[np.ndarray, np.ndarray | None
         if a.shape != b.shape:
             raise ValueError(f"diffs[{key!r}]: a has {a.size} units and b {b.size}; paired arrays need the same units")
         return a, b
-    if kind == "binary":
-        raise ValueError(f"diffs[{key!r}]: a binary comparison needs the pair (a, b) of 0/1 outcome arrays (its "
-                         "interval depends on both arms, not only their difference)")
     return np.asarray(value, dtype=np.float64).reshape(-1), None
 
 
@@ -404,7 +401,7 @@ def _sign_flip_p(sums: np.ndarray, n_boot: int, rng: np.random.Generator) -> flo
     return float(min(1.0, res.pvalue))
 
 
-def _min_effect_units(n: int, alpha_first: float) -> tuple[int, float]:
+def _mde_units(n: int, alpha_first: float) -> tuple[int, float]:
     """``(k, k / n)``: the fewest same-direction units whose exact sign test reaches ``p < alpha_first``."""
     k = int(math.floor(math.log2(2.0 / alpha_first))) + 1
     return k, (k / n if n else float("nan"))
@@ -424,16 +421,26 @@ def _one(kind: str, a: np.ndarray, b: np.ndarray | None, cluster: np.ndarray | N
     if n == 0:
         return out
     if kind == "binary":
-        bad = ~np.isin(a, (0.0, 1.0)) | ~np.isin(b, (0.0, 1.0))
-        if bad.any():
-            raise ValueError("diffs: a binary comparison's outcomes must be 0/1 (bools); got other values")
-        d = a - b
+        if b is None:
+            if (~np.isin(a, (-1.0, 0.0, 1.0))).any():
+                raise ValueError("diffs: a binary comparison's differences must be -1, 0 or 1")
+            d = a
+        else:
+            if (~np.isin(a, (0.0, 1.0)) | ~np.isin(b, (0.0, 1.0))).any():
+                raise ValueError("diffs: a binary comparison's outcomes must be 0/1 (bools); got other values")
+            d = a - b
         n10, n01 = int(np.sum(d > 0)), int(np.sum(d < 0))
-        n11 = int(np.sum((a == 1) & (b == 1)))
-        n00 = n - n10 - n01 - n11
         sums, sizes = _cluster_sums(d, cl)
-        low, high = (float(x) for x in newcombe_interval(n11, n10, n01, n00, confidence=1 - alpha))
-        t_low, t_high = (float(x) for x in newcombe_interval(n11, n10, n01, n00, confidence=1 - 2 * alpha))
+        if b is None:
+            # Differences alone do not say how the concordant pairs split into (1, 1) and (0, 0): take the hull of
+            # Newcombe's interval over every split (conservative; the split changes the Wilson margins).
+            n11 = np.arange(n - n10 - n01 + 1)
+        else:
+            n11 = np.array([int(np.sum((a == 1) & (b == 1)))])
+        n00 = n - n10 - n01 - n11
+        lows, highs = newcombe_interval(n11, n10, n01, n00, confidence=1 - alpha)
+        t_lows, t_highs = newcombe_interval(n11, n10, n01, n00, confidence=1 - 2 * alpha)
+        low, high, t_low, t_high = float(lows.min()), float(highs.max()), float(t_lows.min()), float(t_highs.max())
         if cl is not None and len(sums) > 1:
             reps = _bootstrap(sums, sizes, n_boot, rng)
             b_low, b_high = _percentile(reps, alpha)
@@ -484,9 +491,10 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
     Args:
         diffs: comparison -> its paired data, in the family's order. A key is an ``(a, b)`` pair of arm labels (the
             comparison is ``a`` minus ``b``) or a name; a value is the pair ``(a_values, b_values)`` of aligned
-            per-unit outcomes (required for ``"binary"``: 0/1 or bools; positive times for ``"ratio"``, whose ratio
-            is ``b / a``, i.e. how many times faster ``a`` is) or one array of per-unit differences (``"continuous"``)
-            or ratios (``"ratio"``). Units with a NaN (in either arm) are left out of that comparison.
+            per-unit outcomes (0/1 or bools for ``"binary"``; positive times for ``"ratio"``, whose ratio is ``b /
+            a``, i.e. how many times faster ``a`` is) or one array of per-unit differences (-1, 0, 1 for
+            ``"binary"``: Newcombe's interval is then the hull over the unknown split of the concordant pairs) or
+            ratios (``"ratio"``). Units with a NaN (in either arm) are left out of that comparison.
         kind: one of :data:`KINDS` (default: the family's).
         alpha: the family-wise level, in (0, 0.5).
         adjust: ``"holm"`` (default) or ``"none"`` (allowed for a family of one comparison only: the primary).
@@ -507,14 +515,14 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
         alpha``), ``p`` (exact sign test for binary, sign-flip randomization test otherwise), ``p_adj`` (Holm over
         the family; a comparison without units enters with p = 1), ``n`` (units), ``n_clusters``, ``n_discordant``
         (units with a nonzero difference: the discordant pairs of a binary comparison), ``family_size``, ``alpha``,
-        ``margin``, ``margin_source``, ``higher_is_better``, ``min_effect`` (the smallest difference the size could
+        ``margin``, ``margin_source``, ``higher_is_better``, ``mde`` (the smallest difference the size could
         separate at the family's first Holm step: ``k/n`` for binary, ``k`` the fewest same-direction discordant
         units whose exact test reaches it; about ``z * se`` for continuous, in the estimate's unit, log scale
         excluded) and ``verdict`` (:func:`judge`).
 
     Raises:
-        ValueError: naming ``diffs`` when empty or a value is malformed (binary outcomes other than 0/1, a binary
-            comparison given as differences, unequal lengths, non-positive ratios), ``kind`` when unknown or
+        ValueError: naming ``diffs`` when empty or a value is malformed (binary outcomes other than 0/1 or binary
+            differences other than -1, 0, 1, unequal lengths, non-positive ratios), ``kind`` when unknown or
             contradicting the family, ``adjust`` when unknown or ``"none"`` for several comparisons, ``alpha``,
             ``n_boot`` or ``margin`` out of range, ``cluster`` when its length differs from a comparison's units,
             ``family`` when the family holds more comparisons than its ``max_size``.
@@ -576,9 +584,9 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
                  margin_source=source, higher_is_better=bool(higher_is_better))
         alpha_first = alpha / m if adjust == "holm" else alpha
         if kind == "binary":
-            r["min_effect"] = _min_effect_units(r["n"], alpha_first)[1]
+            r["mde"] = _mde_units(r["n"], alpha_first)[1]
         else:
-            r["min_effect"] = _z(1 - alpha_first) * sd if kind == "continuous" else float("nan")
+            r["mde"] = _z(1 - alpha_first) * sd if kind == "continuous" else float("nan")
         r["verdict"] = judge(r["estimate"], r["ci_low"], r["ci_high"], p_adj=r["p_adj"], alpha=alpha, null=null,
                              higher_is_better=bool(higher_is_better), tost=(r["tost_low"], r["tost_high"]),
                              margin=margin_value, n=r["n"], decide=decide)
@@ -680,7 +688,7 @@ def sentence(row, *, unit: str | None = None, digits: int | None = None, what: s
         return (f"{a} and {b} are equivalent within ±{mg}: {est} ({t_conf} {t_low} to {t_high} inside the margin"
                 f"{' (' + src + ')' if src else ''}; {units}; {mult})")
     tail = ""
-    me = float(get("min_effect"))
+    me = float(get("mde"))
     if kind == "binary" and not math.isnan(me):
         tail = (f"; the smallest difference this size could separate is {_num(me, unit, scale, digits, sign=False)}"
                 if me <= 1 else f"; {_count(n, what)} are too few for any difference to separate at this level")
