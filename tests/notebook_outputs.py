@@ -185,12 +185,23 @@ def _concordance_counts(df: pd.DataFrame, params: dict) -> None:
     assert pairs.nunique() == 1 and int(pairs.iloc[0]) > 0, "every model and budget counts the same pairs of rules"
 
 
-def _sur_vs_allocators(df: pd.DataFrame, params: dict) -> None:
-    _intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")(df, params)
-    assert set(df["focus"]) == {"SUR"} and "SUR" not in set(df["rival"])
-    assert set(df["verdict"]) <= {"higher", "lower", "not separated"}
-    sep = df["verdict"] != "not separated"
-    assert ((df["ci_low_pp"] > 0) | (df["ci_high_pp"] < 0))[sep].all()
+def _decided(df: pd.DataFrame, params: dict) -> None:
+    """Rows of :func:`sur_lab.analysis.decisions.paired_family`: known verdicts, intervals around the estimate with a
+    nonzero width (never a zero-width interval), and nothing decided at the plumbing-check size."""
+    from sur_lab.analysis.decisions import NOT_DECIDED, VERDICTS, decides
+
+    assert set(df["verdict"]) <= set(VERDICTS), set(df["verdict"])
+    has = df["ci_low"].notna()
+    binary = has & (df["kind"] == "binary")  # Newcombe's interval holds its estimate; a percentile one need not
+    assert ((df["ci_low"] <= df["estimate"] + 1e-9) & (df["estimate"] <= df["ci_high"] + 1e-9))[binary].all()
+    assert (df["ci_high"] > df["ci_low"])[has].all(), "a zero-width interval"
+    if not decides(params.get("preset")):
+        assert (df["verdict"] == NOT_DECIDED).all(), "a smoke run decides nothing"
+
+
+#: The columns of a decided family (:data:`sur_lab.analysis.decisions.COLUMNS`).
+DECIDED = ("family", "comparison", "a", "b", "kind", "estimate", "ci_low", "ci_high", "p", "p_adj", "n",
+           "n_discordant", "family_size", "verdict")
 
 
 def _nqa(p: dict) -> tuple[int, int, int, int]:
@@ -250,6 +261,10 @@ def _operating_rule(df: pd.DataFrame, params: dict) -> None:
     served = df[df["serve"] == "repair"]
     assert not served["label"].str.contains("oracle").any(), "an oracle-selected path is never served"
     assert (df.loc[df["serve"] == "full prefill", "label"] == "Full prefill").all()
+    from sur_lab.analysis.decisions import decides
+
+    if not decides(params.get("preset")):
+        assert (df["serve"] == "full prefill").all() and df["reason"].str.startswith("not decided").all()
 
 
 def _evidence_params(params: dict) -> dict:
@@ -287,6 +302,13 @@ def _evidence_table15(df: pd.DataFrame, params: dict) -> None:
     assert (nll["n_sources"] == _evidence_cells(params) // 4).all()
 
 
+def _evidence_findings(df: pd.DataFrame, params: dict) -> None:
+    from sur_lab.analysis.decisions import decides
+
+    if not decides(params.get("preset")):
+        assert df["reproduced"].isna().all() and (df["verdict"] == "not decided at this size").all()
+
+
 def _paths_spec(params: dict) -> dict:
     from sur_lab.studies import execution_paths
 
@@ -319,15 +341,16 @@ def _stale_records(p: dict) -> int:
 
 
 def _stale_pairs(p: dict) -> int:
-    """Paired differences: per metric (EM, stale) and budget, every pair of the k compared arms and each budgeted
-    arm against Shift and Re-prefill; each unbudgeted arm (Erratum) against them once."""
-    from sur_lab.studies.stale_facts import BASELINES, COMPARED
+    """Declared comparisons: the primary (SUR at 5 % minus Shift, EM), the compared arms minus SUR on EM at each
+    budget, and every compared arm minus Shift on the stale rate (Erratum once)."""
+    from sur_lab.studies.stale_facts import COMPARED, PRIMARY_BUDGET
 
     q = _stale_params(p)
-    k = len([m for m in COMPARED if m in q["references"] or m in q["allocators"]])
-    u = len([m for m in COMPARED if m in q["references"]])
-    n_base = len([b for b in BASELINES if b in q["references"]])
-    return 2 * (len(q["budgets"]) * (k * (k - 1) // 2 + (k - u) * n_base) + u * n_base)
+    budgeted = [m for m in COMPARED if m in q["allocators"]]
+    u, n_b, shift = int("Erratum" in q["references"]), len(q["budgets"]), "Shift" in q["references"]
+    primary = int("SUR" in budgeted and PRIMARY_BUDGET in q["budgets"] and shift)
+    em = (len(budgeted) - 1 + u) * n_b if "SUR" in budgeted else 0
+    return primary + em + ((len(budgeted) * n_b + u) if shift else 0)
 
 
 def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
@@ -422,7 +445,12 @@ def _noprefix_gate(df: pd.DataFrame, params: dict) -> None:
 def _noprefix_ledger(df: pd.DataFrame, params: dict) -> None:
     rows = df.set_index("experiment")
     assert "Hybrid vs query- and risk-guided start (suffix K2)" in rows.index
-    assert "donor − forward" in rows.loc["Donor-copy vs actual forwarding (suffix K1, risk)", "key_result"]
+    assert rows.loc["Donor-copy vs actual forwarding (suffix K1, risk)", "key_result"].startswith("donor ")
+    assert set(rows["verdict"]) <= {"worked", "did not", "not separated", "not shown", "not run", "not decided"}
+    from sur_lab.analysis.decisions import decides
+
+    if not decides(params.get("preset")):
+        assert set(rows["verdict"]) <= {"not run", "not decided"}, "a smoke run decides nothing"
 
 
 EXPECTED: dict[str, Expected] = {
@@ -463,13 +491,15 @@ EXPECTED: dict[str, Expected] = {
         tables={
             "02_ablation": Table(
                 columns=("method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "value",
-                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric"),
-                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"), check=_ablation_matched),
+                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric", "verdict"),
+                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"),
+                check=lambda df, p: (_ablation_matched(df, p), _decided(df, p))),
             "02_table14": Table(
                 columns=("budget_pct", "allocator", "mean_tokens", "n_cases", "em_region", "em_token", "em_diff_pp",
                          "em_ci_low_pp", "em_ci_high_pp", "agree_reprefill_region", "agree_reprefill_token",
-                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp"),
-                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp")),
+                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp",
+                         "em_verdict", "agree_reprefill_verdict"),
+                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp", "em_verdict")),
             "02_niah_cases": Table(columns=("case_id", "N", "p", "d", "S"),
                                    rows=lambda p: study_params("niah", p)["num_cases"], not_null=("S",)),
             "02_niah_records": Table(
@@ -479,10 +509,8 @@ EXPECTED: dict[str, Expected] = {
                     _niah_arms(p)[0] + _niah_arms(p)[1] * _niah_arms(p)[2]),
                 not_null=("em", "agree_reprefill", "tv_reprefill", "nll_reprefill", "gold_nll", "gold_margin"),
                 check=_niah_records),
-            "02_beyond_paper_differences": Table(
-                columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
-                         "separates"),
-                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "n_cases")),
+            "02_beyond_paper_differences": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
+            "02_decisions": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
             "02_table12": Table(columns=("rule",)),
             "02_table12_concordance": Table(columns=("budget", "paper_model", "concordant", "discordant", "tied"),
                                             check=_concordance_counts),
@@ -490,16 +518,16 @@ EXPECTED: dict[str, Expected] = {
                                                check=_reference_row_is_100("Reference")),
             "02_budget_table_em": Table(columns=("method", "Reference"), rows=lambda p: sum(_niah_arms(p)[:2])),
             "02_paired_differences": Table(
-                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"),
+                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
+                         "verdict"),
                 rows=lambda p: _niah_arms(p)[1] * _niah_arms(p)[2] * 2,  # against Shift and Re-prefill
                 not_null=("diff_pp", "ci_low_pp", "ci_high_pp"),
-                check=_intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")),
+                check=lambda df, p: (_intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")(df, p),
+                                     _decided(df, p))),
             "02_selection_cost": Table(columns=("method", "median_R", "select_ms", "refresh_ms"),
                                        rows=lambda p: _niah_arms(p)[1], not_null=("median_R", "refresh_ms")),
-            "02_sur_vs_allocators": Table(  # the conclusion's generated cell: SUR against each other allocator
-                columns=("focus", "rival", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "verdict"),
-                rows=lambda p: (_niah_arms(p)[1] - 1) * _niah_arms(p)[2], not_null=("diff_pp", "verdict"),
-                check=_sur_vs_allocators),
+            "02_sur_vs_allocators": Table(  # the conclusion's generated cell: SUR's own family
+                columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
         },
     ),
     "03_natural_qa_latency": Expected(
@@ -518,6 +546,7 @@ EXPECTED: dict[str, Expected] = {
             "03_table10_agreement_by_dataset": Table(columns=("condition", "Pooled", "cases"), rows=_nqa_conditions,
                                                      not_null=("Pooled",),
                                                      check=_reference_row_is_100("Pooled", col="condition")),
+            "03_decisions": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
             "03_table9_paired_differences": Table(
                 columns=("budget_pct", "reference", "delta_pp", "low_pp", "high_pp", "n_sources", "metric"),
                 rows=_nqa_paired_rows, not_null=("delta_pp", "low_pp", "high_pp"),
@@ -601,7 +630,8 @@ EXPECTED: dict[str, Expected] = {
                                 rows=lambda p: 2 * 6, check=_evidence_table15),
             "08_table16": Table(columns=("endpoint", "condition", "estimate", "low", "high", "n_sources"),
                                 rows=lambda p: 2 * 5, not_null=("estimate",)),
-            "08_findings": Table(columns=("finding", "rule", "evidence", "reproduced"), rows=lambda p: 3),
+            "08_findings": Table(columns=("finding", "rule", "verdict", "evidence", "reproduced"), rows=lambda p: 3,
+                                 check=_evidence_findings),
         },
     ),
     "06_noprefix_reuse": Expected(
@@ -644,7 +674,7 @@ EXPECTED: dict[str, Expected] = {
                 not_null=("preservation",)),
             "06_noprefix_operating_rule": Table(columns=("workload", "serve", "label", "reason"),
                                                 rows=_noprefix_workloads, check=_operating_rule),
-            "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "worked", "criterion"),
+            "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "verdict", "criterion"),
                                                rows=lambda p: 11, not_null=("key_result",), check=_noprefix_ledger),
         },
     ),
@@ -681,15 +711,14 @@ EXPECTED: dict[str, Expected] = {
                 + len(_stale_params(p)["allocators"]) * len(_stale_params(p)["budgets"]),
                 not_null=("em_pct", "agree_pct")),
             "09_paired_differences": Table(
-                columns=("metric", "budget_pct", "a", "b", "kind", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
-                         "separates"),
-                rows=_stale_pairs, not_null=("a", "b", "diff_pp", "ci_low_pp", "ci_high_pp")),
+                columns=(*DECIDED, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"),
+                rows=_stale_pairs, not_null=("a", "b", "verdict"), check=_decided),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
             "09_margin_differences": Table(
-                columns=("answer_in", "budget_pct", "a", "b", "kind", "diff_logit", "ci_low_logit", "ci_high_logit",
-                         "n_cases", "separates"),
-                not_null=("a", "b", "diff_logit", "ci_low_logit", "ci_high_logit")),
+                columns=("answer_in", "budget_pct", "a", "b", "diff_logit", "ci_low_logit", "ci_high_logit",
+                         "n_cases"),
+                not_null=("a", "b", "diff_logit")),
         },
     ),
     "10_agent_traces": Expected(
@@ -704,7 +733,8 @@ EXPECTED: dict[str, Expected] = {
                                               rows=lambda p: _trace_sizes(p)["turns"] * _trace_paths(p),
                                               not_null=("ttft_ms", "agree_pct")),
             "10_agent_traces_regions": Table(columns=("region", "path", "turns", "ttft_ms", "speedup", "agree_pct",
-                                                      "agree_diff_pp"), not_null=("ttft_ms", "speedup")),
+                                                      "agree_diff_pp", "losses", "loss_upper_pct"),
+                                             not_null=("ttft_ms", "speedup", "loss_upper_pct")),
             "10_agent_traces_summary": Table(
                 columns=("path", "turns", "ttft_ms", "agree_pct", "em_pct", "cost_ratio", "time_ratio"),
                 rows=_trace_paths, not_null=("agree_pct", "cost_ratio")),

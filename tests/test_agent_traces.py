@@ -179,17 +179,47 @@ def test_tables_and_conclusion_on_hand_made_runs():
     assert (last.cum_recomputed == 80 + 5 + 10).all() and np.allclose(last.cost_ratio, 95 / 240)
     regions = at.region_table(runs).set_index(["region", "path"])
     first = regions.loc[("first half", "sync 5%")]
-    assert first.speedup == 3.0 and first.agree_pct == 50.0 and first.agree_diff_pp == -50.0
-    assert regions.loc[("append", "sync 5%")].speedup == 1.0
+    assert first.speedup == pytest.approx(3.0) and first.agree_pct == 50.0 and first.agree_diff_pp == -50.0
+    assert math.isnan(first.speedup_lo)  # every ratio is 3: no interval, never a zero-width one
+    assert first.losses == 1 and first.loss_upper_pct == pytest.approx(100 * 0.975**0.5, abs=1e-9)  # 1 of 2
+    assert regions.loc[("append", "sync 5%")].speedup == pytest.approx(1.0)
     summary = at.summary_table(runs).set_index("path")
     assert summary.loc["sync 5%", "agree_pct"] == 75.0 and math.isclose(summary.loc["sync 5%", "cost_ratio"], 95 / 240)
-    text = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs)))
-    assert "should not be used" in text and "append: no speedup" in text and "first half: agreement -50 pp" in text
+    text = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs), runs, n_boot=200))
+    # Two traces decide nothing: a speed-up on both traces is not "faster" (no test on two clusters reaches 5 %),
+    # and 0 losses in 2 appended turns bound the loss rate at 84 %, not 5 %.
+    assert "primary (tested alone): 1 not separated" in text
+    assert "sync 5% vs prefix reuse: not separated at this size (not shown faster), 1.73x" in text
+    assert ("append: sync 5% loses re-prefill's answer that prefix reuse kept on 0 % (0 of 2 turns; 95 % CI 0 % to "
+            "84 %): at most 5 % not shown at this size (upper bound 84 %)") in text
+    assert "should not be used" not in text and "Not shown at this size" in text
+    assert "without losing" not in text and "was faster" not in text
     with pytest.raises(ValueError, match="sync"):
-        at.conclusion(at.region_table(runs), at.summary_table(runs), sync="sync 7%")
+        at.conclusion(at.region_table(runs), at.summary_table(runs), runs, sync="sync 7%")
     # One trace: each region has one turn, so no interval; the conclusion says so instead of printing "nan".
     one = runs[runs.trace == "a"]
-    text = "\n".join(at.conclusion(at.region_table(one), at.summary_table(one)))
-    assert "nan" not in text and "no interval (one turn)" in text and "first half (1 turn)" in text
+    text = "\n".join(at.conclusion(at.region_table(one), at.summary_table(one), one, n_boot=200))
+    assert "nan" not in text and "no interval" in text and "first half (1 turn)" in text
+    smoke = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs), runs, n_boot=200, decide=False))
+    assert "not decided at this size" in smoke and "should not be used" not in smoke
     with pytest.raises(ValueError, match="against"):
         at.region_table(runs, against="nope")
+
+
+def test_the_conclusion_decides_with_enough_traces():
+    rows = []
+    rng = np.random.default_rng(0)
+    for t in range(60):
+        for turn, region in ((1, "append"), (2, "first half")):
+            for path in ("sync 5%", at.PREFIX, at.REFERENCE):
+                ttft = {"sync 5%": 100.0, at.PREFIX: 300.0, at.REFERENCE: 400.0}[path] * rng.uniform(0.9, 1.1)
+                if region == "append" and path != at.REFERENCE:
+                    ttft = 50.0 * rng.uniform(0.9, 1.1)
+                lost = path == "sync 5%" and region == "first half" and t < 20  # a third of the first-half turns
+                rows.append({"trace": f"t{t}", "turn": turn, "path": path, "region": region, "ttft_ms": ttft,
+                             "recomputed": 10, "agree": not lost, "em": not lost, "tokens": 80})
+    runs = at.add_cumulative(pd.DataFrame(rows))
+    text = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs), runs, n_boot=500))
+    assert "sync 5% is faster than prefix reuse" in text  # the primary, over every later turn
+    assert "first half: a loss of agreement above 5 points is shown" in text
+    assert "Not shown at this size (faster, or within 5 points of agreement) in: append." in text

@@ -774,7 +774,7 @@ def _api_rows():
     from sur_lab.allocators import AllocationRequest
     from sur_lab.analysis.endpoints import reference_continuation
     from sur_lab.analysis.scoring import iirc_exact_match
-    from sur_lab.analysis.stats import bootstrap_ci
+    from sur_lab.analysis.decisions import paired_family, proportion_interval
     from sur_lab.edits import format_passages
     from sur_lab.models import cached_model_dir
     from sur_lab.repair import recover
@@ -810,12 +810,12 @@ def _api_rows():
         ("segment_units of a non-edit", lambda lm, pr: segment_units(5), TypeError, r"edit must be an EditedContext"),
         ("segment_units max_len 0", lambda lm, pr: segment_units(pr.edit, max_len=0), ValueError,
          r"max_len must be an integer >= 1"),
-        ("bootstrap_ci n_resamples 2.5 (used to run 2)", lambda lm, pr: bootstrap_ci([1, 0, 1], n_resamples=2.5),
-         TypeError, r"n_resamples must be an integer >= 1; got 2.5"),
-        ("bootstrap_ci n_resamples 0", lambda lm, pr: bootstrap_ci([1, 0, 1], n_resamples=0), ValueError,
-         r"n_resamples must be an integer >= 1"),
-        ("bootstrap_ci negative seed", lambda lm, pr: bootstrap_ci([1, 0, 1], seed=-1), ValueError,
-         r"seed must be an integer >= 0"),
+        ("paired_family n_boot 2.5", lambda lm, pr: paired_family({"a": [1.0, 2.0]}, kind="continuous", n_boot=2.5),
+         TypeError, r"n_boot must be an integer >= 100; got 2.5"),
+        ("paired_family n_boot 10", lambda lm, pr: paired_family({"a": [1.0, 2.0]}, kind="continuous", n_boot=10),
+         ValueError, r"n_boot must be an integer >= 100"),
+        ("proportion_interval k above n", lambda lm, pr: proportion_interval(3, 2), ValueError,
+         r"k=3 must lie in \[0, n=2\]"),
         ("reference_continuation max_tokens 1.5", lambda lm, pr: reference_continuation([1, 2, 3], 1.5), TypeError,
          r"max_tokens must be an integer >= 1"),
         ("iirc_exact_match unknown answer_type (used to score False)",

@@ -111,6 +111,8 @@ def test_matched_sweep_records_and_table14(llama):
         expect = 100 * (reg["agree_reprefill"].astype(float).mean() - tok["agree_reprefill"].astype(float).mean())
         assert row.agree_reprefill_diff_pp == pytest.approx(expect)
         assert row.agree_reprefill_ci_low_pp <= row.agree_reprefill_diff_pp <= row.agree_reprefill_ci_high_pp
+        assert row.agree_reprefill_ci_low_pp < row.agree_reprefill_ci_high_pp  # never a zero-width interval
+        assert row.em_verdict == "not separated"  # three cases cannot separate anything
     broken = df.copy()
     broken.loc[broken.method == niah.matched_label("Dense tokens", region), "allowance"] += 1
     with pytest.raises(ValueError, match="does not select"):
@@ -158,7 +160,9 @@ def test_ablation_table_values():
     assert table.loc["Fixed blocks", "factor"] == "boundaries"
     prompt = table.loc["SUR[allowance_base=prompt]"]
     assert prompt["diff_pp"] == 0.0 and prompt["mean_tokens"] == 14 and prompt["reference_tokens"] == 10
-    assert not prompt["separates"]
+    assert prompt["verdict"] == "not separated" and prompt["ci_low_pp"] < 0 < prompt["ci_high_pp"]
+    assert set(table["family"]) == {niah.ABLATION_FAMILY.name} and (table["family_size"] == 3).all()
+    assert (niah.ablation_table(records, n_boot=300, decide=False)["verdict"] == "not decided").all()
     with pytest.raises(ValueError, match="metric='nope'"):
         niah.ablation_table(records, metric="nope")
     with pytest.raises(ValueError, match="reference='BM25'"):

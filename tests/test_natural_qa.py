@@ -445,3 +445,36 @@ def test_latency_comes_from_the_timed_subset_and_never_pools_batched_records():
     trials = results_table(trials.assign(timed=trials["trial"] == 0))
     with pytest.raises(ValueError, match="trial timings"):
         aggregate_trials(trials)
+
+
+def test_declared_families_are_decided_with_sources_as_clusters():
+    from sur_lab.studies import natural_qa
+
+    table = results_table(_records(seed=2))
+    decided = natural_qa.decide_families(table, n_boot=300, seed=7)
+    assert list(dict.fromkeys(decided.family)) == [natural_qa.PRIMARY.name, natural_qa.REFERENCE_FAMILY.name,
+                                                   natural_qa.RIVALS.name, natural_qa.LATENCY.name]
+    by = decided.set_index(["family", "comparison"])
+    primary = by.loc[(natural_qa.PRIMARY.name, "SUR 5% vs Shift")]
+    assert primary.adjust == "none" and primary.n == 36 and primary.n_clusters == 12
+    # The estimate is the plain paired difference; the test counts sources (clusters), not placements.
+    a = table[table.condition == "SUR 5%"].correct.mean() - table[table.condition == "Shift"].correct.mean()
+    assert primary.estimate == pytest.approx(a)
+    refs = decided[decided.family == natural_qa.REFERENCE_FAMILY.name]
+    assert len(refs) == 5 and (refs.family_size == 5).all()  # 2 budgets x 3 references, the primary excepted
+    rivals = decided[decided.family == natural_qa.RIVALS.name]
+    assert rivals.comparison.tolist() == ["SUR 5% vs BM25 (same units) 5%"]
+    latency = decided[decided.family == natural_qa.LATENCY.name].set_index("comparison")
+    # Re-prefill: refresh 40 + answer 100 ms; SUR 5%: select 1 + shift 2 + refresh 10 + answer 100 ms.
+    assert latency.loc["SUR 5% vs Re-prefill", "estimate"] == pytest.approx(140.0 / 113.0)
+    assert latency.loc["SUR 5% vs Re-prefill", "verdict"] == "beats"
+    lines = natural_qa.conclusion(decided)
+    assert any(line.startswith("  SUR 5% is faster than Re-prefill: 1.24x") for line in lines), lines
+    agreement = natural_qa.decide_families(table.assign(agree_reprefill=table.correct), lead="agreement", n_boot=300,
+                                           decide=False)
+    assert "SUR 5% vs Re-prefill" not in set(agreement[agreement.family != natural_qa.LATENCY.name].comparison)
+    assert (agreement.verdict == "not decided").all()
+    with pytest.raises(ValueError, match="lead='gold'"):
+        natural_qa.decide_families(table, lead="gold")
+    with pytest.raises(ValueError, match="agree_reprefill"):
+        natural_qa.decide_families(table, lead="agreement")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given
@@ -221,23 +222,63 @@ def _paired_records(sur_em, shift_em, reprefill_em):
     return pd.DataFrame(rows)
 
 
-def test_paired_differences_values_and_separation():
-    from sur_lab.studies.niah import paired_differences
+def test_paired_differences_values_and_decisions():
+    from sur_lab.studies.niah import ALL_AGAINST_REFERENCES, paired_differences
 
-    # SUR right on every case Shift got wrong: +50 pp over Shift with every replicate positive-or-zero;
-    # equal to Re-prefill on every case: 0 pp exactly, interval [0, 0].
+    # SUR right on the 4 cases Shift got wrong, equal to Re-prefill on every case.
     records = _paired_records([1, 1, 1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1, 0, 1], [1] * 8)
     table = paired_differences(records, n_boot=500, seed=1).set_index("baseline")
     assert list(table.index) == ["Shift", "Re-prefill"]
     assert table.loc["Shift", "diff_pp"] == pytest.approx(50.0)
-    assert table.loc["Shift", "n_cases"] == 8
-    assert 0.0 <= table.loc["Shift", "ci_low_pp"] <= 50.0 <= table.loc["Shift", "ci_high_pp"] <= 100.0
-    assert table.loc["Re-prefill", ["diff_pp", "ci_low_pp", "ci_high_pp"]].tolist() == [0.0, 0.0, 0.0]
-    assert not table.loc["Re-prefill", "separates"]
-    # Every case better by exactly one: the interval is the point 100 pp and separates.
-    all_better = paired_differences(_paired_records([1] * 6, [0] * 6, [1] * 6), baselines=("Shift",), n_boot=200)
-    assert all_better[["diff_pp", "ci_low_pp", "ci_high_pp"]].iloc[0].tolist() == [100.0, 100.0, 100.0]
-    assert bool(all_better["separates"].iloc[0])
+    assert table.loc["Shift", "n_cases"] == 8 and table.loc["Shift", "n_discordant"] == 4
+    assert 0.0 < table.loc["Shift", "ci_low_pp"] < 50.0 < table.loc["Shift", "ci_high_pp"] <= 100.0
+    # 4 discordant cases, all one way: exact p = 0.125, so not separated although the interval excludes 0.
+    assert table.loc["Shift", "p"] == pytest.approx(0.125) and table.loc["Shift", "verdict"] == "not separated"
+    # Equal on every case: 0 pp with a nonzero-width interval, never a zero-width one.
+    assert table.loc["Re-prefill", "diff_pp"] == 0.0
+    assert table.loc["Re-prefill", "ci_low_pp"] < 0 < table.loc["Re-prefill", "ci_high_pp"]
+    assert (table["family"] == ALL_AGAINST_REFERENCES.name).all() and (table["family_size"] == 2).all()
+    # Every one of 8 cases better by one: exact p 2 / 2**8, alone in its family: beats (Holm over 1).
+    all_better = paired_differences(_paired_records([1] * 8, [0] * 8, [1] * 8), baselines=("Shift",), n_boot=200)
+    assert all_better["diff_pp"].iloc[0] == 100.0 and all_better["ci_low_pp"].iloc[0] < 100.0
+    assert all_better["verdict"].iloc[0] == "beats"
+    assert paired_differences(_paired_records([1] * 8, [0] * 8, [1] * 8), baselines=("Shift",), n_boot=200,
+                              decide=False)["verdict"].iloc[0] == "not decided"
+
+
+def test_declared_families_and_the_conclusion():
+    from sur_lab.studies import niah
+
+    rows = []
+    for i in range(12):
+        case = {"case_id": f"c{i}", "context_len": 1024}
+        for method, budget, em in (("Shift", np.nan, i < 2), ("Re-prefill", np.nan, True), ("SUR", 5.0, True),
+                                   ("SUR", 2.0, i < 8), ("Dense tokens", 5.0, i < 3), ("Dense tokens", 2.0, i < 3),
+                                   ("Edit-local window", 5.0, i < 11), ("Erratum", np.nan, i < 6)):
+            rows.append({**case, "method": method, "budget_pct": budget, "em": bool(em)})
+    records = pd.DataFrame(rows)
+    assert niah.family_pairs(records, niah.PRIMARY) == [("SUR 5%", "Shift")]
+    assert niah.family_pairs(records, niah.RIVALS) == [
+        ("SUR 2%", "Shift"), ("SUR 2%", "Re-prefill"), ("SUR 2%", "Dense tokens 2%"), ("SUR 5%", "Re-prefill"),
+        ("SUR 5%", "Dense tokens 5%")]
+    assert niah.family_pairs(records, niah.BEYOND) == [("Erratum", "SUR 2%"), ("Edit-local window 5%", "SUR 5%"),
+                                                        ("Erratum", "SUR 5%")]  # the window ran at 5 % only
+    decided = niah.decide_families(records, metric="em", n_boot=200)
+    primary = decided[decided.family == niah.PRIMARY.name].iloc[0]
+    # 10 discordant cases, all for SUR: exact p = 2 / 1024, tested alone.
+    assert primary.adjust == "none" and primary.p == pytest.approx(2 / 1024) and primary.verdict == "beats"
+    rivals = decided[decided.family == niah.RIVALS.name].set_index("comparison")
+    assert (rivals.family_size == 5).all()
+    assert rivals.loc["SUR 5% vs Dense tokens 5%", "verdict"] == "beats"  # 9 discordant, p_adj 5 * 2/512
+    assert rivals.loc["SUR 5% vs Re-prefill", "verdict"] == "not separated"
+    lines = niah.conclusion(records, decided, metric="em", allocators=["SUR", "Dense tokens", "Edit-local window"],
+                            n_boot=200)
+    assert lines[0].startswith("At 2 %: SUR has the highest point estimate of 2 allocators (67 %)")
+    assert lines[1].startswith("At 5 %: SUR has the highest point estimate of 3 allocators (100 %); not separated "
+                               "from the next 1 (Edit-local window 92 %)")
+    assert "  SUR 5% beats Shift: +83.3 pp (95 % CI" in "\n".join(lines)
+    smoke = niah.decide_families(records, metric="em", decide=False, n_boot=200)
+    assert (smoke.verdict == "not decided").all()
 
 
 def test_paired_differences_refuses_unknown_metric_and_unpaired_cases():
@@ -250,4 +291,4 @@ def test_paired_differences_refuses_unknown_metric_and_unpaired_cases():
     # a SUR case without its Shift row is an unpaired case and refused.
     unpaired = records[~((records.case_id == "c1") & (records.method == "Shift"))]
     with pytest.raises(ValueError, match="lacks rows"):
-        paired_differences(unpaired, baselines=("Shift",), n_boot=10)
+        paired_differences(unpaired, baselines=("Shift",), n_boot=100)

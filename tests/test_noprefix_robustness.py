@@ -212,40 +212,55 @@ def test_quality_gate_of_the_largest_workload():
 # Design ledger: the hybrid row and the paired donor row
 
 
-def ledger_rows(hybrid_hits):
+def ledger_rows(hybrid_hits, n=4):
     rows = []
-    for i in range(4):
-        rows.append(row("Suffix K2 · risk", "forward", f"s{i}", i < 3))
-        rows.append(row("Suffix K2 · query", "forward", f"s{i}", i < 2, selector="query"))
+    for i in range(n):
+        rows.append(row("Suffix K2 · risk", "forward", f"s{i}", i < 3 * n // 4))
+        rows.append(row("Suffix K2 · query", "forward", f"s{i}", i < n // 2, selector="query"))
         rows.append(row("Suffix K2 · hybrid", "forward", f"s{i}", i < hybrid_hits, selector="hybrid"))
     return rows
 
 
 def test_design_ledger_hybrid_row():
     name = "Hybrid vs query- and risk-guided start (suffix K2)"
-    for hits, worked in ((3, True), (4, True), (2, False)):
-        pooled = summarize(pd.DataFrame(ledger_rows(hits)), by=("label", "protocol"))
-        assert design_ledger(pooled).set_index("experiment").loc[name, "worked"] == worked, hits
-    pooled = summarize(pd.DataFrame(ledger_rows(3)[0::3]), by=("label", "protocol"))  # risk only: not run
-    assert design_ledger(pooled).set_index("experiment").loc[name, "worked"] is None
+    # Four requests separate nothing: the hybrid row is "not separated" whatever the point estimates say.
+    for hits in (2, 3, 4):
+        runs = pd.DataFrame(ledger_rows(hits))
+        ledger = design_ledger(summarize(runs, by=("label", "protocol")), runs=runs).set_index("experiment")
+        assert ledger.loc[name, "verdict"] == "not separated", hits
+    # 400 requests: a hybrid that preserves as many as the risk start (300) and more than query (200) is equivalent
+    # to risk within 5 points and beats query: it worked; one that preserves 200 loses to risk: it did not.
+    for hits, verdict in ((300, "worked"), (200, "did not")):
+        runs = pd.DataFrame(ledger_rows(hits, n=400))
+        ledger = design_ledger(summarize(runs, by=("label", "protocol")), runs=runs).set_index("experiment")
+        assert ledger.loc[name, "verdict"] == verdict, hits
+    risk_only = pd.DataFrame(ledger_rows(3)[0::3])
+    ledger = design_ledger(summarize(risk_only, by=("label", "protocol")), runs=risk_only)
+    assert ledger.set_index("experiment").loc[name, "verdict"] == "not run"
 
 
 def test_design_ledger_judges_donor_copy_by_the_paired_interval():
     name = "Donor-copy vs actual forwarding (suffix K1, risk)"
+    # Donor and forward agree on every one of 6 requests: 0 discordant, but 6 requests cannot show equivalence within
+    # 5 points (Newcombe's 90 % interval is wider): not separated, never "worked" from a zero-width interval.
     same = [row(K1, p, f"s{i}", i % 2 == 0) for i in range(6) for p in ("donor", "forward")]
     runs = pd.DataFrame(same)
     pooled = summarize(runs, by=("label", "protocol"))
     ledger = design_ledger(pooled, runs=runs).set_index("experiment")
-    assert ledger.loc[name, "worked"] == True  # noqa: E712  (interval [0, 0] within ±5 points)
-    assert "+0.00 [+0.00, +0.00] over 6 sources" in ledger.loc[name, "key_result"]
-    assert design_ledger(pooled).set_index("experiment").loc[name, "worked"] is None  # no runs: not judged
-    # Donor preserves every source, forward half: the point difference is 0.5 and the interval [0.17, 0.83] (K ~
-    # Binomial(6, 1/2) differing sources drawn: P(K <= 1) = 7/64 > 2.5 % > P(K = 0) = 1/64).
-    differ = [row(K1, "donor", f"s{i}", True) for i in range(6)] + [row(K1, "forward", f"s{i}", i < 3)
-                                                                       for i in range(6)]
+    assert ledger.loc[name, "verdict"] == "not separated"
+    assert "donor vs forward: not separated at this size, +0.0 pp" in ledger.loc[name, "key_result"]
+    assert design_ledger(pooled).set_index("experiment").loc[name, "verdict"] == "not run"  # no runs: not judged
+    # 400 requests that agree: equivalent within 5 points, a usable proxy.
+    many = pd.DataFrame([row(K1, p, f"s{i}", i % 2 == 0) for i in range(400) for p in ("donor", "forward")])
+    ledger = design_ledger(summarize(many, by=("label", "protocol")), runs=many).set_index("experiment")
+    assert ledger.loc[name, "verdict"] == "worked"
+    assert ledger.loc[name, "key_result"].startswith("donor and forward are equivalent within ±5.0 pp")
+    # Donor preserves every one of 40 requests, forward half: the difference separates, not a proxy.
+    differ = [row(K1, "donor", f"s{i}", True) for i in range(40)] + [row(K1, "forward", f"s{i}", i < 20)
+                                                                        for i in range(40)]
     runs = pd.DataFrame(differ)
     ledger = design_ledger(summarize(runs, by=("label", "protocol")), runs=runs).set_index("experiment")
-    assert ledger.loc[name, "worked"] == False  # noqa: E712
-    assert "+0.50 [+0.17, +0.83]" in ledger.loc[name, "key_result"]
+    assert ledger.loc[name, "verdict"] == "did not"
+    assert ledger.loc[name, "key_result"].startswith("donor beats forward: +50.0 pp")
     with pytest.raises(ValueError, match="proxy_margin"):
         design_ledger(pooled, proxy_margin=5)

@@ -75,49 +75,57 @@ def test_stale_endpoints_summary_and_paired_differences():
     assert list(sf.summary_table(recs)["method"][:4]) == ["Dirty", "Shift", "Re-prefill", "Erratum"]
 
     diffs = sf.paired_differences(recs, n_boot=500)
-    k = len(sf.COMPARED)
-    # metrics x (budgets x (pairs + budgeted arms vs Shift, Re-prefill) + Erratum vs Shift, Re-prefill once)
-    assert len(diffs) == 2 * (2 * (k * (k - 1) // 2 + 2 * (k - 1)) + 2)
-    row = diffs[(diffs.metric == "em") & (diffs.budget_pct == 2.0) & (diffs.a == "SUR 2%")
-                & (diffs.b == "Edit-local window 2%")].iloc[0]
-    assert row.diff_pp == -100.0 and row.separates and row.n_cases == 6
-    erratum = diffs[(diffs.metric == "em") & (diffs.a == "Erratum") & (diffs.b == "Shift")]
-    assert len(erratum) == 1 and np.isnan(erratum.budget_pct.iloc[0]) and erratum.diff_pp.iloc[0] == 100.0
-    assert "EM: Erratum beats Shift, Erratum minus Shift = +100.0 pp" in "\n".join(
-        sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6))
-    st = diffs[(diffs.metric == "stale") & (diffs.a == "SUR 2%") & (diffs.b == "Shift")].iloc[0]
-    assert st.n_cases == 5 and st.diff_pp == 0.0 and not st.separates
+    # One primary and two small declared families (the old all-pairs table held 38 comparisons per endpoint).
+    assert list(dict.fromkeys(diffs.family)) == [sf.PRIMARY.name, sf.EM_FAMILY.name, sf.STALE_FAMILY.name]
+    assert diffs.groupby("family").size().to_dict() == {sf.PRIMARY.name: 1, sf.EM_FAMILY.name: 8,
+                                                        sf.STALE_FAMILY.name: 9}
+    by = diffs.set_index(["family", "comparison"])
+    primary = by.loc[(sf.PRIMARY.name, "SUR 5% vs Shift")]
+    # SUR 5% right on 3 cases Shift gets wrong: 3 discordant pairs cannot separate (exact p = 0.25).
+    assert primary.diff_pp == 50.0 and primary.n_discordant == 3 and primary.verdict == "not separated"
+    window = by.loc[(sf.EM_FAMILY.name, "Edit-local window 2% vs SUR 2%")]
+    # 6 discordant of 6: exact p 1/32, Holm over 8: 0.25, not separated; the old table printed "beats" here.
+    assert window.diff_pp == 100.0 and window.p == pytest.approx(1 / 32) and window.verdict == "not separated"
+    assert window.ci_low_pp > 0  # the interval alone would have "separated"
+    erratum = by.loc[(sf.STALE_FAMILY.name, "Erratum vs Shift")]
+    assert np.isnan(erratum.budget_pct) and erratum.n_cases == 5 and erratum.diff_pp == -100.0  # case 5: no stale value
+    st = by.loc[(sf.STALE_FAMILY.name, "SUR 2% vs Shift")]
+    assert st.n_cases == 5 and st.diff_pp == 0.0 and st.verdict == "not separated" and st.ci_low_pp < 0 < st.ci_high_pp
 
-    lines = sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6)
+    lines = sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, records=recs)
     assert lines[0] == "This run: m; 6 stale-fact cases."
     text = "\n".join(lines)
-    assert "EM at 2 %: Edit-local window 2% beats SUR 2%, Edit-local window 2% minus SUR 2% = +100.0 pp" in text
-    # Only 5 cases ask the edited key: too few paired units for a stale difference to separate (MIN_PAIRED_UNITS).
-    assert "stale-answer rate (lower is better) at 2 %" not in text
-    assert not diffs[diffs.metric == "stale"].separates.any()
-    assert lines[-1].startswith("Where SUR loses on EM or the stale rate (separated): SUR 2% vs Edit-local window 2% "
-                                "on em")
-    null = sf.conclusion(sf.summary_table(recs), diffs.assign(separates=False), model="m", n_cases=6)
-    assert any(line.startswith("No paired difference separates") for line in null)
-    assert null[-1] == ("Where SUR loses on EM or the stale rate (separated): nowhere in this run (no separated "
-                        "difference against it).")
-    by = sf.stratified_table(recs, "answer_in", "margin_recovery")
-    assert by.loc["Re-prefill"].tolist() == [1.0, 1.0]
+    # Ties are ties: four arms answer every case at 2 %.
+    assert "At 2 %, EM: Edit-local window 2% and Erratum tie at 100 % (the highest of 5 compared arms)" in text
+    assert "  Erratum vs Shift: not separated at this size, -100.0 pp" in text
+    assert lines[-1] == "Where SUR loses (a separated verdict against it): nowhere in this run."
+    assert "beats" not in text.replace("1 beats", "")
+    # Without a stale-eligible case the stale rate is n/a, never "stale nan %".
+    no_stale = recs.assign(stale=np.nan)
+    summary = sf.summary_table(no_stale)
+    text = "\n".join(sf.conclusion(summary, sf.paired_differences(no_stale, n_boot=200), model="m", n_cases=6,
+                                   records=no_stale))
+    assert "Shift EM 0 % (stale n/a (no stale-eligible case))" in text and "nan" not in text
+    assert "  SUR 2% vs Shift: n/a (no stale-eligible case)" in text
+    smoke = sf.paired_differences(recs, n_boot=200, decide=False)
+    assert (smoke.verdict == "not decided").all()
+    assert "not decided at this size" in "\n".join(sf.conclusion(sf.summary_table(recs), smoke, model="m", n_cases=6,
+                                                                  records=recs, decide=False))
+    by_place = sf.stratified_table(recs, "answer_in", "margin_recovery")
+    assert by_place.loc["Re-prefill"].tolist() == [1.0, 1.0]
 
     # Gold-margin differences (logits, not x100) within each answer location: the hand-made margins are 1 for a
-    # correct answer and -1 otherwise, so SUR 5% (right on cases 0-2) minus the Edit-local window (right everywhere)
-    # is (0, 0, -2) on the inserted cases 0, 2, 4 (mean -2/3) and (0, -2, -2) on the suffix cases 1, 3, 5 (-4/3).
+    # correct answer and -1 otherwise, so the Edit-local window 5% (right everywhere) minus SUR 5% (right on cases
+    # 0-2) is (0, 0, 2) on the inserted cases 0, 2, 4 (mean 2/3) and (0, 2, 2) on the suffix cases 1, 3, 5 (4/3).
     margins = sf.margin_differences(recs, n_boot=500)
-    assert set(margins.answer_in) == {"inserted", "suffix"} and "diff_logit" in margins.columns
-    row = margins[(margins.answer_in == "inserted") & (margins.a == "SUR 5%") & (margins.b == "Edit-local window 5%")]
-    assert row.diff_logit.iloc[0] == pytest.approx(-2 / 3) and row.n_cases.iloc[0] == 3
-    row = margins[(margins.answer_in == "suffix") & (margins.a == "SUR 5%") & (margins.b == "Edit-local window 5%")]
-    assert row.diff_logit.iloc[0] == pytest.approx(-4 / 3)
-    shift = margins[(margins.answer_in == "suffix") & (margins.a == "Erratum") & (margins.b == "Shift")]
-    assert shift.diff_logit.iloc[0] == pytest.approx(1.0) and np.isnan(shift.budget_pct.iloc[0])
+    assert set(margins.answer_in) == {"inserted", "suffix"} and "verdict" not in margins.columns
+    assert len(margins) == 2 * 2 * len(sf.MARGIN_ARMS)
+    row = margins[(margins.answer_in == "inserted") & (margins.a == "Edit-local window 5%")]
+    assert row.b.iloc[0] == "SUR 5%" and row.diff_logit.iloc[0] == pytest.approx(2 / 3) and row.n_cases.iloc[0] == 3
+    row = margins[(margins.answer_in == "suffix") & (margins.a == "Edit-local window 5%")]
+    assert row.diff_logit.iloc[0] == pytest.approx(4 / 3) and row.budget_pct.iloc[0] == 5.0
     text = "\n".join(sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, margins=margins))
-    assert "Gold margin (logits), answer in the suffix text: " in text
-    assert "Where SUR loses on the gold margin (separated): " in text
+    assert "Gold margin (logits, descriptive intervals, not a declared family), answer in the suffix text: " in text
     with pytest.raises(ValueError, match="by="):
         sf.margin_differences(recs, by="nowhere")
 

@@ -83,44 +83,6 @@ def pooled_em(correct: Any) -> float:
     return 100.0 * k_total / n_total
 
 
-def bootstrap_ci(values, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of one sample (``scipy.stats.bootstrap``, ``method="percentile"``).
-
-    A constant sample returns ``(value, value)`` (every resample has the same mean; scipy reports it as degenerate).
-
-    Args:
-        values: 1-D numbers or bools (e.g. per-request preservation).
-        confidence: coverage in (0, 1).
-        n_resamples: resamples, an integer >= 1.
-        seed: generator seed, an integer >= 0.
-
-    Returns:
-        ``(low, high)`` in the values' units.
-
-    Raises:
-        TypeError: naming ``n_resamples`` or ``seed`` when not an integer (``2.5`` is not rounded).
-        ValueError: naming ``values`` when empty or non-finite, ``confidence`` outside (0, 1), ``n_resamples`` < 1,
-            ``seed`` < 0.
-    """
-    from scipy.stats import bootstrap
-
-    n_resamples = as_count(n_resamples, "n_resamples", minimum=1)
-    seed = as_count(seed, "seed", minimum=0)
-
-    x = np.asarray(values, dtype=np.float64).reshape(-1)
-    if x.size == 0:
-        raise ValueError("values is empty")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("values must be finite")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
-    if np.all(x == x[0]):
-        return float(x[0]), float(x[0])
-    res = bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=int(n_resamples), method="percentile",
-                    vectorized=True, rng=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
 def _draw_indices(sizes: Sequence[int], n_boot: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Resampled source indices, one (n_boot, n_d) int64 array per stratum, drawn in the order of ``sizes``.
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from sur_lab.analysis.decisions import Family
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.cache_ops import to_tensors
 from sur_lab.models import LoadedModel
@@ -31,6 +32,14 @@ from sur_lab.studies.noprefix.composition import truncate_text
 TASK = ("You are a research agent. Search results arrive as tool outputs; outdated results are removed when a newer "
         "one supersedes them. Answer each question with a short answer only.")
 REFERENCE = "Re-prefill"
+#: The declared comparisons of notebook 07 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run, on
+#: agreement with Re-prefill, paired by question with an episode's questions clustered: the debt arm against SUR at
+#: its budget alone (does spending budget on the debt move the answers?), tested alone; and each per-edit SUR budget
+#: against Shift, with Holm.
+PRIMARY = Family("primary", "binary", "the debt arm minus SUR at the debt arm's budget, agreement with Re-prefill",
+                 primary=True)
+BUDGET_FAMILY = Family("per-edit SUR against Shift", "binary",
+                       "SUR at each per-edit budget minus Shift, agreement with Re-prefill")
 
 
 @dataclass(frozen=True)
@@ -380,6 +389,45 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     )
     quality[["em_pct", "agree_pct", "token_exact_pct"]] *= 100
     return quality.join(total).reset_index()
+
+
+def decide_families(df: pd.DataFrame, arms: Sequence[Arm], *, decide: bool = True, n_boot: int = 10_000,
+                    seed: int = 0) -> pd.DataFrame:
+    """Notebook 07's declared comparisons (:data:`PRIMARY` when a debt arm ran, :data:`BUDGET_FAMILY`), decided by
+    :func:`sur_lab.analysis.decisions.paired_family` on agreement with Re-prefill, one unit per (episode, edit), the
+    episodes clustered.
+
+    Args:
+        df: :func:`run_episodes` rows.
+        arms: the arms that ran (:func:`default_arms`).
+        decide: ``False`` at a plumbing-check size.
+        n_boot, seed: as :func:`~sur_lab.analysis.decisions.paired_family`.
+
+    Returns:
+        The families' rows (``family`` names each); empty when no comparison ran.
+    """
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import COLUMNS, paired_family
+
+    data = df.assign(_unit=df["episode"].astype(str) + "/" + df["edit"].astype(str), _a=df["agree"].astype(float))
+    debt = [a for a in arms if a.debt_pct > 0]
+    plain = {a.budget_pct: a for a in arms if a.method not in ("Shift", REFERENCE) and a.debt_pct == 0}
+    wanted = {PRIMARY: [(d.label, plain[d.budget_pct].label) for d in debt[:1] if d.budget_pct in plain],
+              BUDGET_FAMILY: [(a.label, "Shift") for a in plain.values()]}
+    parts = []
+    for fam, pairs in wanted.items():
+        outcomes, clusters = paired_outcomes(data, pairs, "_a", arm_col="arm", case_col="_unit", cluster_col="episode")
+        if outcomes:
+            parts.append(paired_family(outcomes, family=fam, cluster=clusters, decide=decide, n_boot=n_boot, seed=seed))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+
+
+def conclusion(decided: pd.DataFrame) -> list[str]:
+    """The verdict lines of notebook 07's conclusion: each family of :func:`decide_families` with its size, then each
+    comparison (:func:`sur_lab.analysis.decisions.sentence`)."""
+    from sur_lab.analysis.decisions import family_lines
+
+    return family_lines(decided, what="questions", clusters="episodes")
 
 
 def _arm_styles(arms: Sequence[str]) -> dict:

@@ -55,6 +55,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from sur_lab.analysis.decisions import Family
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
@@ -87,6 +88,19 @@ FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa"], "budgets": [2, 5, 10], "ex
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
 REGIONS = ("append", "first half", "second half")
+#: The declared comparisons of notebook 10 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run: the
+#: lead sync path against prefix reuse on time to first token, paired by turn with a trace's turns clustered; "faster"
+#: needs the speed-up's interval above 1. The primary pools every turn after the first; the family splits them by
+#: where the turn's first change lands.
+PRIMARY = Family("primary", "ratio", "prefix reuse's TTFT over the lead sync path's on every turn after the first",
+                 primary=True)
+REGION_FAMILY = Family("speed-up by region of the first change", "ratio",
+                       "prefix reuse's TTFT over the lead sync path's within each region of the first change")
+#: "No more than 5 points of agreement lost against prefix reuse" is claimed only when the exact (Clopper–Pearson)
+#: upper bound of the rate of turns on which the sync path loses re-prefill's answer that prefix reuse kept is at most
+#: this (issue 27's tolerance; :func:`sur_lab.analysis.decisions.bound_claim`). Turns count as units here: the bound
+#: is exact per turn and conservative in ignoring the turns sync gains.
+MAX_AGREEMENT_LOSS = 0.05
 
 SYSTEM = "You are a research agent. Tool outputs arrive in turns; answer each question with a short answer only."
 TASK = "Task: answer the user's questions from the tool outputs below."
@@ -496,46 +510,53 @@ def per_turn_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0) -> pd.DataFrame:
-    """Per (region of the first change, path) over the turns after the first: median TTFT, the median paired ratio
-    ``against``'s TTFT / this path's on the same turns with its 95 % bootstrap CI (of the median; > 1: this path is
-    faster), median tokens recomputed, and agreement with re-prefill and EM (%) with the paired difference of
-    agreement against ``against`` (percentage points, 95 % bootstrap CI).
+def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0, n_boot: int = 2_000) -> pd.DataFrame:
+    """Per (region of the first change, path) over the turns after the first: median TTFT, the paired speed-up
+    ``against``'s TTFT / this path's on the same turns (geometric mean, > 1: this path is faster) with its 95 %
+    percentile bootstrap interval (a trace's turns resampled together; NaN with one trace or identical ratios), median
+    tokens recomputed, agreement with re-prefill and EM (%), the paired difference of agreement against ``against``
+    (percentage points, Newcombe's interval widened by the trace bootstrap), and the turns on which this path loses
+    re-prefill's answer that ``against`` kept (``losses``) with the exact 95 % upper bound of that rate
+    (``loss_upper_pct``). Descriptive: the verdicts are :func:`conclusion`'s.
 
     Raises:
         ValueError: naming ``against`` when it is not a path of ``runs``.
     """
-    from sur_lab.analysis.stats import bootstrap_ci
+    from sur_lab.analysis.decisions import paired_family, proportion_interval
 
     if against not in set(runs["path"]):
         raise ValueError(f"against={against!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
     later = runs[runs["turn"] > 0]
     rows = []
+    nan = float("nan")
     for region in REGIONS + ("all",):
         part = later if region == "all" else later[later["region"] == region]
         if part.empty:
             continue
         wide = part.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
+        traces = wide.index.get_level_values("trace").to_numpy()
         for path in dict.fromkeys(part["path"]):
-            ratio = (wide["ttft_ms"][against] / wide["ttft_ms"][path]).to_numpy(float)
-            diff = (wide["agree"][path].astype(float) - wide["agree"][against].astype(float)).to_numpy() * 100
             mine = part[part["path"] == path]
-            lo, hi = _median_ci(ratio, seed) if len(ratio) > 1 else (float("nan"), float("nan"))
-            dlo, dhi = bootstrap_ci(diff, seed=seed) if len(diff) > 1 else (float("nan"), float("nan"))
-            rows.append({"region": region, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
-                         "speedup": float(np.median(ratio)), "speedup_lo": lo, "speedup_hi": hi,
-                         "recomputed": mine["recomputed"].median(), "agree_pct": 100 * mine["agree"].mean(),
-                         "agree_diff_pp": float(diff.mean()), "agree_diff_lo": dlo, "agree_diff_hi": dhi,
-                         "em_pct": 100 * mine["em"].mean()})
+            a_agree = wide["agree"][path].astype(float).to_numpy()
+            b_agree = wide["agree"][against].astype(float).to_numpy()
+            losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
+            row = {"region": region, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
+                   "speedup": 1.0, "speedup_lo": nan, "speedup_hi": nan, "recomputed": mine["recomputed"].median(),
+                   "agree_pct": 100 * mine["agree"].mean(), "agree_diff_pp": 0.0, "agree_diff_lo": nan,
+                   "agree_diff_hi": nan, "losses": losses,
+                   "loss_upper_pct": 100 * proportion_interval(losses, len(a_agree))[2],
+                   "em_pct": 100 * mine["em"].mean()}
+            if path != against:
+                ratio = paired_family({(path, against): (wide["ttft_ms"][path].to_numpy(float),
+                                                         wide["ttft_ms"][against].to_numpy(float))},
+                                      kind="ratio", cluster=traces, n_boot=n_boot, seed=seed).iloc[0]
+                agree = paired_family({(path, against): (a_agree, b_agree)}, kind="binary", cluster=traces,
+                                      n_boot=n_boot, seed=seed).iloc[0]
+                row.update(speedup=ratio["estimate"], speedup_lo=ratio["ci_low"], speedup_hi=ratio["ci_high"],
+                           agree_diff_pp=100 * agree["estimate"], agree_diff_lo=100 * agree["ci_low"],
+                           agree_diff_hi=100 * agree["ci_high"])
+            rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _median_ci(values: np.ndarray, seed: int, n_resamples: int = 4999) -> tuple[float, float]:
-    """Percentile bootstrap 95 % CI of the median of ``values``."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
-    meds = np.median(values[idx], axis=1)
-    return float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -607,55 +628,107 @@ def plot_regions(regions: pd.DataFrame):
     return fig
 
 
-def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, *, sync: str = "sync 5%",
-               max_agreement_loss_pp: float = 5.0) -> list[str]:
-    """The conclusion's sentences from this run's tables: which path is fastest per region of the first change, how
-    ``sync`` compares with prefix reuse (paired speedup and agreement difference with their CIs), and where ``sync``
-    should not be used (no speedup over prefix reuse, or an agreement loss beyond ``max_agreement_loss_pp`` points
-    against it; or a CI of the agreement difference that reaches below ``-max_agreement_loss_pp``).
+def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame, *, sync: str = "sync 5%",
+               max_agreement_loss: float = MAX_AGREEMENT_LOSS, decide: bool = True, n_boot: int = 10_000,
+               seed: int = 0) -> list[str]:
+    """The conclusion's sentences from this run's tables, with every verdict from :mod:`sur_lab.analysis.decisions`:
+    per region of the first change the path with the lowest median TTFT (a point estimate, the selection named) and
+    ``sync``'s numbers against prefix reuse; the primary comparison (:data:`PRIMARY`: is ``sync`` faster than prefix
+    reuse over every later turn, by the speed-up's interval) and the :data:`REGION_FAMILY`; per region whether
+    ``sync`` is shown to lose at most ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions
+    .bound_claim` on its loss turns); and where ``sync`` should not be used (prefix reuse shown faster, or a loss above
+    the tolerance shown) or where this size shows neither.
+
+    Args:
+        regions: :func:`region_table`; summary: :func:`summary_table`; runs: the per-turn rows behind them.
+        sync: the lead sync path.
+        max_agreement_loss: the agreement loss tolerated, a fraction in [0, 1].
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
+        n_boot, seed: as :func:`sur_lab.analysis.decisions.paired_family`.
 
     Raises:
-        ValueError: naming ``sync`` when it is not a path of the tables.
+        ValueError: naming ``sync`` when it is not a path of the tables, ``max_agreement_loss`` outside [0, 1].
     """
+    from sur_lab.analysis.decisions import (BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines,
+                                            paired_family)
+
     if sync not in set(regions["path"]):
         raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
-    lines = []
-    avoid = []
-    def interval(lo: float, hi: float, fmt: str, sep: str) -> str:
-        # One turn has no interval (the bootstrap needs two): say so instead of printing "nan".
-        return "no interval (one turn)" if math.isnan(lo) or math.isnan(hi) else f"{lo:{fmt}}{sep}{hi:{fmt}}"
+    if not 0 <= max_agreement_loss <= 1:
+        raise ValueError(f"max_agreement_loss={max_agreement_loss!r} must lie in [0, 1]")
 
-    for region in [r for r in (*REGIONS, "all") if r in set(regions["region"])]:
+    def interval(lo: float, hi: float, fmt: str, sep: str, unit: str = "") -> str:
+        return ("no interval" if math.isnan(lo) or math.isnan(hi) else
+                f"95 % CI {lo:{fmt}}{unit}{sep}{hi:{fmt}}{unit}")
+
+    lines = []
+    present = [r for r in (*REGIONS, "all") if r in set(regions["region"])]
+    for region in present:
         t = regions[regions["region"] == region].set_index("path")
         fastest = t["ttft_ms"].idxmin()
         s = t.loc[sync]
         lines.append(
-            f"{region} ({int(s.turns)} turn{'s' if int(s.turns) != 1 else ''}): fastest path {fastest} "
-            f"({t.loc[fastest, 'ttft_ms']:.0f} ms median TTFT); "
-            f"{sync} {s.ttft_ms:.0f} ms, {s.speedup:.2f}x prefix reuse's speed (paired median, 95 % CI "
-            f"{interval(s.speedup_lo, s.speedup_hi, '.2f', '-')}), re-prefill {t.loc[REFERENCE, 'ttft_ms']:.0f} ms; "
-            f"agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
-            f"({s.agree_diff_pp:+.0f} pp, CI {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); tokens "
-            f"recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
-        if region == "all":
-            continue
-        if not s.speedup > 1.0:
-            avoid.append(f"{region}: no speedup over prefix reuse ({s.speedup:.2f}x)")
-        elif s.agree_diff_pp < -max_agreement_loss_pp or (
-            not math.isnan(s.agree_diff_lo) and s.agree_diff_lo < -max_agreement_loss_pp
-        ):
-            low = "" if math.isnan(s.agree_diff_lo) else f" (CI down to {s.agree_diff_lo:+.0f})"
-            avoid.append(f"{region}: agreement {s.agree_diff_pp:+.0f} pp against prefix reuse{low} "
-                         f"for {s.speedup:.2f}x")
-    sm = summary.set_index("path")
-    for path, r in sm.iterrows():
-        if path != REFERENCE:
-            lines.append(f"over whole traces {path}: {r.cost_ratio:.0%} of re-prefill's tokens recomputed, "
-                         f"{r.time_ratio:.0%} of its summed TTFT; agreement {r.agree_pct:.0f} %, EM {r.em_pct:.0f} % "
-                         f"(re-prefill EM {sm.loc[REFERENCE, 'em_pct']:.0f} %).")
+            f"{region} ({int(s.turns)} turn{'s' if int(s.turns) != 1 else ''}): lowest median TTFT of the {len(t)} "
+            f"paths {fastest} ({t.loc[fastest, 'ttft_ms']:.0f} ms; point estimates); {sync} {s.ttft_ms:.0f} ms, "
+            f"{s.speedup:.2f}x prefix reuse's speed (paired geometric mean, "
+            f"{interval(s.speedup_lo, s.speedup_hi, '.2f', ' to ', 'x')}), re-prefill "
+            f"{t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
+            f"({s.agree_diff_pp:+.0f} pp, {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); "
+            f"tokens recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
+    later = runs[runs["turn"] > 0]
+    wide = later.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
+    region_of = later.drop_duplicates(["trace", "turn"]).set_index(["trace", "turn"])["region"].reindex(wide.index)
+    traces = wide.index.get_level_values("trace").to_numpy()
+    pair = (sync, PREFIX)
+
+    def times(mask):
+        return wide["ttft_ms"][sync].to_numpy(float)[mask], wide["ttft_ms"][PREFIX].to_numpy(float)[mask]
+
+    everything = np.ones(len(wide), dtype=bool)
+    primary = paired_family({pair: times(everything)}, family=PRIMARY, cluster=traces, decide=decide,
+                            n_boot=n_boot, seed=seed)
+    by_region = [r for r in REGIONS if (region_of == r).any()]
+    masks = {r: (region_of == r).to_numpy() for r in by_region}
+    keys = {r: (f"{sync} ({r})", f"{PREFIX} ({r})") for r in by_region}
+    fam = paired_family({keys[r]: times(masks[r]) for r in by_region}, family=REGION_FAMILY,
+                        cluster={keys[r]: traces[masks[r]] for r in by_region}, decide=decide, n_boot=n_boot,
+                        seed=seed) if by_region else primary.iloc[:0]
+    lines += family_lines(pd.concat([primary, fam], ignore_index=True), what="turns", clusters="traces")
+    avoid, unshown, ok = [], [], []
+    limit = f"{100 * max_agreement_loss:g} points"
+    for region, (_, r) in zip(by_region, fam.iterrows()):
+        a_agree = wide["agree"][sync].astype(float).to_numpy()[masks[region]]
+        b_agree = wide["agree"][PREFIX].astype(float).to_numpy()[masks[region]]
+        losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
+        loss = bound_claim(losses, len(a_agree), at_most=max_agreement_loss, decide=decide)
+        lines.append(f"  {region}: " + bound_sentence(f"{sync} loses re-prefill's answer that prefix reuse kept on",
+                                                      losses, len(a_agree), at_most=max_agreement_loss,
+                                                      decide=decide, units="turns"))
+        if r["verdict"] == LOSES:
+            avoid.append(f"{region}: prefix reuse is shown faster ({r['estimate']:.2f}x)")
+        if loss == FAILS:
+            avoid.append(f"{region}: a loss of agreement above {limit} is shown")
+        if r["verdict"] == BEATS and loss == HOLDS:
+            ok.append(region)
+        elif r["verdict"] != LOSES and loss != FAILS:
+            unshown.append(region)
+    if not decide:
+        lines.append("Where to use the sync path: not decided at this size (a plumbing check).")
+        return lines + _whole_trace_lines(summary)
     if avoid:
-        lines.append(f"Where {sync} should not be used (prefix reuse is as fast or safer): " + "; ".join(avoid) + ".")
-    else:
-        lines.append(f"{sync} was faster than prefix reuse in every region without losing more than "
-                     f"{max_agreement_loss_pp:g} points of agreement in this run.")
-    return lines
+        lines.append(f"Where {sync} should not be used: " + "; ".join(avoid) + ".")
+    if ok:
+        lines.append(f"{sync} is shown faster than prefix reuse and shown to lose at most {limit} of agreement in: "
+                     + ", ".join(ok) + ".")
+    if unshown:
+        lines.append(f"Not shown at this size (faster, or within {limit} of agreement) in: " + ", ".join(unshown)
+                     + ".")
+    return lines + _whole_trace_lines(summary)
+
+
+def _whole_trace_lines(summary: pd.DataFrame) -> list[str]:
+    """Whole-trace cost and quality per path against re-prefill (descriptive)."""
+    sm = summary.set_index("path")
+    return [f"over whole traces {path}: {r.cost_ratio:.0%} of re-prefill's tokens recomputed, {r.time_ratio:.0%} of "
+            f"its summed TTFT; agreement {r.agree_pct:.0f} %, EM {r.em_pct:.0f} % (re-prefill EM "
+            f"{sm.loc[REFERENCE, 'em_pct']:.0f} %)." for path, r in sm.iterrows() if path != REFERENCE]

@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sur_lab.analysis.decisions import Family, Margin
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import SIDES, TAILS
@@ -67,6 +68,24 @@ CELLS = (("upstream", "short"), ("downstream", "short"), ("upstream", "long"), (
 #: The preregistered primary hypothesis and the pooled secondary family corrected by Holm (appendix 10.2).
 PRIMARY = "NLL side"
 SECONDARY_FAMILY = ("NLL tail", "NLL interaction", "EM side", "EM tail", "EM interaction")
+#: The primary's equivalence margin (issue 36): "the NLL side contrast is null" is claimed only when its 90 % source
+#: bootstrap interval lies inside ±0.1 nats (TOST at 5 %).
+NLL_SIDE_MARGIN = Margin(0.1, "±0.1 nats holds the paper's own Table 15 interval for this contrast, -0.099 to 0.021 "
+                              "(half-width 0.06 nats); issue 36")
+#: The declared families of notebook 08's findings (issue 36; :mod:`sur_lab.analysis.decisions`): the preregistered
+#: primary tested alone with its margin, the secondary family with Holm (:func:`table15`), and the fixed slot's
+#: side effects on the Table 16 fidelity endpoints with Holm.
+PRIMARY_FAMILY = Family("primary: NLL side (preregistered)", "continuous",
+                        "complete replay's gold-NLL side contrast (Eq. 10), sources resampled; a null result needs "
+                        "equivalence within the margin", primary=True, margin=NLL_SIDE_MARGIN)
+SECONDARY = Family("secondary (Holm)", "continuous",
+                   "complete replay's NLL tail and interaction and EM side, tail and interaction (appendix 10.2)")
+FIXED_SLOT_FAMILY = Family("the fixed slot's side effects", "continuous",
+                           "the fixed-slot refresh's side contrast on each Table 16 fidelity endpoint but the gold NLL")
+#: The fixed slot "carries" complete replay's side effect on an endpoint when the paired side contrast of replay's
+#: advantage minus the fixed slot's lies inside ± this share of replay's estimate (TOST on the paired difference,
+#: issue 36). The paper's Table 16 fixed-slot estimates are within 4 % of replay's on every fidelity endpoint.
+FIXED_SLOT_SHARE = 0.25
 #: The one neutral padding family: this word cycle, joined by spaces and closed by a blank line
 #: (:func:`neutral_padding`).
 PAD_WORDS = ("the", "day", "went", "on", "as", "before", "and", "then", "time", "passed", "over", "quiet", "fields")
@@ -947,23 +966,33 @@ def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g",
         n_boot: replicates. seed: generator seed (default appendix 8.3's).
 
     Returns:
-        One row per (label, contrast): ``endpoint``, ``contrast``, ``estimate``, ``low``, ``high``, ``p``
-        (two-sided bootstrap p), ``n_sources``, ``undefined_replicates``. A frame without rows (e.g. an empty EM
-        stratum) gives NaN rows with ``n_sources`` 0.
+        One row per (label, contrast): ``endpoint``, ``contrast``, ``estimate``, ``low``, ``high`` (95 %),
+        ``tost_low``, ``tost_high`` (90 %: the equivalence test's interval), ``p`` (two-sided bootstrap p, never
+        below :func:`sur_lab.analysis.decisions.p_floor` of the sources: no exact test on n sources goes lower),
+        ``n_sources``, ``undefined_replicates``. A degenerate bootstrap (every replicate equal) has no interval (NaN:
+        never a zero-width one). A frame without rows (e.g. an empty EM stratum) gives NaN rows with ``n_sources`` 0.
     """
+    from sur_lab.analysis.decisions import ALPHA, bootstrap_p
     from sur_lab.analysis.stats import BOOTSTRAP_SEED, CONTRASTS, factorial_bootstrap
 
     rows = []
+    nan = float("nan")
     for label, frame in advantages.items():
         k = (scale or {}).get(label, 1.0)
         if len(frame) == 0:
-            rows.extend({"endpoint": label, "contrast": c, "estimate": np.nan, "low": np.nan, "high": np.nan,
-                         "p": np.nan, "n_sources": 0, "undefined_replicates": 0} for c in CONTRASTS)
+            rows.extend({"endpoint": label, "contrast": c, "estimate": nan, "low": nan, "high": nan, "tost_low": nan,
+                         "tost_high": nan, "p": nan, "n_sources": 0, "undefined_replicates": 0} for c in CONTRASTS)
             continue
         res = factorial_bootstrap(frame, value_col, n_boot=n_boot, seed=BOOTSTRAP_SEED if seed is None else seed)
         for contrast, r in res.items():
-            rows.append({"endpoint": label, "contrast": contrast, "estimate": k * r.diff, "low": k * r.low,
-                         "high": k * r.high, "p": r.p_value, "n_sources": r.n_sources,
+            finite = r.replicates[~np.isnan(r.replicates)]
+            degenerate = finite.size == 0 or np.ptp(finite) == 0
+            t_low, t_high = (np.percentile(finite, [100 * ALPHA, 100 * (1 - ALPHA)]) if not degenerate
+                             else (nan, nan))
+            rows.append({"endpoint": label, "contrast": contrast, "estimate": k * r.diff,
+                         "low": nan if degenerate else k * r.low, "high": nan if degenerate else k * r.high,
+                         "tost_low": k * t_low, "tost_high": k * t_high,
+                         "p": bootstrap_p(finite, r.n_sources) if finite.size else nan, "n_sources": r.n_sources,
                          "undefined_replicates": int(np.isnan(r.replicates).sum())})
     return pd.DataFrame(rows)
 
@@ -1270,7 +1299,37 @@ def table16(table: pd.DataFrame, conditions: Sequence[str] = (COMPLETE_REPLAY, F
     order = {label: i for i, label in enumerate(FIDELITY_ENDPOINTS)}
     df = df.sort_values(["endpoint", "condition"], key=lambda c: c.map(order) if c.name == "endpoint" else
                         c.map({k: i for i, k in enumerate(conditions)}), kind="stable").reset_index(drop=True)
-    return df[["endpoint", "condition", "estimate", "low", "high", "p", "n_sources", "tail", "interaction"]]
+    return df[["endpoint", "condition", "estimate", "low", "high", "tost_low", "tost_high", "p", "n_sources", "tail",
+               "interaction"]]
+
+
+def slot_gap_table(table: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 20260928) -> pd.DataFrame:
+    """The paired difference behind "the fixed slot carries the side effect" (issue 36): per Table 16 fidelity
+    endpoint but the gold NLL, the side contrast (Eq. 10) of complete replay's advantage minus the fixed slot's, per
+    cell and source (``sign * (value(Replay) - value(Fixed slot))``), with its source bootstrap
+    (:func:`contrast_table`). Positive: replay's side effect is larger.
+
+    Returns:
+        One row per endpoint: ``endpoint``, ``estimate``, ``low``, ``high``, ``tost_low``, ``tost_high``, ``p``,
+        ``n_sources``.
+
+    Raises:
+        ValueError: naming a condition (Replay, the fixed slot) absent from ``table``.
+    """
+    for cond in (COMPLETE_REPLAY, FIXED_SLOT_LABEL):
+        _check_condition(table, cond)
+    frames = {}
+    for label, (column, sign, _) in FIDELITY_ENDPOINTS.items():
+        if label == "Gold NLL":
+            continue
+        rep, fix = (advantage(table, c, column, sign=sign) for c in (COMPLETE_REPLAY, FIXED_SLOT_LABEL))
+        merged = rep.merge(fix, on=list(CELL_KEYS), suffixes=("_r", "_f"))
+        frames[label] = merged.assign(g=merged["g_r"] - merged["g_f"])[[*CELL_KEYS, "g"]]
+    scale = {label: k for label, (_, _, k) in FIDELITY_ENDPOINTS.items()}
+    long = contrast_table(frames, scale=scale, n_boot=n_boot, seed=seed)
+    side = long[long["contrast"] == "side"]
+    return side[["endpoint", "estimate", "low", "high", "tost_low", "tost_high", "p", "n_sources"]] \
+        .reset_index(drop=True)
 
 
 def cell_means(table: pd.DataFrame, conditions: Sequence[str] | None = None) -> pd.DataFrame:
@@ -1308,58 +1367,112 @@ def plot_cells(means: pd.DataFrame, endpoints: Sequence[str] = ("gold_nll", "em"
     return fig
 
 
-def findings(t15: pd.DataFrame, t16: pd.DataFrame, *, alpha: float = 0.05) -> pd.DataFrame:
-    """The paper's three findings (appendix 10.2-10.3), each judged on this run's tables by a rule fixed here:
+def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = None, *, alpha: float = 0.05,
+             decide: bool = True) -> pd.DataFrame:
+    """The paper's three findings (appendix 10.2-10.3), each judged on this run's tables by a rule declared here
+    (issue 36; :func:`sur_lab.analysis.decisions.judge`):
 
-    - ``NLL side contrast null``: complete replay's NLL side interval contains 0;
-    - ``EM side contrast positive``: complete replay's EM side interval lies above 0 and its Holm p < ``alpha``;
-    - ``fixed-slot refresh carries the side effect``: on every Table 16 fidelity endpoint except the NLL, the
-      fixed-slot side interval lies above 0 and contains complete replay's point estimate.
+    - ``NLL side contrast null`` (the preregistered primary, tested alone): reproduced when complete replay's NLL
+      side contrast is *equivalent* to 0 within :data:`NLL_SIDE_MARGIN` (its 90 % interval inside ±0.1 nats); not
+      reproduced when it separates from 0; otherwise not separated, its interval wider than the margin (undecided);
+    - ``EM side contrast positive``: reproduced when replay's EM side contrast "beats" 0 (interval above 0 and Holm
+      p < ``alpha`` over :data:`SECONDARY_FAMILY`); not reproduced when it separates below 0; undecided otherwise;
+    - ``fixed-slot refresh carries the side effect``: on every Table 16 fidelity endpoint but the NLL, the fixed
+      slot's side contrast beats 0 (Holm over the endpoints) and the paired difference replay minus fixed slot
+      (:func:`slot_gap_table`) is equivalent to 0 within :data:`FIXED_SLOT_SHARE` of replay's estimate (every
+      endpoint must hold: an intersection, tested at ``alpha`` each); not reproduced when some endpoint's difference
+      separates (Holm over the endpoints) or its side contrast separates below 0.
+
+    Args:
+        t15: :func:`factorial_table`; t16: :func:`table16`; gaps: :func:`slot_gap_table` (``None``: the fixed-slot
+            finding is undecided).
+        alpha: the level.
+        decide: ``False`` at a plumbing-check size: every finding "not decided at this size".
 
     Returns:
-        One row per finding: ``finding``, ``rule``, ``evidence`` (the numbers it read, as text), ``reproduced``
-        (True/False; None when the data cannot decide: an empty EM stratum, or fewer sources than
-        :data:`sur_lab.analysis.conclusions.MIN_PAIRED_UNITS`, on which no interval separates).
+        One row per finding: ``finding``, ``rule``, ``verdict`` (the decision's words), ``evidence`` (the numbers it
+        read), ``reproduced`` (True / False; None when undecided: not separated, an empty EM stratum, or a smoke run).
     """
-    from sur_lab.analysis.conclusions import MIN_PAIRED_UNITS
-
-    def few(r) -> bool:
-        return r is None or np.isnan(r.low) or int(r.n_sources) < MIN_PAIRED_UNITS
+    from sur_lab.analysis.decisions import BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, judge
+    from sur_lab.analysis.stats import holm
 
     def pick(df, cond, **kw):
-        sel = df[df["condition"] == cond]
+        if df is None:
+            return None
+        sel = df if cond is None else df[df["condition"] == cond]
         for k, v in kw.items():
             sel = sel[sel[k] == v]
         return sel.iloc[0] if len(sel) else None
 
     def ci(r, unit=""):
-        return f"{r.estimate:+.4g}{unit} [{r.low:+.4g}, {r.high:+.4g}]"
+        interval = "no interval" if pd.isna(r.low) else f"95 % CI {r.low:+.4g} to {r.high:+.4g}"
+        return f"{r.estimate:+.4g}{unit} ({interval})"
 
     out = []
     r = pick(t15, COMPLETE_REPLAY, hypothesis="NLL side")
-    ok = None if few(r) else bool(r.low <= 0.0 <= r.high)
-    out.append({"finding": "NLL side contrast null", "rule": "replay's NLL side 95 % interval contains 0",
-                "evidence": "n/a" if r is None else f"{ci(r, ' nats')} over {r.n_sources} sources", "reproduced": ok})
+    m = NLL_SIDE_MARGIN.value
+    if r is None or not r.n_sources:
+        v, evidence = (NA if decide else NOT_DECIDED), "n/a"
+    else:
+        v = judge(r.estimate, r.low, r.high, p_adj=r.p, alpha=alpha, tost=(r.tost_low, r.tost_high), margin=m,
+                  n=int(r.n_sources), decide=decide)
+        tost = ("no 90 % interval" if pd.isna(r.tost_low) else
+                f"90 % CI {r.tost_low:+.4g} to {r.tost_high:+.4g} against ±{m:g} nats")
+        evidence = f"{ci(r, ' nats')}, {tost}, p {r.p:.3g}, over {r.n_sources} sources"
+    words = {EQUIVALENT: f"equivalent within ±{m:g} nats", BEATS: "separated from 0 (above)",
+             LOSES: "separated from 0 (below)", NA: "n/a", NOT_DECIDED: "not decided at this size"}
+    out.append({"finding": "NLL side contrast null",
+                "rule": f"replay's NLL side 90 % interval inside ±{m:g} nats (TOST, tested alone; margin: "
+                        f"{NLL_SIDE_MARGIN.source})",
+                "verdict": words.get(v, "not separated, interval wider than the margin"), "evidence": evidence,
+                "reproduced": {EQUIVALENT: True, BEATS: False, LOSES: False}.get(v)})
+
     r = pick(t15, COMPLETE_REPLAY, hypothesis="EM side")
-    ok = None if few(r) else bool(r.low > 0.0 and r.holm_p < alpha)
+    if r is None or not r.n_sources:
+        v, evidence = (NA if decide else NOT_DECIDED), "empty EM stratum"
+    else:
+        v = judge(r.estimate, r.low, r.high, p_adj=r.holm_p, alpha=alpha, n=int(r.n_sources), decide=decide)
+        evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {r.n_sources} sources"
     out.append({"finding": "EM side contrast positive",
-                "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g}",
-                "evidence": ("empty EM stratum" if r is None or r.n_sources == 0
-                             else f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g}, {r.n_sources} sources"
-                             + (f" (fewer than {MIN_PAIRED_UNITS}: undecided)" if few(r) else "")),
-                "reproduced": ok})
-    parts, verdicts = [], []
-    for label in FIDELITY_ENDPOINTS:
-        if label == "Gold NLL":
-            continue
-        rep, fix = pick(t16, COMPLETE_REPLAY, endpoint=label), pick(t16, FIXED_SLOT_LABEL, endpoint=label)
-        if rep is None or few(fix):
-            verdicts.append(None)
-            continue
-        verdicts.append(bool(fix.low > 0.0 and fix.low <= rep.estimate <= fix.high))
-        parts.append(f"{label}: replay {rep.estimate:+.4g}, fixed slot {ci(fix)}")
-    ok = None if any(v is None for v in verdicts) or not verdicts else all(verdicts)
+                "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g} over the secondary family",
+                "verdict": {BEATS: "positive", LOSES: "negative", NA: "n/a (empty EM stratum)",
+                            NOT_DECIDED: "not decided at this size"}.get(v, "not separated at this size"),
+                "evidence": evidence, "reproduced": {BEATS: True, LOSES: False}.get(v)})
+
+    labels = [label for label in FIDELITY_ENDPOINTS if label != "Gold NLL"]
+    fixed = {label: pick(t16, FIXED_SLOT_LABEL, endpoint=label) for label in labels}
+    rep = {label: pick(t16, COMPLETE_REPLAY, endpoint=label) for label in labels}
+    gap = {label: pick(gaps, None, endpoint=label) for label in labels}
+    parts, calls = [], []
+    complete = all(x is not None and x.n_sources for x in (*fixed.values(), *rep.values(), *gap.values()))
+    if complete:
+        adjusted = holm({label: float(fixed[label].p) for label in labels})
+        gap_adjusted = holm({label: float(gap[label].p) for label in labels})
+        for label in labels:
+            f, g, rp = fixed[label], gap[label], rep[label]
+            side = judge(f.estimate, f.low, f.high, p_adj=adjusted[label], alpha=alpha, n=int(f.n_sources),
+                         decide=decide)
+            margin = FIXED_SLOT_SHARE * abs(float(rp.estimate))
+            same = judge(g.estimate, g.low, g.high, p_adj=gap_adjusted[label], alpha=alpha,
+                         tost=(g.tost_low, g.tost_high),
+                         margin=margin if margin > 0 else None, n=int(g.n_sources), decide=decide)
+            calls.append((side, same))
+            against = f"against ±{margin:.3g}" if margin > 0 else "no margin (replay's estimate is 0)"
+            parts.append(f"{label}: fixed slot {ci(f)} (Holm p {adjusted[label]:.3g}), replay {rp.estimate:+.4g}, "
+                         f"replay minus fixed slot {ci(g)} {against}")
+    if not decide:
+        v, ok = "not decided at this size", None
+    elif not complete:
+        v, ok = "n/a (a condition or the paired difference is missing)", None
+    elif all(side == BEATS and same == EQUIVALENT for side, same in calls):
+        v, ok = f"carried (within {FIXED_SLOT_SHARE:.0%} of replay on every endpoint)", True
+    elif any(same in (BEATS, LOSES) or side == LOSES for side, same in calls):
+        v, ok = "not carried (replay and the fixed slot separate on some endpoint)", False
+    else:
+        v, ok = "not separated at this size", None
     out.append({"finding": "fixed-slot refresh carries the side effect",
-                "rule": "each fidelity side interval of the fixed slot is above 0 and holds replay's estimate",
-                "evidence": "; ".join(parts) or "n/a", "reproduced": ok})
+                "rule": f"on each fidelity endpoint the fixed slot's side contrast beats 0 (Holm over {len(labels)}) "
+                        f"and replay minus fixed slot is equivalent to 0 within {FIXED_SLOT_SHARE:.0%} of replay's "
+                        "estimate (paired, TOST)",
+                "verdict": v, "evidence": "; ".join(parts) or "n/a", "reproduced": ok})
     return pd.DataFrame(out).astype({"reproduced": object})  # True / False / None as Python values

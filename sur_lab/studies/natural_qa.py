@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sur_lab.analysis.decisions import Family
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
@@ -124,6 +125,23 @@ DATASET_LABELS = {"2wikimultihopqa": "2Wiki", "hotpotqa": "HotpotQA", "iirc": "I
 LATENCY_PARTS = ("select_ms", "shift_ms", "refresh_ms", "answer_ms")
 #: Columns that identify one case (one placement of one source) in a results table.
 CASE_KEYS = ("dataset", "source_id", "placement")
+
+#: The budget (%) of the primary comparison.
+PRIMARY_BUDGET = 5.0
+#: The declared families of notebook 03 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run. A case
+#: is one placement; the three placements of a source are one cluster (resampled and sign-flipped together). The lead
+#: endpoint is EM, or agreement with Re-prefill when Re-prefill's EM is below
+#: :data:`sur_lab.studies.presets.EM_LEAD_MIN`.
+PRIMARY = Family("primary", "binary",
+                 f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered", primary=True)
+REFERENCE_FAMILY = Family("SUR against the references", "binary",
+                          "SUR at each budget minus Shift, Replay and Re-prefill (the primary excepted; on agreement "
+                          "without Re-prefill, which agrees with itself), on the lead endpoint")
+RIVALS = Family("SUR against the other allocators", "binary",
+                "SUR minus each other allocator at the same budget, on the lead endpoint")
+LATENCY = Family("post-edit latency", "ratio",
+                 "each reference's post-edit latency (Eq. 20) over SUR's at each budget, case-paired on the timed "
+                 "cases: how many times faster SUR is")
 
 # Answer types whose gold strings are checked against candidate passages: a yes/no or "none" gold says nothing
 # about whether a passage leaks the answer.
@@ -896,6 +914,84 @@ def paired_difference_table(
                 "n_cases": int((table["condition"] == cond).sum()),
             })
     return pd.DataFrame(rows)
+
+
+def _decision_table(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with ``_case`` (dataset, source, placement) and ``_source`` (dataset, source) keys."""
+    case = table["dataset"].astype(str) + "/" + table["source_id"].astype(str)
+    return table.assign(_source=case, _case=case + "/" + table["placement"].astype(str))
+
+
+def decide_families(table: pd.DataFrame, *, lead: str = "EM", method: str = "SUR", decide: bool = True,
+                    n_boot: int = N_BOOT, seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Notebook 03's primary comparison and its families :data:`REFERENCE_FAMILY`, :data:`RIVALS` and
+    :data:`LATENCY`, decided as declared (:func:`sur_lab.analysis.decisions.paired_family`; the placements of a
+    source are one cluster).
+
+    Args:
+        table: :func:`results_table` (after :func:`aggregate_trials`).
+        lead: ``"EM"`` (the ``correct`` column) or ``"agreement"`` (``agree_reprefill``).
+        method: the focus allocator (SUR).
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
+        n_boot, seed: bootstrap replicates and sign-flip resamples, generator seed.
+
+    Returns:
+        :func:`~sur_lab.analysis.decisions.paired_family` rows of every family that has a comparison (``family``
+        names each).
+
+    Raises:
+        ValueError: naming ``lead`` when it is neither ``"EM"`` nor ``"agreement"``; ``table`` when it lacks the
+            lead's column or a case lacks a compared condition's row.
+    """
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import paired_family
+
+    if lead not in ("EM", "agreement"):
+        raise ValueError(f"lead={lead!r} must be 'EM' or 'agreement'")
+    metric = "correct" if lead == "EM" else "agree_reprefill"
+    if metric not in table.columns:
+        raise ValueError(f"table lacks the column {metric!r} of lead={lead!r}")
+    df = _decision_table(table)
+    conds = set(df["condition"])
+    budgets = sorted(df.loc[(df["method"] == method) & df["budget_pct"].notna(), "budget_pct"].unique())
+    others = [m for m in dict.fromkeys(df.loc[df["budget_pct"].notna(), "method"]) if m != method]
+    refs = [r for r in REFERENCES if not (lead == "agreement" and r == "Re-prefill")]
+    primary = (condition_label(method, PRIMARY_BUDGET), "Shift")
+    wanted = {
+        PRIMARY: [primary],
+        REFERENCE_FAMILY: [(condition_label(method, b), r) for b in budgets for r in refs
+                           if (condition_label(method, b), r) != primary],
+        RIVALS: [(condition_label(method, b), condition_label(m, b)) for b in budgets for m in others],
+        LATENCY: [(condition_label(method, b), r) for b in budgets for r in REFERENCES],
+    }
+    parts = []
+    for fam, pairs in wanted.items():
+        pairs = [p for p in pairs if p[0] in conds and p[1] in conds]
+        if not pairs:
+            continue
+        if fam is LATENCY:
+            timed = timed_records(df)
+            timed = timed[timed["latency_ms"].notna()]
+            outcomes, clusters = paired_outcomes(timed, pairs, "latency_ms", arm_col="condition", case_col="_case",
+                                                 cluster_col="_source")
+        else:
+            outcomes, clusters = paired_outcomes(df.assign(_m=df[metric].astype(float)), pairs, "_m",
+                                                 arm_col="condition", case_col="_case", cluster_col="_source")
+        outcomes = {k: v for k, v in outcomes.items() if len(v[0])}
+        if outcomes:
+            parts.append(paired_family(outcomes, family=fam, cluster=clusters, decide=decide, n_boot=n_boot,
+                                       seed=seed))
+    from sur_lab.analysis.decisions import COLUMNS
+
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+
+
+def conclusion(decided: pd.DataFrame) -> list[str]:
+    """The verdict lines of notebook 03's conclusion: each family of :func:`decide_families` with its size, then each
+    of its comparisons (:func:`sur_lab.analysis.decisions.sentence`; latency ratios read "is faster than")."""
+    from sur_lab.analysis.decisions import family_lines
+
+    return family_lines(decided, what="cases", clusters="sources")
 
 
 def transition_table(table: pd.DataFrame, reference: str = "Shift", *, metric_col: str = "correct") -> pd.DataFrame:

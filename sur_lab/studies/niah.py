@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.conclusions import separates
+from sur_lab.analysis.decisions import Family
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
@@ -93,6 +93,29 @@ ABLATION = (*(f[3] for f in SUR_FACTORS), JOINT_ARM, *BOUNDARY_CONTROLS)
 #: Seed of the frozen holdout roster of the matched-token study (Table 14 analogue, :func:`matched_sweep`). No design
 #: run used it: every NIAH run before issue 28 (notebook 02, the tests, the reported default runs) used seed 0.
 HOLDOUT_SEED = 9314
+
+#: The budget (%) of the primary comparison: the ``default`` preset is sized to separate SUR at 5 % from Shift.
+PRIMARY_BUDGET = 5.0
+#: The budgets (%) of the secondary families :data:`RIVALS` and :data:`BEYOND`: the paper's headline budgets, so that
+#: the ``paper`` preset's six budgets do not multiply the families (a run without them uses every budget it ran).
+FAMILY_BUDGETS = (2.0, 5.0)
+#: The declared families of notebook 02 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run. The
+#: lead endpoint is strict EM, or agreement with Re-prefill when Re-prefill's EM is below
+#: :data:`sur_lab.studies.presets.EM_LEAD_MIN`; cases are the paired units (independent constructions, no clusters).
+PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint", primary=True)
+RIVALS = Family("SUR against the references and the paper's allocators", "binary",
+                "SUR at each family budget minus Shift and Re-prefill (the primary excepted) and minus each other "
+                "allocator of Tables 2-6 at the same budget, on the lead endpoint")
+BEYOND = Family("beyond the paper", "binary",
+                "SUR-IDF, the edit-local window, edit-local + SUR and Erratum minus SUR at each family budget, on the "
+                "lead endpoint")
+ABLATION_FAMILY = Family("SUR's design factors", "binary",
+                         "each one-factor variant and boundary control minus SUR at the same budget, per endpoint")
+MATCHED = Family("matched tokens (holdout roster)", "binary",
+                 "the region allocator minus each token-level allocator at its exact count, at each matched budget, "
+                 "per endpoint")
+ALL_AGAINST_REFERENCES = Family("every allocator against Shift and Re-prefill (the figure)", "binary",
+                                "each allocator at each budget minus Shift and minus Re-prefill, on one endpoint")
 
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (48
@@ -716,38 +739,51 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
     return records, where
 
 
-def _paired(records: pd.DataFrame, a: str, b: str, metric: str, *, n_boot: int, seed: int,
-            ci: float) -> dict[str, float]:
-    """Case-paired bootstrap of mean ``metric`` of method ``a`` minus ``b`` over the rows given (one per case and
-    method), resampled within context lengths (:func:`sur_lab.analysis.stats.paired_bootstrap`), in pp."""
-    from sur_lab.analysis.stats import paired_bootstrap
+def _decided(records: pd.DataFrame, pairs: Sequence[tuple[str, str]], metric: str, family: Family, *,
+             decide: bool, n_boot: int, seed: int) -> pd.DataFrame:
+    """:func:`sur_lab.analysis.decisions.paired_family` of ``pairs`` (arm labels, :func:`arm_labels`) on ``metric``,
+    cases paired, with the differences also in pp (``diff_pp``, ``ci_low_pp``, ``ci_high_pp``) and ``n_cases``."""
+    from sur_lab.analysis.conclusions import arm_labels, paired_outcomes
+    from sur_lab.analysis.decisions import kind_of, paired_family
 
-    res = paired_bootstrap(records, metric_col=metric, method_a=a, method_b=b, source_col="case_id",
-                           strata_col="context_len", n_boot=n_boot, seed=seed, ci=ci)
-    return {"diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-            "n_cases": res.n_sources, "separates": separates(res.low, res.high, res.n_sources)}
+    df = records.assign(arm=arm_labels(records), _m=records[metric].astype(np.float64))
+    outcomes, _ = paired_outcomes(df, pairs, "_m")
+    if not outcomes:
+        from sur_lab.analysis.decisions import COLUMNS
+
+        return pd.DataFrame(columns=[*COLUMNS, "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"])
+    kind = kind_of(df["_m"])
+    if kind != family.kind:
+        from dataclasses import replace
+
+        family = replace(family, kind=kind)
+    out = paired_family(outcomes, family=family, n_boot=n_boot, seed=seed, decide=decide)
+    scale = 100.0 if kind == "binary" else 1.0
+    return out.assign(diff_pp=scale * out["estimate"], ci_low_pp=scale * out["ci_low"],
+                      ci_high_pp=scale * out["ci_high"], n_cases=out["n"])
 
 
 def table14(records: pd.DataFrame, *, region: str = "SUR", metrics: Sequence[str] = ("em", "agree_reprefill"),
-            n_boot: int = 10_000, seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
+            n_boot: int = 10_000, seed: int = 20260928, decide: bool = True) -> pd.DataFrame:
     """Our Table 14: region against token-level selection at matched selected-token counts, case-paired.
 
     For each matched budget (one support size each) and each token-level allocator of ``records`` (methods named
     :func:`matched_label` ``(allocator, region)``): the mean selected tokens, then for each metric the region's and the
-    token-level allocator's mean (×100) and the region minus token difference in pp with its case-paired percentile
-    bootstrap interval (:func:`sur_lab.analysis.stats.paired_bootstrap`, cases resampled within context lengths;
-    appendix 8.3's 10,000 replicates and seed).
+    token-level allocator's mean (×100) and the region minus token difference in pp, decided per metric as the
+    :data:`MATCHED` family (:func:`sur_lab.analysis.decisions.paired_family`: exact sign test, Newcombe interval,
+    Holm over the family's budgets and allocators).
 
     Args:
         records: :func:`matched_sweep` records (``case_id``, ``context_len``, ``method``, ``budget_pct``,
             ``allowance`` and the metrics).
         region: the region allocator whose count was matched.
         metrics: 0/1 record fields (``"em"``, ``"agree_reprefill"``).
-        n_boot, seed, ci: as :func:`paired_differences`.
+        n_boot, seed, decide: as :func:`paired_differences`.
 
     Returns:
         One row per (budget, allocator): ``budget_pct``, ``allocator``, ``mean_tokens``, ``n_cases``, and per metric
-        ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``, ``{metric}_ci_high_pp``.
+        ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``, ``{metric}_ci_high_pp``,
+        ``{metric}_p_adj`` and ``{metric}_verdict``.
 
     Raises:
         ValueError: naming ``records`` when it holds no matched method or no ``region`` row at a matched budget, or
@@ -761,7 +797,7 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", metrics: Sequence[str
     token_methods = [m for m in dict.fromkeys(records["method"]) if str(m).endswith(suffix)]
     if not token_methods:
         raise ValueError(f"records hold no method matched to {region!r} (names ending in {suffix!r})")
-    rows = []
+    rows, pairs = [], []
     for budget in sorted(records.loc[records["method"].isin(token_methods), "budget_pct"].unique()):
         at_b = records[records["budget_pct"] == budget]
         reg = at_b[at_b["method"] == region]
@@ -776,18 +812,20 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", metrics: Sequence[str
             if not mine.index.isin(counts.index).all() or (mine != counts.reindex(mine.index)).any():
                 raise ValueError(f"records: {method!r} at {budget:g} % does not select {region!r}'s count on every "
                                  "case")
-            pair = pd.concat([reg[reg["case_id"].isin(tok["case_id"])], tok])
             row = {"budget_pct": float(budget), "allocator": method.removesuffix(suffix),
                    "mean_tokens": float(mine.mean()), "n_cases": int(len(tok))}
             for metric in metrics:
-                res = _paired(pair, region, method, metric, n_boot=n_boot, seed=seed, ci=ci)
-                row.update({f"{metric}_region": 100 * float(pair.loc[pair.method == region, metric].astype(float)
-                                                            .mean()),
-                            f"{metric}_token": 100 * float(tok[metric].astype(float).mean()),
-                            f"{metric}_diff_pp": res["diff_pp"], f"{metric}_ci_low_pp": res["ci_low_pp"],
-                            f"{metric}_ci_high_pp": res["ci_high_pp"]})
+                row.update({f"{metric}_region": 100 * float(reg.loc[reg["case_id"].isin(tok["case_id"]), metric]
+                                                            .astype(float).mean()),
+                            f"{metric}_token": 100 * float(tok[metric].astype(float).mean())})
             rows.append(row)
-    return pd.DataFrame(rows)
+            pairs.append((f"{region} {budget:g}%", f"{method} {budget:g}%"))
+    table = pd.DataFrame(rows)
+    for metric in metrics:
+        res = _decided(records, pairs, metric, MATCHED, decide=decide, n_boot=n_boot, seed=seed)
+        for col in ("diff_pp", "ci_low_pp", "ci_high_pp", "p_adj", "verdict"):
+            table[f"{metric}_{col}"] = res[col].to_numpy()
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -811,28 +849,31 @@ def ablation_factor(method: str) -> tuple[str, str]:
 
 def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str = "SUR",
                    methods: Sequence[str] | None = None, n_boot: int = 10_000, seed: int = 20260928,
-                   ci: float = 95.0) -> pd.DataFrame:
+                   decide: bool = True) -> pd.DataFrame:
     """SUR's variants and the boundary controls against SUR, one factor at a time, case-paired at each budget.
 
     Every method changes one thing from ``reference`` (:func:`ablation_factor`) and runs on the same cases at the
     same budget. The controls and every variant but the whole-prompt allowance select exactly SUR's B positions
-    (matched token counts); ``mean_tokens`` beside ``reference_tokens`` shows where the count differs.
+    (matched token counts); ``mean_tokens`` beside ``reference_tokens`` shows where the count differs. The rows are
+    the :data:`ABLATION_FAMILY` on ``metric``, decided together (:func:`sur_lab.analysis.decisions.paired_family`:
+    Holm over every (method, budget) row).
 
     Args:
         records: :func:`sweep` records holding ``reference`` and the methods.
-        metric: a 0/1 or numeric record field (differences ×100, pp).
+        metric: a 0/1 or numeric record field (differences of a 0/1 field ×100, pp).
         reference: the method every row is compared with (the paper's SUR).
         methods: the methods to compare (default: those of :data:`ABLATION` present, in that order).
-        n_boot, seed, ci: as :func:`paired_differences`.
+        n_boot, seed, decide: as :func:`paired_differences`.
 
     Returns:
         One row per (method, budget): ``method``, ``factor``, ``change``, ``budget_pct``, ``mean_tokens``,
         ``reference_tokens``, ``mean_intervals``, ``value`` and ``reference_value`` (mean ×100), ``diff_pp``,
-        ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``separates``.
+        ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``p_adj``, ``verdict`` (method minus SUR), then every column of
+        :func:`sur_lab.analysis.decisions.paired_family` (for :func:`~sur_lab.analysis.decisions.sentence`).
 
     Raises:
-        ValueError: naming ``metric`` when it is not a record field, ``reference`` when it has no records, or as
-            :func:`sur_lab.analysis.stats.paired_bootstrap` (unpaired cases).
+        ValueError: naming ``metric`` when it is not a record field, ``reference`` when it has no records, or
+            ``records`` when a case of a method lacks SUR's row.
     """
     if metric not in records.columns:
         raise ValueError(f"metric={metric!r} is not a record field")
@@ -841,8 +882,8 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
     present = set(records["method"])
     methods = [m for m in ABLATION if m in present] if methods is None else list(methods)
     cols = ["method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "mean_intervals", "value",
-            "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "separates"]
-    rows = []
+            "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "p_adj", "verdict"]
+    rows, pairs = [], []
     for method in methods:
         arm_all = records[records["method"] == method]
         for budget in sorted(arm_all["budget_pct"].dropna().unique()):
@@ -852,14 +893,18 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
             if ref.empty:
                 continue
             factor, change = ablation_factor(method)
-            res = _paired(pd.concat([arm, ref]), method, reference, metric, n_boot=n_boot, seed=seed, ci=ci)
             rows.append({"method": method, "factor": factor, "change": change, "budget_pct": float(budget),
                          "mean_tokens": float(arm["allowance"].mean()), "reference_tokens": float(ref["allowance"]
                                                                                                    .mean()),
                          "mean_intervals": float(arm["num_intervals"].mean()),
                          "value": 100 * float(arm[metric].astype(float).mean()),
-                         "reference_value": 100 * float(ref[metric].astype(float).mean()), **res})
-    return pd.DataFrame(rows, columns=cols)
+                         "reference_value": 100 * float(ref[metric].astype(float).mean())})
+            pairs.append((f"{method} {budget:g}%", f"{reference} {budget:g}%"))
+    table = pd.DataFrame(rows, columns=cols[:9])
+    if not pairs:
+        return table.reindex(columns=cols)
+    res = _decided(records, pairs, metric, ABLATION_FAMILY, decide=decide, n_boot=n_boot, seed=seed)
+    return pd.concat([table, res[cols[9:] + [c for c in res.columns if c not in cols]]], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -985,55 +1030,127 @@ def paired_differences(
     methods: Sequence[str] | None = None,
     n_boot: int = 10_000,
     seed: int = 20260928,
-    ci: float = 95.0,
+    decide: bool = True,
 ) -> pd.DataFrame:
-    """Case-paired bootstrap of each budgeted method minus each baseline reference, in percentage points.
+    """Each budgeted method minus each baseline reference, case-paired, in percentage points: the
+    :data:`ALL_AGAINST_REFERENCES` family (the figure of notebook 02), decided together.
 
     Every (method, budget) row of ``records`` is compared with the same cases' rows of each baseline by
-    :func:`sur_lab.analysis.stats.paired_bootstrap` (cases resampled with replacement within each context length;
-    appendix 8.3's percentile interval, 10,000 replicates, seed 20260928). A difference whose interval excludes 0
-    ``separates``.
+    :func:`sur_lab.analysis.decisions.paired_family` (a 0/1 metric: exact sign test on the discordant cases and
+    Newcombe's interval; a numeric one: percentile bootstrap and sign-flip test), Holm over every row.
 
     Args:
-        records: sweep records (one row per case × method × budget), with ``case_id``, ``context_len``, ``method``,
-            ``budget_pct`` (NaN for references) and ``metric``.
-        metric: a 0/1 or numeric record field (``"em"``, ``"agree_reprefill"``); differences are ×100 (pp).
+        records: sweep records (one row per case × method × budget), with ``case_id``, ``method``, ``budget_pct``
+            (NaN for references) and ``metric``.
+        metric: a 0/1 or numeric record field (``"em"``, ``"agree_reprefill"``); 0/1 differences are ×100 (pp).
         baselines: reference methods to compare against, in this order; those absent from ``records`` are skipped.
         methods: budgeted methods to compare (default: all present, in record order).
-        n_boot, seed, ci: bootstrap replicates (>= 1), generator seed, interval coverage in % (0, 100).
+        n_boot, seed: bootstrap replicates and sign-flip resamples (>= 100), generator seed.
+        decide: ``False`` at a plumbing-check size (:func:`sur_lab.analysis.decisions.decides`).
 
     Returns:
         One row per (method, budget_pct, baseline): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
-        ``separates`` (bool).
+        ``p_adj``, ``verdict``, then every column of :func:`sur_lab.analysis.decisions.paired_family`.
 
     Raises:
-        ValueError: naming ``metric`` when it is not a record field, or as ``paired_bootstrap`` (unpaired cases, NaN).
+        ValueError: naming ``metric`` when it is not a record field, or ``records`` when a case of a method lacks
+            the baseline's row.
     """
-    from sur_lab.analysis.stats import paired_bootstrap
-
     if metric not in records.columns:
         raise ValueError(f"metric={metric!r} is not a record field; fields: {', '.join(records.columns)}")
     is_ref = records["budget_pct"].isna()
     budgeted = records[~is_ref]
     if methods is None:
         methods = list(dict.fromkeys(budgeted["method"]))
-    refs = {base: records[is_ref & (records["method"] == base)] for base in baselines}
-    refs = {base: ref for base, ref in refs.items() if not ref.empty}
-    rows = []
+    bases = [base for base in baselines if (is_ref & (records["method"] == base)).any()]
+    rows, pairs = [], []
     for method in methods:
         for budget in sorted(budgeted.loc[budgeted["method"] == method, "budget_pct"].unique()):
-            arm = budgeted[(budgeted["method"] == method) & (budgeted["budget_pct"] == budget)]
-            for base, ref in refs.items():
-                ref = ref[ref["case_id"].isin(arm["case_id"])]
-                label = f"{method} {budget:g}%"
-                pair = pd.concat([arm.assign(method=label), ref])
-                res = paired_bootstrap(pair, metric_col=metric, method_a=label, method_b=base, source_col="case_id",
-                                       strata_col="context_len", n_boot=n_boot, seed=seed, ci=ci)
-                rows.append({"method": method, "budget_pct": float(budget), "baseline": base,
-                             "diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-                             "n_cases": res.n_sources, "separates": separates(res.low, res.high, res.n_sources)})
-    return pd.DataFrame(rows, columns=["method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp",
-                                       "n_cases", "separates"])
+            for base in bases:
+                rows.append({"method": method, "budget_pct": float(budget), "baseline": base})
+                pairs.append((f"{method} {budget:g}%", base))
+    cols = ["method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "p_adj", "verdict"]
+    table = pd.DataFrame(rows, columns=cols[:3])
+    if not pairs:
+        return table.reindex(columns=cols)
+    res = _decided(records, pairs, metric, ALL_AGAINST_REFERENCES, decide=decide, n_boot=n_boot, seed=seed)
+    return pd.concat([table, res[cols[3:] + [c for c in res.columns if c not in cols]]], axis=1)
+
+
+def family_pairs(records: pd.DataFrame, family: Family, *, focus: str = "SUR") -> list[tuple[str, str]]:
+    """The comparisons ``(a, b)`` (arm labels, :func:`sur_lab.analysis.conclusions.arm_labels`) that ``family``
+    (:data:`PRIMARY`, :data:`RIVALS` or :data:`BEYOND`) holds in ``records``: its rule applied to the methods and
+    budgets that ran (absent arms are left out).
+
+    Raises:
+        ValueError: naming ``family`` when it is not one of the three.
+    """
+    from sur_lab.analysis.conclusions import arm_labels
+
+    if family not in (PRIMARY, RIVALS, BEYOND):
+        raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, RIVALS and BEYOND")
+    arms = set(arm_labels(records))
+    budgets = sorted(records.loc[(records["method"] == focus) & records["budget_pct"].notna(), "budget_pct"].unique())
+    budgets = [b for b in budgets if b in FAMILY_BUDGETS] or budgets
+    primary = (f"{focus} {PRIMARY_BUDGET:g}%", "Shift")
+    candidates = [primary] if family == PRIMARY else []
+    for b in budgets if family != PRIMARY else ():
+        at = f"{focus} {b:g}%"
+        if family == RIVALS:
+            candidates += [(at, r) for r in ("Shift", "Re-prefill") if (at, r) != primary]
+            candidates += [(at, f"{m} {b:g}%") for m in PAPER_ALLOCATORS if m != focus]
+        else:
+            candidates += [(f"{m} {b:g}%" if m != "Erratum" else m, at) for m in BEYOND_PAPER]
+    return [p for p in candidates if p[0] in arms and p[1] in arms]
+
+
+def decide_families(records: pd.DataFrame, *, metric: str, decide: bool = True, n_boot: int = 10_000,
+                    seed: int = 20260928) -> pd.DataFrame:
+    """Notebook 02's primary comparison and its secondary families :data:`RIVALS` and :data:`BEYOND`, on ``metric``
+    (the lead endpoint), each decided as declared (:func:`sur_lab.analysis.decisions.paired_family`; the ablation
+    family is :func:`ablation_table`'s).
+
+    Args:
+        records: :func:`sweep` records.
+        metric: the lead endpoint (a 0/1 record field).
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
+        n_boot, seed: as :func:`paired_differences`.
+
+    Returns:
+        :func:`sur_lab.analysis.decisions.paired_family` rows of the three families (``family`` names each), with
+        ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` and ``n_cases``.
+    """
+    parts = [_decided(records, pairs, metric, fam, decide=decide, n_boot=n_boot, seed=seed)
+             for fam in (PRIMARY, RIVALS, BEYOND) if (pairs := family_pairs(records, fam))]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["family", "verdict"])
+
+
+def conclusion(records: pd.DataFrame, decided: pd.DataFrame, *, metric: str, allocators: Sequence[str],
+               decide: bool = True, n_boot: int = 10_000, seed: int = 20260928) -> list[str]:
+    """The generated conclusion's verdict lines: at each budget the allocator with the highest point estimate on
+    ``metric`` with the selection named (:func:`sur_lab.analysis.decisions.best_of`), then the primary comparison
+    and every comparison of the secondary families (:func:`decide_families`), each naming its family and size.
+
+    Args:
+        records: :func:`sweep` records.
+        decided: :func:`decide_families` of the same records.
+        metric: the lead endpoint; allocators: the budgeted methods ranked (those that ran).
+        decide, n_boot, seed: as :func:`decide_families`.
+    """
+    from sur_lab.analysis.conclusions import arm_labels
+    from sur_lab.analysis.decisions import best_of, family_lines
+
+    df = records.assign(arm=arm_labels(records))
+    lines = []
+    for b in sorted(records.loc[records["method"].isin(allocators), "budget_pct"].dropna().unique()):
+        at = df[(df["budget_pct"] == b) & df["method"].isin(allocators)]
+        wide = at.pivot(index="case_id", columns="method", values=metric).astype(float)
+        lines.append(f"At {b:g} %: " + best_of({m: wide[m].to_numpy() for m in allocators if m in wide.columns},
+                                                kind="binary", what="allocators", decide=decide, n_boot=n_boot,
+                                                seed=seed))
+    if decided.empty:
+        return lines + ["No declared comparison ran (the primary needs SUR at 5 % and Shift)."]
+    return lines + family_lines(decided)
 
 
 #: Line styles of the reference operators in budget curves.
@@ -1087,7 +1204,8 @@ def plot_budget_curves(
 
 def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict EM"):
     """Forest plot of :func:`paired_differences`: one panel per baseline, one row per (method, budget), the observed
-    difference (pp) with its bootstrap interval; filled markers separate from 0.
+    difference (pp) with its 95 % interval; filled markers are the differences the family decides ("beats" or
+    "loses to" after Holm over the family).
 
     Args:
         table: the output of :func:`paired_differences` (non-empty).
@@ -1112,11 +1230,11 @@ def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict 
         y = [labels.index(f"{m} {b:g}%") for m, b in zip(sub["method"], sub["budget_pct"])]
         err = [sub["diff_pp"] - sub["ci_low_pp"], sub["ci_high_pp"] - sub["diff_pp"]]
         ax.errorbar(sub["diff_pp"], y, xerr=err, fmt="none", ecolor="0.4", capsize=3)
-        sep = sub["separates"].to_numpy(bool)
+        sep = sub["verdict"].isin(["beats", "loses to"]).to_numpy(bool)
         ax.scatter(sub["diff_pp"][sep], [v for v, k in zip(y, sep) if k], color="tab:blue", zorder=3,
-                   label="interval excludes 0")
+                   label="separated (Holm over the family)")
         ax.scatter(sub["diff_pp"][~sep], [v for v, k in zip(y, sep) if not k], facecolor="white",
-                   edgecolor="tab:blue", zorder=3, label="interval includes 0")
+                   edgecolor="tab:blue", zorder=3, label="not separated or not decided")
         ax.axvline(0, color="0.2", lw=0.8)
         ax.set_title(f"minus {base}")
         ax.set_xlabel(f"{metric_label} difference (pp, 95 % CI)")

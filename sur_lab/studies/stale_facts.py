@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sur_lab.analysis.decisions import Family
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -662,10 +663,25 @@ FOLDER = "09_stale_facts"
 #: the task families, the reference operators, and the Erratum note's template
 #: (:data:`sur_lab.executors.ERRATUM_TEMPLATES`).
 FIXED = {"families": list(FAMILIES), "references": list(STUDY_REFERENCES), "erratum_template": "default"}
-#: The arms of the paired comparisons (issue 26): the 2026 baselines and SUR's variants, each against each other and
-#: against :data:`BASELINES`.
+#: The arms of the paired comparisons (issue 26): SUR, its variant and the 2026 baselines.
 COMPARED = ("SUR", "SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
-BASELINES = ("Shift", "Re-prefill")
+#: The budget (%) of the primary comparison.
+PRIMARY_BUDGET = 5.0
+#: The declared comparisons of notebook 09 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run: one
+#: primary comparison and two small families (the all-pairs table they replace held 38 comparisons per endpoint).
+#: Cases are the paired units (independent constructions).
+PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
+EM_FAMILY = Family("EM against SUR", "binary",
+                   "SUR-IDF, the edit-local window and edit-local + SUR minus SUR at the same budget, and Erratum "
+                   "minus SUR at each budget, on EM")
+STALE_FAMILY = Family("stale-answer rate against Shift", "binary",
+                      "each compared arm (SUR, SUR-IDF, the edit-local window, edit-local + SUR at each budget; "
+                      "Erratum) minus Shift on the stale-answer rate, over the cases that ask the edited key (lower is "
+                      "better)",
+                      higher_is_better=False)
+#: The gold-margin differences by answer location (:func:`margin_differences`) are descriptive: intervals only, no
+#: verdict (they are not a declared family).
+MARGIN_ARMS = ("Edit-local window", "Edit-local + SUR")
 
 
 def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
@@ -831,69 +847,114 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
-def paired_differences(records: pd.DataFrame, *, metrics: Sequence[str] = ("em", "stale"),
-                       compared: Sequence[str] = COMPARED, baselines: Sequence[str] = BASELINES,
-                       n_boot: int = 10_000, seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
-    """The study's case-paired differences: :func:`sur_lab.analysis.conclusions.arm_differences` of the
-    ``compared`` arms against each other and the ``baselines`` at each budget, cases resampled within each
-    ``family``. ``stale`` is compared on the cases that ask the edited key (the others have no stale value); a lower
-    stale rate is better, so a negative difference favours ``a``.
+def family_pairs(records: pd.DataFrame, family: Family) -> list[tuple[str, str]]:
+    """The comparisons ``(a, b)`` (arm labels: ``"SUR 5%"``, ``"Erratum"``) that ``family`` (:data:`PRIMARY`,
+    :data:`EM_FAMILY` or :data:`STALE_FAMILY`) holds among the arms of ``records``.
+
+    Raises:
+        ValueError: naming ``family`` when it is not one of the three.
+    """
+    if family not in (PRIMARY, EM_FAMILY, STALE_FAMILY):
+        raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, EM_FAMILY and STALE_FAMILY")
+    arms = set(_arm(records))
+    budgets = sorted(records.loc[records["budget_pct"].notna(), "budget_pct"].unique())
+    budgeted = [m for m in COMPARED if m != "Erratum"]
+    if family == PRIMARY:
+        candidates = [(f"SUR {PRIMARY_BUDGET:g}%", "Shift")]
+    elif family == EM_FAMILY:
+        candidates = [(f"{m} {b:g}%", f"SUR {b:g}%") for b in budgets for m in budgeted if m != "SUR"]
+        candidates += [("Erratum", f"SUR {b:g}%") for b in budgets]
+    else:
+        candidates = [(f"{m} {b:g}%", "Shift") for b in budgets for m in budgeted] + [("Erratum", "Shift")]
+    return [p for p in candidates if p[0] in arms and p[1] in arms]
+
+
+def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 20260928,
+                       decide: bool = True) -> pd.DataFrame:
+    """The study's declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family`): the primary
+    (SUR at 5 % minus Shift on EM, tested alone), :data:`EM_FAMILY` and :data:`STALE_FAMILY` (Holm within each).
+    ``stale`` is compared on the cases that ask the edited key (the others have no stale value: NaN, left out); a
+    lower stale rate is better, so a negative difference favours ``a``.
 
     Args:
         records: :func:`add_stale_endpoints` records.
-        metrics: 0/1 record columns (``"em"``, ``"stale"``, ``"agree_reprefill"``).
-        compared, baselines: method names; those absent from ``records`` are skipped.
-        n_boot, seed, ci: bootstrap replicates, generator seed, interval coverage (%).
+        n_boot, seed: sign-flip resamples (unused by binary endpoints' exact tests) and generator seed.
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
 
     Returns:
-        As :func:`~sur_lab.analysis.conclusions.arm_differences`.
+        :func:`~sur_lab.analysis.decisions.paired_family` rows of the three families with ``metric`` (``"em"`` or
+        ``"stale"``) and ``budget_pct`` (of ``a``; NaN for Erratum), ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` and
+        ``n_cases``.
 
     Raises:
-        ValueError: as :func:`~sur_lab.analysis.conclusions.arm_differences`.
+        ValueError: naming ``records`` when a case lacks a compared arm's row.
     """
-    from sur_lab.analysis.conclusions import arm_differences
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import COLUMNS, paired_family
 
-    return arm_differences(records, metrics=metrics, compared=compared, baselines=baselines, strata_col="family",
-                           n_boot=n_boot, seed=seed, ci=ci)
+    df = records.assign(arm=_arm(records), _em=records["em"].astype(float), _stale=records["stale"].astype(float))
+    budget_of = dict(zip(df["arm"], df["budget_pct"]))
+    parts = []
+    for fam, metric in ((PRIMARY, "em"), (EM_FAMILY, "em"), (STALE_FAMILY, "stale")):
+        pairs = family_pairs(df, fam)
+        if not pairs:
+            continue
+        outcomes, _ = paired_outcomes(df, pairs, f"_{metric}")
+        out = paired_family(outcomes, family=fam, n_boot=n_boot, seed=seed, decide=decide)
+        parts.append(out.assign(metric=metric, budget_pct=[budget_of[a] for a in out["a"]]))
+    if not parts:
+        return pd.DataFrame(columns=[*COLUMNS, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp",
+                                     "n_cases"])
+    out = pd.concat(parts, ignore_index=True)
+    return out.assign(diff_pp=100 * out["estimate"], ci_low_pp=100 * out["ci_low"], ci_high_pp=100 * out["ci_high"],
+                      n_cases=out["n"])
 
 
-def margin_differences(records: pd.DataFrame, *, compared: Sequence[str] = COMPARED,
-                       baselines: Sequence[str] = BASELINES, by: str = "answer_in", n_boot: int = 10_000,
-                       seed: int = 20260928, ci: float = 95.0) -> pd.DataFrame:
-    """Case-paired differences of the gold answer's first-token margin (``gold_margin``, logits) between the
-    compared arms and against the baselines, at each budget, within each value of ``by`` (where the answer-bearing
-    text sits: ``"inserted"`` or ``"suffix"``; or the ``family``, ``distance``...).
+def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_ARMS, by: str = "answer_in",
+                       n_boot: int = 10_000, seed: int = 20260928) -> pd.DataFrame:
+    """The edit-local claim on the gold answer's first-token margin (``gold_margin``, logits): each of ``arms``
+    minus SUR at each budget, case-paired, within each value of ``by`` (where the answer-bearing text sits:
+    ``"inserted"`` or ``"suffix"``). Descriptive: percentile bootstrap intervals
+    (:func:`sur_lab.analysis.decisions.paired_family`) without a verdict, as the margin is not a declared family of
+    the study.
 
-    The margin is continuous where EM saturates, so it says which repair moves the answer toward Re-prefill's even
-    when every arm answers: the question "Contiguity, Not Importance" asks by answer location. Cases are resampled
-    within each family (:func:`sur_lab.analysis.conclusions.arm_differences`, ``scale=1``).
+    The margin is continuous where EM saturates, so it shows whether the window moves the answer toward Re-prefill's
+    more than SUR does, and whether that fades when the answer sits downstream ("Contiguity, Not Importance").
 
     Args:
         records: :func:`add_stale_endpoints` records (``gold_margin`` defined).
-        compared, baselines: as :func:`paired_differences`.
+        arms: budgeted methods compared with SUR.
         by: the record column whose values split the cases.
-        n_boot, seed, ci: as :func:`paired_differences`.
+        n_boot, seed: bootstrap replicates (>= 100) and generator seed.
 
     Returns:
-        One row per (``by`` value, budget_pct, a, b): ``diff_logit``, ``ci_low_logit``, ``ci_high_logit`` (a minus b;
-        a positive difference favours ``a``), ``n_cases``, ``separates``, ``kind``.
+        One row per (``by`` value, budget_pct, a): ``b`` (SUR at that budget), ``diff_logit``, ``ci_low_logit``,
+        ``ci_high_logit`` (a minus b, 95 %; a positive difference favours ``a``), ``n_cases``.
 
     Raises:
-        ValueError: naming ``by`` when it is not a record column; as
-            :func:`~sur_lab.analysis.conclusions.arm_differences`.
+        ValueError: naming ``by`` when it is not a record column.
     """
-    from sur_lab.analysis.conclusions import arm_differences
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import paired_family
 
     if by not in records.columns:
         raise ValueError(f"by={by!r} is not a record column")
+    df = records.assign(arm=_arm(records), _m=records["gold_margin"].astype(float))
+    budget_of = dict(zip(df["arm"], df["budget_pct"]))
+    budgets = sorted(df.loc[df["method"] == "SUR", "budget_pct"].dropna().unique())
+    cols = [by, "budget_pct", "a", "b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
     parts = []
-    for value, sub in records.groupby(by, sort=True):
-        d = arm_differences(sub, metrics=["gold_margin"], compared=compared, baselines=baselines,
-                            strata_col="family", scale=1.0, n_boot=n_boot, seed=seed, ci=ci)
-        parts.append(d.assign(**{by: value}))
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    out = out.rename(columns={"diff_pp": "diff_logit", "ci_low_pp": "ci_low_logit", "ci_high_pp": "ci_high_logit"})
-    return out[[by, *[c for c in out.columns if c not in (by, "metric")]]]
+    for value, sub in df.groupby(by, sort=True):
+        pairs = [(f"{m} {b:g}%", f"SUR {b:g}%") for b in budgets for m in arms]
+        outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in set(sub["arm"])], "_m")
+        if not outcomes:
+            continue
+        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
+        parts.append(pd.DataFrame({by: value, "budget_pct": [budget_of[a] for a in res["a"]],
+                                   "a": res["a"], "b": res["b"], "diff_logit": res["estimate"],
+                                   "ci_low_logit": res["ci_low"], "ci_high_logit": res["ci_high"],
+                                   "n_cases": res["n"]}))
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
@@ -905,79 +966,64 @@ def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em
 
 
 def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_cases: int,
-               margins: pd.DataFrame | None = None, by: str = "answer_in") -> list[str]:
-    """The generated conclusion: lines that state, from this run's tables, the references' EM and stale rates, the
-    best compared arm per budget, every separated paired difference (who wins where), and where SUR loses
-    (a separated difference with SUR on the losing side), or that nothing separates; with ``margins``, the separated
-    gold-margin differences between the compared arms by where the answer sits, and the count of null ones.
+               records: pd.DataFrame | None = None, margins: pd.DataFrame | None = None, by: str = "answer_in",
+               decide: bool = True) -> list[str]:
+    """The generated conclusion, from this run's tables: the references' EM and stale rates, at each budget the
+    compared arm with the highest EM (ties are ties, the selection named: :func:`sur_lab.analysis.decisions.best_of`
+    on ``records``), the primary comparison and each declared family's comparisons in words
+    (:func:`paired_differences`), where SUR loses (a "beats" against it), and with ``margins`` the descriptive
+    gold-margin intervals.
 
     Args:
         summary: :func:`summary_table` of the run.
         diffs: :func:`paired_differences` of the run.
         model: the model's name; n_cases: cases in the run.
+        records: the run's :func:`add_stale_endpoints` records (for the best-arm lines; without them those lines are
+            left out).
         margins: :func:`margin_differences` of the run (optional); by: its split column.
+        decide: as :func:`paired_differences` (the best-arm lines' comparisons).
     """
+    from sur_lab.analysis.decisions import BEATS, LOSES, best_of, family_lines
+
     lines = [f"This run: {model}; {n_cases} stale-fact cases."]
     s = summary.assign(arm=_arm(summary))
     ref = s[s["budget_pct"].isna()].set_index("method")
 
     def fmt(m: str) -> str:
         r = ref.loc[m]
-        stale = "n/a" if pd.isna(r.stale_pct) else f"{r.stale_pct:.0f} %"
+        stale = "n/a (no stale-eligible case)" if pd.isna(r.stale_pct) else f"{r.stale_pct:.0f} %"
         return f"{m} EM {r.em_pct:.0f} % (stale {stale})"
 
     lines.append("References: " + "; ".join(fmt(m) for m in ref.index) + ".")
-    for b in sorted(s.loc[s["budget_pct"].notna(), "budget_pct"].unique()):
-        at = s[((s["budget_pct"] == b) | s["method"].isin(["Erratum"])) & s["method"].isin(COMPARED)]
-        if at.empty:
-            continue
-        best = at.sort_values(["em_pct", "stale_pct"], ascending=[False, True]).iloc[0]
-        mr = "n/a" if pd.isna(best.margin_recovery_median) else f"{best.margin_recovery_median:.2f}"
-        lines.append(f"At {b:g} %: highest EM among the compared arms is {best.arm} ({best.em_pct:.0f} %, stale "
-                     f"{best.stale_pct:.0f} %, median margin recovery {mr} over {int(best.n_margin_defined)} cases); "
-                     + ", ".join(f"{r.arm} {r.em_pct:.0f} %" for r in at.itertuples() if r.arm != best.arm) + ".")
-    sep = diffs[diffs["separates"]]
-    if sep.empty:
-        lines.append("No paired difference separates (every 95 % interval includes 0): on these cases the methods "
-                     "are not told apart; more cases are needed for an ordering.")
-    for r in sep.itertuples():
-        better_a = r.diff_pp > 0 if r.metric != "stale" else r.diff_pp < 0
-        win, lose = (r.a, r.b) if better_a else (r.b, r.a)
-        # The interval of (a - b), turned to (winner - loser) when the winner is b.
-        low, high = (r.ci_low_pp, r.ci_high_pp) if win == r.a else (-r.ci_high_pp, -r.ci_low_pp)
-        what = {"em": "EM", "stale": "stale-answer rate (lower is better)"}.get(r.metric, r.metric)
-        where = "" if pd.isna(r.budget_pct) else f" at {r.budget_pct:g} %"
-        lines.append(f"{what}{where}: {win} beats {lose}, {win} minus {lose} = "
-                     f"{(r.diff_pp if win == r.a else -r.diff_pp):+.1f} pp (95 % CI [{low:.1f}, {high:.1f}], "
-                     f"n={r.n_cases}).")
-    sur_losses = []
-    for r in diffs.itertuples():
-        if not r.separates:
-            continue
-        better_a = r.diff_pp > 0 if r.metric != "stale" else r.diff_pp < 0
-        loser = r.b if better_a else r.a
-        if loser.startswith(("SUR ", "SUR-IDF ")):
-            sur_losses.append(f"{loser} vs {r.a if loser == r.b else r.b} on {r.metric}")
-    lines.append("Where SUR loses on EM or the stale rate (separated): " + (
-        "; ".join(sur_losses) if sur_losses else "nowhere in this run (no separated difference against it)") + ".")
+    if records is not None:
+        df = records.assign(arm=_arm(records))
+        for b in sorted(df.loc[df["budget_pct"].notna(), "budget_pct"].unique()):
+            arms = [a for a in [*(f"{m} {b:g}%" for m in COMPARED if m != "Erratum"), "Erratum"] if a in set(df["arm"])]
+            if not arms:
+                continue
+            wide = df[df["arm"].isin(arms)].pivot(index="case_id", columns="arm", values="em").astype(float)
+            lines.append(f"At {b:g} %, EM: " + best_of({a: wide[a].to_numpy() for a in arms}, kind="binary",
+                                                      what="compared arms", decide=decide) + ".")
+    na = "no stale-eligible case"
+    lines += family_lines(diffs, na=na)
+    losses = []
+    for _, r in diffs.iterrows():
+        loser = r["b"] if r["verdict"] == BEATS else (r["a"] if r["verdict"] == LOSES else None)
+        if loser is not None and str(loser).startswith(("SUR ", "SUR-IDF ")):
+            losses.append(f"{loser} against {r['a'] if loser == r['b'] else r['b']} on {r['metric']}")
+    lines.append("Where SUR loses (a separated verdict against it): "
+                 + ("; ".join(losses) if losses else "nowhere in this run" if decide else
+                    "not decided at this size (a plumbing check)") + ".")
     if margins is not None and len(margins):
-        sur_margin_losses: list[str] = []
-        arms = margins[margins["kind"] == "arms"]
-        for value, block in arms.groupby(by, sort=True):
-            sep_m = block[block["separates"]]
-            said = []
-            for r in sep_m.itertuples():
-                win, lose, d, low, high = ((r.a, r.b, r.diff_logit, r.ci_low_logit, r.ci_high_logit)
-                                           if r.diff_logit > 0 else
-                                           (r.b, r.a, -r.diff_logit, -r.ci_high_logit, -r.ci_low_logit))
-                said.append(f"{win} over {lose} {d:+.3g} [{low:.3g}, {high:.3g}] (n={r.n_cases})")
-                if lose.startswith(("SUR ", "SUR-IDF ")):
-                    sur_margin_losses.append(f"{lose} vs {win} on the gold margin, answer in the {value} text")
-            lines.append(f"Gold margin (logits), answer in the {value} text: "
-                         + ("; ".join(said) if said else "no pair of compared arms separates")
-                         + f" ({len(block) - len(sep_m)} of {len(block)} pairs not separated).")
-        lines.append("Where SUR loses on the gold margin (separated): " + (
-            "; ".join(sur_margin_losses) if sur_margin_losses else "nowhere in this run") + ".")
+        for value, block in margins.groupby(by, sort=True):
+            lines.append(f"Gold margin (logits, descriptive intervals, not a declared family), answer in the {value} "
+                         "text: " + "; ".join(
+                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (95 % CI {r.ci_low_logit:+.3g} to "
+                             f"{r.ci_high_logit:+.3g}; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
+                             if not pd.isna(r.ci_low_logit) else
+                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (no interval; {r.n_cases} case"
+                             f"{'s' if r.n_cases != 1 else ''})"
+                             for r in block.itertuples()) + ".")
     return lines
 
 

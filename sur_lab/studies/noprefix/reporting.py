@@ -13,8 +13,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.stats import bootstrap_ci
+from sur_lab.analysis.decisions import Family, Margin
 from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
+
+#: The design ledger's paired comparisons (issue 36; :mod:`sur_lab.analysis.decisions`): each route against the one it
+#: is meant to match or improve, answer preservation, requests paired, the sources clustered (a source's requests at
+#: every workload together), Holm over the ledger. "Worked" needs "beats" or "equivalent" within the margin.
+LEDGER_MARGIN = Margin(0.05, "5 points of preservation: the loss the operating rule's required 95 % leaves")
+LEDGER = Family("design ledger", "binary",
+                "w4 and linked intervals against the suffix, the adaptive suffix against suffix K2, SUR against the "
+                "adaptive suffix, the query and hybrid starts against the risk start (and hybrid against query): "
+                "preservation, pooled over workloads", margin=LEDGER_MARGIN)
+#: Donor-copy is a usable proxy of actual forwarding when donor - forward preservation is equivalent to 0 within
+#: :data:`LEDGER_MARGIN` (paired over requests, sources clustered; tested alone).
+DONOR_PROXY = Family("donor-copy as a proxy", "binary", "donor-copy minus actual forwarding of suffix K1 (risk), "
+                     "preservation", primary=True, margin=LEDGER_MARGIN)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Drift
@@ -28,13 +41,14 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
 
     Returns:
         DataFrame with ``by``, ``requests``, ``docs``, ``mean_drift`` (relative K/V deviation), ``spearman_rho``
-        (risk vs drift, pooled) and ``within_request_rho`` (mean per-request Spearman over requests with >= 4
-        documents).
+        (risk vs drift, pooled) with its 95 % interval ``spearman_low``/``spearman_high`` (Fisher's z interval of
+        the Pearson correlation of the ranks, ``scipy.stats.pearsonr(...).confidence_interval()``; NaN below four
+        documents or for a perfect rank correlation) and ``within_request_rho`` (mean per-request Spearman over requests with >= 4 documents).
 
     Raises:
         ValueError: naming ``runs`` when it has no ``drift``/``risk`` columns.
     """
-    from scipy.stats import spearmanr
+    from scipy.stats import pearsonr, rankdata, spearmanr
 
     if "drift" not in runs.columns or "risk" not in runs.columns:
         raise ValueError("runs has no drift/risk columns; pass sur_lab.studies.noprefix.measure_drift's rows")
@@ -45,8 +59,14 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
         risk = np.concatenate([np.asarray(r)[1:] for r in g["risk"]])
         within = [spearmanr(np.asarray(r)[1:], np.asarray(d)[1:])[0]
                   for r, d in zip(g["risk"], g["drift"]) if len(d) >= 4]
+        low = high = np.nan
+        if len(drift) > 3 and np.ptp(risk) > 0 and np.ptp(drift) > 0:
+            interval = pearsonr(rankdata(risk), rankdata(drift)).confidence_interval(confidence_level=0.95)
+            if interval.high > interval.low:  # a perfect rank correlation has no interval, never a zero-width one
+                low, high = float(interval.low), float(interval.high)
         rows.append({by: key, "requests": len(g), "docs": len(drift), "mean_drift": float(drift.mean()),
                      "spearman_rho": float(spearmanr(risk, drift)[0]) if len(drift) > 2 else np.nan,
+                     "spearman_low": low, "spearman_high": high,
                      "within_request_rho": float(np.nanmean(within)) if within else np.nan})
     return pd.DataFrame(rows)
 
@@ -56,36 +76,42 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
 
 
 def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "label", "protocol"), *,
-              confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+              confidence: float = 0.95, seed: int = 0, n_boot: int = 2_000) -> pd.DataFrame:
     """Per-group endpoints of :func:`~sur_lab.studies.noprefix.study.runs_table` rows.
 
-    Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``preservation`` (mean) with
-    ``ci_low``/``ci_high`` (:func:`bootstrap_ci`), ``token_exact`` (mean), ``gold_em`` (mean, NaN without a
-    scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``timed`` (requests whose time to first logit was
-    measured per request: only they enter the timing columns), ``ttfl_ms`` and ``full_ttfl_ms`` (medians, ms),
-    ``ttfl_p95_ms`` and ``full_ttfl_p95_ms`` (95th percentiles, ms, linear interpolation between order statistics as
-    :func:`numpy.percentile`; SAFE-KV Figure 5 reports p95 beside the median),
-    ``speedup`` (``full_ttfl_ms / ttfl_ms`` of the medians) and the per-request speed-up's geometric mean
-    ``speedup_gmean`` with its bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (paired: each request's
-    full-prefill TTFL over its reuse TTFL). Timing columns are NaN for a group without timed requests.
+    Columns: ``by`` plus ``method``, ``selector``, ``unit``, ``n`` (requests), ``n_preserved`` and ``preservation``
+    (mean) with its Clopper–Pearson interval ``ci_low``/``ci_high`` (:func:`sur_lab.analysis.decisions
+    .proportion_interval`: never zero-width, 2 of 2 preserved is 16 % to 100 %), ``token_exact`` (mean), ``gold_em``
+    (mean, NaN without a scorer), ``changed_wrong`` (count), ``repair_ratio`` (mean), ``timed`` (requests whose time
+    to first logit was measured per request: only they enter the timing columns), ``ttfl_ms`` and ``full_ttfl_ms``
+    (medians, ms), ``ttfl_p95_ms`` and ``full_ttfl_p95_ms`` (95th percentiles, ms, linear interpolation between order
+    statistics as :func:`numpy.percentile`; SAFE-KV Figure 5 reports p95 beside the median), ``speedup``
+    (``full_ttfl_ms / ttfl_ms`` of the medians) and the per-request speed-up's geometric mean ``speedup_gmean`` with
+    its percentile bootstrap interval ``speedup_ci_low``/``speedup_ci_high`` (each request's full-prefill TTFL over
+    its reuse TTFL, log scale; a source's requests resampled together when ``source_id`` is a column; NaN when every
+    request has the same ratio, :func:`sur_lab.analysis.decisions.paired_family`). Timing columns are NaN for a group
+    without timed requests.
 
     Raises:
         ValueError: naming ``by`` when a column is missing.
     """
+    from sur_lab.analysis.decisions import paired_family, proportion_interval
+
     missing = [c for c in by if c not in df.columns]
     if missing:
         raise ValueError(f"by={tuple(by)!r}: {missing} are not columns of df")
     rows = []
     for key, g in df.groupby(list(by), sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        low, high = bootstrap_ci(g["preserved"].astype(float), confidence=confidence, seed=seed)
+        k = int(g["preserved"].astype(bool).sum())
+        _, low, high = proportion_interval(k, len(g), alpha=1 - confidence)
         em = g["em"].dropna()
         cw = g["changed_wrong"].dropna()
         row = dict(zip(by, key))
         row.update({
             "method": g["method"].iloc[0], "selector": g["selector"].iloc[0], "unit": g["unit"].iloc[0],
-            "n": len(g), "preservation": float(g["preserved"].mean()), "ci_low": low, "ci_high": high,
-            "token_exact": float(g["token_exact"].mean()),
+            "n": len(g), "n_preserved": k, "preservation": float(g["preserved"].mean()), "ci_low": low,
+            "ci_high": high, "token_exact": float(g["token_exact"].mean()),
             "gold_em": float(em.astype(float).mean()) if len(em) else np.nan,
             "changed_wrong": int(cw.astype(bool).sum()), "repair_ratio": float(g["repair_ratio"].mean()),
         })
@@ -96,13 +122,15 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
                     "full_ttfl_ms": float(t["full_ttfl_ms"].median()) if len(t) else np.nan,
                     "full_ttfl_p95_ms": _p95(t["full_ttfl_ms"])})
         row["speedup"] = row["full_ttfl_ms"] / row["ttfl_ms"] if row["ttfl_ms"] > 0 else np.nan
+        row.update({"speedup_gmean": np.nan, "speedup_ci_low": np.nan, "speedup_ci_high": np.nan})
         if len(t):
-            log_ratio = np.log(t["full_ttfl_ms"].to_numpy(np.float64) / t["ttfl_ms"].to_numpy(np.float64))
-            lo, hi = bootstrap_ci(log_ratio, confidence=confidence, seed=seed)
-            row.update({"speedup_gmean": float(np.exp(log_ratio.mean())), "speedup_ci_low": float(np.exp(lo)),
-                        "speedup_ci_high": float(np.exp(hi))})
-        else:
-            row.update({"speedup_gmean": np.nan, "speedup_ci_low": np.nan, "speedup_ci_high": np.nan})
+            cluster = (t["dataset"].astype(str) + "/" + t["source_id"].astype(str)).to_numpy() \
+                if {"dataset", "source_id"} <= set(t.columns) else None
+            res = paired_family({("reuse", "full prefill"): (t["ttfl_ms"].to_numpy(np.float64),
+                                                             t["full_ttfl_ms"].to_numpy(np.float64))},
+                                kind="ratio", alpha=1 - confidence, cluster=cluster, n_boot=n_boot, seed=seed).iloc[0]
+            row.update({"speedup_gmean": res["estimate"], "speedup_ci_low": res["ci_low"],
+                        "speedup_ci_high": res["ci_high"]})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -121,7 +149,7 @@ def _p95(values: pd.Series) -> float:
 ROBUSTNESS_LABELS = ("Prefix composition", "Suffix K1 · risk", "Suffix K2 · risk", "Suffix K2 · query",
                      "Suffix K2 · hybrid")
 #: The stratum columns :func:`stratum_table` puts beside the all-cases ones (suffix ``_correct``).
-_STRATUM_COLS = ("n", "preservation", "ci_low", "ci_high", "token_exact", "changed_wrong")
+_STRATUM_COLS = ("n", "n_preserved", "preservation", "ci_low", "ci_high", "token_exact", "changed_wrong")
 
 
 def em_correct(runs: pd.DataFrame) -> pd.DataFrame:
@@ -283,7 +311,7 @@ class OperatingDecision:
         preservation: its answer preservation (1.0 for full prefill).
         ttfl_ms: its median TTFL, ms.
         full_ttfl_ms: full prefill's median TTFL, ms.
-        reason: why, in words.
+        reason: why, in words, with the bounds it read.
     """
 
     serve: str
@@ -294,29 +322,40 @@ class OperatingDecision:
     reason: str = field(default="")
 
 
-def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95, use_lower_bound: bool = False,
-                   significant: bool = True, protocol: str = "forward") -> OperatingDecision:
-    """Serve by full prefill unless a reuse path reaches the required preservation *and* is faster (SAFE-KV Fig. 5).
+def operating_rule(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, required_preservation: float = 0.95,
+                   protocol: str = "forward", alpha: float = 0.05, decide: bool = True, seed: int = 0,
+                   n_boot: int = 2_000) -> OperatingDecision:
+    """Serve by full prefill unless a reuse path is *shown* to reach the required preservation *and* to be faster
+    (SAFE-KV Fig. 5), by the decision rules of :mod:`sur_lab.analysis.decisions` (issue 36).
 
     Candidates are the summary rows of ``protocol`` (donor-copy is a diagnostic and never a serving path) other than
     full prefill and other than oracle-selected units (gold evidence labels are unknown when serving), including prefix
-    composition without repair. A candidate qualifies when its preservation (or its lower confidence bound with
-    ``use_lower_bound``) reaches ``required_preservation`` and it is faster than full prefill: with ``significant``,
-    the 95 % bootstrap interval of its per-request speed-up (``speedup_ci_low``, geometric mean of
-    ``full_ttfl / ttfl``) lies above 1, so CPU timing noise alone cannot select it; otherwise its median TTFL is below
-    full prefill's. The qualifying candidate with the smallest median TTFL is served; with none, full prefill.
+    composition without repair. The rule picks one of several candidates, so both of its tests are corrected for
+    the m candidates: a candidate qualifies when the lower Clopper–Pearson bound of its preservation (``n_preserved``
+    of ``n`` requests, :func:`~sur_lab.analysis.decisions.bound_claim` at level ``alpha / m``, Bonferroni) reaches
+    ``required_preservation`` (2 of 2 preserved never does: the bound is at most 16 %) and it is faster than full
+    prefill: with ``runs``, its per-request speed-up "beats" 1 in the family of the m candidates
+    (:func:`~sur_lab.analysis.decisions.paired_family`, ratios, Holm, a source's requests clustered); without them,
+    the interval of :func:`summarize` lies above 1 (:func:`~sur_lab.analysis.decisions.ratio_verdict`, not corrected
+    for the selection). Neither a handful of requests nor CPU timing noise can then select a path. The qualifying
+    candidate with the smallest median TTFL is served; with none, full prefill.
 
     Args:
         summary: one workload's rows of :func:`summarize`.
+        runs: that workload's per-request rows (``label``, ``protocol``, ``case_id``, ``ttfl_ms``, ``full_ttfl_ms``,
+            ``dataset``, ``source_id``), for the speed-up family; ``None``: the summary's intervals.
         required_preservation: in [0, 1].
-        use_lower_bound: judge preservation by ``ci_low`` instead of the point estimate.
-        significant: judge "faster" by the speed-up interval instead of the medians.
         protocol: the serving protocol (``"forward"``).
+        alpha: the family-wise level of the choice.
+        decide: ``False`` at a plumbing-check size: full prefill, "not decided at this size".
+        seed, n_boot: the speed-up family's generator seed and resamples.
 
     Raises:
         ValueError: naming ``required_preservation`` outside [0, 1], ``summary`` when it has no full-prefill row or
             mixes workloads (several full-prefill TTFLs).
     """
+    from sur_lab.analysis.decisions import BEATS, HOLDS, bound_claim, proportion_interval, ratio_verdict
+
     if not 0.0 <= required_preservation <= 1.0:
         raise ValueError(f"required_preservation={required_preservation!r} must lie in [0, 1]")
     full_rows = summary[summary["unit"] == "full"]
@@ -325,29 +364,74 @@ def operating_rule(summary: pd.DataFrame, *, required_preservation: float = 0.95
     if full_rows["full_ttfl_ms"].nunique() > 1:
         raise ValueError("summary mixes workloads; pass one workload's rows")
     full_ttfl = float(full_rows["ttfl_ms"].iloc[0])
+    req = required_preservation
+    if not decide:
+        return OperatingDecision("full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl,
+                                 "not decided at this size (a plumbing check): full prefill by default")
     # Gold-evidence (oracle) selection is unavailable when serving, like donor-copy: diagnostics only.
     cand = summary[(summary["protocol"] == protocol) & (summary["unit"] != "full") & (summary["selector"] != "oracle")]
-    measure = cand["ci_low"] if use_lower_bound else cand["preservation"]
-    ok = cand[measure >= required_preservation]
+    m = max(1, len(cand))
+    shown = [bound_claim(int(r["n_preserved"]), int(r["n"]), at_least=req, alpha=alpha / m) == HOLDS
+             for _, r in cand.iterrows()]
+    ok = cand[shown] if len(cand) else cand
     if ok.empty:
+        if cand.empty:
+            return OperatingDecision("full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl, "no reuse path ran")
+        best = cand.sort_values(["preservation", "n"], ascending=False).iloc[0]
+        _, low, _ = proportion_interval(int(best["n_preserved"]), int(best["n"]), alpha=alpha / m)
         return OperatingDecision("full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl,
-                                 f"no reuse path reaches {required_preservation:.0%} preservation")
-    faster = ok[ok["speedup_ci_low"] > 1.0] if significant else ok[ok["ttfl_ms"] < full_ttfl]
+                                 f"no reuse path is shown to preserve {req:.0%}: the best, {best['label']}, preserves "
+                                 f"{int(best['n_preserved'])} of {int(best['n'])} requests (lower bound {low:.0%}, "
+                                 f"Bonferroni over {m} candidates)")
+    if runs is not None:
+        verdicts = _speed_family(cand, runs, protocol=protocol, alpha=alpha, seed=seed, n_boot=n_boot)
+        faster = ok[[verdicts.get(lab) == BEATS for lab in ok["label"]]]
+    else:
+        faster = ok[[ratio_verdict(r["speedup_gmean"], r["speedup_ci_low"], r["speedup_ci_high"]) == BEATS
+                     for _, r in ok.iterrows()]]
     if faster.empty:
         best = ok.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
-        how = (f"speed-up {best['speedup_gmean']:.2f}x [{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}]"
-               if significant else f"{best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms")
         return OperatingDecision(
             "full prefill", "Full prefill", 1.0, full_ttfl, full_ttfl,
-            f"no path at {required_preservation:.0%} is faster than full prefill; the fastest, {best['label']}, has "
-            f"{how}",
-        )
+            f"no path shown to preserve {req:.0%} is shown faster than full prefill; the fastest, {best['label']}, "
+            f"has speed-up {_speedup(best)}")
     best = faster.sort_values(["ttfl_ms", "repair_ratio"]).iloc[0]
+    _, low, _ = proportion_interval(int(best["n_preserved"]), int(best["n"]), alpha=alpha / m)
     return OperatingDecision(
         "repair", str(best["label"]), float(best["preservation"]), float(best["ttfl_ms"]), full_ttfl,
-        f"{best['label']} preserves {best['preservation']:.0%} at {best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms "
-        f"(speed-up {best['speedup_gmean']:.2f}x [{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}])",
+        f"{best['label']} preserves {int(best['n_preserved'])} of {int(best['n'])} requests (lower bound {low:.1%}, "
+        f"Bonferroni over {m} candidates) at {best['ttfl_ms']:.0f} ms vs {full_ttfl:.0f} ms (speed-up "
+        f"{_speedup(best)})",
     )
+
+
+def _speed_family(cand: pd.DataFrame, runs: pd.DataFrame, *, protocol: str, alpha: float, seed: int,
+                  n_boot: int) -> dict[str, str]:
+    """label -> verdict of each candidate's per-request speed-up over full prefill (timed requests), decided as one
+    family (ratios, Holm, a source's requests clustered)."""
+    from sur_lab.analysis.decisions import paired_family
+
+    timed = runs[(runs["protocol"] == protocol) & np.isfinite(runs["ttfl_ms"].astype(float))
+                 & np.isfinite(runs["full_ttfl_ms"].astype(float))]
+    outcomes, clusters = {}, {}
+    for label in cand["label"]:
+        t = timed[timed["label"] == label]
+        if len(t):
+            outcomes[(label, "Full prefill")] = (t["ttfl_ms"].to_numpy(np.float64),
+                                                 t["full_ttfl_ms"].to_numpy(np.float64))
+            clusters[(label, "Full prefill")] = (t["dataset"].astype(str) + "/" + t["source_id"].astype(str)).to_numpy()
+    if not outcomes:
+        return {}
+    res = paired_family(outcomes, kind="ratio", alpha=alpha, cluster=clusters, seed=seed, n_boot=n_boot,
+                        family="serving candidates")
+    return dict(zip(res["a"], res["verdict"]))
+
+
+def _speedup(row: pd.Series) -> str:
+    """``"1.35x (95 % CI 1.10x to 1.60x)"``, or ``"... (no interval)"`` when every request has the same ratio."""
+    if pd.isna(row["speedup_ci_low"]):
+        return f"{row['speedup_gmean']:.2f}x (no interval)"
+    return f"{row['speedup_gmean']:.2f}x (95 % CI {row['speedup_ci_low']:.2f}x to {row['speedup_ci_high']:.2f}x)"
 
 
 def _pick(summary: pd.DataFrame, label: str, protocol: str = "forward") -> pd.Series | None:
@@ -358,104 +442,213 @@ def _pick(summary: pd.DataFrame, label: str, protocol: str = "forward") -> pd.Se
 def _fmt(row: pd.Series | None) -> str:
     if row is None:
         return "not run"
-    return f"{row['preservation']:.1%} [{row['ci_low']:.2f}, {row['ci_high']:.2f}] at ratio {row['repair_ratio']:.2f}"
+    return (f"{row['preservation']:.1%} ({int(row['n_preserved'])} of {int(row['n'])}; 95 % CI {row['ci_low']:.2f} to "
+            f"{row['ci_high']:.2f}) at ratio {row['repair_ratio']:.2f}")
 
 
-def design_ledger(summary: pd.DataFrame, *, required_preservation: float = 0.95, budgets: Sequence[float] = (50,),
-                  drift_spearman: float | None = None,
-                  decisions: dict[str, OperatingDecision] | None = None, runs: pd.DataFrame | None = None,
-                  proxy_margin: float = 0.05, seed: int = 0) -> pd.DataFrame:
-    """The design ledger (SAFE-KV Table 27) filled from measurements (actual forwarding unless stated).
+#: The ledger's words for a decided verdict (:mod:`sur_lab.analysis.decisions`).
+_LEDGER_WORDS = {"beats": "worked", "equivalent": "worked", "loses to": "did not", "not separated": "not separated",
+                 "not decided": "not decided", "n/a": "not run", "holds": "worked", "fails": "did not",
+                 "not shown": "not shown"}
 
-    Each row states a route, what was measured, whether it worked by a stated criterion, and the criterion.
+
+def design_ledger(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, required_preservation: float = 0.95,
+                  budgets: Sequence[float] = (50,), drift: Mapping | pd.Series | None = None,
+                  decisions: dict[str, OperatingDecision] | None = None, proxy_margin: float = LEDGER_MARGIN.value,
+                  seed: int = 0, decide: bool = True) -> pd.DataFrame:
+    """The design ledger (SAFE-KV Table 27) filled from measurements (actual forwarding unless stated), each row
+    judged by a declared criterion through :mod:`sur_lab.analysis.decisions` (issue 36), never by comparing two
+    point estimates.
+
+    A route "worked" when: for an absolute row, the lower Clopper–Pearson bound of its preservation reaches
+    ``required_preservation``; for a route against another, the paired difference on the same requests beats 0 or is
+    equivalent to 0 within :data:`LEDGER_MARGIN` (the :data:`LEDGER` family, Holm over the ledger's comparisons,
+    sources clustered); for donor-copy, donor minus forward is equivalent to 0 within ``proxy_margin``; for the risk
+    score, the lower bound of Spearman's rho with measured drift reaches 0.5. It "did not" when the opposite is shown,
+    and is "not separated" / "not shown" otherwise.
 
     Args:
         summary: :func:`summarize` pooled over workloads with ``by=("label", "protocol")``.
-        required_preservation: the preservation a route must reach to count as having worked, in [0, 1].
+        runs: the per-request rows behind ``summary`` (:func:`~sur_lab.studies.noprefix.study.runs_table`: ``label``,
+            ``protocol``, ``case_id``, ``dataset``, ``source_id``, ``preserved``) for the paired rows; without them
+            those rows are not judged.
+        required_preservation: the preservation a route must be shown to reach, in [0, 1].
         budgets: the adaptive/SUR budgets that were run (the largest is compared).
-        drift_spearman: Spearman correlation of the risk score with measured document drift, if measured.
+        drift: :func:`drift_table`'s row (``spearman_rho``, ``spearman_low``, ``spearman_high``), if measured.
         decisions: workload -> :func:`operating_rule` decision, if computed.
-        runs: the per-request rows behind ``summary`` (:func:`~sur_lab.studies.noprefix.study.runs_table`), for the
-            donor-copy row's paired bootstrap (:func:`protocol_gap`); without them that row is not judged.
-        proxy_margin: donor-copy counts as a usable proxy of actual forwarding when the 95 % paired interval of
-            donor − forward preservation lies within ``±proxy_margin`` (an equivalence criterion), in [0, 1].
-        seed: the bootstrap's seed.
+        proxy_margin: the donor-copy equivalence margin, in (0, 1] (5 points by default).
+        seed: the generator seed (clustered bootstrap).
+        decide: ``False`` at a plumbing-check size: every verdict "not decided".
 
     Returns:
-        DataFrame with columns ``experiment``, ``key_result``, ``worked`` (bool, or None when not run) and
-        ``criterion``.
+        DataFrame with columns ``experiment``, ``key_result``, ``verdict`` (``"worked"``, ``"did not"``,
+        ``"not separated"``, ``"not shown"``, ``"not run"`` or ``"not decided"``) and ``criterion``.
+
+    Raises:
+        ValueError: naming ``proxy_margin`` outside (0, 1].
     """
-    if not 0.0 <= proxy_margin <= 1.0:
-        raise ValueError(f"proxy_margin={proxy_margin!r} must lie in [0, 1]")
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import bound_claim, paired_family, sentence
+
+    if not 0.0 < proxy_margin <= 1.0:
+        raise ValueError(f"proxy_margin={proxy_margin!r} must lie in (0, 1]")
     b = max(budgets) if budgets else None
     req = required_preservation
-    comp = _pick(summary, "Prefix composition")
-    doc = _pick(summary, "Doc K2 · oracle")
-    w4 = _pick(summary, "w4 K1 · risk")
-    suf1 = _pick(summary, "Suffix K1 · risk")
-    suf2 = _pick(summary, "Suffix K2 · risk")
-    link = _pick(summary, "Linked K2 · oracle")
-    osuf = _pick(summary, "Suffix K1 · oracle")
-    ada = _pick(summary, f"Adaptive K2 {b:g}% · risk") if b is not None else None
-    sur = _pick(summary, f"SUR {b:g}%") if b is not None else None
-    qsuf = _pick(summary, "Suffix K2 · query")
-    hsuf = _pick(summary, "Suffix K2 · hybrid")
-    dsuf = _pick(summary, "Suffix K1 · risk", "donor")
+    labels = {"comp": "Prefix composition", "doc": "Doc K2 · oracle", "w4": "w4 K1 · risk", "suf1": "Suffix K1 · risk",
+              "suf2": "Suffix K2 · risk", "link": "Linked K2 · oracle", "osuf": "Suffix K1 · oracle",
+              "ada": f"Adaptive K2 {b:g}% · risk" if b is not None else "",
+              "sur": f"SUR {b:g}%" if b is not None else "",
+              "qsuf": "Suffix K2 · query", "hsuf": "Suffix K2 · hybrid"}
+    row = {k: _pick(summary, v) for k, v in labels.items()}
+    pairs = {"w4": ("w4", "suf1"), "link": ("link", "osuf"), "ada": ("ada", "suf2"), "sur": ("sur", "ada"),
+             "query": ("qsuf", "suf2"), "hybrid-query": ("hsuf", "qsuf"), "hybrid-risk": ("hsuf", "suf2")}
+    paired: dict[str, pd.Series] = {}
+    if runs is not None and not runs.empty:
+        fwd = runs[runs["protocol"] == "forward"].assign(_p=runs["preserved"].astype(float),
+                                                         _src=runs["dataset"].astype(str) + "/"
+                                                         + runs["source_id"].astype(str))
+        wanted = [(labels[x], labels[y]) for x, y in pairs.values()]
+        outcomes, clusters = paired_outcomes(fwd, wanted, "_p", arm_col="label", case_col="case_id",
+                                             cluster_col="_src")
+        if outcomes:
+            res = paired_family(outcomes, family=LEDGER, cluster=clusters, seed=seed, decide=decide)
+            by_pair = {(r["a"], r["b"]): r for _, r in res.iterrows()}
+            paired = {k: by_pair[(labels[x], labels[y])] for k, (x, y) in pairs.items()
+                      if (labels[x], labels[y]) in by_pair}
 
-    def val(r):
-        return None if r is None else float(r["preservation"])
+    def absolute(key: str) -> str:
+        r = row[key]
+        if r is None:
+            return "not run"
+        return _LEDGER_WORDS[bound_claim(int(r["n_preserved"]), int(r["n"]), at_least=req, decide=decide)]
 
-    def ge(x, y):
-        return None if x is None or y is None else bool(val(x) >= val(y))
+    def versus(key: str) -> tuple[str, str]:
+        r = paired.get(key)
+        if r is None:
+            return "not run", "no paired requests" if runs is None else "not run"
+        return _LEDGER_WORDS[r["verdict"]], sentence(r, what="requests", clusters="sources", family_name=False)
 
+    def both(keys: Sequence[str]) -> str:
+        words = [versus(k)[0] for k in keys]
+        if "not run" in words or "not decided" in words:
+            return "not decided" if "not decided" in words else "not run"
+        if all(w == "worked" for w in words):
+            return "worked"
+        return "did not" if "did not" in words else "not separated"
+
+    margin = f"beats or is equivalent within ±{100 * LEDGER_MARGIN.value:g} points (paired, Holm over the ledger)"
     rows = [
-        ("Prefix composition (no repair)", _fmt(comp), None if comp is None else val(comp) >= req,
-         f"preserves >= {req:.0%}"),
-        ("Document-only repair (oracle: the gold documents)", f"{_fmt(doc)}; oracle suffix {_fmt(osuf)}",
-         None if doc is None else val(doc) >= req, f"preserves >= {req:.0%}"),
-        ("Downstream window w4 vs suffix K1 (risk, same start)", f"w4 {_fmt(w4)}; suffix {_fmt(suf1)}", ge(w4, suf1),
-         "window preserves at least as much as the suffix"),
-        ("Linked intervals vs suffix (oracle)", f"linked K2 {_fmt(link)}; suffix K1 {_fmt(osuf)}", ge(link, osuf),
-         "linked preserves at least as much as the suffix"),
-        (f"Adaptive suffix {b:g}% vs suffix K2 (risk)", f"adaptive {_fmt(ada)}; suffix K2 {_fmt(suf2)}", ge(ada, suf2),
-         "trimmed suffix preserves at least as much"),
-        (f"SUR {b:g}% vs adaptive suffix {b:g}%", f"SUR {_fmt(sur)}; adaptive {_fmt(ada)}", ge(sur, ada),
-         "SUR preserves at least as much at the same budget"),
-        ("Query-guided vs risk-guided start (suffix K2)", f"query {_fmt(qsuf)}; risk {_fmt(suf2)}", ge(qsuf, suf2),
-         "query selector preserves at least as much"),
+        ("Prefix composition (no repair)", _fmt(row["comp"]), absolute("comp"),
+         f"preserves >= {req:.0%} (lower 95 % bound)"),
+        ("Document-only repair (oracle: the gold documents)", f"{_fmt(row['doc'])}; oracle suffix {_fmt(row['osuf'])}",
+         absolute("doc"), f"preserves >= {req:.0%} (lower 95 % bound)"),
+        ("Downstream window w4 vs suffix K1 (risk, same start)", versus("w4")[1], versus("w4")[0],
+         f"window {margin} the suffix"),
+        ("Linked intervals vs suffix (oracle)", versus("link")[1], versus("link")[0], f"linked {margin} the suffix"),
+        (f"Adaptive suffix {b:g}% vs suffix K2 (risk)", versus("ada")[1], versus("ada")[0],
+         f"trimmed suffix {margin} suffix K2"),
+        (f"SUR {b:g}% vs adaptive suffix {b:g}%", versus("sur")[1], versus("sur")[0],
+         f"SUR {margin} the adaptive suffix at the same budget"),
+        ("Query-guided vs risk-guided start (suffix K2)", versus("query")[1], versus("query")[0],
+         f"query selector {margin} the risk selector"),
         ("Hybrid vs query- and risk-guided start (suffix K2)",
-         f"hybrid {_fmt(hsuf)}; query {_fmt(qsuf)}; risk {_fmt(suf2)}",
-         None if hsuf is None or qsuf is None or suf2 is None else bool(val(hsuf) >= max(val(qsuf), val(suf2))),
-         "hybrid (mean of risk and query ranks) preserves at least as much as the better of its two parts"),
-        _donor_row(dsuf, suf1, runs, proxy_margin, seed),
+         f"{versus('hybrid-query')[1]}; {versus('hybrid-risk')[1]}", both(("hybrid-query", "hybrid-risk")),
+         f"hybrid (mean of risk and query ranks) {margin} each of its two parts"),
+        _donor_row(row["suf1"], _pick(summary, labels["suf1"], "donor"), runs, proxy_margin, seed, decide),
     ]
-    if drift_spearman is not None:
-        rows.append(("Risk score vs measured document drift", f"Spearman rho = {drift_spearman:.2f}",
-                     bool(drift_spearman >= 0.5), "rho >= 0.5"))
+    if drift is not None:
+        rho, low, high = (float(drift[k]) for k in ("spearman_rho", "spearman_low", "spearman_high"))
+        verdict = ("not decided" if not decide else "not shown" if np.isnan(low) else
+                   "worked" if low >= 0.5 else "did not" if high < 0.5 else "not shown")
+        interval = "no interval" if np.isnan(low) else f"95 % CI {low:.2f} to {high:.2f}"
+        rows.append(("Risk score vs measured document drift", f"Spearman rho = {rho:.2f} ({interval})", verdict,
+                     "rho >= 0.5 (lower 95 % bound)"))
     if decisions:
         served = {wl: d.serve if d.serve == "full prefill" else f"repair ({d.label})" for wl, d in decisions.items()}
-        rows.append(("Operating rule", "; ".join(f"{wl}: {v}" for wl, v in served.items()),
-                     any(d.serve == "repair" for d in decisions.values()),
-                     f"some workload is served by a reuse path faster than full prefill at >= {req:.0%}"))
-    return pd.DataFrame(rows, columns=["experiment", "key_result", "worked", "criterion"])
+        verdict = ("not decided" if not decide else
+                   "worked" if any(d.serve == "repair" for d in decisions.values()) else "did not")
+        rows.append(("Operating rule", "; ".join(f"{wl}: {v}" for wl, v in served.items()), verdict,
+                     f"some workload is served by a reuse path shown faster than full prefill and shown to preserve "
+                     f">= {req:.0%}"))
+    return pd.DataFrame(rows, columns=["experiment", "key_result", "verdict", "criterion"])
 
 
-def _donor_row(dsuf: pd.Series | None, suf1: pd.Series | None, runs: pd.DataFrame | None, margin: float,
-               seed: int) -> tuple:
-    """The ledger's donor-copy row: the paired donor − forward bootstrap (:func:`protocol_gap`) against
-    ``±margin``."""
+def _donor_row(suf1: pd.Series | None, dsuf: pd.Series | None, runs: pd.DataFrame | None, margin: float,
+               seed: int, decide: bool) -> tuple:
+    """The ledger's donor-copy row: donor minus forward preservation of suffix K1 (risk), paired over requests with
+    the sources clustered, equivalent to 0 within ``±margin`` (:data:`DONOR_PROXY`)."""
+    from dataclasses import replace
+
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import Margin, paired_family, sentence
+
     name = "Donor-copy vs actual forwarding (suffix K1, risk)"
-    criterion = (f"95 % paired bootstrap interval of donor − forward preservation (sources resampled with both "
-                 f"protocols' rows) within ±{100 * margin:g} points: the diagnostic is a usable proxy")
+    criterion = (f"donor − forward preservation equivalent to 0 within ±{100 * margin:g} points (paired over requests, "
+                 "sources clustered, 90 % interval inside the margin): the diagnostic is a usable proxy")
     if dsuf is None or suf1 is None:
-        return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}", None, criterion
+        return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}", "not run", criterion
     if runs is None:
-        return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}; no per-request runs for the paired interval", None, \
-            criterion
-    gap = protocol_gap(runs, "Suffix K1 · risk", seed=seed)
-    key = (f"donor − forward {gap.diff:+.2f} [{gap.low:+.2f}, {gap.high:+.2f}] over {gap.n_sources} sources "
-           f"(donor {dsuf['preservation']:.1%}, forward {suf1['preservation']:.1%})")
-    return name, key, bool(-margin <= gap.low and gap.high <= margin), criterion
+        return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}; no per-request runs for the paired interval", \
+            "not run", criterion
+    sub = runs[runs["label"] == "Suffix K1 · risk"]
+    sub = sub.assign(_p=sub["preserved"].astype(float), _src=sub["dataset"].astype(str) + "/"
+                     + sub["source_id"].astype(str))
+    outcomes, clusters = paired_outcomes(sub, [("donor", "forward")], "_p", arm_col="protocol", case_col="case_id",
+                                         cluster_col="_src")
+    family = replace(DONOR_PROXY, margin=Margin(margin, LEDGER_MARGIN.source if margin == LEDGER_MARGIN.value
+                                                else "the ledger's proxy_margin argument"))
+    res = paired_family(outcomes, family=family, cluster=clusters, seed=seed, decide=decide).iloc[0]
+    verdict = {"equivalent": "worked", "beats": "did not", "loses to": "did not"}.get(
+        res["verdict"], _LEDGER_WORDS[res["verdict"]])
+    return name, sentence(res, what="requests", clusters="sources"), verdict, criterion
+
+
+def conclusion(summary: pd.DataFrame, runs: pd.DataFrame, decisions: Mapping[str, OperatingDecision],
+               ledger: pd.DataFrame, *, required_preservation: float = 0.95, decide: bool = True,
+               seed: int = 0) -> list[str]:
+    """The verdict lines of notebook 06's conclusion, per workload and from the design ledger.
+
+    Per workload (actual forwarding): prefix composition's preservation with its exact interval; the non-oracle
+    repair with the highest preservation, the selection named (:func:`sur_lab.analysis.decisions.best_of` over every
+    served configuration, paired on the workload's requests: a maximum over ~20 configurations is not a winner on its
+    own); the configurations *shown* to reach ``required_preservation`` (lower Clopper–Pearson bound); and the
+    operating rule's choice with its reason. Then each ledger row with its verdict.
+
+    Args:
+        summary: :func:`summarize` by ``("workload", "label", "protocol")``.
+        runs: the per-request rows behind it.
+        decisions: workload -> :func:`operating_rule`.
+        ledger: :func:`design_ledger`.
+        required_preservation, decide, seed: as :func:`operating_rule` and :func:`design_ledger`.
+    """
+    from sur_lab.analysis.decisions import HOLDS, best_of, bound_claim
+
+    lines = []
+    fwd = summary[summary["protocol"] == "forward"]
+    for wl in dict.fromkeys(fwd["workload"]):
+        w = fwd[fwd["workload"] == wl].set_index("label")
+        served = [lab for lab in w.index if lab != "Full prefill" and not lab.endswith("· oracle")]
+        parts = []
+        if "Prefix composition" in w.index:
+            c = w.loc["Prefix composition"]
+            parts.append(f"prefix composition preserves {c.preservation:.0%} ({int(c.n_preserved)} of {int(c.n)}; "
+                         f"95 % CI {c.ci_low:.0%} to {c.ci_high:.0%})")
+        reqs = runs[(runs["workload"] == wl) & (runs["protocol"] == "forward") & runs["label"].isin(served)]
+        if len(served) and len(reqs):
+            wide = reqs.pivot_table(index="case_id", columns="label", values="preserved", aggfunc="first")
+            outcomes = {lab: wide[lab].astype(float).to_numpy() for lab in served if lab in wide.columns}
+            parts.append("preservation: " + best_of(outcomes, kind="binary", what="non-oracle configurations",
+                                                    decide=decide, seed=seed))
+        shown = [lab for lab in served if decide and bound_claim(int(w.loc[lab, "n_preserved"]), int(w.loc[lab, "n"]),
+                                                                  at_least=required_preservation) == HOLDS]
+        parts.append(f"shown to preserve {required_preservation:.0%} (lower 95 % bound): "
+                     + (", ".join(shown) or ("not decided at this size" if not decide else "none")))
+        d = decisions[wl]
+        parts.append(f"served by {d.label} ({d.reason})")
+        lines.append(f"{wl}: " + "; ".join(parts) + ".")
+    lines.append("Design ledger (pooled over workloads; each row judged by its declared criterion):")
+    lines += [f"  [{r.verdict}] {r.experiment}: {r.key_result}" for r in ledger.itertuples()]
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -661,6 +854,9 @@ def plot_robustness(table: pd.DataFrame, *, title: str = ""):
 
 
 __all__ = [
+    "DONOR_PROXY",
+    "LEDGER",
+    "LEDGER_MARGIN",
     "LOCAL_VS_SUFFIX",
     "ROBUSTNESS_LABELS",
     "em_correct",
@@ -670,6 +866,7 @@ __all__ = [
     "robustness_table",
     "stratum_table",
     "OperatingDecision",
+    "conclusion",
     "design_ledger",
     "drift_table",
     "operating_rule",

@@ -1,0 +1,42 @@
+"""Notebook 07's declared comparisons on hand-made episode rows (issue 36): the debt arm against its SUR arm alone,
+per-edit SUR against Shift with Holm, questions paired and episodes clustered."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sur_lab.studies import agent_session as ags
+
+
+def _rows(n_episodes: int, k: int, agree: dict) -> pd.DataFrame:
+    rows = []
+    for e in range(n_episodes):
+        for i in range(1, k + 1):
+            for arm in ("Shift", "SUR 5%", "SUR 5% + debt 10%", "Re-prefill"):
+                rows.append({"episode": f"ep{e}", "edit": i, "arm": arm, "agree": agree[arm](e, i)})
+    return pd.DataFrame(rows)
+
+
+def test_declared_families_cluster_episodes():
+    arms = ags.default_arms([5], debt_budget=5, debt_pct=10)
+    # SUR agrees everywhere, Shift never: 10 episodes x 2 questions, all discordant, 10 clusters -> sign test 2/1024.
+    df = _rows(10, 2, {"Shift": lambda e, i: False, "SUR 5%": lambda e, i: True,
+                       "SUR 5% + debt 10%": lambda e, i: i == 1, "Re-prefill": lambda e, i: True})
+    decided = ags.decide_families(df, arms, n_boot=200)
+    assert list(decided.family) == [ags.PRIMARY.name, ags.BUDGET_FAMILY.name]
+    primary, budget = decided.iloc[0], decided.iloc[1]
+    assert (primary.a, primary.b) == ("SUR 5% + debt 10%", "SUR 5%") and primary.estimate == -0.5
+    assert primary.n == 20 and primary.n_clusters == 10 and primary.p == pytest.approx(2 / 1024)
+    assert primary.verdict == "loses to"
+    assert budget.verdict == "beats" and budget.p == pytest.approx(2 / 1024)
+    lines = ags.conclusion(decided)
+    assert lines[1].startswith("  SUR 5% + debt 10% loses to SUR 5%: -50.0 pp (95 % CI")
+    assert "20 questions in 10 episodes, 10 discordant" in lines[1]
+    # One episode (the smoke size): nothing separates, and with decide=False nothing is decided.
+    one = df[df.episode == "ep0"]
+    assert (ags.decide_families(one, arms, n_boot=200).verdict == "not separated").all()
+    assert (ags.decide_families(one, arms, n_boot=200, decide=False).verdict == "not decided").all()
+    # No debt arm: only the budget family.
+    assert list(ags.decide_families(df[df.arm != "SUR 5% + debt 10%"], ags.default_arms([5]), n_boot=200).family) \
+        == [ags.BUDGET_FAMILY.name]
