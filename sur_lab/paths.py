@@ -82,11 +82,27 @@ def default_data_dir() -> Path:
 
 
 def outputs_dir(create: bool = True) -> Path:
-    """Return ``<repo>/outputs`` (or ``$SUR_LAB_OUTPUTS_DIR``), creating it if asked."""
-    out = Path(os.environ.get("SUR_LAB_OUTPUTS_DIR", REPO_ROOT / "outputs"))
+    """Return ``<repo>/outputs`` (or ``$SUR_LAB_OUTPUTS_DIR``), absolute, creating it if asked.
+
+    A relative ``$SUR_LAB_OUTPUTS_DIR`` is taken from the current directory when this is called; the notebook runner
+    hands its kernels an absolute one (they run in ``notebooks/``), so a notebook writes where the runner was told.
+    """
+    env = os.environ.get("SUR_LAB_OUTPUTS_DIR", "").strip()
+    out = Path(env).expanduser().absolute() if env else REPO_ROOT / "outputs"
     if create:
         out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def display_path(path: Path | str) -> str:
+    """``path`` as a notebook or a command prints it: relative to the repository root when it lies inside it
+    (``build/docs-run/sweeps/niah_...``, the same from any working directory), else as given (absolute paths stay
+    absolute)."""
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
 
 
 @contextlib.contextmanager

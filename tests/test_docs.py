@@ -171,6 +171,15 @@ def test_mkdocs_build_strict(tmp_path):
     assert "What each folder owns" in architecture, "ARCHITECTURE.md is included, not copied"
 
 
+def test_studies_index_lists_its_pages():
+    """Every page under docs/studies/ is linked from the Studies index (the navigation lists them from the folder,
+    docs/hooks.py; the index says what each is), and the index links no page that is not there."""
+    folder = DOCS / "studies"
+    pages = {p.name for p in folder.glob("*.md")} - {"index.md"}
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", (folder / "index.md").read_text(encoding="utf-8")))
+    assert pages and pages == linked, f"not linked: {sorted(pages - linked)}; no such page: {sorted(linked - pages)}"
+
+
 def _listed_notebooks(text: str, pattern: str) -> set[str]:
     return set(re.findall(pattern, text, re.M))
 

@@ -290,6 +290,7 @@ def _check_plans(plans: dict) -> None:
 
 
 def run_notebooks_cmd(args) -> int:
+    from sur_lab.paths import display_path
     from sur_lab.runtime.run_notebooks import declared_parameters, run_notebook
 
     paths = resolve_notebooks(args.notebooks)
@@ -303,16 +304,16 @@ def run_notebooks_cmd(args) -> int:
     plans = {p: {**preset_parameters(p, args.preset, declared[p]),
                  **{k: v for k, v in overrides.items() if k in declared[p]}} for p in paths}
     _check_plans(plans)
-    out = Path(args.out) if args.out else None
+    out = Path(args.out).expanduser().absolute() if args.out else None  # before the kernels start in notebooks/
     if out is not None:
-        check_out_folder(out, "the executed notebooks go into a folder")
+        check_out_folder(out, "the executed notebooks, their sweeps, tables and figures go into a folder")
     failures = []
     for path, params in plans.items():
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
         t0 = time.perf_counter()
         try:
-            target = run_notebook(path, params, outputs=out)
-            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {target}", flush=True)
+            target = run_notebook(path, params, outputs=out, preset=args.preset)
+            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {display_path(target)}", flush=True)
         except Exception as err:  # noqa: BLE001 - keep going: one failing notebook should not hide the others
             failures.append(path.name)
             print(f"   FAILED after {time.perf_counter() - t0:.0f} s: {type(err).__name__}: {err}", flush=True)
@@ -497,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="run notebooks under papermill (executed copies in outputs/)",
-                         description="Run notebooks under papermill; executed copies go to outputs/ (or --out).")
+                         description="Run notebooks under papermill; the executed copies, sweeps, tables and figures "
+                                     "go to outputs/ (or --out).")
     run.add_argument("notebooks", nargs="+", metavar="NOTEBOOK",
                      help="a notebook path, file name, or name prefix/glob under notebooks/ (00, 02_*, *)")
     run.add_argument("--preset", choices=PRESETS, default="default",
@@ -506,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="parameter override; VALUE is a Python/JSON literal (lists: -p datasets '[\"hotpotqa\"]') "
                           "or a string")
-    run.add_argument("--out", help="directory for the executed copies (default: outputs/)")
+    run.add_argument("--out", help="directory for the executed copies and everything they write: sweeps, tables, "
+                                   "figures (default: outputs/)")
 
     from sur_lab.studies import STUDIES
     from sur_lab.sweeps import EVAL_BATCH
