@@ -528,6 +528,7 @@ class FileStatus:
         rel: path relative to the folder.
         role: what reads it (``"hotpotqa dev"``, ``"corpus"``; ``"other"`` for a pinned file no loader reads).
         state: ``"ok"`` (SHA-256 as pinned), ``"mismatch"``, ``"missing"`` (pinned or expected, not there),
+            ``"not fetched"`` (a train file of prompt examples no study reads, neither there nor pinned),
             ``"not listed"`` (there, not in ``SHA256SUMS``) or ``"unverified"`` (the folder has no ``SHA256SUMS``).
         held_out: one of :data:`sur_lab.data.layout.HELD_OUT_FILES` (final evaluation only).
         size: bytes (None when missing).
