@@ -306,7 +306,7 @@ def run_notebooks_cmd(args) -> int:
     _check_plans(plans)
     out = Path(args.out).expanduser().absolute() if args.out else None  # before the kernels start in notebooks/
     if out is not None:
-        check_out_folder(out, "the executed notebooks, their sweeps, tables and figures go into a folder")
+        check_out_folder(out, "the executed notebooks go into a folder")
     failures = []
     for path, params in plans.items():
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
