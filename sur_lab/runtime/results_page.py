@@ -149,8 +149,9 @@ def folder_markdown(title: str, records: list[dict]) -> str:
     if any(r["suite"] == "smoke" for r in records):
         from sur_lab.studies.presets import SMOKE_BANNER
 
-        lines += [f"The smoke runs are a {SMOKE_BANNER}: they show that every notebook runs, and their verdicts "
-                  "and numbers are not results; the default suite (`make notebooks`) runs the studies.", ""]
+        lines += [f"Smoke runs are a plumbing check ({SMOKE_BANNER.removeprefix('plumbing check: ')}): they show "
+                  "that every notebook runs; their verdicts and numbers are not results. The default suite (`make "
+                  "notebooks`) runs the studies.", ""]
     if ok:
         lines += ["| notebook | suite | model | wall time | finished | load |", "|---|---|---|---|---|---|"]
         for r in ok:
