@@ -389,6 +389,7 @@ def _arm_styles(arms: Sequence[str]) -> dict:
 def plot_quality_per_edit(table: pd.DataFrame):
     """Agreement with Re-prefill (left) and EM (right) per edit index, one line per arm."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = list(dict.fromkeys(table["arm"]))
     style = _arm_styles(arms)
@@ -401,6 +402,7 @@ def plot_quality_per_edit(table: pd.DataFrame):
         ax.set_xlabel("edit index (outdated results deleted so far)")
         ax.set_ylabel(label)
         ax.set_ylim(-3, 103)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
@@ -434,6 +436,7 @@ def plot_cumulative_cost(table: pd.DataFrame):
 def plot_staleness(table: pd.DataFrame):
     """Key / value deviation from a clean prefill and the stale-row fraction per edit index (Re-prefill omitted)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = [a for a in dict.fromkeys(table["arm"]) if a != REFERENCE]
     style = _arm_styles(list(dict.fromkeys(table["arm"])))
@@ -446,6 +449,7 @@ def plot_staleness(table: pd.DataFrame):
             ax.plot(t["edit"], t[col], label=arm, lw=1.4, ms=5, **style[arm])
         ax.set_xlabel("edit index")
         ax.set_ylabel(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
