@@ -47,9 +47,11 @@ test-fast: $(VENV)/.installed
 	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
 # A fresh smoke run each time (a kept folder would resume its sweeps and the results page would time the resume).
+# The runner makes --outputs absolute before the kernels start in notebooks/, so the executed copies, sweeps, tables
+# and figures all land in $(DOCS_RUN).
 docs: $(VENV)/.installed
 	rm -rf $(DOCS_RUN)
-	SUR_LAB_OUTPUTS_DIR=$(DOCS_RUN) $(PY) -m sur_lab.runtime.run_notebooks --smoke --outputs $(DOCS_RUN) $(NB_ARGS)
+	$(PY) -m sur_lab.runtime.run_notebooks --smoke --outputs $(DOCS_RUN) $(NB_ARGS)
 	SUR_LAB_DOCS_RUN=$(DOCS_RUN) $(VENV)/bin/mkdocs build --strict
 
 docs-serve: $(VENV)/.installed

@@ -11,6 +11,9 @@
 * The *Results* section (``release/``) renders the committed release, ``results/`` (or ``$SUR_LAB_DOCS_RESULTS``):
   the claims table, each notebook's figures and tables, and the run manifest, with a banner on every result whose
   fingerprint differs from the current code (:func:`sur_lab.runtime.results_page.release_pages`).
+* Every built page is checked for a literal triple backtick outside code (:func:`unrendered_fences`): a fence whose
+  info string pymdownx.superfences does not accept (``python test="slow"``) is left as a paragraph, which
+  ``mkdocs build --strict`` would not notice; the check's warning fails the strict build.
 * The API reference has one generated page per package (``api/<package>.md``: the core modules of ``sur_lab/``, then
   each subpackage), found by walking ``sur_lab/``, so a module added, moved or renamed is documented (and its
   docstrings' cross-references checked) without editing the navigation; the *Studies* section lists every page
@@ -23,6 +26,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -33,6 +37,24 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "sur_lab"
 NOTEBOOKS = REPO / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+LOG = mkdocs.plugins.get_plugin_logger("sur_lab_docs")
+#: Elements whose text is code: a triple backtick inside them is content, not a fence left unrendered.
+_CODE_ELEMENTS = re.compile(r"<(pre|code|script|textarea)\b.*?</\1>", re.S | re.I)
+
+
+def unrendered_fences(html: str) -> list[str]:
+    """Each literal triple backtick of a built page outside ``<pre>``, ``<code>``, ``<script>`` and ``<textarea>``,
+    with the text after it (what the unrendered fence's info string was)."""
+    text = _CODE_ELEMENTS.sub("", html)
+    return [text[m.start(): m.start() + 40].split("\n")[0] for m in re.finditer("```", text)]
+
+
+def on_post_page(output: str, page, config) -> str:
+    """Warn (an error under ``--strict``) about a fence the Markdown extensions left unrendered."""
+    for found in unrendered_fences(output):
+        LOG.warning(f"{page.file.src_path}: a code fence was not rendered (literal {found!r} in the built page); "
+                    "use a plain language info string and put options such as the test marker in an HTML comment")
+    return output
 
 
 def results_folder() -> Path:

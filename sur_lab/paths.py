@@ -1,7 +1,9 @@
 """Where sur_lab finds shared data and writes outputs, and how it writes them (atomically).
 
-A leaf of the core layer: it imports nothing from sur_lab, so every layer may use it. The QA samples live beside the project (``../shared/data/qa``) and are never copied into the repository; a user can
-point elsewhere with the ``SUR_LAB_DATA_DIR`` environment variable or by passing a path to a loader.
+A leaf of the core layer: it imports nothing from sur_lab, so every layer may use it. The QA samples live beside the
+project (``../shared/data/qa``) and are never copied into the repository; a clone without them gets them with
+``sur-lab data fetch`` (:mod:`sur_lab.data.fetch`), and a user can point elsewhere with the ``SUR_LAB_DATA_DIR``
+environment variable or by passing a path to a loader.
 """
 
 from __future__ import annotations
@@ -16,44 +18,91 @@ PACKAGE_DIR = Path(__file__).resolve().parent  # sur_lab/
 REPO_ROOT = PACKAGE_DIR.parent
 
 
-def default_data_dir() -> Path:
-    """Return the directory holding the multi-hop QA samples.
+#: The variable that names the QA data folder (and then only it) and where ``sur-lab data fetch`` writes.
+DATA_DIR_ENV = "SUR_LAB_DATA_DIR"
 
-    Order: ``$SUR_LAB_DATA_DIR`` when set (and then only it: a user who names a folder never silently gets another
-    one), else ``../shared/data/qa`` beside the repository root, then the same path beside the current working
-    directory's parents (for notebooks run from ``notebooks/``).
+
+def fetched_data_dir() -> Path:
+    """Where ``sur-lab data fetch`` writes the QA data by default, and the last place :func:`default_data_dir` looks:
+    ``$SUR_LAB_DATA_DIR`` when set, else ``data/qa`` under the user's sur_lab cache (``$SUR_LAB_CACHE``, default
+    ``~/.cache/sur_lab``, the folder that also holds the dequantized models). ``~`` is expanded and a relative path is
+    made absolute from the current directory."""
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
+    if env:
+        return Path(env).expanduser().absolute()
+    cache = os.environ.get("SUR_LAB_CACHE", "").strip()
+    return (Path(cache).expanduser().absolute() if cache else Path.home() / ".cache" / "sur_lab") / "data" / "qa"
+
+
+def data_dir_candidates() -> list[Path]:
+    """The folders :func:`default_data_dir` tries, in order, without checking them: ``$SUR_LAB_DATA_DIR`` alone when
+    it is set; else ``../shared/data/qa`` beside the repository root, the same path beside the current directory and
+    its parents (for notebooks run from ``notebooks/``), then :func:`fetched_data_dir` (what ``sur-lab data fetch``
+    fills)."""
+    if os.environ.get(DATA_DIR_ENV, "").strip():
+        return [fetched_data_dir()]
+    cwd = Path.cwd().resolve()
+    tried = [REPO_ROOT.parent / "shared" / "data" / "qa"]
+    tried.extend(p / "shared" / "data" / "qa" for p in [cwd, *cwd.parents])
+    tried.append(fetched_data_dir())
+    return list(dict.fromkeys(tried))  # keep the order, drop repeats (the repository may sit in the cwd chain)
+
+
+def default_data_dir() -> Path:
+    """Return the directory holding the multi-hop QA samples: the first of :func:`data_dir_candidates` that exists.
+
+    The copy beside the project (``../shared/data/qa``) is found first; a clone without it reads what ``sur-lab data
+    fetch`` wrote. ``$SUR_LAB_DATA_DIR``, when set, is the only candidate (a user who names a folder never silently
+    gets another one).
 
     Raises:
         FileNotFoundError: naming ``SUR_LAB_DATA_DIR`` when it is set but is not a directory; else if none of the
-            candidates exists (the message lists what was tried).
+            candidates exists (the message lists what was tried and names ``sur-lab data fetch``).
     """
-    tried: list[Path] = []
-    env = os.environ.get("SUR_LAB_DATA_DIR")
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
     if env:
         if not Path(env).expanduser().is_dir():
             raise FileNotFoundError(
-                f"SUR_LAB_DATA_DIR={env!r} is not a directory; point it at the QA data folder (the one holding "
-                "README.md, SHA256SUMS and hotpotqa/) or unset it to use ../shared/data/qa"
+                f"SUR_LAB_DATA_DIR={env!r} is not a directory; run `sur-lab data fetch` to download the QA data into "
+                "it, point it at a QA data folder (the one holding SHA256SUMS and hotpotqa/), or unset it to use "
+                "../shared/data/qa"
             )
         return Path(env).expanduser()
-    tried.append(REPO_ROOT.parent / "shared" / "data" / "qa")
-    cwd = Path.cwd().resolve()
-    tried.extend(p / "shared" / "data" / "qa" for p in [cwd, *cwd.parents])
-    tried = list(dict.fromkeys(tried))  # keep the order, drop repeats (the repository may sit in the cwd chain)
+    tried = data_dir_candidates()
+    fetched = fetched_data_dir()
     for candidate in tried:
-        if candidate.is_dir():
+        # the fetch folder counts once a fetch finished (it writes SHA256SUMS last); a shared copy once it exists
+        if candidate.is_dir() and (candidate != fetched or (candidate / "SHA256SUMS").is_file()):
             return candidate
     raise FileNotFoundError(
-        "QA data directory not found; set SUR_LAB_DATA_DIR or pass a path. Tried: " + ", ".join(map(str, tried))
+        "QA data directory not found: run `sur-lab data fetch` to download the datasets' official releases into "
+        f"{fetched_data_dir()} (or set SUR_LAB_DATA_DIR to a QA data folder, or pass a path). Tried: "
+        + ", ".join(map(str, tried))
     )
 
 
 def outputs_dir(create: bool = True) -> Path:
-    """Return ``<repo>/outputs`` (or ``$SUR_LAB_OUTPUTS_DIR``), creating it if asked."""
-    out = Path(os.environ.get("SUR_LAB_OUTPUTS_DIR", REPO_ROOT / "outputs"))
+    """Return ``<repo>/outputs`` (or ``$SUR_LAB_OUTPUTS_DIR``), absolute, creating it if asked.
+
+    A relative ``$SUR_LAB_OUTPUTS_DIR`` is taken from the current directory when this is called; the notebook runner
+    hands its kernels an absolute one (they run in ``notebooks/``), so a notebook writes where the runner was told.
+    """
+    env = os.environ.get("SUR_LAB_OUTPUTS_DIR", "").strip()
+    out = Path(env).expanduser().absolute() if env else REPO_ROOT / "outputs"
     if create:
         out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def display_path(path: Path | str) -> str:
+    """``path`` as a notebook or a command prints it: relative to the repository root when it lies inside it
+    (``build/docs-run/sweeps/niah_...``, the same from any working directory), else as given (absolute paths stay
+    absolute)."""
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
 
 
 @contextlib.contextmanager

@@ -409,7 +409,7 @@ def test_resume_across_notebook_and_command(capsys, tmp_path, data_dir, monkeypa
     assert len(started.splitlines()) == 5 and not (folder / "records.parquet").exists()
 
     notebook = REPO / "notebooks" / "02_allocation_geometry.ipynb"
-    run_notebook(notebook, smoke_parameters(notebook), outputs=tmp_path / "executed", progress=False)
+    run_notebook(notebook, smoke_parameters(notebook), outputs=outputs, progress=False)  # sweeps beside the copy
     # the notebook used the same folder for the study's sweep (beside it: its matched-token sweep, a folder of its own)
     assert sorted(p.name for p in (outputs / "sweeps").iterdir() if not p.name.startswith("02_niah_matched")) == [
         folder.name]

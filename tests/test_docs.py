@@ -1,7 +1,10 @@
 """The README is a front page whose code runs, and the documentation site builds with ``mkdocs build --strict``.
 
 - Every ``python`` block of README.md runs (in a fresh interpreter, from an empty folder), and so does every block of
-  ``docs/*.md`` whose info string says ``test="fast"`` or ``test="slow"`` (slow: it loads an embedded model).
+  ``docs/*.md`` marked ``<!-- test: fast -->`` or ``<!-- test: slow -->`` on the line before its fence (slow: it loads
+  an embedded model). The marker is an HTML comment, not an option in the info string: GitHub and
+  pymdownx.superfences both render a plain ``python`` fence, and superfences renders an info string it does not know
+  as a paragraph.
 - The site builds from the committed notebooks (no outputs) in strict mode, so a broken link, an unknown page in the
   navigation or a docstring cross-reference that does not resolve fails this test (the Sphinx roles in docstrings are
   turned into checked links by ``docs/griffe_roles.py``).
@@ -20,28 +23,80 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.M | re.S)
+#: A python fence and the test marker on the line before it (``<!-- test: slow -->``).
+FENCE = re.compile(r"^(?:<!--\s*test:\s*(\w+)\s*-->\n)?```python([^\n]*)\n(.*?)^```", re.M | re.S)
+#: Any fence's opening line (at any indentation) and its info string.
+FENCE_OPEN = re.compile(r"^[ \t]*(?:```|~~~)(.*)$", re.M)
 #: Typed timings (a number with a time unit) and dates: a front page quotes neither (measured times are generated).
 TIMING = re.compile(r"\d[\d.,]*\s?(?:ms|s|sec|seconds?|min|minutes?|h|hours?)\b")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 
 
 def code_blocks(path: Path, *, all_blocks: bool) -> list[tuple[str, str, str]]:
-    """``(id, mode, code)`` of the python blocks to run: ``mode`` is "fast", "slow" or "skip" (from ``test="..."``);
-    without a ``test=`` option a block runs (as slow) only when ``all_blocks``."""
+    """``(id, mode, code)`` of the python blocks to run: ``mode`` is "fast", "slow" or "skip" (from a
+    ``<!-- test: MODE -->`` line before the fence); without a marker a block runs (as slow) only when ``all_blocks``.
+
+    Raises:
+        ValueError: naming the page and block when the mode is not fast, slow or skip, or the fence's info string
+            holds more than the language (``python test="slow"``: superfences would not render it as code).
+    """
     out = []
     for i, m in enumerate(FENCE.finditer(path.read_text(encoding="utf-8"))):
-        opt = re.search(r'test="(\w+)"', m.group(1))
-        mode = opt.group(1) if opt else ("slow" if all_blocks else "skip")
+        if m.group(2).strip():
+            raise ValueError(f"{path.name} block {i}: info string 'python{m.group(2)}': put the test marker in a "
+                             "'<!-- test: slow -->' line before the fence")
+        mode = m.group(1) or ("slow" if all_blocks else "skip")
         if mode not in ("fast", "slow", "skip"):
-            raise ValueError(f"{path.name} block {i}: test={mode!r} must be fast, slow or skip")
+            raise ValueError(f"{path.name} block {i}: test: {mode!r} must be fast, slow or skip")
         if mode != "skip":
-            out.append((f"{path.stem}-{i}", mode, m.group(2)))
+            out.append((f"{path.stem}-{i}", mode, m.group(3)))
     return out
 
 
 BLOCKS = code_blocks(README, all_blocks=True) + [
     b for page in sorted(DOCS.rglob("*.md")) for b in code_blocks(page, all_blocks=False)]
+
+
+PAGES = [README] + sorted(DOCS.rglob("*.md"))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_fence_info_strings_are_plain_languages(page):
+    """A fence's info string is one language word (or none), which GitHub and pymdownx.superfences both highlight;
+    anything after it (``python test="slow"``) makes superfences leave the block as a paragraph."""
+    bad = [m.group(0).strip() for m in FENCE_OPEN.finditer(page.read_text(encoding="utf-8"))
+           if not re.fullmatch(r"[A-Za-z0-9_+-]*", m.group(1).strip())]
+    assert not bad, f"{page.name}: fences whose info string is more than a language: {bad}"
+
+
+def test_unrendered_fences_are_found(caplog):
+    sys.path.insert(0, str(DOCS))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(DOCS))
+    good = '<div class="highlight"><pre><span></span><code>```python\nx = 1\n```</code></pre></div><p>`a`</p>'
+    assert hooks.unrendered_fences(good) == []
+    bad = '<p>```python test="slow"\nimport torch</p><h1>comment</h1><p>```</p>'
+    assert hooks.unrendered_fences(bad) == ['```python test="slow"', "```</p>"]
+
+    class Page:
+        class file:
+            src_path = "agents.md"
+
+    with caplog.at_level("WARNING"):
+        assert hooks.on_post_page(bad, Page, {}) == bad
+    assert "agents.md: a code fence was not rendered" in caplog.text
+
+
+def test_code_block_markers(tmp_path):
+    md = tmp_path / "page.md"
+    md.write_text("<!-- test: fast -->\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n")
+    assert code_blocks(md, all_blocks=False) == [("page-0", "fast", "x = 1\n")]
+    assert [b[1] for b in code_blocks(md, all_blocks=True)] == ["fast", "slow"]
+    md.write_text('```python test="slow"\nx = 1\n```\n')
+    with pytest.raises(ValueError, match="info string"):
+        code_blocks(md, all_blocks=True)
 
 
 def test_readme_is_a_front_page():
@@ -117,6 +172,15 @@ def test_mkdocs_build_strict(tmp_path):
     assert "Claims" in release and ">P1<" in release and "Runs" in release
     architecture = (site / "architecture" / "index.html").read_text()
     assert "What each folder owns" in architecture, "ARCHITECTURE.md is included, not copied"
+
+
+def test_studies_index_lists_its_pages():
+    """Every page under docs/studies/ is linked from the Studies index (the navigation lists them from the folder,
+    docs/hooks.py; the index says what each is), and the index links no page that is not there."""
+    folder = DOCS / "studies"
+    pages = {p.name for p in folder.glob("*.md")} - {"index.md"}
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", (folder / "index.md").read_text(encoding="utf-8")))
+    assert pages and pages == linked, f"not linked: {sorted(pages - linked)}; no such page: {sorted(linked - pages)}"
 
 
 def _listed_notebooks(text: str, pattern: str) -> set[str]:

@@ -2,7 +2,7 @@
 import each other in a loop.
 
 Layers, lowest first: the core (top-level modules, ``allocators/``, ``executors/``; ``paths`` and ``fingerprint`` are
-leaves of it), ``analysis/``, ``sweeps/``, ``studies/``, and ``runtime/`` (entry points) on top. Checked statically
+leaves of it), ``data/`` (the QA data layout and its fetcher), ``analysis/``, ``sweeps/``, ``studies/``, and ``runtime/`` (entry points) on top. Checked statically
 over every import statement, including imports inside functions, and at run time (importing the core and resolving
 every executor loads no module of a higher layer). Every module of the package belongs to a layer.
 """
@@ -21,8 +21,8 @@ import sur_lab
 
 PKG = Path(sur_lab.__file__).resolve().parent
 #: Layers, lowest first; a module may import its own layer and the ones before it.
-LAYERS = ("core", "analysis", "sweeps", "studies", "runtime")
-PACKAGES = {"analysis": "analysis", "sweeps": "sweeps", "studies": "studies", "runtime": "runtime"}
+LAYERS = ("core", "data", "analysis", "sweeps", "studies", "runtime")
+PACKAGES = {"data": "data", "analysis": "analysis", "sweeps": "sweeps", "studies": "studies", "runtime": "runtime"}
 
 
 def _module_name(path: Path) -> str:

@@ -15,7 +15,9 @@ import pytest
 
 from notebook_outputs import EXPECTED, PENDING
 from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
-from sur_lab.runtime.run_notebooks import NOTEBOOK_DIR, declared_parameters, run_notebook, smoke_parameters
+from sur_lab.runtime.run_notebooks import (NOTEBOOK_DIR, declared_parameters, final_progress_bars, run_notebook,
+                                           smoke_parameters)
+from sur_lab.studies.presets import PRESET_ENV, SMOKE_BANNER
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
@@ -40,6 +42,104 @@ def test_notebook_is_clean_and_parameterized(path):
     smoke = smoke_parameters(path)
     assert smoke, "notebook metadata needs sur_lab.smoke_parameters"
     assert set(smoke) <= set(declared), f"smoke parameters not declared: {set(smoke) - set(declared)}"
+
+
+#: Calls whose value (the written paths) would be printed as a raw ``[PosixPath(...)]`` output at a cell's end.
+SAVING_CALLS = {"save_figure", "save_table"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_cell_ends_in_a_bare_saving_call(path):
+    """A figure- or table-saving call that ends a cell would print its list of paths under the figure; its result is
+    assigned instead (or another statement ends the cell)."""
+    bare = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        body = ast.parse("".join(cell["source"])).body
+        last = body[-1] if body else None
+        if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+            func = last.value.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if name in SAVING_CALLS:
+                bare.append((i, name))
+    assert not bare, f"cells ending in a bare saving call (assign its result): {bare}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_smoke_banner_comes_just_before_this_run(path):
+    """Every notebook calls the one banner function in a cell of its own (tag ``smoke-banner``) right before its
+    generated "This run" summary, the last code cell; with its ``preset`` parameter when it has one, else the runner
+    says (``$SUR_LAB_PRESET``)."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    tagged = [i for i, c in enumerate(cells) if "smoke-banner" in c["metadata"].get("tags", [])]
+    assert tagged == [len(cells) - 2], "one smoke-banner cell, just before the last code cell"
+    call = "show_smoke_banner(preset)" if "preset" in declared_parameters(path) else "show_smoke_banner()"
+    assert call in "".join(cells[tagged[0]]["source"])
+
+
+def test_smoke_banner_says_when(monkeypatch, capsys):
+    from sur_lab.studies.presets import show_smoke_banner, smoke_banner
+
+    monkeypatch.delenv(PRESET_ENV, raising=False)
+    assert smoke_banner("default") == smoke_banner() == ""
+    assert SMOKE_BANNER in smoke_banner("smoke")
+    monkeypatch.setenv(PRESET_ENV, "smoke")
+    assert SMOKE_BANNER in smoke_banner() and smoke_banner("default") == ""  # a notebook's own preset wins
+    show_smoke_banner()
+    assert SMOKE_BANNER in capsys.readouterr().out
+
+
+def _tqdm_output(model_id: str) -> dict:
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"text/plain": "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]",
+                     "application/vnd.jupyter.widget-view+json": {"model_id": model_id, "version_major": 2,
+                                                                   "version_minor": 0}}}
+
+
+def test_progress_bars_are_left_in_their_final_state():
+    def model(name, **state):
+        return {"model_name": name, "state": state}
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [_tqdm_output("box"), _tqdm_output("lost"), {"output_type": "stream", "name": "stdout",
+                                                                 "text": "done\n"}]
+    nb.cells.append(cell)
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "box": model("HBoxModel", children=["IPY_MODEL_a", "IPY_MODEL_b", "IPY_MODEL_c"]),
+        "a": model("HTMLModel", value="Loading\u2007weights:\u2007100%"),
+        "b": model("FloatProgressModel", value=272.0, max=272.0),
+        "c": model("HTMLModel", value="\u2007272/272\u2007[00:00&lt;00:00,\u20079820.87it/s]")}}}
+    assert final_progress_bars(nb) == 2
+    outs = nb.cells[0].outputs
+    assert outs[0]["data"] == {"text/plain": "Loading weights: 100%|██████████| 272/272 [00:00<00:00, 9820.87it/s]"}
+    assert len(outs) == 2 and outs[1]["text"] == "done\n"  # a bar without saved state is cleared
+    assert "widgets" not in nb.metadata
+
+
+def test_the_kernel_writes_into_the_absolute_outputs_folder(tmp_path, monkeypatch):
+    """A relative outputs folder is made absolute before the kernel starts in the notebook's folder: what the notebook
+    writes lands beside its executed copy, and the kernel is told the preset."""
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("x: int = 1  # a number {0..}")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells += [params, nbformat.v4.new_code_cell(
+        "import os\nfrom sur_lab.paths import outputs_dir\n"
+        "(outputs_dir() / 'where.txt').write_text(os.environ.get('SUR_LAB_PRESET', 'none') + ' ' + os.getcwd())")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["sur_lab"] = {"smoke_parameters": {"x": 2}}
+    nbformat.write(nb, folder / "probe.ipynb")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SUR_LAB_OUTPUTS_DIR", "elsewhere")  # the runner's folder wins
+    run_notebook(folder / "probe.ipynb", {"x": 2}, outputs=Path("run"), progress=False)
+    preset, cwd = (tmp_path / "run" / "where.txt").read_text().split(" ", 1)
+    assert preset == "smoke" and Path(cwd) == folder  # smoke parameters: the smoke preset; the kernel ran in nbs/
+    assert (tmp_path / "run" / "probe.ipynb").is_file() and not (folder / "run").exists()
+    run_notebook(folder / "probe.ipynb", {"x": 3}, outputs=tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / "where.txt").read_text().startswith("none ")
 
 
 #: A number followed by a unit (%, pp, ms, s, min, h, tokens, ×, x; optionally K/M-scaled, with a space or hyphen):
@@ -127,6 +227,12 @@ def check_outputs(name: str, executed: Path, outputs: Path, params: dict) -> Non
         assert "".join(view["data"]["text/html"]).count("<del>") in (1, 2), "one deleted span (its middle elided)"
     summary = [o for o in outputs_of if o.get("output_type") == "stream" and "".join(o["text"]).startswith("This run:")]
     assert summary or name in PENDING, "the conclusion's generated cell ('This run: ...') printed nothing"
+    streams = "".join("".join(o["text"]) for o in outputs_of if o.get("output_type") == "stream")
+    assert SMOKE_BANNER in streams, "a smoke run prints its banner above 'This run'"
+    plain = ["".join(o.get("data", {}).get("text/plain", "")) for o in outputs_of]
+    assert not [t for t in plain if "PosixPath(" in t], "a raw list of written paths is shown"
+    assert not [o for o in outputs_of if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert not [t for t in plain if re.search(r"\s0%\|", t)], "a progress bar is shown frozen at 0 %"
 
 
 @pytest.mark.slow

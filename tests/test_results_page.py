@@ -44,6 +44,9 @@ def test_records_and_page(tmp_path):
     assert "| 1 min 05 s |" in page and "| 1 h 06 min |" in page and "4 CPUs, Linux-x" in page
     assert "Total wall time of the 3 finished notebooks: 1 h 07 min." in page
     assert "`03_d`: failed: ValueError: boom" in page
+    assert "plumbing check (sizes too small to decide anything)" in page  # 00_a ran at smoke
+    (tmp_path / "00_a.ipynb").unlink()
+    assert "plumbing check" not in results_markdown(tmp_path)  # no smoke run, no banner
     assert "No executed notebook" in results_markdown(tmp_path / "empty")
 
 

@@ -616,13 +616,14 @@ def test_check_model_passes_on_smollm2(smol, dtype):
 
 @pytest.mark.slow
 def test_the_agent_loop_example_in_the_docs_runs(smol, capsys):
-    """The ``python test="slow"`` block of docs/sessions.md, as a user would run it (it loads the embedded model)."""
-    import re
+    """The ``<!-- test: slow -->`` python block of docs/sessions.md, as a user would run it (it loads the embedded
+    model)."""
+    from test_docs import code_blocks
 
     from sur_lab.paths import REPO_ROOT
 
-    text = (REPO_ROOT / "docs" / "sessions.md").read_text()
-    blocks = re.findall(r'```python test="slow"\n(.*?)```', text, flags=re.S)
+    blocks = [code for _, mode, code in code_blocks(REPO_ROOT / "docs" / "sessions.md", all_blocks=False)
+              if mode == "slow"]
     assert len(blocks) == 1
     exec(compile(blocks[0], "docs/sessions.md", "exec"), {})
     lines = capsys.readouterr().out.strip().splitlines()

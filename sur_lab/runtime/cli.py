@@ -11,6 +11,8 @@
     sur-lab bench --context-lengths 1024 --repeats 3   # scripts/bench_packed_refresh.py (its own --help)
     sur-lab release --check                            # the results release: what is stale (sur-lab release --help)
     sur-lab models                                     # list the embedded models and verify them (load + forward)
+    sur-lab data status                                # which QA data folder is used; each file against SHA256SUMS
+    sur-lab data fetch                                 # download the QA datasets' releases into ~/.cache/sur_lab
     sur-lab lab                                        # JupyterLab on notebooks/
 
 Exit codes: 0 success, 1 a notebook, sweep, benchmark or model check failed, 2 a bad argument (the message names it).
@@ -50,6 +52,8 @@ examples:
   sur-lab release --check                            what in results/ is stale against the code, and why
   sur-lab models                                     list the embedded models and verify them (load + forward)
   sur-lab models --list-only                         list them only (name, alias, source, cached)
+  sur-lab data status                                which QA data folder is used; each file against SHA256SUMS
+  sur-lab data fetch                                 download the QA datasets' official releases, convert, verify
   sur-lab lab                                        JupyterLab on notebooks/
 
 exit codes: 0 success; 1 a notebook, sweep, benchmark or model check failed; 2 a bad argument (the message
@@ -306,6 +310,7 @@ def _check_plans(plans: dict) -> None:
 
 
 def run_notebooks_cmd(args) -> int:
+    from sur_lab.paths import display_path
     from sur_lab.runtime.run_notebooks import declared_parameters, run_notebook
 
     paths = resolve_notebooks(args.notebooks)
@@ -319,7 +324,7 @@ def run_notebooks_cmd(args) -> int:
     plans = {p: {**preset_parameters(p, args.preset, declared[p]),
                  **{k: v for k, v in overrides.items() if k in declared[p]}} for p in paths}
     _check_plans(plans)
-    out = Path(args.out) if args.out else None
+    out = Path(args.out).expanduser().absolute() if args.out else None  # before the kernels start in notebooks/
     if out is not None:
         check_out_folder(out, "the executed notebooks go into a folder")
     failures = []
@@ -327,8 +332,8 @@ def run_notebooks_cmd(args) -> int:
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
         t0 = time.perf_counter()
         try:
-            target = run_notebook(path, params, outputs=out)
-            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {target}", flush=True)
+            target = run_notebook(path, params, outputs=out, preset=args.preset)
+            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {display_path(target)}", flush=True)
         except Exception as err:  # noqa: BLE001 - keep going: one failing notebook should not hide the others
             failures.append(path.name)
             print(f"   FAILED after {time.perf_counter() - t0:.0f} s: {type(err).__name__}: {err}", flush=True)
@@ -422,6 +427,35 @@ def models_cmd(args) -> int:
     return 1 if failures else 0
 
 
+def data_cmd(args) -> int:
+    """``sur-lab data status`` (exit 1 when a file differs from its pin or a dev/test file is missing) and ``sur-lab
+    data fetch`` (exit 1 when a download or a checksum fails; :mod:`sur_lab.data.fetch`)."""
+    from sur_lab.data.fetch import FetchError, fetch, status, status_text
+    from sur_lab.paths import default_data_dir
+
+    if args.data_command == "status":
+        st = status(Path(args.dir) if args.dir else None)
+        print(status_text(st), end="")
+        return 0 if st.ok else 1
+    if args.dir:
+        check_out_folder(Path(args.dir), "the fetched data goes into a folder")
+    try:
+        result = fetch(args.dir, datasets=args.datasets, mirror=args.mirror, train=args.train,
+                       keep_downloads=args.keep_downloads)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    except FetchError as err:
+        print(f"sur-lab data fetch: error: {err}", file=sys.stderr)
+        return 1
+    try:
+        used = default_data_dir().resolve()
+    except FileNotFoundError:
+        used = None
+    if used != result.root.resolve():
+        print(f"note: the loaders read {used} first; set SUR_LAB_DATA_DIR={result.root} to use the fetched copy")
+    return 0
+
+
 def lab_command(extra: list[str]) -> list[str]:
     """The JupyterLab command ``sur-lab lab`` runs (on ``notebooks/``)."""
     return [sys.executable, "-m", "jupyterlab", f"--notebook-dir={NOTEBOOK_DIR}", *extra]
@@ -484,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="run notebooks under papermill (executed copies in outputs/)",
-                         description="Run notebooks under papermill; executed copies go to outputs/ (or --out).")
+                         description="Run notebooks under papermill; the executed copies, sweeps, tables and figures "
+                                     "go to outputs/ (or --out).")
     run.add_argument("notebooks", nargs="+", metavar="NOTEBOOK",
                      help="a notebook path, file name, or name prefix/glob under notebooks/ (00, 02_*, *)")
     run.add_argument("--preset", choices=PRESETS, default="default",
@@ -493,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="parameter override; VALUE is a Python/JSON literal (lists: -p datasets '[\"hotpotqa\"]') "
                           "or a string")
-    run.add_argument("--out", help="directory for the executed copies (default: outputs/)")
+    run.add_argument("--out", help="directory for the executed copies and everything they write: sweeps, tables, "
+                                   "figures (default: outputs/)")
 
     from sur_lab.studies import STUDIES
     from sur_lab.sweeps import EVAL_BATCH
@@ -552,6 +588,35 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--checksum", action="store_true", help="print SHA-256 of the model files instead of loading")
     group.add_argument("--list-only", action="store_true", help="list without verifying")
 
+    from sur_lab.data.layout import DATASETS
+
+    da = sub.add_parser("data", help="the QA data: status (what is found where) and fetch (download the releases)",
+                        description="The multi-hop QA data the studies read: status says which folder the loaders use "
+                                    "(../shared/data/qa beside the project first, then $SUR_LAB_DATA_DIR or the fetch "
+                                    "folder) and checks each file against its SHA256SUMS; fetch downloads the four "
+                                    "datasets' official releases, converts them to that layout and pins them.")
+    dsub = da.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    dst = dsub.add_parser("status", help="which data folder is used; each file against SHA256SUMS; held-out files",
+                          description="List the folders the loaders try, the one they use, and each file's checksum "
+                                      "against the folder's SHA256SUMS (exit 1 when one differs or a dev/test file is "
+                                      "missing); files marked held out are for final evaluation only.")
+    dst.add_argument("--dir", default=None, help="check this folder instead of the one the loaders use")
+    dfe = dsub.add_parser("fetch", help="download the QA datasets' official releases, convert and verify them",
+                          description="Download HotpotQA (dev distractor), 2WikiMultihopQA, MuSiQue-Ans and IIRC from "
+                                      "their official releases (or --mirror), check their SHA-256 where the official "
+                                      "one is known, convert them to the layout the loaders read and pin every file "
+                                      "in SHA256SUMS (sur_lab.data.fetch).")
+    dfe.add_argument("--dir", default=None, help="destination folder (default: $SUR_LAB_DATA_DIR, else "
+                                                 "~/.cache/sur_lab/data/qa, where the loaders look last)")
+    dfe.add_argument("--mirror", default=None, help="base URL or folder laid out <mirror>/<dataset>/<release file> "
+                                                    "(e.g. file:///srv/qa-mirror), instead of the official URLs")
+    dfe.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS), metavar="DATASET",
+                     help=f"which datasets (default: all of {', '.join(DATASETS)})")
+    dfe.add_argument("--train", action="store_true", help="also HotpotQA's train sample (a 540 MB download; prompt "
+                                                          "examples, no study reads them)")
+    dfe.add_argument("--keep-downloads", action="store_true", help="keep the release files (a later fetch reuses "
+                                                                   "them)")
+
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/",
                          description="Start JupyterLab with notebooks/ as its root; other arguments go to jupyter lab "
                                      "(e.g. sur-lab lab --no-browser --port 8890).")
@@ -592,6 +657,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "models":
             return models_cmd(args)
+        if args.command == "data":
+            return data_cmd(args)
         if args.command == "lab":
             return lab_cmd(args)
     except CliError as err:

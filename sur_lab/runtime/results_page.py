@@ -137,6 +137,12 @@ def folder_markdown(title: str, records: list[dict]) -> str:
     ok = [r for r in records if r["status"] == "ok"]
     failed = [r for r in records if r["status"] == "failed"]
     lines = [f"## {title}", "", _machine_line(records), ""]
+    if any(r["suite"] == "smoke" for r in records):
+        from sur_lab.studies.presets import SMOKE_BANNER
+
+        lines += [f"Smoke runs are a plumbing check ({SMOKE_BANNER.removeprefix('plumbing check: ')}): they show "
+                  "that every notebook runs; their verdicts and numbers are not results. The default suite (`make "
+                  "notebooks`) runs the studies.", ""]
     if ok:
         lines += ["| notebook | suite | model | wall time | finished | load |", "|---|---|---|---|---|---|"]
         for r in ok:

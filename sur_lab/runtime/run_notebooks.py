@@ -27,6 +27,13 @@ Nothing good is ever overwritten by a failure:
 - One notebook runs once at a time per outputs folder: a second concurrent run fails at once with
   :class:`NotebookBusyError` (a ``filelock`` lock file ``.<name>.lock``) instead of racing the first.
 - Figures and tables are written atomically by :mod:`sur_lab.analysis.plotting`.
+
+Everything a run writes lands under one folder: the outputs folder (``--outputs``, else ``$SUR_LAB_OUTPUTS_DIR``, else
+``outputs/``) is made absolute before the kernel starts and handed to it as ``$SUR_LAB_OUTPUTS_DIR``, so the executed
+copies, sweeps, tables and figures all go there, although the kernel runs in ``notebooks/``. The runner also tells the
+kernel its preset (``$SUR_LAB_PRESET``: ``smoke`` for ``--smoke``), so that each notebook's "This run" section can say
+when it is a plumbing check (:func:`sur_lab.studies.presets.show_smoke_banner`). Progress bars are left in their final
+state in the executed copy (a tqdm bar's last text), never frozen at 0 %.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from sur_lab.paths import REPO_ROOT, outputs_dir
+from sur_lab.paths import REPO_ROOT, display_path, outputs_dir
 from sur_lab.checks import pid_alive as _pid_alive
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -153,21 +160,89 @@ def _sigterm_as_interrupt():
 
 
 @contextlib.contextmanager
-def _static_outputs():
-    """Tell the kernel papermill starts that nobody will interact with it: views that offer an ipywidgets control
-    write static HTML instead (:data:`sur_lab.analysis.plotting.STATIC_OUTPUTS_ENV`; the kernel inherits the
-    environment)."""
-    from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
-
-    previous = os.environ.get(STATIC_OUTPUTS_ENV)
-    os.environ[STATIC_OUTPUTS_ENV] = "1"
+def _kernel_environment(values: dict[str, str | None]):
+    """Set (or, for None, unset) environment variables while a kernel starts and runs: the kernel papermill starts
+    inherits this process's environment. Restored afterwards."""
+    previous = {name: os.environ.get(name) for name in values}
     try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         yield
     finally:
-        if previous is None:
-            os.environ.pop(STATIC_OUTPUTS_ENV, None)
-        else:
-            os.environ[STATIC_OUTPUTS_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def kernel_environment(outputs: Path, preset: str | None) -> dict[str, str | None]:
+    """What the runner tells a kernel: the absolute outputs folder (``$SUR_LAB_OUTPUTS_DIR``: sweeps, tables and
+    figures go beside the executed copy), the preset it runs (``$SUR_LAB_PRESET``; unset when not known), and that
+    nobody will interact with it (:data:`sur_lab.analysis.plotting.STATIC_OUTPUTS_ENV`: views that offer an
+    ipywidgets control write static HTML instead)."""
+    from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
+    from sur_lab.studies.presets import PRESET_ENV
+
+    return {"SUR_LAB_OUTPUTS_DIR": str(Path(outputs).absolute()), PRESET_ENV: preset, STATIC_OUTPUTS_ENV: "1"}
+
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _progress_text(state: dict, model_id: str) -> str | None:
+    """The final text of a tqdm notebook bar (an HBox of description HTML, a progress bar and the counts HTML), as
+    tqdm prints it in a terminal; None when ``model_id`` is not such a bar."""
+    import html
+
+    box = state.get(model_id, {})
+    children = box.get("state", {}).get("children", []) if box.get("model_name") == "HBoxModel" else []
+    parts = [state.get(str(c).removeprefix("IPY_MODEL_"), {}) for c in children]
+    if len(parts) != 3 or not parts[1].get("model_name", "").endswith("ProgressModel"):
+        return None
+    left, bar, right = (p.get("state", {}) for p in parts)
+    total, value = bar.get("max") or 0, bar.get("value") or 0
+    filled = int(round(10 * value / total)) if total else 0
+
+    def text(v) -> str:
+        return html.unescape(str(v or "")).replace("\u2007", " ")
+
+    return f"{text(left.get('value'))}|{'█' * filled}{' ' * (10 - filled)}|{text(right.get('value'))}"
+
+
+def final_progress_bars(nb) -> int:
+    """Replace each tqdm progress-bar widget in an executed notebook by its final state as text (from the widget state
+    nbclient saved), or drop the output when no state was saved: an executed copy has no live widgets, and a page
+    rendered from it would show the bar frozen at 0 %. Returns the number of bars handled.
+
+    Args:
+        nb: an nbformat notebook, changed in place.
+    """
+    state = nb.metadata.get("widgets", {}).get(_WIDGET_STATE, {}).get("state", {})
+    handled = 0
+    for cell in nb.cells:
+        outputs = []
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(_WIDGET_VIEW)
+            if view is None:
+                outputs.append(out)
+                continue
+            handled += 1
+            final = _progress_text(state, view.get("model_id", ""))
+            if final is not None:
+                out["data"] = {"text/plain": final}
+                outputs.append(out)
+            elif "|" not in str(out["data"].get("text/plain", "")):  # another widget: keep its static fallback
+                outputs.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = outputs
+    if not any(_WIDGET_VIEW in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])):
+        nb.metadata.pop("widgets", None)
+    return handled
 
 
 def machine_stamp() -> dict:
@@ -187,27 +262,35 @@ def machine_stamp() -> dict:
 
 
 def _stamp_machine(path: Path) -> None:
+    """Stamp the executed copy with :func:`machine_stamp` and leave its progress bars in their final state."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     nb.metadata.setdefault("sur_lab", {})["run"] = machine_stamp()
+    final_progress_bars(nb)
     nbformat.write(nb, path)
 
 
 def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | None = None, progress: bool = True,
-                 log_output: bool = False) -> Path:
+                 log_output: bool = False, preset: str | None = None) -> Path:
     """Execute one notebook with papermill into ``outputs/<name>.ipynb``, atomically.
 
     The notebook executes into ``.<name>.<pid>.running.ipynb`` and is renamed onto ``<name>.ipynb`` only when every
     cell ran. On a cell error or an interruption (Ctrl-C, SIGTERM) the partial copy becomes ``<name>.failed.ipynb``
     with an error marker and the exception propagates; the previous ``<name>.ipynb`` is left as it was.
 
+    The outputs folder is made absolute before the kernel starts and given to it as ``$SUR_LAB_OUTPUTS_DIR``
+    (:func:`kernel_environment`), so its sweeps, tables and figures land beside the executed copy.
+
     Args:
         path: the notebook.
         parameters: papermill parameters.
-        outputs: folder for the executed copy (default :func:`sur_lab.paths.outputs_dir`).
+        outputs: folder for the executed copy and everything the notebook writes (default
+            :func:`sur_lab.paths.outputs_dir`); a relative path is taken from the current directory.
         progress: show papermill's progress bar.
         log_output: stream cell output to the log.
+        preset: the preset these parameters are (``"smoke"`` prints each notebook's plumbing-check banner); default:
+            ``"smoke"`` when ``parameters`` are the notebook's smoke parameters, else not stated.
 
     Returns:
         Path of the executed copy ``outputs/<name>.ipynb``.
@@ -226,8 +309,11 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
 
     path = Path(path)
     check_notebook_parameters(path, parameters)
-    out_dir = Path(outputs) if outputs is not None else outputs_dir()
+    out_dir = (Path(outputs).expanduser() if outputs is not None else outputs_dir()).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
+    smoke = smoke_parameters(path)
+    if preset is None and smoke and dict(parameters or {}) == smoke:
+        preset = "smoke"
     target = out_dir / path.name
     lock = FileLock(str(out_dir / f".{path.stem}.lock"))
     try:
@@ -241,7 +327,7 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
         _recover_killed(target)
         tmp = out_dir / f".{path.stem}.{os.getpid()}{_RUNNING}"
         try:
-            with _sigterm_as_interrupt(), _static_outputs():
+            with _sigterm_as_interrupt(), _kernel_environment(kernel_environment(out_dir, preset)):
                 pm.execute_notebook(
                     str(path), str(tmp), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
                     progress_bar=progress, log_output=log_output,
@@ -272,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="use each notebook's smoke parameters")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="parameter override")
     parser.add_argument("--notebooks", type=Path, default=None, help="folder of notebooks (default: notebooks/)")
-    parser.add_argument("--outputs", type=Path, default=None, help="folder for executed copies (default: outputs/)")
+    parser.add_argument("--outputs", type=Path, default=None,
+                        help="folder for the executed copies, sweeps, tables and figures (default: outputs/)")
     args = parser.parse_args(argv)
     overrides = {k: _literal(v) for k, v in args.p}
     paths = notebooks(args.only, args.notebooks)
@@ -303,15 +390,16 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems) + "\nnothing was run", file=sys.stderr)
         return 2
     failures = []
+    out = (args.outputs.expanduser() if args.outputs is not None else outputs_dir()).absolute()
     for path, params in plans.items():
         print(f"== {path.name} {params or '(defaults)'}", flush=True)
         t0 = time.perf_counter()
         try:
-            target = run_notebook(path, params, outputs=args.outputs)
-            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {target}", flush=True)
+            target = run_notebook(path, params, outputs=out, preset="smoke" if args.smoke else None)
+            print(f"   ok in {time.perf_counter() - t0:.0f} s -> {display_path(target)}", flush=True)
         except KeyboardInterrupt as err:
             print(f"   INTERRUPTED after {time.perf_counter() - t0:.0f} s ({err or 'Ctrl-C'}); partial run kept as "
-                  f"{failed_path((args.outputs or outputs_dir()) / path.name)}", flush=True)
+                  f"{display_path(failed_path(out / path.name))}", flush=True)
             return 130
         except Exception as err:  # keep going: one failing notebook should not hide the others' results
             failures.append(path.name)

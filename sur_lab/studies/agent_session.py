@@ -437,6 +437,7 @@ def _arm_styles(arms: Sequence[str]) -> dict:
 def plot_quality_per_edit(table: pd.DataFrame):
     """Agreement with Re-prefill (left) and EM (right) per edit index, one line per arm."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = list(dict.fromkeys(table["arm"]))
     style = _arm_styles(arms)
@@ -449,14 +450,18 @@ def plot_quality_per_edit(table: pd.DataFrame):
         ax.set_xlabel("edit index (outdated results deleted so far)")
         ax.set_ylabel(label)
         ax.set_ylim(-3, 103)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def plot_cumulative_cost(table: pd.DataFrame):
-    """Cumulative tokens forwarded (left) and cumulative repair time (right) per edit index, log scale."""
+    """Cumulative tokens forwarded (left) and cumulative repair time (right) per edit index, on a symmetric log scale
+    (logarithmic above one token or one ms, linear below it): Shift forwards nothing, and its zero is drawn at 0, not
+    clipped to a made-up small value."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = list(dict.fromkeys(table["arm"]))
     style = _arm_styles(arms)
@@ -465,9 +470,10 @@ def plot_cumulative_cost(table: pd.DataFrame):
                            (axes[1], "cum_refresh_ms", "cumulative repair time (ms, shared CPU)")):
         for arm in arms:
             t = table[table["arm"] == arm]
-            values = t[col].clip(lower=1e-1)  # Shift forwards nothing; keep it visible on the log axis
-            ax.plot(t["edit"], values, label=arm, lw=1.4, ms=5, **style[arm])
-        ax.set_yscale("log")
+            ax.plot(t["edit"], t[col], label=arm, lw=1.4, ms=5, **style[arm])
+        ax.set_yscale("symlog", linthresh=1.0)  # 0 (Shift) stays 0; counts and ms >= 1 on a log scale
+        ax.set_ylim(bottom=-0.3)  # the zero line just above the frame
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("edit index")
         ax.set_ylabel(label)
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
@@ -478,6 +484,7 @@ def plot_cumulative_cost(table: pd.DataFrame):
 def plot_staleness(table: pd.DataFrame):
     """Key / value deviation from a clean prefill and the stale-row fraction per edit index (Re-prefill omitted)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = [a for a in dict.fromkeys(table["arm"]) if a != REFERENCE]
     style = _arm_styles(list(dict.fromkeys(table["arm"])))
@@ -490,6 +497,7 @@ def plot_staleness(table: pd.DataFrame):
             ax.plot(t["edit"], t[col], label=arm, lw=1.4, ms=5, **style[arm])
         ax.set_xlabel("edit index")
         ax.set_ylabel(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
@@ -498,15 +506,17 @@ def plot_staleness(table: pd.DataFrame):
 
 
 def plot_cost_quality(summary: pd.DataFrame):
-    """Agreement with Re-prefill against total cost relative to Re-prefill (tokens forwarded), one point per arm."""
+    """Agreement with Re-prefill against total cost relative to Re-prefill (tokens forwarded), one point per arm, on a
+    symmetric log axis (linear below 0.1 %, so Shift's zero cost is drawn at 0)."""
     import matplotlib.pyplot as plt
 
     style = _arm_styles(list(summary["arm"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for _, row in summary.iterrows():
-        ax.scatter(max(row["cost_ratio"], 1e-4), row["agree_pct"], s=60, label=row["arm"], **style[row["arm"]])
-    ax.set_xscale("log")
-    ax.set_xlabel("cumulative tokens forwarded / Re-prefill's (log)")
+        ax.scatter(row["cost_ratio"], row["agree_pct"], s=60, label=row["arm"], **style[row["arm"]])
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlim(left=-3e-4)  # Shift's zero cost just right of the frame
+    ax.set_xlabel("tokens forwarded / Re-prefill's (symlog: linear below 0.001)")
     ax.set_ylabel("agreement with Re-prefill (%)")
     ax.set_ylim(-3, 103)
     ax.legend(fontsize=8, loc="lower right")

@@ -35,10 +35,8 @@ rounded), ``seed`` a non-negative integer, ``split`` one of ``"dev"``, ``"test"`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,46 +47,13 @@ from typing import Any
 import numpy as np
 
 from sur_lab.checks import as_count, user_stacklevel
+from sur_lab.data.layout import CHECKSUM_FILE, CORPUS_FILE, DATA_FILES, DATASETS, HELD_OUT_FILES
+from sur_lab.data.layout import read_checksums as _read_checksums
+from sur_lab.data.layout import sha256_file as _sha256
 from sur_lab.paths import default_data_dir
 
-DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "iirc")
-
-# Shipped files per dataset and split, relative to default_data_dir(). "dev" is for development; "test" files are
-# held out for final evaluation (never tune on them); "train" files are for prompts/few-shot examples only.
-# HotpotQA's dev default is the IRCoT 100-question sample because the README guarantees it is disjoint from the
-# held-out 500; the larger hotpot_dev_distractor_sample.json shares 30 ids with that held-out file.
-# MuSiQue ships one dev sample that the README marks "development + final", so its "test" is the same file.
-DATA_FILES: dict[str, dict[str, str]] = {
-    "hotpotqa": {
-        "dev": "hotpotqa/hotpotqa__v2_dev_random_100.jsonl",
-        "test": "hotpotqa/hotpotqa__v2_test_random_500.jsonl",
-        "train": "hotpotqa/hotpot_train_distractor_sample100.json",
-    },
-    "2wikimultihopqa": {
-        "dev": "2wikimultihopqa/2wikimultihopqa__v2_dev_random_100.jsonl",
-        "test": "2wikimultihopqa/2wikimultihopqa__v2_test_random_500.jsonl",
-    },
-    "musique": {
-        "dev": "musique/musique_ans_dev_sample.jsonl",
-        "test": "musique/musique_ans_dev_sample.jsonl",
-        "train": "musique/musique_ans_train_sample100.json",
-    },
-    "iirc": {
-        "dev": "iirc/iirc_dev_normalized.jsonl",
-        "test": "iirc/iirc_test_normalized.jsonl",
-        "train": "iirc/iirc_ircot_prompt_examples_20.json",
-    },
-}
-
-#: Files the data README marks "final evaluation only" (held out). MuSiQue's dev sample is "development + final", so
-#: it is not among them.
-HELD_OUT_FILES = (
-    "hotpotqa/hotpotqa__v2_test_random_500.jsonl",
-    "2wikimultihopqa/2wikimultihopqa__v2_test_random_500.jsonl",
-    "iirc/iirc_test_normalized.jsonl",
-)
-#: Name of the checksum file shipped with the data (``sha256sum`` format: ``<64 hex>  <relative path>`` per line).
-CHECKSUM_FILE = "SHA256SUMS"
+# DATASETS, DATA_FILES, HELD_OUT_FILES and CHECKSUM_FILE (the layout) belong to the data layer, sur_lab.data.layout;
+# they are imported here for the loaders and their callers.
 
 # Hugging Face split names for our split names (hub path only).
 _HUB_SPLITS = {"dev": "validation", "test": "test", "train": "train"}
@@ -338,7 +303,7 @@ def load_corpus(source: str | Path | None = None, *, limit: int | None = None) -
     path = (
         Path(source)
         if source is not None
-        else default_data_dir() / "2wikimultihopqa" / "hipporag_2wiki_dev1000_corpus_paragraphs.json"
+        else default_data_dir() / CORPUS_FILE
     )
     records = _read_records(path)
     out = []
@@ -378,36 +343,7 @@ def is_held_out(source: str | Path) -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # Checksums
 
-_SUM_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
 _VERIFIED: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> verified digest
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _read_checksums(sums: Path) -> dict[str, str]:
-    """``{relative path: sha256}`` from a ``sha256sum``-format file.
-
-    Raises:
-        ValueError: naming the checksum file when it is empty or a line is malformed (e.g. truncated mid-line).
-    """
-    text = sums.read_text(encoding="utf-8", errors="replace")
-    if not text.strip():
-        raise ValueError(f"checksum file {str(sums)!r} is empty; restore it from the data release")
-    table = {}
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        m = _SUM_LINE.match(line.rstrip("\r"))
-        if m is None:
-            raise ValueError(f"checksum file {str(sums)!r}: line {n} is not '<sha256>  <path>' (truncated?): {line!r}")
-        table[m.group(2).strip()] = m.group(1).lower()
-    return table
 
 
 def _checksum_entry(path: Path) -> tuple[Path, str] | None:

@@ -153,23 +153,26 @@ def scaled_geometries(divisor: int) -> tuple[Geometry, ...]:
 
 #: Candidate lists by name, each tried in order. ``paper``: appendix 10.1 (N up to 8.4K tokens). ``half`` and
 #: ``quarter``: every width / 2 or / 4, for the Qwen2.5-0.5B and SmolLM2 presets on a CPU (N up to 4.2K / 1.6K).
+#: ``smoke``: one small geometry (W = 128, p = 256, S = 160 / 256, d = 32; N up to about 550 tokens), for the smoke
+#: runs of notebooks 05 and 08: a plumbing check at a third of the quarter list's length, not the paper's ratios.
 GEOMETRIES: dict[str, tuple[Geometry, ...]] = {
     "paper": scaled_geometries(1),
     "half": scaled_geometries(2),
     "quarter": scaled_geometries(4),
+    "smoke": (Geometry(slot_width=128, edit_index=256, short_suffix=160, long_suffix=256, deletion=32),),
 }
 
 #: Study sizes (``sur_lab.studies.presets.resolve_preset``). ``candidates_per_dataset``: the fixed candidate pool drawn
 #: per dataset from the natural-QA eligible sources (``None`` = all of them, in draw order); ``sources_per_dataset``:
 #: stop after this many feasible sources per dataset (``None`` = every feasible candidate). Methods: the references,
 #: the fixed-slot refresh (:data:`FIXED_SLOT_METHOD` at the exact allowance W) and the allocators at ``budgets`` (%).
-#: ``smoke`` runs SmolLM2 on 2 sources, ``default`` the Qwen study model on 24 sources (issue 25's floor; quarter
+#: ``smoke`` runs SmolLM2 on 2 sources at the one small ``smoke`` geometry, ``default`` the Qwen study model on 24 sources (issue 25's floor; quarter
 #: geometry; the suite fans notebook 08 out over two Ray workers, its ``suite_parameters``; its quiet 2-core time is
 #: not measured yet, and issue 25's note estimates it above the 30-minute share), ``paper`` the 400-candidate pool of natural QA with the
 #: paper's geometry (275 feasible in the paper).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa", "2wikimultihopqa"], "candidates_per_dataset": 100, "sources_per_dataset": 1,
-              "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"], "fixed_slot": True,
+              "geometry": "smoke", "references": ["Shift", "Replay", "Re-prefill"], "fixed_slot": True,
               "allocators": ["SUR"], "budgets": [5], "max_new_tokens": 4, "n_boot": 200},
     "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "candidates_per_dataset": None,
                 "sources_per_dataset": 6, "geometry": "quarter", "references": ["Shift", "Replay", "Re-prefill"],
@@ -1144,7 +1147,7 @@ def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = 
 
 def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int = 1, threads: int | None = None,
           address: str | None = None, executor: str = "sequential", eval_batch: int | None = None,
-          progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Any]:
+          progress: bool = True, built: Panel | None = None, **overrides: Any) -> tuple[pd.DataFrame, Any]:
     """Run (or resume) the study's sweep: every cell x methods x budgets, answers scored by the dataset rules
     (:func:`sur_lab.studies.natural_qa.make_scorer`), every record with the endpoints of issue 25.
 
@@ -1159,6 +1162,8 @@ def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int 
         executor: sparse-refresh executor.
         eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`).
         progress: show a progress bar.
+        built: the :class:`Panel` of these parameters when the caller already built it (:func:`panel` with the same
+            tokenizer, preset, seed and overrides, as notebook 08 does before its sweep); default: built here.
 
     Returns:
         ``(records, folder)``.
@@ -1173,7 +1178,8 @@ def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int 
 
     p = params(preset, **overrides)
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    built = panel(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    if built is None:
+        built = panel(lm.tokenizer, preset=preset, seed=seed, **overrides)
     where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
     records = run_sweep(lm, sweep_cases_of(built.cases), methods(p), p["budgets"], where,
                         max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,

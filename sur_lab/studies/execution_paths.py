@@ -51,7 +51,7 @@ CELL_KEYS = ("model", "dtype", "device", "case_id")
 #: in BF16 on GPUs. ``default`` runs 16 cells in float32 and bfloat16 on the CPU, on the model it is given (notebook 05:
 #: the embedded SmolLM2, its ``model_name`` default).
 PRESETS = {
-    "smoke": {"datasets": ["hotpotqa"], "sources_per_dataset": 1, "geometry": "quarter", "dtypes": ["float32"],
+    "smoke": {"datasets": ["hotpotqa"], "sources_per_dataset": 1, "geometry": "smoke", "dtypes": ["float32"],
               "max_new_tokens": 4},
     "default": {"datasets": ["2wikimultihopqa", "hotpotqa", "iirc", "musique"], "sources_per_dataset": 1,
                 "geometry": "quarter", "dtypes": ["float32", "bfloat16"], "max_new_tokens": 16},

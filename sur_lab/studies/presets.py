@@ -6,10 +6,16 @@ paper's grid). Each study module holds its own ``PRESETS`` table and ``FIXED`` d
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 PRESET_NAMES = ("smoke", "default", "paper")
+#: How the notebook runner tells a kernel which preset it runs (``smoke`` for ``--smoke`` and ``sur-lab run --preset
+#: smoke``), for the notebooks whose sizes are parameters of their own rather than a ``preset`` parameter.
+PRESET_ENV = "SUR_LAB_PRESET"
+#: What a smoke run is: printed above each notebook's "This run" summary and on the results page.
+SMOKE_BANNER = "plumbing check: sizes too small to decide anything"
 #: The study model of the ``default`` and ``paper`` presets (the notebooks' ``model_name`` default): the embedded
 #: Qwen2.5-Coder-0.5B-Instruct. ``smoke`` runs the embedded SmolLM2-135M-Instruct (``load_model(None)``).
 STUDY_MODEL = "qwen2.5-coder-0.5b"
@@ -83,3 +89,26 @@ def study_params(presets: Mapping[str, Mapping[str, Any]], fixed: Mapping[str, A
         raise ValueError(f"{unknown[0]} is not a parameter of this study; parameters: {', '.join(known)}")
     out = {**known, **{k: v for k, v in overrides.items() if v is not None}}
     return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in out.items()}
+
+
+def is_smoke(preset: str | None = None) -> bool:
+    """Whether this run is a smoke run: ``preset == "smoke"`` when a notebook passes its ``preset`` parameter, else
+    what the notebook runner said (``$SUR_LAB_PRESET``, :data:`PRESET_ENV`)."""
+    return (preset if preset is not None else os.environ.get(PRESET_ENV)) == "smoke"
+
+
+def smoke_banner(preset: str | None = None) -> str:
+    """The banner a smoke run prints above its "This run" summary ("" for any other run): the sizes were chosen to
+    show that every step runs, not to decide anything, whatever the verdicts below it say."""
+    if not is_smoke(preset):
+        return ""
+    return (f"SMOKE RUN ({SMOKE_BANNER}): this page shows that every step runs, at toy sizes; read no result "
+            "from it. The default preset (make notebooks) runs the study.")
+
+
+def show_smoke_banner(preset: str | None = None) -> None:
+    """Print :func:`smoke_banner` when this is a smoke run; the one call every notebook makes before its "This run"
+    summary (``preset``: the notebook's ``preset`` parameter, when it has one)."""
+    banner = smoke_banner(preset)
+    if banner:
+        print(banner)
