@@ -60,13 +60,13 @@ def test_cpu_flags_without_a_cpuinfo_file_are_empty(monkeypatch):
     assert models.cpu_flags() == frozenset() and models.native_bf16_flags() == ()
 
 
-def test_auto_picks_bfloat16_where_the_cpu_computes_it(monkeypatch):
+def test_auto_picks_bfloat16_where_the_cpu_computes_it_once_parity_holds(monkeypatch):
     monkeypatch.setattr(models, "native_bf16_flags", lambda: ("avx512_bf16",))
+    dtype, reason = resolve_dtype("auto")  # the parity study kept float32 (AUTO_CPU_BFLOAT16 is False)
+    assert dtype == torch.float32 and "docs/bf16.md" in reason and "avx512_bf16" in reason
+    monkeypatch.setattr(models, "AUTO_CPU_BFLOAT16", True)  # a parity study that held
     dtype, reason = resolve_dtype("auto")
     assert dtype == torch.bfloat16 and reason.startswith("auto:") and "avx512_bf16" in reason
-    monkeypatch.setattr(models, "AUTO_CPU_BFLOAT16", False)  # a parity study that did not support it
-    dtype, reason = resolve_dtype("auto")
-    assert dtype == torch.float32 and "docs/bf16.md" in reason
 
 
 def test_auto_picks_float32_on_a_cpu_without_native_bf16(monkeypatch):
@@ -102,6 +102,7 @@ def test_load_model_auto_loads_the_chosen_dtype_and_says_why(tmp_path, monkeypat
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setattr(models, "AUTO_CPU_BFLOAT16", True)
     for flags, dtype in ((("amx_bf16",), torch.bfloat16), ((), torch.float32)):
         monkeypatch.setattr(models, "native_bf16_flags", lambda flags=flags: flags)
         lm = models.load_model(str(tmp_path), dtype="auto")

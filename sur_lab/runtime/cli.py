@@ -506,8 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "smoke runs the embedded SmolLM2-135M-Instruct, default and paper the embedded "
                          "Qwen2.5-Coder-0.5B-Instruct, qwen2.5-coder-0.5b)")
     sw.add_argument("--dtype", default="auto",
-                    help="parameter dtype: auto (default: bfloat16 on CUDA and on a CPU with native bf16 arithmetic, "
-                         "float32 elsewhere; the records say which and why), float32, bfloat16, float16")
+                    help="parameter dtype: auto (default: bfloat16 on CUDA, float32 on the CPU, where bfloat16 "
+                         "failed the parity study (docs/bf16.md); the records say which and why), float32, "
+                         "bfloat16, float16")
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
     sw.add_argument("--out", default=None, help="sweep directory (default: the study's folder under outputs/sweeps, "
                                                 "the one its notebook uses)")
