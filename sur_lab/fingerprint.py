@@ -213,6 +213,26 @@ def model_fingerprint(lm: Any) -> dict[str, str]:
     }
 
 
+def dtype_reason(lm: Any) -> str:
+    """Why ``lm`` runs in its parameter dtype (:attr:`sur_lab.models.LoadedModel.dtype_reason`): ``"requested"``, or
+    the choice of ``dtype="auto"`` with its reason. Records carry it beside their ``dtype``.
+
+    Args:
+        lm: a :class:`sur_lab.models.LoadedModel` (anything else: ``"requested"``).
+    """
+    return str(getattr(lm, "dtype_reason", "requested") or "requested")
+
+
+def dtype_line(lm: Any) -> str:
+    """The dtype a run used and why, for its "This run" line: ``"bfloat16 (auto: the CPU computes bfloat16 natively
+    (avx512_bf16))"``, or ``"float32 (requested)"``.
+
+    Args:
+        lm: a :class:`sur_lab.models.LoadedModel`.
+    """
+    return f"{str(lm.dtype).removeprefix('torch.')} ({dtype_reason(lm)})"
+
+
 def describe(value: Any) -> Any:
     """A JSON-safe, deterministic description of an option value for fingerprints.
 
@@ -258,5 +278,5 @@ def first_difference(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> 
     return None
 
 
-__all__ = ["DIGEST_BYTES", "DIGEST_SAMPLES", "describe", "device_name", "digest", "first_difference",
-           "DIGEST_RUNS", "model_fingerprint", "versions", "weights_digest", "weights_hash"]
+__all__ = ["DIGEST_BYTES", "DIGEST_RUNS", "DIGEST_SAMPLES", "describe", "device_name", "digest", "dtype_line",
+           "dtype_reason", "first_difference", "model_fingerprint", "versions", "weights_digest", "weights_hash"]

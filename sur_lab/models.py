@@ -13,6 +13,7 @@ every load verifies (:func:`cached_model_dir`): a corrupted, truncated or incomp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -183,11 +184,15 @@ class LoadedModel:
         model: a transformers ``*ForCausalLM`` module.
         tokenizer: its fast tokenizer (offsets are required for character-span edits), or ``None`` for token-level use.
         spec: the repair-relevant configuration.
+        dtype_reason: why the parameters have their dtype: ``"requested"`` (named by the caller, or a module wrapped
+            as it is), or the choice of ``dtype="auto"`` with its reason (:func:`resolve_dtype`). Records and "This
+            run" lines carry it.
     """
 
     model: torch.nn.Module
     tokenizer: Any
     spec: ModelSpec
+    dtype_reason: str = "requested"
 
     @property
     def inv_freq(self) -> torch.Tensor:
@@ -379,7 +384,40 @@ def wrap_model(model: torch.nn.Module, tokenizer: Any = None, name: str | None =
         model.config._experts_implementation = "eager"
     model.eval()
     model.requires_grad_(False)
+    contiguous_head_input(model)
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec)
+
+
+def _canonical_head_input(module: torch.nn.Module, args: tuple) -> tuple | None:
+    hidden = args[0] if args else None
+    if not isinstance(hidden, torch.Tensor) or hidden.device.type != "cpu":
+        return None
+    expected, step = [], 1
+    for size in reversed(hidden.shape):
+        expected.append(step)
+        step *= size
+    if hidden.stride() == tuple(reversed(expected)):
+        return None
+    return (hidden.clone(memory_format=torch.contiguous_format), *args[1:])
+
+
+def contiguous_head_input(model: torch.nn.Module) -> torch.nn.Module:
+    """Give the LM head its CPU input in the row-major layout (a forward pre-hook; in place, once; returns the model).
+
+    transformers slices the positions whose logits are kept before the head (``hidden_states[:, -k:, :]``), a view
+    with the sequence's strides. torch 2.13's CPU ``linear`` sends such an input (even one that ``is_contiguous()``
+    calls contiguous: a size-1 dimension with a large stride) through a batched matmul that first copies the whole
+    transposed head weight (on Qwen2.5-0.5B, 136M head values: seconds per forward, more than the rest of a 1K-token
+    bfloat16 prefill, and far more with a batch), where a GEMM on a row-major copy of the few kept rows takes a
+    fraction of it (``scripts/bench_study_throughput.py``). The hook makes that copy (only when the strides are not the row-major ones), so every forward
+    (prefill, query, decode, scoring) takes the GEMM path. The logits are the same product, rounded by the GEMM
+    kernel instead of the batched one (within the dtype's rounding; bitwise equal where both paths were GEMMs).
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Module) and not getattr(head, "_sur_lab_row_major_input", False):
+        head.register_forward_pre_hook(_canonical_head_input)
+        head._sur_lab_row_major_input = True
+    return model
 
 
 def as_loaded_model(model: Any, tokenizer: Any = None, *, name: str = "model") -> LoadedModel:
@@ -744,8 +782,93 @@ def _check_dtype(dtype) -> torch.dtype:
         raise ValueError(f"dtype={dtype} is not a floating parameter dtype; allowed: {allowed} or the torch dtypes")
     if isinstance(dtype, str) and dtype in DTYPE_NAMES:
         return DTYPE_NAMES[dtype]
-    hint = f" (did you mean {dtype.lower()!r}?)" if isinstance(dtype, str) and dtype.lower() in DTYPE_NAMES else ""
-    raise ValueError(f"dtype={dtype!r} is not a model dtype{hint}; allowed: {allowed} or the torch dtypes")
+    lower = dtype.lower() if isinstance(dtype, str) else None
+    hint = f" (did you mean {lower!r}?)" if lower in DTYPE_NAMES or lower == AUTO_DTYPE else ""
+    raise ValueError(f"dtype={dtype!r} is not a model dtype{hint}; allowed: {allowed}, {AUTO_DTYPE!r} or the torch "
+                     "dtypes")
+
+
+#: The ``dtype`` name that lets :func:`load_model` choose (:func:`resolve_dtype`): the default of the studies, the
+#: notebooks and ``sur-lab sweep``.
+AUTO_DTYPE = "auto"
+#: CPU feature flags (``/proc/cpuinfo``) that mean native bfloat16 arithmetic: AVX-512 BF16 dot products and AMX-BF16
+#: tiles (x86), the BF16 extension (Arm, ``Features`` line).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+#: Whether ``dtype="auto"`` picks bfloat16 on a CPU with native bf16 arithmetic. False: the parity study of issue 37
+#: (``scripts/bench_study_throughput.py``; ``docs/bf16.md``) found that on the Qwen study model bfloat16 moves Erasing-NIAH
+#: answers beyond the study's intervals (an arm's EM, primary-comparison verdicts, the arms' ordering), so the CPU
+#: default stays float32. bfloat16 remains one argument away (``dtype="bfloat16"``); turn this on only after the
+#: parity study holds.
+AUTO_CPU_BFLOAT16 = False
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as the kernel reports them (the ``flags`` / ``Features`` lines of ``/proc/cpuinfo``);
+    empty where there is no such file (macOS, Windows) or it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+def native_bf16_flags() -> tuple[str, ...]:
+    """The flags of :data:`NATIVE_BF16_FLAGS` this CPU has (:func:`cpu_flags`), in that order; empty when it computes
+    bfloat16 only by conversion to float32 (the capability probe of ``dtype="auto"``; tests mock it)."""
+    flags = cpu_flags()
+    return tuple(f for f in NATIVE_BF16_FLAGS if f in flags)
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
+    """The parameter dtype a load runs in, and why.
+
+    ``"auto"`` (:data:`AUTO_DTYPE`) picks bfloat16 on CUDA, and on a CPU with native bf16 arithmetic
+    (:func:`native_bf16_flags`: ``avx512_bf16``, ``amx_bf16``) only while :data:`AUTO_CPU_BFLOAT16` holds (it does not:
+    the parity study kept float32, ``docs/bf16.md``); float32 elsewhere (a CPU without native bf16 converts every bf16
+    operand to float32 and gains nothing). Anything else is checked and returned
+    with the reason ``"requested"``.
+
+    Args:
+        dtype: ``"auto"``, a torch floating dtype or one of :data:`DTYPE_NAMES`.
+        device: where the model will run (``"cpu"``, ``"cuda"``, ...); only ``"auto"`` reads it.
+
+    Returns:
+        ``(dtype, reason)``, e.g. ``(torch.float32, "auto: float32; bfloat16 is not the CPU default ...")``.
+
+    Raises:
+        ValueError: naming ``dtype`` (as :func:`load_model`) or ``device`` (unparsable).
+    """
+    if not (isinstance(dtype, str) and dtype == AUTO_DTYPE):
+        return _check_dtype(dtype), "requested"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {err}") from None
+    if kind == "cuda":
+        return torch.bfloat16, "auto: CUDA computes bfloat16 natively"
+    if kind != "cpu":
+        return torch.float32, f"auto: float32 on {kind} (bfloat16 is chosen on CUDA and on CPUs with native bf16)"
+    native = native_bf16_flags()
+    if not native:
+        return torch.float32, "auto: float32, the CPU has no native bfloat16 arithmetic (no avx512_bf16 / amx_bf16)"
+    if not AUTO_CPU_BFLOAT16:
+        return torch.float32, (f"auto: float32; the CPU computes bfloat16 natively ({', '.join(native)}) but "
+                               "bfloat16 is not the CPU default (it failed the parity study, docs/bf16.md)")
+    return torch.bfloat16, f"auto: the CPU computes bfloat16 natively ({', '.join(native)})"
+
+
+def check_dtype_arg(dtype: torch.dtype | str) -> torch.dtype | str:
+    """``dtype`` as :func:`load_model` takes it: ``"auto"`` as it is, anything else checked (command-line checks).
+
+    Raises:
+        ValueError: naming ``dtype``, as :func:`load_model`.
+    """
+    return dtype if isinstance(dtype, str) and dtype == AUTO_DTYPE else _check_dtype(dtype)
 
 
 def _check_device(device) -> torch.device:
@@ -814,8 +937,10 @@ def load_model(
             ``"owner/name"`` or a local directory passed to ``AutoModelForCausalLM.from_pretrained``. Embedded models are dequantized once into
             a checksummed cache (:func:`embedded_local_dir`).
         dtype: parameter dtype: ``torch.float32`` (default), ``torch.bfloat16``, ``torch.float16``, ``torch.float64``,
-            or one of the names in :data:`DTYPE_NAMES` (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``
-            and the aliases ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp64"``; case-sensitive).
+            one of the names in :data:`DTYPE_NAMES` (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``
+            and the aliases ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp64"``; case-sensitive), or ``"auto"``: bfloat16
+            on CUDA, float32 on the CPU unless :data:`AUTO_CPU_BFLOAT16` (:func:`resolve_dtype`; the choice and its
+            reason are :attr:`LoadedModel.dtype_reason`).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ... (single device; no offload); must be available.
         attn_implementation: transformers attention backend for ordinary forwards (``"sdpa"`` or ``"eager"``).
         **from_pretrained_kwargs: passed through (``revision=``, ``trust_remote_code=`` ...).
@@ -839,8 +964,9 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    dtype = _check_dtype(dtype)
+    check_dtype_arg(dtype)
     device = _check_device(device)
+    dtype, reason = resolve_dtype(dtype, device)
     name = _check_name(name)
     em = embedded_model(name)
     if em is not None:
@@ -861,4 +987,4 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
     ).to(device)
-    return wrap_model(model, tokenizer, label)
+    return dataclasses.replace(wrap_model(model, tokenizer, label), dtype_reason=reason)

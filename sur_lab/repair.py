@@ -106,6 +106,14 @@ class PreparedEdit:
         shift_ms: Shift time, ms (the position-correction term of Eq. 20; for a replacement it includes the
             m-token prefill of the new text, which every method but Dirty, Erratum and Re-prefill needs).
         units: SUR's semantic units of the suffix (computed on first use).
+        share_prefix: exact prefix sharing (issue 37; off by default): Replay's path (the valid prefix ``[0, p)``
+            copied from the Dirty cache, the suffix forwarded on it, Algorithm 1 step 2) runs once per prepared edit
+            and serves Replay and every allocator at B = S (clones of one cache, bitwise what each would compute),
+            and Re-prefill becomes that cache instead of a rebuild from empty: rows ``[0, p)`` of the edited prompt
+            are a function of the prefix alone, so in exact arithmetic both are the same cache (tested within
+            float64 rounding). Re-prefill shares only where the valid prefix comes from a Dirty prefill
+            (:func:`shares_prefix`); a study whose question is the difference between the paths (appendix 11,
+            :mod:`sur_lab.studies.execution_paths`) builds them independently.
     """
 
     edit: EditedContext
@@ -114,6 +122,9 @@ class PreparedEdit:
     dirty_ms: float
     shift_ms: float
     units: list[Unit] | None = None
+    share_prefix: bool = False
+    # (cache, ms) of the shared Replay path once computed (share_prefix); never handed out, only cloned.
+    _replayed: tuple[DynamicCache, float] | None = field(default=None, repr=False, compare=False)
 
     def get_units(self) -> list[Unit]:
         if self.units is None:
@@ -259,14 +270,18 @@ def _shift_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options
 @reference_operator("Replay")
 def _replay_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
     """Replay: the valid prefix plus a full recompute of the suffix (appendix 7.1); nothing is consumed."""
-    t0 = time.perf_counter()
-    cache = replay(lm, _prefix_source(prepared), prepared.edit)
-    return _result("Replay", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
+    cache, ms = _replay_path(lm, prepared)
+    return _result("Replay", cache, (0.0, 0.0, ms), prepared.edit.suffix_len)
 
 
 @reference_operator("Re-prefill")
 def _reprefill_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, options: dict) -> "RepairResult":
-    """Re-prefill: the edited prompt rebuilt from an empty cache (its rebuild is its refresh)."""
+    """Re-prefill: the edited prompt rebuilt from an empty cache (its rebuild is its refresh). With
+    ``prepared.share_prefix`` (and a Dirty prefill to take the prefix from, :func:`shares_prefix`) it is the shared
+    Replay path's cache instead, and its refresh time is NaN: no rebuild ran."""
+    if shares_prefix(prepared):
+        cache, _ = _replay_path(lm, prepared)
+        return _result("Re-prefill", cache, (0.0, 0.0, float("nan")), prepared.edit.suffix_len)
     t0 = time.perf_counter()
     cache = reprefill(lm, prepared.edit)
     return _result("Re-prefill", cache, (0.0, 0.0, _ms(t0)), prepared.edit.suffix_len)
@@ -322,6 +337,33 @@ def _erratum_op(lm: LoadedModel, prepared: PreparedEdit, *, inplace: bool, optio
 #: are in :data:`REFERENCE_OPERATORS` only, dispatched alike.
 REFERENCE_METHODS = ("Dirty", "Shift", "Replay", "Re-prefill")
 assert set(REFERENCE_METHODS) <= set(REFERENCE_OPERATORS)
+
+
+def shares_prefix(prepared: PreparedEdit) -> bool:
+    """Whether Re-prefill of ``prepared`` is its shared Replay path (:attr:`PreparedEdit.share_prefix`): sharing is
+    asked for and the valid prefix comes from a Dirty prefill (a deletion's first p rows, or a replacement's first
+    ``p - m`` rows with the new text's rows prefilled on them by Shift), whose rows ``[0, p)`` are those of a prefill
+    of the edited prompt in exact arithmetic. A cache composed without a Dirty prefill (non-prefix reuse) never
+    shares: its prefix rows need not be a prefill's."""
+    return bool(prepared.share_prefix) and prepared.dirty_cache is not None
+
+
+def _replay_path(lm: LoadedModel, prepared: PreparedEdit) -> tuple[DynamicCache, float]:
+    """Replay from the valid prefix (Algorithm 1 step 2): ``(a new cache of p + S rows, its time in ms)``.
+
+    With ``prepared.share_prefix`` the suffix forward runs once per prepared edit; every call returns a clone of that
+    one cache (bitwise what a fresh Replay computes: the same operations on the same inputs) and its measured time.
+    """
+    if not prepared.share_prefix:
+        t0 = time.perf_counter()
+        cache = replay(lm, _prefix_source(prepared), prepared.edit)
+        return cache, _ms(t0)
+    if prepared._replayed is None:
+        t0 = time.perf_counter()
+        cache = replay(lm, _prefix_source(prepared), prepared.edit)
+        prepared._replayed = (cache, _ms(t0))
+    cache, ms = prepared._replayed
+    return clone_cache(cache), ms
 
 
 def _prefix_source(prepared: PreparedEdit) -> DynamicCache:
@@ -414,9 +456,8 @@ def repair(
     budget_pct = _nominal(request)
     path = algorithm1_path(S, B)
     if path == "replay":
-        t0 = time.perf_counter()
-        cache = replay(lm, _prefix_source(prepared), edit)
-        return _result(method, cache, (0.0, 0.0, _ms(t0)), S, Selection(Support.full(S)), budget_pct)
+        cache, ms = _replay_path(lm, prepared)
+        return _result(method, cache, (0.0, 0.0, ms), S, Selection(Support.full(S)), budget_pct)
     _owned(prepared, "shift_cache")
     if path == "shift":
         sel = Selection(Support(np.zeros(0, dtype=np.int64), S))

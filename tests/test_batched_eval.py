@@ -186,6 +186,7 @@ def _comparable(record):
     out = comparable_fields(record)
     out.pop("eval_batch")
     out.pop("timed")  # differs by design: only the per-record pass yields per-request timings
+    out.pop("shared_prefix")  # differs by design: a timed case never shares (its Re-prefill is a rebuild from empty)
     # Byte-level: batch shapes round differently (compared within one path in test_record_endpoints_against_oracles).
     out.pop("logits_identical")
     out.pop("logits_digest")
@@ -242,7 +243,10 @@ def test_run_case_batched_equals_per_record(eos_lm, case, per_record, eval_batch
         assert a.eval_batch == 1 and b.eval_batch == eval_batch
         assert all(np.isfinite(getattr(a, f)) for f in ANSWER_TIMING_FIELDS)
         assert all(np.isnan(getattr(b, f)) for f in ANSWER_TIMING_FIELDS)  # never latency from a batched pass
-        assert b.select_ms >= 0 and np.isfinite(b.refresh_ms)  # repairs are timed one at a time, always
+        assert b.select_ms >= 0 and np.isfinite(a.refresh_ms)  # repairs are timed one at a time, always
+        # A shared Re-prefill ran no rebuild: no time for it (every other repair ran and is timed).
+        assert np.isnan(b.refresh_ms) if b.method == "Re-prefill" else np.isfinite(b.refresh_ms)
+        assert b.shared_prefix and not a.shared_prefix
 
 
 def test_record_endpoints_against_oracles(eos_lm, case, per_record):

@@ -114,13 +114,15 @@ def _assert_same_records(got: pd.DataFrame, want: pd.DataFrame, *, batching: boo
     """Equal record for record: exact for ids, text, supports and flags; floats to fp64 rounding (the actor and the
     driver run the same float64 computation with one thread each, so 1e-12 relative is a loose bound).
 
-    With ``batching``, the two runs answered in batches of different sizes: ``eval_batch`` and ``timed`` are not
+    With ``batching``, the two runs answered in batches of different sizes: ``eval_batch``, ``timed`` and
+    ``shared_prefix`` (a case answered one record at a time is timed, so it never shares its prefix) are not
     compared, and floats agree to a few float32 ulps (the answers' logits are float32, and a batched float64 forward
     rounds differently from a single one by ~1e-15 before that cast: at most one float32 ulp per logit, summed over
     at most four scored tokens)."""
     a, b = _results(got), _results(want)
     if batching:
-        a, b = a.drop(columns=["eval_batch", "timed"]), b.drop(columns=["eval_batch", "timed"])
+        drop = ["eval_batch", "timed", "shared_prefix"]
+        a, b = a.drop(columns=drop), b.drop(columns=drop)
     assert list(a.columns) == list(b.columns) and len(a) == len(b)
     for col in a.columns:
         if a[col].dtype.kind == "f":

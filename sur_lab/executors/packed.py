@@ -714,10 +714,12 @@ def _make_attention(
     num_kv_groups: int = 1,
 ) -> _PackedAttention:
     if backend == "cpp":
-        from sur_lab.executors.kernels.onepass import build_onepass_plan, onepass_available
+        from sur_lab.executors.kernels import onepass
 
-        if positions.device.type == "cpu" and positions.numel() and onepass_available():
-            return _PackedAttention("cpp", plan=build_onepass_plan(positions, group=num_kv_groups))
+        if positions.device.type == "cpu" and positions.numel() and onepass.onepass_available():
+            if dtype in onepass.ONEPASS_DTYPES:  # read at call time: a kernel built without a dtype lists it not
+                return _PackedAttention("cpp", plan=onepass.build_onepass_plan(positions, group=num_kv_groups))
+            _warn_kernel_dtype(dtype)
         backend, sdpa_split = "sdpa", True  # the fallback: the key split on a CPU, one masked call elsewhere
     if backend == "sdpa":
         if sdpa_split and positions.device.type == "cpu" and positions.numel() and _has_cpu_flash():
@@ -730,6 +732,19 @@ def _make_attention(
         block_mask = flex_block_mask(positions, kv_len)
         return _PackedAttention("flex", block_mask=block_mask, flex=_flex_attention(flex_compile))
     return _PackedAttention("triton", plan=plan)
+
+
+_KERNEL_DTYPE_WARNED: set[torch.dtype] = set()
+
+
+def _warn_kernel_dtype(dtype: torch.dtype) -> None:
+    """One ``RuntimeWarning`` per process and dtype: the one-pass kernel has no ``dtype`` path, so packed attention
+    runs the key split in that dtype (the cache is never up-cast to a dtype the kernel has)."""
+    if dtype in _KERNEL_DTYPE_WARNED:
+        return
+    _KERNEL_DTYPE_WARNED.add(dtype)
+    warnings.warn(f"sur_lab: the one-pass C++ attention kernel has no {str(dtype).removeprefix('torch.')} path; "
+                  "packed attention falls back to the key-split SDPA path in that dtype", RuntimeWarning, stacklevel=3)
 
 
 def _segment_masks(

@@ -164,7 +164,7 @@ def check_sweep_args(args, margs: dict) -> None:
         CliError: naming the option and the allowed values.
     """
     from sur_lab.executors import get_executor
-    from sur_lab.models import _check_device, _check_dtype, _check_name
+    from sur_lab.models import _check_device, _check_name, check_dtype_arg
 
     if args.out:
         check_out_folder(Path(args.out))
@@ -172,7 +172,7 @@ def check_sweep_args(args, margs: dict) -> None:
         get_executor(args.executor)
     except ValueError as err:
         raise CliError(f"--executor: {err}") from None
-    checks = (("--dtype", _check_dtype, margs["dtype"]), ("--device", _check_device, margs["device"]),
+    checks = (("--dtype", check_dtype_arg, margs["dtype"]), ("--device", _check_device, margs["device"]),
               ("--model", _check_name, margs["name"]))
     for option, check, value in checks:
         try:
@@ -561,7 +561,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an embedded model name, hub id or local path (default: the preset's, as in the notebooks: "
                          "smoke runs the embedded SmolLM2-135M-Instruct, default and paper the embedded "
                          "Qwen2.5-Coder-0.5B-Instruct, qwen2.5-coder-0.5b)")
-    sw.add_argument("--dtype", default="float32", help="parameter dtype (float32, bfloat16, float16)")
+    sw.add_argument("--dtype", default="auto",
+                    help="parameter dtype: auto (default: bfloat16 on CUDA, float32 on the CPU, where bfloat16 "
+                         "failed the parity study (docs/bf16.md); the records say which and why), float32, "
+                         "bfloat16, float16")
     sw.add_argument("--device", default="cpu", help="cpu or cuda (on Ray: one GPU per worker)")
     sw.add_argument("--out", default=None, help="sweep directory (default: the study's folder under outputs/sweeps, "
                                                 "the one its notebook uses)")

@@ -576,7 +576,8 @@ def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = 
 
 def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
           threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+          eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
+          **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the study's sweep: every case x (references + allocators x budgets), strictly scored.
 
     Args:
@@ -589,6 +590,7 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
         eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`). NIAH has no latency
             endpoint: its answers are never timed.
         progress: show a progress bar.
+        share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
 
     Returns:
         ``(records, folder)``: the records (:func:`sur_lab.sweeps.records_frame` columns plus the case meta) and the
@@ -605,7 +607,8 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
     records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
-                        seed=seed, workers=workers, threads=threads, address=address, progress=progress)
+                        seed=seed, workers=workers, threads=threads, address=address, progress=progress,
+                        share_prefix=share_prefix)
     return records, where
 
 

@@ -746,7 +746,8 @@ def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = 
 
 def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
           threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
+          eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
+          **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the study's sweep: every case x (references + allocators x budgets), scored by
     :func:`stale_fact_scorer` (EM), with ``gold_margin`` in every record (:func:`sur_lab.sweeps.run_case`).
 
@@ -760,6 +761,7 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
         eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`); this study has no latency
             endpoint, so its answers are never timed.
         progress: show a progress bar.
+        share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
 
     Returns:
         ``(records, folder)``: the records with :func:`add_stale_endpoints` columns (``answer_class``, ``stale``,
@@ -778,7 +780,8 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
     records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=stale_fact_scorer, seed=seed,
-                        options=_options(p), workers=workers, threads=threads, address=address, progress=progress)
+                        options=_options(p), workers=workers, threads=threads, address=address, progress=progress,
+                        share_prefix=share_prefix)
     return add_stale_endpoints(records), where
 
 

@@ -59,7 +59,7 @@ from sur_lab.cache_ops import cache_length, to_tensors
 from sur_lab.checks import check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
-from sur_lab.fingerprint import digest
+from sur_lab.fingerprint import digest, dtype_reason
 from sur_lab.models import LoadedModel
 from sur_lab.repair import REFERENCE_OPERATORS, PreparedEdit, RepairResult, prepare, repair
 from sur_lab.sweeps.record import NO_BUDGET, Record, check_meta, config_fields, record_key
@@ -377,6 +377,7 @@ def run_case(
     skip: Collection[tuple[str, str, str]] = (),
     emit: Callable[[Record], None] | None = None,
     workers: int = 1,
+    share_prefix: bool = True,
 ) -> list[Record]:
     """Repair ``case`` with every (method, budget) of the grid, answer the query, score, and return the records.
 
@@ -419,6 +420,10 @@ def run_case(
         skip: record keys (:func:`sur_lab.sweeps.record.record_key`) not to make (already stored).
         emit: called with each record as soon as it is complete (the store appends it).
         workers: processes sharing the machine, recorded in each record.
+        share_prefix: exact prefix sharing inside the case (:attr:`sur_lab.repair.PreparedEdit.share_prefix`): Replay's
+            suffix forward on the Dirty prefill's valid prefix runs once and serves Replay, the allocators at
+            B = S and Re-prefill. Never for a timed case (Re-prefill's latency is a rebuild from empty). Recorded
+            as :attr:`Record.shared_prefix`.
 
     Returns:
         The records made, in grid order.
@@ -441,9 +446,11 @@ def run_case(
     prepared = case.prepare(lm)
     seed_c = case_seed(seed, case.case_id)
     per_request = bool(timed) or eval_batch == 1
+    prepared.share_prefix = shared_prefix(share_prefix, per_request)
     base = {
         **config, "case_id": case.case_id, "case_seed": seed_c, "case_fingerprint": case.fingerprint(),
         "workers": int(workers), "threads": torch.get_num_threads(), "timed": per_request, "meta": case.meta,
+        "shared_prefix": prepared.share_prefix, "dtype_reason": dtype_reason(lm),
         "prefix_len": edit.prefix_len, "deleted_len": edit.deleted_len, "suffix_len": edit.suffix_len,
         "gold": case.gold, "dirty_ms": prepared.dirty_ms,
     }
@@ -498,6 +505,12 @@ def run_case(
     return [made[_key(m, b)] for m, b in todo]
 
 
+def shared_prefix(share_prefix: bool, timed: bool) -> bool:
+    """A case's :attr:`Record.shared_prefix`: sharing is asked for and the case is not timed per request (``timed``
+    already includes ``eval_batch == 1``)."""
+    return bool(share_prefix) and not bool(timed)
+
+
 def _key(method: str | Method, budget: float) -> tuple[str, str, str]:
     return record_key(method_name(method), budget, method_protocol(method))
 
@@ -545,4 +558,4 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
     )
 
 
-__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "answer_target", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case"]
+__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "answer_target", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case", "shared_prefix"]

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from sur_lab.models import LoadedModel
-from sur_lab.sweeps.case import Case, grid_keys, run_case
+from sur_lab.sweeps.case import Case, grid_keys, run_case, shared_prefix
 from sur_lab.sweeps.record import Record, config_fields
 from sur_lab.sweeps.store import SweepStore, check_fingerprint
 
@@ -38,7 +38,7 @@ def run_local(
         methods, budgets: as :func:`run_case` (checked by the caller).
         store: the sweep folder's store.
         case_args: :func:`run_case` keyword arguments (``executor``, ``max_new_tokens``, ``eval_batch``, ``seed``,
-            ``options``, ``scorer``, ``parser``).
+            ``options``, ``scorer``, ``parser``, ``share_prefix``).
         timed: ids of the cases whose answers are timed per request.
         manifest: extra ``sweep.json`` entries (methods, budgets...).
         progress: show a tqdm bar over records.
@@ -57,8 +57,9 @@ def run_local(
         store.adopt_consolidated(config)  # before anything can overwrite a records.parquet without parts
         stored = {c.case_id: store.read(c.case_id, c.meta.keys()) for c in cases}
         for case in cases:
-            expected = {**config, "case_fingerprint": case.fingerprint(),
-                        "timed": case.case_id in timed or config["eval_batch"] == 1}
+            per_request = case.case_id in timed or config["eval_batch"] == 1
+            expected = {**config, "case_fingerprint": case.fingerprint(), "timed": per_request,
+                        "shared_prefix": shared_prefix(case_args.get("share_prefix", True), per_request)}
             check_fingerprint(stored[case.case_id].values(), expected, out_dir=store.out_dir, case_id=case.case_id)
         store.write_manifest(config, **manifest, workers=1)
         done = sum(sum(k in stored[c.case_id] for k in keys) for c in cases)

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from sur_lab.sweeps.case import Case, grid_keys, run_case
+from sur_lab.sweeps.case import Case, grid_keys, run_case, shared_prefix
 from sur_lab.sweeps.record import config_fields
 from sur_lab.sweeps.store import SweepStore, check_fingerprint
 #: How often the driver refreshes the progress bar while waiting for cases, seconds.
@@ -176,7 +176,9 @@ class _CaseRunner:
         # the actor that holds it, against every stored record of the case before any work.
         config = config_fields(self.lm, **{k: case_args[k] for k in ("seed", "executor", "max_new_tokens",
                                                                        "eval_batch", "options")})
-        expected = {**config, "case_fingerprint": case.fingerprint(), "timed": timed or config["eval_batch"] == 1}
+        per_request = timed or config["eval_batch"] == 1
+        expected = {**config, "case_fingerprint": case.fingerprint(), "timed": per_request,
+                    "shared_prefix": shared_prefix(case_args.get("share_prefix", True), per_request)}
         check_fingerprint(stored.values(), expected, out_dir=out_dir, case_id=case.case_id)
         made = run_case(self.lm, case, methods, budgets, **case_args, timed=timed, skip=set(stored),
                         emit=store.append, workers=self.workers)
@@ -288,8 +290,9 @@ def run_ray(
         store.adopt_consolidated(known)  # before anything can overwrite a records.parquet without parts
         stored = {c.case_id: store.read(c.case_id, c.meta.keys()) for c in cases}
         for case in cases:
-            expected = {**known, "case_fingerprint": case.fingerprint(),
-                        "timed": case.case_id in timed or eval_batch == 1}
+            per_request = case.case_id in timed or eval_batch == 1
+            expected = {**known, "case_fingerprint": case.fingerprint(), "timed": per_request,
+                        "shared_prefix": shared_prefix(case_args.get("share_prefix", True), per_request)}
             check_fingerprint(stored[case.case_id].values(), expected, out_dir=store.out_dir, case_id=case.case_id)
         store.write_manifest(known, **manifest, workers=workers, address=address)
         todo = {c.case_id: sum(k not in stored[c.case_id] for k in keys) for c in cases}

@@ -40,8 +40,9 @@ TIMING_FIELDS = (
 )
 #: Answer timings: per request only when :attr:`Record.timed` (NaN otherwise; Eq. 20's answer term).
 ANSWER_TIMING_FIELDS = ("query_ms", "decode_ms", "answer_ms", "latency_ms")
-#: Fields saying how a record was measured (they may differ between otherwise identical runs).
-CONDITION_FIELDS = ("workers", "threads")
+#: Fields saying how a record was measured (they may differ between otherwise identical runs): ``dtype_reason``
+#: says why the model ran in its dtype (``"auto"`` and an explicit ``"bfloat16"`` make the same records).
+CONDITION_FIELDS = ("workers", "threads", "dtype_reason")
 #: Fingerprint fields that depend on the call's configuration (model and settings), in the order a mismatch is named.
 CONFIG_FIELDS = (
     "model", "model_weights", "dtype", "device", "seed", "executor", "max_new_tokens", "decoding", "eval_batch",
@@ -79,9 +80,17 @@ class Record:
     Measurement conditions:
         workers: processes sharing the machine (Ray actors; 1 for a local run).
         threads: torch intra-op threads of the process that made the record.
+        dtype_reason: why the model ran in ``dtype`` (:attr:`sur_lab.models.LoadedModel.dtype_reason`:
+            ``"requested"``, or the choice of ``dtype="auto"`` and its reason).
         timed: True when the answer timings (``query_ms``, ``decode_ms``, ``answer_ms``, ``latency_ms``) were measured
             on this record alone, unbatched (per request); False when the answer came from a batched pass and those
             timings are NaN (timing honesty: a batched pass never yields latency).
+        shared_prefix: True when the case's references were built on one prefill of their common prefix (exact prefix
+            sharing, :attr:`sur_lab.repair.PreparedEdit.share_prefix`): Replay's suffix forward ran once on the
+            Dirty prefill's valid prefix and served Replay, every allocator at B = S and Re-prefill (whose cache is
+            then that Replay, equal to a rebuild from empty in exact arithmetic, and whose ``refresh_ms`` is NaN: no
+            rebuild ran). False for an independent Re-prefill, and always for a timed case (its latencies are per
+            request). Part of the fingerprint.
 
     Geometry and cost:
         prefix_len (p), deleted_len (d), suffix_len (S): tokens of the edit.
@@ -160,7 +169,9 @@ class Record:
     case_fingerprint: str
     workers: int = 1
     threads: int
+    dtype_reason: str = "requested"
     timed: bool
+    shared_prefix: bool = False
     prefix_len: int
     deleted_len: int
     suffix_len: int
@@ -265,7 +276,7 @@ FIELD_TYPES: dict[str, str] = {
     "model": _STR, "model_weights": _STR, "dtype": _STR, "device": _STR, "seed": _INT, "case_seed": _INT,
     "executor": _STR, "max_new_tokens": _INT, "decoding": _STR, "eval_batch": _INT, "options": _STR,
     "versions": _STR, "case_fingerprint": _STR,
-    "workers": _INT, "threads": _INT, "timed": _BOOL,
+    "workers": _INT, "threads": _INT, "dtype_reason": _STR, "timed": _BOOL, "shared_prefix": _BOOL,
     "prefix_len": _INT, "deleted_len": _INT, "suffix_len": _INT, "cache_len": _INT, "allowance": _INT,
     "num_intervals": _INT, "positions": "ints", "intervals": "intervals", "extra_forward_tokens": _INT,
     "extra_forward_layers": _INT, "tied_units": "int?", "note_tokens": _INT, "note_template": _STR,

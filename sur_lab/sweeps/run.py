@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sur_lab.fingerprint import dtype_reason
+from sur_lab.models import LoadedModel
 from sur_lab.sweeps.case import EVAL_BATCH, Case, Method, check_run_args, method_name
 from sur_lab.sweeps.store import SweepStore
 
@@ -77,6 +79,7 @@ def run_sweep(
     workers: int = 1,
     address: str | None = None,
     threads: int | None = None,
+    share_prefix: bool = True,
 ) -> pd.DataFrame:
     """Run every (case, method, budget), persisting each record as it finishes; resume what a previous call left.
 
@@ -93,6 +96,8 @@ def run_sweep(
         progress: show a tqdm bar over records.
         workers, address, threads: ``workers > 1`` or an ``address`` runs the cases on Ray actors
             (:func:`sur_lab.sweeps.ray.run_ray`: same records and files); ``workers=1`` without an address runs here.
+        share_prefix: exact prefix sharing inside each untimed case (:func:`sur_lab.sweeps.case.run_case`; default
+            on); part of each record's fingerprint (:attr:`sur_lab.sweeps.record.Record.shared_prefix`).
 
     Returns:
         The requested records as a DataFrame (cases in order, then the method grid in order; columns of
@@ -109,9 +114,12 @@ def run_sweep(
     grid = check_run_args(cases, methods, budgets, executor, max_new_tokens, eval_batch)
     timed_ids = timed_set(cases, timed)
     case_args = dict(executor=executor, max_new_tokens=int(max_new_tokens), eval_batch=int(eval_batch),
-                     seed=int(seed), options=options, scorer=scorer, parser=parser)
+                     seed=int(seed), options=options, scorer=scorer, parser=parser, share_prefix=bool(share_prefix))
     manifest = dict(methods=[method_name(m) for m in methods], budgets=[float(b) for b in budgets], cases=[c.case_id for c in cases],
-                    timed_cases=sorted(timed_ids), records_planned=len(cases) * len(grid))  # a watcher's progress total
+                    timed_cases=sorted(timed_ids), share_prefix=bool(share_prefix),
+                    records_planned=len(cases) * len(grid))  # a watcher's progress total
+    if isinstance(lm, LoadedModel):
+        manifest["dtype_reason"] = dtype_reason(lm)
     store = SweepStore(out_dir)
     if type(workers) is not int or workers != 1 or address is not None:
         from sur_lab.sweeps.ray import check_workers, run_ray
