@@ -66,6 +66,29 @@ def test_binary_power_with_clusters_equals_brute_force(effect, q, n, size):
             _brute_power(n, p_plus, p_minus, alpha, cluster_size=size), abs=1e-12)
 
 
+def _brute_mixed(sizes, effect, q, alpha):
+    """Enumerate every case outcome of clusters of unequal sizes."""
+    p = {1: (q + effect) / 2, 0: 1 - q, -1: (q - effect) / 2}
+    total, bounds = 0.0, np.cumsum([0, *sizes])
+    for seq in itertools.product((1, 0, -1), repeat=int(bounds[-1])):
+        sums = [sum(seq[bounds[i]:bounds[i + 1]]) for i in range(len(sizes))]
+        kp, km = sum(s > 0 for s in sums), sum(s < 0 for s in sums)
+        if kp + km and _p(kp, km) < alpha:
+            total += math.prod(p[x] for x in seq)
+    return total
+
+
+def test_binary_power_with_unequal_clusters_equals_brute_force():
+    for sizes, effect, q in (([3, 2, 1, 1], 0.2, 0.5), ([2, 1, 1, 1, 1], -0.1, 0.3), ([1, 1, 1], 0.4, 0.6)):
+        for alpha in (0.2, 0.5):
+            assert binary_power(effect, len(sizes), q, cluster_size=sizes, alpha=alpha) == pytest.approx(
+                _brute_mixed(sizes, effect, q, alpha), abs=1e-12)
+    # equal sizes given as a sequence take the binomial path
+    assert binary_power(0.2, 4, 0.5, cluster_size=[2, 2, 2, 2]) == binary_power(0.2, 4, 0.5, cluster_size=2)
+    with pytest.raises(ValueError, match="cluster_size: 2 sizes for n=3"):
+        binary_power(0.2, 3, 0.5, cluster_size=[1, 2])
+
+
 def test_family_size_uses_the_first_holm_step():
     assert binary_power(0.3, 40, 0.5, family_size=4) == binary_power(0.3, 40, 0.5, alpha=ALPHA / 4)
     assert binary_power(0.3, 40, 0.5, family_size=4) < binary_power(0.3, 40, 0.5)

@@ -711,8 +711,26 @@ def sign_test_power(n: int, p_plus: float, p_minus: float, *, alpha: float = ALP
     return float(np.clip(np.sum(binom.pmf(k, n, q) * reject), 0.0, 1.0))
 
 
-def binary_power(effect: float, n: int, discordance: float, *, cluster_size: int = 1, alpha: float = ALPHA,
-                 family_size: int = 1) -> float:
+def _mixed_sign_power(signs: Sequence[tuple[float, float]], alpha: float) -> float:
+    """Exact power of the sign test (:func:`sign_test_p` at ``alpha``) on independent units whose ``(P(+), P(-))``
+    differ (clusters of unequal sizes): the joint law of the positive and negative counts, built unit by unit."""
+    n = len(signs)
+    dist = np.zeros((n + 1, n + 1))
+    dist[0, 0] = 1.0
+    for p_plus, p_minus in signs:
+        new = dist * (1.0 - p_plus - p_minus)
+        new[1:, :] += dist[:-1, :] * p_plus
+        new[:, 1:] += dist[:, :-1] * p_minus
+        dist = new
+    c = _sign_test_critical(n, float(alpha))
+    a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    total = np.minimum(a + b, n)
+    reject = (a + b <= n) & (np.minimum(a, b) <= c[total]) & (c[total] >= 0)
+    return float(np.clip(dist[reject].sum(), 0.0, 1.0))
+
+
+def binary_power(effect: float, n: int, discordance: float, *, cluster_size: int | Sequence[int] = 1,
+                 alpha: float = ALPHA, family_size: int = 1) -> float:
     """Power of a binary comparison decided by :func:`paired_family`'s exact sign test, for a true difference
     ``effect = P(a = 1) - P(b = 1)`` of paired proportions with discordance rate ``q`` (the share of cases with
     ``a != b``): each case is ``(1, 0)`` with ``(q + effect) / 2``, ``(0, 1)`` with ``(q - effect) / 2``, tied
@@ -725,7 +743,8 @@ def binary_power(effect: float, n: int, discordance: float, *, cluster_size: int
         effect: the difference, a fraction in ``[-q, q]``.
         n: clusters (cases without clustering), an integer >= 0.
         discordance: q in (0, 1].
-        cluster_size: cases per cluster, an integer >= 1.
+        cluster_size: cases per cluster, an integer >= 1, or one size per cluster (a sequence of ``n`` integers:
+            notebook 06's sources, each in as many workloads as its rank allows).
         alpha, family_size: the family's level and size.
 
     Returns:
@@ -745,16 +764,23 @@ def binary_power(effect: float, n: int, discordance: float, *, cluster_size: int
     if abs(d) > q + 1e-12:
         raise ValueError(f"effect={effect!r} must lie in [-discordance, discordance] = [{-q:g}, {q:g}]: a difference "
                          "of paired proportions cannot exceed the share of discordant cases")
-    size = as_count(cluster_size, "cluster_size", minimum=1)
     m = _check_power_args(alpha, family_size)
     p_plus, p_minus = max((q + d) / 2, 0.0), max((q - d) / 2, 0.0)
+    if isinstance(cluster_size, Sequence) and not isinstance(cluster_size, str):
+        sizes = [as_count(x, "cluster_size", minimum=1) for x in cluster_size]
+        if len(sizes) != as_count(n, "n", minimum=0):
+            raise ValueError(f"cluster_size: {len(sizes)} sizes for n={n} clusters")
+        if len(set(sizes)) > 1:
+            return _mixed_sign_power([_cluster_signs(p_plus, p_minus, x) for x in sizes], alpha / m)
+        cluster_size = sizes[0] if sizes else 1
+    size = as_count(cluster_size, "cluster_size", minimum=1)
     if size > 1:
         p_plus, p_minus = _cluster_signs(p_plus, p_minus, size)
     return sign_test_power(n, p_plus, p_minus, alpha=alpha / m)
 
 
-def binary_mde(n: int, discordance: float, *, cluster_size: int = 1, alpha: float = ALPHA, family_size: int = 1,
-               power: float = POWER) -> float:
+def binary_mde(n: int, discordance: float, *, cluster_size: int | Sequence[int] = 1, alpha: float = ALPHA,
+               family_size: int = 1, power: float = POWER) -> float:
     """The minimal detectable effect of a binary comparison: the smallest difference ``d`` in (0, q] at which
     :func:`binary_power` reaches ``power`` (bisection to 1e-9; the power rises with ``d``). NaN when even ``d = q``
     (every discordant case one way) stays below it: this size cannot reach that power at that discordance rate. 48
@@ -894,7 +920,7 @@ def sd_from_interval(low: float, high: float, n: int, *, confidence: float = 1 -
     return float((high - low) / (2 * _z(confidence)) * math.sqrt(n))
 
 
-def mde(family: Family, basis: PowerBasis, n: int, *, cluster_size: int = 1, family_size: int = 1,
+def mde(family: Family, basis: PowerBasis, n: int, *, cluster_size: int | Sequence[int] = 1, family_size: int = 1,
         alpha: float = ALPHA, power: float = POWER) -> tuple[float, str]:
     """A declared comparison's minimal detectable effect at ``power``, two-sided ``alpha`` at the family's first Holm
     step, in the printed unit: ``(effect, unit)``. Binary families: :func:`binary_mde` at the basis' discordance rate,
@@ -907,7 +933,7 @@ def mde(family: Family, basis: PowerBasis, n: int, *, cluster_size: int = 1, fam
         family: the declared :class:`Family` (its kind; a primary family tests alone: ``family_size`` must be 1).
         basis: the declared :class:`PowerBasis`.
         n: paired units (clusters when clustered).
-        cluster_size: cases per cluster (binary families).
+        cluster_size: cases per cluster, or one size per cluster (binary families; :func:`binary_power`).
         family_size, alpha, power: as :func:`binary_mde`.
 
     Raises:
@@ -932,7 +958,8 @@ def mde(family: Family, basis: PowerBasis, n: int, *, cluster_size: int = 1, fam
     return d, basis.unit
 
 
-def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *, cluster_size: int = 1,
+def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *,
+                   cluster_size: int | Sequence[int] = 1,
                    what: str = "cases", clusters: str | None = None, family_size: int = 1, alpha: float = ALPHA,
                    power: float = POWER) -> str:
     """A declared size's power statement in words, for a notebook's "This run" cell and the docs: ``"Power: SUR 5%
@@ -951,10 +978,13 @@ def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *
     effect, unit = mde(family, basis, n, cluster_size=cluster_size, family_size=family_size, alpha=alpha,
                        power=power)
     how = "tested alone" if family_size == 1 else f"first Holm step of {family_size}"
+    sizes = list(cluster_size) if isinstance(cluster_size, Sequence) else [cluster_size] * int(n)
     if clusters is None:
         size = _count(int(n), what)
-    elif cluster_size > 1:
-        size = f"{_count(int(n), clusters)} of {cluster_size} {what}"
+    elif len(set(sizes)) > 1:
+        size = f"{_count(sum(sizes), what)} in {_count(int(n), clusters)}"
+    elif sizes and sizes[0] > 1:
+        size = f"{_count(int(n), clusters)} of {sizes[0]} {what}"
     else:
         size = _count(int(n), clusters)
     level = f"two-sided {100 * alpha:g} %"
