@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family
+from sur_lab.analysis.decisions import Family, PowerBasis
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -671,6 +671,10 @@ PRIMARY_BUDGET = 5.0
 #: primary comparison and two small families (the all-pairs table they replace held 38 comparisons per endpoint).
 #: Cases are the paired units (independent constructions).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
+#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. No paper reports this
+#: comparison; SUR and Shift are taken to disagree on half the cases (two arms each right about half the time,
+#: independently), the rate that a measured default run replaces.
+PRIMARY_POWER = PowerBasis(0.5, "a planning value (no published rate): SUR and Shift disagree on half the cases")
 EM_FAMILY = Family("EM against SUR", "binary",
                    "SUR-IDF, the edit-local window and edit-local + SUR minus SUR at the same budget, and Erratum "
                    "minus SUR at each budget, on EM")
@@ -695,6 +699,21 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
     return study_params(PRESETS, FIXED, preset, **overrides)
 
+
+def mde(p: Mapping[str, Any]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
+    of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
+    ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+
+
+def power_line(p: Mapping[str, Any]) -> str:
+    """:func:`mde` in words, for notebook 09's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, p["num_cases"])
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`
