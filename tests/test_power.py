@@ -199,3 +199,41 @@ def test_mde_by_kind_and_the_sentence():
 def test_bad_arguments_are_refused_by_name(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_docs_power_table_is_current():
+    """``docs/decisions.md`` holds :func:`sur_lab.studies.power_markdown` between its markers, as generated."""
+    from pathlib import Path
+
+    from sur_lab.studies import power_markdown
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "decisions.md").read_text()
+    start, end = "<!-- power-table:start -->\n", "\n<!-- power-table:end -->"
+    assert start in page and end in page
+    table = page.split(start, 1)[1].split(end, 1)[0]
+    assert table == power_markdown(), "regenerate: python -c 'from sur_lab.studies import power_markdown; ...'"
+
+
+def test_every_power_study_prints_its_statement_in_this_run():
+    """Each power study's notebook calls its ``power_line`` in the last code cell (the generated "This run")."""
+    import json
+    from pathlib import Path
+
+    from sur_lab.studies import POWER_STUDIES, get_study
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    for name in [*POWER_STUDIES, "agent_session"]:
+        stem = get_study(name).NOTEBOOK if name != "agent_session" else "07_agent_session"
+        cells = [c for c in json.loads((root / f"{stem}.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
+        assert "power_line(" in "".join(cells[-1]["source"]), stem
+
+
+def test_study_mde_at_default_matches_the_generic_computation():
+    from sur_lab.studies import niah, stale_facts
+
+    p = niah.params("default")
+    assert niah.mde(p) == (pytest.approx(100 * binary_mde(p["num_cases"], 0.9896), abs=1e-9), "pp")
+    assert stale_facts.mde(stale_facts.params("smoke"))[1] == "pp"
+    assert math.isnan(stale_facts.mde(stale_facts.params("smoke"))[0])  # 3 cases never reach p < 0.05
+    assert niah.power_line(p).startswith(f"Power: SUR 5% vs Shift on the lead endpoint (tested alone) on "
+                                         f"{p['num_cases']} cases detects")
