@@ -794,7 +794,7 @@ def binary_mde(n: int, discordance: float, *, cluster_size: int | Sequence[int] 
         ``d``, a fraction, or NaN.
 
     Raises:
-        As :func:`binary_power`; ValueError naming ``power`` outside (0, 1).
+        ValueError: naming ``power`` outside (0, 1); TypeError / ValueError: as :func:`binary_power`.
     """
     q = _unit_rate(discordance, "discordance")
     _check_power_args(alpha, family_size, power)
@@ -850,7 +850,7 @@ def continuous_mde(n: int, sd: float, *, alpha: float = ALPHA, family_size: int 
     reached (fewer units than the exact test needs: :func:`p_floor`).
 
     Raises:
-        As :func:`continuous_power`; ValueError naming ``power`` outside (0, 1).
+        ValueError: naming ``power`` outside (0, 1); TypeError / ValueError: as :func:`continuous_power`.
     """
     from scipy.optimize import brentq
 
@@ -973,7 +973,7 @@ def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *
         clusters: what a cluster is ("sources", "traces"); ``None``: units are not clustered (``n`` counts ``what``).
 
     Raises:
-        As :func:`mde`.
+        TypeError / ValueError: as :func:`mde`.
     """
     effect, unit = mde(family, basis, n, cluster_size=cluster_size, family_size=family_size, alpha=alpha,
                        power=power)

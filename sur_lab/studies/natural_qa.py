@@ -137,9 +137,11 @@ PRIMARY = Family("primary", "binary",
 #: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate per case, from the
 #: paper's Table 9 (Qwen3-30B-A3B, 1,200 cases of 400 sources): SUR 5 % minus Shift +1.75 pp [+1.12, +2.24]. The
 #: interval is too narrow for more discordant cases than the difference itself (the source-stratified bootstrap), so
-#: the rate is |d|: nearly every discordant case favours SUR (:func:`~sur_lab.analysis.decisions.discordance_from_interval`).
+#: the rate is |d|: nearly every discordant case favours SUR
+#: (:func:`~sur_lab.analysis.decisions.discordance_from_interval`).
 PRIMARY_POWER = PowerBasis(discordance_from_interval(0.0175, 0.0112, 0.0224, 1200),
-                           "the paper's Table 9 (Qwen3-30B-A3B), SUR 5 % - Shift +1.75 pp [+1.12, +2.24] on 1,200 cases")
+                           "the paper's Table 9 (Qwen3-30B-A3B), SUR 5 % - Shift +1.75 pp [+1.12, +2.24] on 1,200 "
+                           "cases")
 REFERENCE_FAMILY = Family("SUR against the references", "binary",
                           "SUR at each budget minus Shift, Replay and Re-prefill (the primary excepted; on agreement "
                           "without Re-prefill, which agrees with itself), on the lead endpoint")
