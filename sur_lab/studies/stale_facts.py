@@ -844,9 +844,11 @@ def _arm(records: pd.DataFrame) -> pd.Series:
 
 def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     """One row per (method, budget): EM %, stale-answer rate % (over the cases asking the edited key), agreement
-    with Re-prefill %, the median of the defined margin recoveries with their count, mean first-token TV to
-    Re-prefill, mean forward tokens of the repair (``allowance + note_tokens``: suffix rows recomputed, or the
-    Erratum note) and median refresh time (ms); references (budget NaN) first, then the allocators by budget.
+    with Re-prefill %, the margin recovery as a ratio of sums (``margin_recovery``, NaN when undefined:
+    :func:`sur_lab.analysis.endpoints.pooled_margin_recovery`) and, secondary, the median of the defined per-case
+    ratios with their count, mean first-token TV to Re-prefill, mean forward tokens of the repair (``allowance +
+    note_tokens``: suffix rows recomputed, or the Erratum note) and median refresh time (ms); references (budget NaN)
+    first, then the allocators by budget.
 
     Args:
         records: :func:`add_stale_endpoints` records.
@@ -861,6 +863,13 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
                 forward_tokens=("_cost", "mean"), refresh_ms=("refresh_ms", "median")).reset_index()
     for col in ("em_pct", "stale_pct", "agree_pct"):
         out[col] = 100 * out[col]
+    from sur_lab.analysis.endpoints import margin_recovery_table
+
+    pooled = margin_recovery_table(records).reset_index()
+    ratio = {(m, "-" if pd.isna(b) else float(b)): r for m, b, r in zip(pooled["method"], pooled["budget_pct"],
+                                                                        pooled["ratio"])}
+    out.insert(out.columns.get_loc("margin_recovery_median"), "margin_recovery",
+               [ratio[(m, "-" if pd.isna(b) else float(b))] for m, b in zip(out["method"], out["budget_pct"])])
     refs = [m for m in (*STUDY_REFERENCES,) if m in set(out["method"])]
     order = {m: i for i, m in enumerate([*refs, *STUDY_ALLOCATORS])}
     out["_r"] = out["budget_pct"].notna().astype(int)
@@ -981,7 +990,14 @@ def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_AR
 
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
     """Mean ``value`` (x100 for 0/1 columns) per arm (rows) and ``by`` stratum (columns): e.g. EM by family, or the
-    stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade)."""
+    stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade). ``"margin_recovery"`` is
+    pooled per cell as a ratio of sums (:func:`sur_lab.analysis.endpoints.margin_recovery_table`; NaN when
+    undefined), not a mean of per-case ratios."""
+    if value == "margin_recovery":
+        from sur_lab.analysis.endpoints import margin_recovery_table
+
+        t = margin_recovery_table(records.assign(arm=_arm(records)), by=("arm", by)).reset_index()
+        return t.set_index(["arm", by])["ratio"].unstack(by).reindex(list(dict.fromkeys(t["arm"])))
     df = records.assign(arm=_arm(records), _v=records[value].astype(float))
     table = df.pivot_table(index="arm", columns=by, values="_v", aggfunc="mean", sort=False)
     return 100 * table if value in ("em", "stale", "agree_reprefill") else table
@@ -1050,15 +1066,16 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
 
 
 def plot_summary(summary: pd.DataFrame):
-    """Bars of EM and stale-answer rate (%) per arm, references and each budget's allocators; returns the figure."""
+    """Bars of EM, stale-answer rate (%) and margin recovery (a ratio of sums; no bar where undefined) per arm,
+    references and each budget's allocators; returns the figure."""
     import matplotlib.pyplot as plt
 
     s = summary.assign(arm=_arm(summary))
     fig, axes = plt.subplots(1, 3, figsize=(15, 0.32 * len(s) + 1.8), sharey=True)
-    for ax, col, title in zip(axes, ["em_pct", "stale_pct", "margin_recovery_median"],
-                              ["EM (%)", "stale answers (%)", "median margin recovery (0 = Shift, 1 = Re-prefill)"]):
+    titles = ["EM (%)", "stale answers (%)", "margin recovery, ratio of sums (0 = Shift, 1 = Re-prefill)"]
+    for ax, col, title in zip(axes, ["em_pct", "stale_pct", "margin_recovery"], titles):
         colors = ["0.5" if pd.isna(b) else "tab:blue" for b in s["budget_pct"]]
-        ax.barh(s["arm"], s[col].fillna(0.0), color=colors)
+        ax.barh(s["arm"], s[col] if col == "margin_recovery" else s[col].fillna(0.0), color=colors)
         ax.set_title(title)
         ax.invert_yaxis() if ax is axes[0] else None
     fig.tight_layout()
