@@ -80,6 +80,12 @@ def test_stale_endpoints_summary_and_paired_differences():
     assert summary.loc[("Shift", np.nan), "margin_recovery"] == 0.0
     assert summary.loc[("Re-prefill", np.nan), "margin_recovery"] == 1.0
     assert summary.loc[("Edit-local window", 5.0), "margin_recovery_median"] == 0.5
+    assert (summary["margin_recovery_note"] == "").all()
+    # Re-prefill no better than Shift on any case: the ratio is undefined, with its reason.
+    flat = sf.summary_table(recs.assign(gold_margin=0.0)).set_index(["method", "budget_pct"])
+    assert flat["margin_recovery"].isna().all()
+    assert flat.loc[("SUR", 5.0), "margin_recovery_note"] == (
+        "undefined: Re-prefill's mean margin gain over Shift is 0 logits over 6 cases, below the 0.2 threshold")
 
     diffs = sf.paired_differences(recs, n_boot=500)
     # One primary and two small declared families (the old all-pairs table held 38 comparisons per endpoint).

@@ -844,11 +844,11 @@ def _arm(records: pd.DataFrame) -> pd.Series:
 
 def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     """One row per (method, budget): EM %, stale-answer rate % (over the cases asking the edited key), agreement
-    with Re-prefill %, the margin recovery as a ratio of sums (``margin_recovery``, NaN when undefined:
-    :func:`sur_lab.analysis.endpoints.pooled_margin_recovery`) and, secondary, the median of the defined per-case
-    ratios with their count, mean first-token TV to Re-prefill, mean forward tokens of the repair (``allowance +
-    note_tokens``: suffix rows recomputed, or the Erratum note) and median refresh time (ms); references (budget NaN)
-    first, then the allocators by budget.
+    with Re-prefill %, the margin recovery as a ratio of sums (``margin_recovery``, NaN when undefined, with the reason
+    in ``margin_recovery_note``: :func:`sur_lab.analysis.endpoints.pooled_margin_recovery`) and, secondary, the
+    median of the defined per-case ratios with their count, mean first-token TV to Re-prefill, mean forward tokens
+    of the repair (``allowance + note_tokens``: suffix rows recomputed, or the Erratum note) and median refresh time
+    (ms); references (budget NaN) first, then the allocators by budget.
 
     Args:
         records: :func:`add_stale_endpoints` records.
@@ -866,10 +866,11 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     from sur_lab.analysis.endpoints import margin_recovery_table
 
     pooled = margin_recovery_table(records).reset_index()
-    ratio = {(m, "-" if pd.isna(b) else float(b)): r for m, b, r in zip(pooled["method"], pooled["budget_pct"],
-                                                                        pooled["ratio"])}
-    out.insert(out.columns.get_loc("margin_recovery_median"), "margin_recovery",
-               [ratio[(m, "-" if pd.isna(b) else float(b))] for m, b in zip(out["method"], out["budget_pct"])])
+    pooled = pooled.set_index([pooled["method"], pooled["budget_pct"].map(lambda b: "-" if pd.isna(b) else float(b))])
+    keys = list(zip(out["method"], out["budget_pct"].map(lambda b: "-" if pd.isna(b) else float(b))))
+    at = out.columns.get_loc("margin_recovery_median")
+    out.insert(at, "margin_recovery_note", [pooled.loc[k, "note"] for k in keys])
+    out.insert(at, "margin_recovery", [float(pooled.loc[k, "ratio"]) for k in keys])
     refs = [m for m in (*STUDY_REFERENCES,) if m in set(out["method"])]
     order = {m: i for i, m in enumerate([*refs, *STUDY_ALLOCATORS])}
     out["_r"] = out["budget_pct"].notna().astype(int)
