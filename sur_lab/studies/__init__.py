@@ -20,7 +20,10 @@ one line). Each exposes the same API, which its notebook and the command both ca
   fingerprint, so a notebook and the command with the same parameters resume each other's records;
 - ``sweep(lm, *, preset, out, seed, workers, threads, address, executor, eval_batch, progress, **overrides)``:
   runs or resumes the sweep, returns ``(records, folder)``;
-- its report functions (tables and figures), in the module's last section.
+- its report functions (tables and figures), in the module's last section;
+- with a declared primary comparison (:data:`POWER_STUDIES`): ``PRIMARY_POWER`` (its stated discordance rate or SD),
+  ``mde(params)`` (the minimal detectable effect at 80 % power, two-sided 5 %) and ``power_line(params)`` (the same
+  in words, printed in its notebook's "This run" cell; :func:`power_table` lists them).
 """
 
 from __future__ import annotations
