@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sur_lab.allocators import Selection
-from sur_lab.budget import Support
+from sur_lab.budget import Selection, Support
 from sur_lab.edits import common_prefix_len, offset_pieces
 
 #: Paths :meth:`EditSession.sync` can take.
