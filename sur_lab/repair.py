@@ -444,8 +444,8 @@ def repair(
     forced = _check_forced(forced, S)
     if method in REFERENCE_OPERATORS:
         if len(forced) and method not in ("Shift", "Replay", "Re-prefill"):
-            raise ValueError(f"forced rows need a method that recomputes them; method={method!r} keeps the Shift "
-                             "cache's rows as they are")
+            raise ValueError(f"forced={forced.tolist()[:8]} rows must be recomputed, but method={method!r} "
+                             "recomputes no row; forced rows need Shift, Replay, Re-prefill or an allocator")
         result = REFERENCE_OPERATORS[method](lm, prepared, inplace=inplace, options=options)
         if not len(forced):
             return result
