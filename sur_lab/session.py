@@ -1,9 +1,16 @@
 """Edit sessions: one live KV cache kept usable across many appends, deletions and replacements (evolving contexts).
 
 An agent's context keeps changing: turns are appended, obsolete tool outputs are deleted or replaced. An
-:class:`EditSession` owns the live transformers ``DynamicCache`` of the current context and, per row, the token id,
-the position the row's keys were computed at (its *recorded angle*) and its *staleness*: how many context tokens
-before it were deleted or inserted since its state was computed (directly, or through the stale rows it read: see
+:class:`EditSession` is the conversation: the current context's token ids, each row's text and message container,
+the pending query and the history of edits; it holds one :class:`~sur_lab.live_cache.LiveCache`, the owner of the
+cache state (the live transformers ``DynamicCache``'s tensors and, per row, the position its keys were computed at,
+its *recorded angle*, and its *staleness*: how many context tokens before it were deleted or inserted since its state
+was computed, directly or through the stale rows it read: see **Staleness debt** below). Each edit is the paper's
+repair (Algorithm 1) on an :class:`~sur_lab.edits.EditedContext` that the session builds for that edit (tokens, text,
+containers, query): the live cache drops the span and Shifts the suffix (Eq. 2, its one Shift), then hands it to the
+one dispatcher, :func:`sur_lab.repair.repair` (any allocator at budget b, B = ``allowance_for`` of it, with any
+executor, or a reference method: Shift, Replay, Re-prefill, Erratum).
+
 **Staleness debt** below). Each edit is the paper's repair (Algorithm 1) on an
 :class:`~sur_lab.edits.EditedContext` built for that edit: drop the span, Shift the suffix (Eq. 2), then refresh a
 support chosen by any allocator at budget b (Eq. 3) with any executor, or a reference method (Shift, Replay,
@@ -728,9 +735,11 @@ class EditSession:
         2. inserted text is prefilled at its positions: a run at the first change against the unchanged prefix,
            runs inside the stale region as forced rows of the refresh (they read the rows refreshed before them),
            and an append at the end after the repair;
-        3. one allocation chooses B = ⌈S · b / 100⌉ of the S kept rows after the first change (Eq. 3) under
-           ``method`` and ``budget_pct`` (Replay: all of them; Shift: none), refreshed in one executor call with
-           the inserted rows; then the debt pass (``debt_pct``) as for every edit.
+        3. one allocation chooses B of the S kept rows after the first change under ``method`` and ``budget_pct``:
+           the allocator's allowance (:func:`~sur_lab.allocators.allowance_for`: ⌈S · b / 100⌉, Eq. 3, or the
+           whole-prompt base a variant binds; Replay: all of them; Shift: none), refreshed in one executor call with
+           the inserted rows (the ``forced`` rows of :func:`sur_lab.repair.repair`, the one dispatcher); then the debt
+           pass (``debt_pct``) as for every edit.
 
         The allocator scores the suffix from the first stale row, inserted rows included; a multi-change sync whose
         allocation lands on inserted rows (recomputed anyway) refreshes fewer than B kept rows; the record tells.
