@@ -6,8 +6,9 @@ breakdown (Eq. 20: select, shift, refresh). The prepared caches are never modifi
 inplace=True)`` is asked to consume them (a cache the caller gives up: no output clone).
 
 ``repair`` is the one Algorithm 1 dispatcher: the sweep's case runner (:func:`sur_lab.sweeps.run_case`) and every
-edit of an :class:`~sur_lab.session.EditSession` call it. Its rules: a reference operator by name
-(:data:`REFERENCE_OPERATORS`); otherwise an allocator at budget b, whose allowance B = B(S, b) (Eq. 3) picks the path
+edit and sync of an :class:`~sur_lab.session.EditSession` (through its :class:`~sur_lab.live_cache.LiveCache`) call
+it. Its rules: a reference operator by name (:data:`REFERENCE_OPERATORS`); otherwise an allocator at budget b, whose
+allowance B = B(S, b) (Eq. 3, or the base a variant binds: :func:`~sur_lab.allocators.allowance_for`) picks the path
 (:func:`algorithm1_path`): B = S > 0 is Replay from the valid prefix (step 2, no Shift), B = 0 is Shift, anything
 else is the allocator's support refreshed by the executor. ``recover`` follows the same path rule.
 
