@@ -731,7 +731,8 @@ class EditSession:
         stale suffix):
 
         1. rows deleted from the prompt are dropped; every kept row after the first change is moved to its new
-           position and its key re-rotated once from its recorded angle (Eq. 2, :func:`rerotate_rows`);
+           position and its key re-rotated once from its recorded angle (Eq. 2, the live cache's one Shift,
+           :meth:`sur_lab.live_cache.LiveCache.shifted`);
         2. inserted text is prefilled at its positions: a run at the first change against the unchanged prefix,
            runs inside the stale region as forced rows of the refresh (they read the rows refreshed before them),
            and an append at the end after the repair;
