@@ -1,7 +1,7 @@
 """The data layer: where the multi-hop QA files live, what they are called, and how a user gets them.
 
 - :mod:`sur_lab.data.layout`: the file layout every loader reads (dataset keys, the file of each split, the corpus,
-  the held-out files, the ``SHA256SUMS`` format), shared by :mod:`sur_lab.studies.datasets` and the fetcher.
+  the held-out files, the ``SHA256SUMS`` format), shared by :mod:`sur_lab.data.qa` and the fetcher.
 - :mod:`sur_lab.data.fetch`: ``sur-lab data status`` (what was found where, each file against its pinned checksum,
   which files are held out) and ``sur-lab data fetch`` (download the datasets' official releases, convert them to the
   layout, verify them into a cache folder).
