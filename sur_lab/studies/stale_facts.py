@@ -54,12 +54,21 @@ from sur_lab.edits import (
     chat_cuts,
     render_chat,
     replacement_edit,
+    segment_edit,
     tokenize_segments,
 )
 from sur_lab.studies.niah import join_blocks
 
-#: Task families.
-FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
+#: Task families: the three controls of issue 26, then the two of issue 40 whose answer-bearing text lies downstream
+#: of the edit and depends on the edited value (:data:`DERIVED_FAMILIES`).
+FAMILIES = ("value_update", "superseded_tool_output", "multi_key", "derived_record", "agent_note")
+#: Families whose answer-bearing text is a later block that refers to the edited value without restating it (a
+#: derived record, an agent note written after the tool output): their states were computed while the old value was
+#: visible, so they are the states that can carry a stale answer (issue 40).
+DERIVED_FAMILIES = ("derived_record", "agent_note")
+#: The three families of issue 26, kept as controls: their answer-bearing text is the inserted block or an untouched
+#: block, so every arm but Dirty sees the answer in clean states.
+CONTROL_FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
 #: Answer classes of :func:`classify_answer`.
 ANSWER_CLASSES = ("correct", "stale", "mixed", "distractor", "wrong")
 #: Reference operators of the study (issue 26): the four of the paper and Erratum.
@@ -82,6 +91,13 @@ class StaleTemplates:
         question: the question (SUR's relevance query); field ``{key}``.
         answer_prefix: appended after the chat template's generation prompt; field ``{key}``. The value follows it
             after one space, so the first answer token is the first token of ``" " + value``.
+        derived: the derived record (``derived_record``): a later line that refers to the edited key's value without
+            restating it; fields ``{derived}`` (the derived service, the asked key) and ``{key}`` (the edited one).
+        note: the agent note (``agent_note``) written after the tool output, naming no value; field ``{key}``.
+        note_question, note_answer_prefix: the ``agent_note`` question and answer prefix (about the note's plan);
+            field ``{key}``.
+        inventory: an earlier tool output listing the case's values (the old one among them, in another role) in
+            the two derived families; field ``{values}`` (comma-separated).
     """
 
     instruction: str = (
@@ -92,6 +108,13 @@ class StaleTemplates:
     tool_output: str = "Tool output ({call}): get_deploy_target for service {key} returned the deploy target {value}."
     question: str = "What is the current deploy target for service {key}?"
     answer_prefix: str = "The current deploy target for service {key} is"
+    derived: str = ("Service record: service {derived} is the canary of service {key} and always uses the same deploy "
+                    "target as service {key}.")
+    note: str = ("Agent note: I read the tool output for service {key} and planned the rollout: the release of service "
+                 "{key} goes to the deploy target that get_deploy_target returned.")
+    note_question: str = "Which deploy target does the release of service {key} go to?"
+    note_answer_prefix: str = "The release of service {key} goes to"
+    inventory: str = "Tool output (call 0): list_deploy_targets returned {values}."
 
 
 #: The default wording.
@@ -163,6 +186,12 @@ class StaleCase:
         old_token: the first token of ``" " + old``.
         seed: the case's own seed.
         edit: the edit (deletion or replacement layout), with the question as relevance query.
+        others: values the case names besides the keys' values (the inventory of the derived families), distractors.
+        bearing_token_span: the answer-bearing text's token span in ``edit.edited_ids``: the gold value's span, or
+            for :data:`DERIVED_FAMILIES` the derived record / agent note (in the suffix, downstream of the edit).
+        control_edit: the Erratum placement control (issue 40; :func:`placement_control`) for a replacement: the
+            same inserted block placed right before the question (a deletion of the old block from the context
+            before the edit with the inserted block appended); ``None`` for a deletion.
     """
 
     case_id: str
@@ -186,6 +215,9 @@ class StaleCase:
     old_token: int
     seed: int
     edit: EditedContext = field(repr=False)
+    others: tuple[str, ...] = ()
+    bearing_token_span: tuple[int, int] | None = None
+    control_edit: EditedContext | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -199,15 +231,17 @@ class StaleCase:
 
     @property
     def answer_distance_tokens(self) -> int:
-        """Tokens from the end of the edit (the suffix start ``p``) to the answer-bearing value in the edited ids;
-        negative when the value is in the prefix (the inserted block)."""
-        return self.answer_token_span[0] - self.edit.prefix_len
+        """Tokens from the end of the edit (the suffix start ``p``) to the answer-bearing text in the edited ids
+        (:attr:`bearing_token_span`; the gold value when unset); negative when it is in the prefix (the inserted
+        block)."""
+        span = self.bearing_token_span or self.answer_token_span
+        return span[0] - self.edit.prefix_len
 
     @property
     def distractors(self) -> tuple[str, ...]:
         """Every case value other than the gold and the stale one (other keys' values; for an untouched-key query,
         the edited key's old and new values)."""
-        every = [*self.values.values(), self.new]
+        every = [*self.values.values(), self.new, *self.others]
         return tuple(dict.fromkeys(v for v in every if v not in (self.gold, self.stale_value)))
 
     def meta(self) -> dict[str, Any]:
@@ -232,6 +266,7 @@ class StaleCase:
             "gold_token": self.gold_token,
             "old_token": self.old_token,
             "inserted_len": self.inserted_len,
+            "layout": "edit",
         }
 
     def sweep_case(self):
@@ -239,6 +274,16 @@ class StaleCase:
         from sur_lab.sweeps import Case
 
         return Case(self.case_id, self.edit, (self.gold,), self.meta())
+
+    def control_case(self):
+        """The Erratum placement control (:attr:`control_edit`) as a sweep ``Case``: case id ``{case_id}-late``,
+        the case's meta with ``layout = "late"`` (the inserted block right before the question); ``None`` for a
+        deletion case (no inserted block)."""
+        from sur_lab.sweeps import Case
+
+        if self.control_edit is None:
+            return None
+        return Case(f"{self.case_id}-late", self.control_edit, (self.gold,), {**self.meta(), "layout": "late"})
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -336,7 +381,7 @@ def _first_token(tokenizer, text: str) -> int:
 
 def _draw_values(tokenizer, rng: np.random.Generator, n: int, templates: StaleTemplates, key: str) -> list[str]:
     """``n`` values ``"{stem}-{NN}"`` with distinct stems and distinct first tokens of ``" " + value``, each a whole
-    token span in a fact block and a tool-output block."""
+    token span in a fact block, a tool-output block and an inventory list (before a comma and before the period)."""
     out: list[str] = []
     firsts: set[int] = set()
     for stem in rng.permutation(TARGET_STEMS):
@@ -345,7 +390,8 @@ def _draw_values(tokenizer, rng: np.random.Generator, n: int, templates: StaleTe
         if first in firsts:
             continue
         blocks = (templates.fact.format(key=key, value=value),
-                  templates.tool_output.format(key=key, value=value, call=TOOL_CALLS[0]))
+                  templates.tool_output.format(key=key, value=value, call=TOOL_CALLS[0]),
+                  templates.inventory.format(values=f"{value}, {value}"))
         if all(_aligned(tokenizer, b, " " + value) for b in blocks):
             out.append(value)
             firsts.add(first)
@@ -390,6 +436,7 @@ def build_stale_case(
     seed: int,
     case_id: str | None = None,
     templates: StaleTemplates = DEFAULT_TEMPLATES,
+    inventory: bool = True,
 ) -> StaleCase:
     """Build one stale-fact case.
 
@@ -425,7 +472,8 @@ def build_stale_case(
         raise ValueError(f"context_len must be an integer >= 128 tokens; got {context_len!r}")
     if not 0.0 <= float(edit_depth) <= 1.0:
         raise ValueError(f"edit_depth must be a fraction in [0, 1]; got {edit_depth!r}")
-    downstream = family == "superseded_tool_output" or (family == "multi_key" and not ask_edited)
+    derived = family in DERIVED_FAMILIES
+    downstream = family == "superseded_tool_output" or derived or (family == "multi_key" and not ask_edited)
     if downstream and not (0.0 < float(distance) and float(edit_depth) + float(distance) <= 1.0):
         raise ValueError(
             f"distance must be > 0 with edit_depth + distance <= 1 for an answer-bearing block downstream of the "
@@ -436,33 +484,51 @@ def build_stale_case(
     if len(corpus) == 0:
         raise ValueError("corpus is empty")
     rng = np.random.default_rng(seed)
-    k = int(num_keys) if family == "multi_key" else 1
+    k = int(num_keys) if family == "multi_key" else 2 if family == "derived_record" else 1
     keys = [f"{s}-api" for s in rng.choice(SERVICES, size=k, replace=False)]
     edited_key = keys[0]
-    values = _draw_values(tokenizer, rng, k + 1, templates, edited_key)
+    # The derived families draw one more value: the inventory's third entry (neither old nor new).
+    values = _draw_values(tokenizer, rng, (k + 1) if not derived else 3, templates, edited_key)
     old, new = values[0], values[1]
-    key_values = dict(zip(keys, [old, *values[2:]]))
-    asked = edited_key if (family != "multi_key" or ask_edited) else keys[1]
+    others = tuple(values[2:]) if derived else ()
+    key_values = dict(zip(keys, [old, *values[2:]])) if not derived else {edited_key: old}
+    asked = keys[1] if family == "derived_record" or (family == "multi_key" and not ask_edited) else edited_key
 
-    # Record blocks and their depths (fractions of the filler tokens).
-    if family == "superseded_tool_output":
+    # Record blocks and their depths (fractions of the filler tokens); the edited block first.
+    bearing_block = None
+    if family in ("superseded_tool_output", "agent_note"):
         old_block = templates.tool_output.format(key=edited_key, value=old, call=TOOL_CALLS[0])
-        new_block = templates.tool_output.format(key=edited_key, value=new, call=TOOL_CALLS[1])
-        records = [(float(edit_depth), old_block), (float(edit_depth) + float(distance), new_block)]
+        new_block = templates.tool_output.format(
+            key=edited_key, value=new, call=TOOL_CALLS[1] if family == "superseded_tool_output" else TOOL_CALLS[0])
     else:
         old_block = templates.fact.format(key=edited_key, value=old)
         new_block = templates.fact.format(key=edited_key, value=new)
-        records = [(float(edit_depth), old_block)]
-        if family == "multi_key":
-            others = [(key, key_values[key]) for key in keys[1:]]
-            depths = []
-            for j in range(len(others)):
-                if j == 0 and not ask_edited:
-                    depths.append(float(edit_depth) + float(distance))
-                else:
-                    depths.append(float(np.round(rng.uniform(0.0, 1.0), 3)))
-            records += [(d, templates.fact.format(key=key, value=v)) for d, (key, v) in zip(depths, others)]
-    question = templates.question.format(key=asked)
+    records = [(float(edit_depth), old_block)]
+    if family == "superseded_tool_output":
+        records.append((float(edit_depth) + float(distance), new_block))
+    elif derived:
+        bearing_block = (templates.derived.format(derived=asked, key=edited_key) if family == "derived_record"
+                         else templates.note.format(key=edited_key))
+        listed = [old, new, *others]
+        listed = [listed[int(j)] for j in rng.permutation(len(listed))]
+        records.append((float(edit_depth) + float(distance), bearing_block))
+        if inventory:
+            records.append((float(edit_depth) / 2, templates.inventory.format(values=", ".join(listed))))
+    elif family == "multi_key":
+        others_kv = [(key, key_values[key]) for key in keys[1:]]
+        depths = []
+        for j in range(len(others_kv)):
+            if j == 0 and not ask_edited:
+                depths.append(float(edit_depth) + float(distance))
+            else:
+                depths.append(float(np.round(rng.uniform(0.0, 1.0), 3)))
+        records += [(d, templates.fact.format(key=key, value=v)) for d, (key, v) in zip(depths, others_kv)]
+    if family == "agent_note":
+        question = templates.note_question.format(key=asked)
+        answer_prefix = templates.note_answer_prefix.format(key=asked)
+    else:
+        question = templates.question.format(key=asked)
+        answer_prefix = templates.answer_prefix.format(key=asked)
     overhead = sum(len(tokenizer(b, add_special_tokens=False)["input_ids"]) + 1 for _, b in records)
     overhead += len(tokenizer(templates.instruction, add_special_tokens=False)["input_ids"]) + 40
     banned = [*keys, *values]
@@ -471,7 +537,7 @@ def build_stale_case(
     slots = [int(np.argmin(np.abs(bounds - d))) for d, _ in records]
     # A passage follows the edited block, so its span is one whole passage segment (block and blank line).
     slots[0] = min(slots[0], len(filler) - 1)
-    # Records at the same boundary keep their order in ``records`` (the edited block first).
+    # Records at the same boundary keep their depth order (ties: their order in ``records``, the edited block first).
     order = sorted(range(len(records)), key=lambda i: (slots[i], records[i][0], i))
     blocks = list(filler)
     for i in reversed(order):
@@ -482,10 +548,11 @@ def build_stale_case(
     text, query_text, doc_start, containers = render_chat(
         tokenizer, documents, question, instruction=templates.instruction
     )
-    query_text = query_text + templates.answer_prefix.format(key=asked)
+    query_text = query_text + answer_prefix
     cuts = chat_cuts(text, doc_start, documents)
     a, b = spans[position[0]]
     start, end = doc_start + a, doc_start + b
+    control = None
     if family == "superseded_tool_output":
         edit = build_edit(tokenizer, text, query_text, (start, end), question=question, containers=containers,
                           cuts=cuts)
@@ -493,20 +560,32 @@ def build_stale_case(
     else:
         old_text = text[start:end]
         inserted = old_text.replace(old_block, new_block)
-        edit = replacement_edit(tokenizer, _pieces(text, cuts, 0, start), old_text, inserted,
-                                _pieces(text, cuts, end, len(text)), query_text, question=question,
+        before, after = _pieces(text, cuts, 0, start), _pieces(text, cuts, end, len(text))
+        edit = replacement_edit(tokenizer, before, old_text, inserted, after, query_text, question=question,
                                 containers=containers)
+        control = placement_control(tokenizer, before, old_text, inserted, after, query_text, question=question,
+                                    containers=containers)
     m = len(tokenize_segments(tokenizer, [inserted])[0][0]) if inserted else 0
 
-    # Token spans of the values and keys.
-    gold = new if asked == edited_key else key_values[asked]
+    # Token spans of the values and keys. A derived family names the gold and old values in its inventory too: the
+    # answer's span is then the one in the inserted block, the old value's the one in the deleted span.
+    gold = new if asked == edited_key or derived else key_values[asked]
     edited_text = edit.edited_text
+    p, d = edit.prefix_len, edit.deleted_len
     gold_spans = _find_spans(edited_text, edit.edited_offsets, " " + gold)
     old_spans = _find_spans(edit.original_text, edit.original_offsets, " " + old)
     key_spans = _find_spans(edited_text, edit.edited_offsets, " " + asked)
+    if derived:
+        gold_spans = [sp for sp in gold_spans if p - m <= sp[0] and sp[1] <= p]
+        old_spans = [sp for sp in old_spans if p <= sp[0] and sp[1] <= p + d]
     if len(gold_spans) != 1 or len(old_spans) != 1:
         raise ValueError(f"gold {gold!r} or old {old!r} value is not exactly one whole token span (seed={seed})")
-    answer_in = "suffix" if gold_spans[0][0] >= edit.prefix_len else "inserted"
+    answer_in = "suffix" if gold_spans[0][0] >= p else "inserted"
+    bearing = gold_spans[0]
+    if derived:
+        at = edited_text.find(bearing_block)
+        bearing = _char_token_span(edit.edited_offsets, at, at + len(bearing_block))
+        answer_in = "suffix"
     if answer_in == "inserted" and asked == edited_key:
         distance = 0.0
     return StaleCase(
@@ -517,7 +596,7 @@ def build_stale_case(
         gold=gold,
         old=old,
         new=new,
-        stale_value=old if asked == edited_key else None,
+        stale_value=old if asked == edited_key or derived else None,
         values=key_values,
         inserted_len=m,
         context_len=int(context_len),
@@ -531,7 +610,54 @@ def build_stale_case(
         old_token=_first_token(tokenizer, " " + old),
         seed=int(seed),
         edit=edit,
+        others=others,
+        bearing_token_span=bearing,
+        control_edit=control,
     )
+
+
+def _char_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """The tokens carrying characters of ``[start, end)`` (a token merged across either end included)."""
+    if start < 0:
+        raise ValueError("the block is not in the text")
+    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
+    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
+    return first, last + 1
+
+
+def placement_control(tokenizer, before: Sequence[str], old: str, inserted: str, after: Sequence[str],
+                      query_text: str, *, question: str | None = None,
+                      containers: tuple[tuple[int, int, str], ...] = ()) -> EditedContext:
+    """The Erratum placement control of a replacement (issue 40): the same inserted block, placed right before the
+    question instead of at the edit's depth.
+
+    Erratum keeps the context before the edit and appends a note carrying the inserted text right before the
+    question; a repair carries it at the edit's depth. The control puts the repairs at Erratum's recency: a deletion
+    of ``old`` from ``before ⊕ old ⊕ after ⊕ inserted`` (:func:`sur_lab.edits.segment_edit`, each segment tokenized on
+    its own), so Re-prefill of it prefills ``before ⊕ after ⊕ inserted`` and its Shift is what an agent holds after
+    appending the inserted block to the context before the edit (its rows computed with the old value visible, as
+    Erratum's note rows are) and deleting the old block. Its edited ids are a permutation of the replacement's
+    (``tok(before) ⊕ tok(inserted) ⊕ tok(after)``): the same token multiset (tested).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        before, old, inserted, after, query_text, question: as :func:`sur_lab.edits.replacement_edit` (``inserted``
+            is its ``new``).
+        containers: ``(start, end, kind)`` spans of ``before + old + after``; a container that ends at the end of
+            that text (the user message) is extended over the appended block.
+
+    Returns:
+        The deletion edit (``inserted_len`` 0).
+
+    Raises:
+        ValueError: naming ``inserted`` when it is empty; otherwise as :func:`sur_lab.edits.segment_edit`.
+    """
+    if not isinstance(inserted, str) or not inserted:
+        raise ValueError("inserted must be a non-empty str (the placement control moves an inserted block)")
+    before, after = ([x] if isinstance(x, str) else list(x) for x in (before, after))
+    length = sum(map(len, before)) + len(old) + sum(map(len, after))
+    grown = tuple((a, b + len(inserted) if b == length else b, kind) for a, b, kind in containers)
+    return segment_edit(tokenizer, before, old, [*after, inserted], query_text, question=question, containers=grown)
 
 
 def _pieces(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[str]:
