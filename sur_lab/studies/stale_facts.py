@@ -805,6 +805,20 @@ STALE_FAMILY = Family("stale-answer rate against Shift", "binary",
                       "Erratum) minus Shift on the stale-answer rate, over the cases that ask the edited key (lower is "
                       "better)",
                       higher_is_better=False)
+#: The Erratum placement control (issue 40): on each replacement case, Shift and Re-prefill also run on
+#: :attr:`StaleCase.control_edit` (the inserted block right before the question, where Erratum's note sits); their
+#: records carry these method labels and the case's own ``case_id``, so they pair with Erratum case by case.
+LATE = " (late)"
+PLACEMENT_METHODS = ("Shift", "Re-prefill")
+PLACEMENT_FAMILY = Family("Erratum at equal recency", "binary",
+                          "Re-prefill and Shift with the inserted block right before the question (the placement "
+                          "control) minus Erratum, on EM, over the replacement cases")
+#: The design requirement of issue 40 checked per family (:func:`stale_rates`): Shift answers the old value in at
+#: least this fraction of the family's stale-eligible cases, by the exact (Clopper-Pearson) lower bound.
+STALE_REACH = 0.05
+#: Arms whose old-value pull (``old_margin``) is compared with Re-prefill's per family (:func:`old_margin_differences`;
+#: descriptive intervals).
+PULL_ARMS = ("Shift", "Dirty", "Erratum", f"SUR {PRIMARY_BUDGET:g}%", "Shift" + LATE)
 #: The gold-margin differences by answer location (:func:`margin_differences`) are descriptive: intervals only, no
 #: verdict (they are not a declared family).
 MARGIN_ARMS = ("Edit-local window", "Edit-local + SUR")
@@ -908,7 +922,30 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
                         executor=executor, eval_batch=eval_batch, scorer=stale_fact_scorer, seed=seed,
                         options=_options(p), workers=workers, threads=threads, address=address, progress=progress,
                         share_prefix=share_prefix)
+    controls = [c.control_case() for c in stale_cases(lm.tokenizer, preset, seed=seed, families=p["families"],
+                                                      **{k: p[k] for k in CASE_SIZES})]
+    controls = [c for c in controls if c is not None]
+    if "Erratum" in p["references"] and controls:
+        late = run_sweep(lm, controls, list(PLACEMENT_METHODS), p["budgets"], control_folder(where),
+                         max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,
+                         scorer=stale_fact_scorer, seed=seed, workers=workers, threads=threads, address=address,
+                         progress=progress, share_prefix=share_prefix)
+        records = pd.concat([records, late_records(late)], ignore_index=True)
     return add_stale_endpoints(records), where
+
+
+def control_folder(where: Path) -> Path:
+    """The sweep folder of the Erratum placement control beside the study's folder ``where`` (``{name}_late``)."""
+    where = Path(where)
+    return where.with_name(where.name + "_late")
+
+
+def late_records(records: pd.DataFrame) -> pd.DataFrame:
+    """Placement-control records (:meth:`StaleCase.control_case`) relabelled to pair with the study's arms: the
+    method gets :data:`LATE` appended (``"Shift (late)"``) and ``case_id`` loses its ``-late`` suffix (a new
+    DataFrame)."""
+    return records.assign(method=records["method"] + LATE,
+                          case_id=records["case_id"].str.removesuffix("-late"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -977,19 +1014,23 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_pairs(records: pd.DataFrame, family: Family) -> list[tuple[str, str]]:
-    """The comparisons ``(a, b)`` (arm labels: ``"SUR 5%"``, ``"Erratum"``) that ``family`` (:data:`PRIMARY`,
-    :data:`EM_FAMILY` or :data:`STALE_FAMILY`) holds among the arms of ``records``.
+    """The comparisons ``(a, b)`` (arm labels: ``"SUR 5%"``, ``"Erratum"``, ``"Shift (late)"``) that ``family``
+    (:data:`PRIMARY`, :data:`EM_FAMILY`, :data:`STALE_FAMILY` or :data:`PLACEMENT_FAMILY`) holds among the arms of
+    ``records``.
 
     Raises:
         ValueError: naming ``family`` when it is not one of the three.
     """
-    if family not in (PRIMARY, EM_FAMILY, STALE_FAMILY):
-        raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, EM_FAMILY and STALE_FAMILY")
+    if family not in (PRIMARY, EM_FAMILY, STALE_FAMILY, PLACEMENT_FAMILY):
+        raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, EM_FAMILY, STALE_FAMILY and "
+                         "PLACEMENT_FAMILY")
     arms = set(_arm(records))
     budgets = sorted(records.loc[records["budget_pct"].notna(), "budget_pct"].unique())
     budgeted = [m for m in COMPARED if m != "Erratum"]
     if family == PRIMARY:
         candidates = [(f"SUR {PRIMARY_BUDGET:g}%", "Shift")]
+    elif family == PLACEMENT_FAMILY:
+        candidates = [(m + LATE, "Erratum") for m in ("Re-prefill", "Shift")]
     elif family == EM_FAMILY:
         candidates = [(f"{m} {b:g}%", f"SUR {b:g}%") for b in budgets for m in budgeted if m != "SUR"]
         candidates += [("Erratum", f"SUR {b:g}%") for b in budgets]
@@ -1001,7 +1042,8 @@ def family_pairs(records: pd.DataFrame, family: Family) -> list[tuple[str, str]]
 def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 20260928,
                        decide: bool = True) -> pd.DataFrame:
     """The study's declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family`): the primary
-    (SUR at 5 % minus Shift on EM, tested alone), :data:`EM_FAMILY` and :data:`STALE_FAMILY` (Holm within each).
+    (SUR at 5 % minus Shift on EM, tested alone), :data:`EM_FAMILY`, :data:`STALE_FAMILY` and, where the placement
+    control ran, :data:`PLACEMENT_FAMILY` (Holm within each; its pairs cover the replacement cases).
     ``stale`` is compared on the cases that ask the edited key (the others have no stale value: NaN, left out); a
     lower stale rate is better, so a negative difference favours ``a``.
 
@@ -1024,7 +1066,7 @@ def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int
     df = records.assign(arm=_arm(records), _em=records["em"].astype(float), _stale=records["stale"].astype(float))
     budget_of = dict(zip(df["arm"], df["budget_pct"]))
     parts = []
-    for fam, metric in ((PRIMARY, "em"), (EM_FAMILY, "em"), (STALE_FAMILY, "stale")):
+    for fam, metric in ((PRIMARY, "em"), (EM_FAMILY, "em"), (STALE_FAMILY, "stale"), (PLACEMENT_FAMILY, "em")):
         pairs = family_pairs(df, fam)
         if not pairs:
             continue
@@ -1086,6 +1128,97 @@ def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_AR
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
+def stale_rates(records: pd.DataFrame, *, arms: Sequence[str] = ("Shift", "Re-prefill", "Dirty", "Erratum",
+                                                                "Shift" + LATE),
+                decide: bool = True) -> pd.DataFrame:
+    """Each arm's stale-answer rate per family with its exact interval, and whether the family shows stale answers:
+    the design requirement of issue 40 (Shift must answer the old value where the answer-bearing states are stale).
+
+    Args:
+        records: :func:`add_stale_endpoints` records (``stale`` NaN where the query has no stale value).
+        arms: arm labels (:func:`_arm`) to tabulate; absent ones are skipped.
+        decide: ``False`` at a plumbing-check size (the claim column then reads "not decided").
+
+    Returns:
+        One row per (family, arm): ``k`` stale answers of ``n`` stale-eligible cases, ``rate``, ``ci_low``,
+        ``ci_high`` (Clopper-Pearson 95 %, :func:`sur_lab.analysis.decisions.proportion_interval`) and ``claim``:
+        :func:`sur_lab.analysis.decisions.bound_claim` of "at least :data:`STALE_REACH`" (its verdict word).
+    """
+    from sur_lab.analysis.decisions import bound_claim, proportion_interval
+
+    df = records.assign(arm=_arm(records))
+    rows = []
+    for family, sub in df.groupby("family", sort=False):
+        for arm in arms:
+            st = sub.loc[sub["arm"] == arm, "stale"].dropna()
+            if st.empty:
+                continue
+            k, n = int(st.sum()), int(st.size)
+            rate, low, high = proportion_interval(k, n)
+            rows.append({"family": family, "arm": arm, "k": k, "n": n, "rate": rate, "ci_low": low, "ci_high": high,
+                         "claim": bound_claim(k, n, at_least=STALE_REACH, decide=decide)})
+    cols = ["family", "arm", "k", "n", "rate", "ci_low", "ci_high", "claim"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def stale_rate_lines(rates: pd.DataFrame, *, arm: str = "Shift") -> list[str]:
+    """:func:`stale_rates` of ``arm`` in words, one line per family: ``"derived_record: Shift answers the old value
+    in 0 of 16 stale-eligible cases (0 %, 95 % CI 0 % to 21 %): at least 5 % not shown"``."""
+    out = []
+    for r in rates[rates["arm"] == arm].itertuples():
+        out.append(f"{r.family}: {arm} answers the old value in {r.k} of {r.n} stale-eligible case"
+                   f"{'s' if r.n != 1 else ''} ({100 * r.rate:.0f} %, 95 % CI {100 * r.ci_low:.0f} % to "
+                   f"{100 * r.ci_high:.0f} %): at least {100 * STALE_REACH:g} % {r.claim}")
+    return out
+
+
+def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_ARMS, n_boot: int = 10_000,
+                           seed: int = 20260928) -> pd.DataFrame:
+    """The old value's pull (``old_margin``: the old value's first-token logit minus the gold one's, logits) of each
+    of ``arms`` minus Re-prefill's, case-paired within each family, over the stale-eligible cases. Descriptive:
+    percentile bootstrap intervals (:func:`sur_lab.analysis.decisions.paired_family`, continuous) without a verdict.
+
+    A positive difference means the arm's states pull toward the superseded value more than a clean prefill does,
+    even where its greedy answer is right (the stale rate can be 0 while the pull is not). A placement-control arm
+    (``"Shift (late)"``) is compared with its own layout's Re-prefill (``"Re-prefill (late)"``).
+
+    Args:
+        records: :func:`add_stale_endpoints` records with ``old_margin``.
+        arms: arm labels; absent ones are skipped.
+        n_boot, seed: bootstrap replicates and generator seed.
+
+    Returns:
+        One row per (family, a): ``b``, ``mean_a``, ``mean_b`` (mean pulls), ``diff_logit``, ``ci_low_logit``,
+        ``ci_high_logit`` (a minus b, 95 %), ``n_cases``.
+
+    Raises:
+        ValueError: naming ``records`` when it has no ``old_margin`` column.
+    """
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import paired_family
+
+    if "old_margin" not in records.columns:
+        raise ValueError("records lack the column 'old_margin' (sweep records carry it since issue 40)")
+    cols = ["family", "a", "b", "mean_a", "mean_b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
+    eligible = records["stale_value"].fillna("").astype(str) != ""
+    df = records[eligible].assign(arm=lambda d: _arm(d), _m=lambda d: d["old_margin"].astype(float))
+    parts = []
+    for family, sub in df.groupby("family", sort=False):
+        present = set(sub["arm"])
+        pairs = [(a, "Re-prefill" + LATE if a.endswith(LATE) else "Re-prefill") for a in arms]
+        outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in present and p[1] in present], "_m")
+        if not outcomes:
+            continue
+        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
+        means = {pair: (float(np.nanmean(x)), float(np.nanmean(y))) for pair, (x, y) in outcomes.items()}
+        parts.append(pd.DataFrame({"family": family, "a": res["a"], "b": res["b"],
+                                   "mean_a": [means[(a, b)][0] for a, b in zip(res["a"], res["b"])],
+                                   "mean_b": [means[(a, b)][1] for a, b in zip(res["a"], res["b"])],
+                                   "diff_logit": res["estimate"], "ci_low_logit": res["ci_low"],
+                                   "ci_high_logit": res["ci_high"], "n_cases": res["n"]}))
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
     """Mean ``value`` (x100 for 0/1 columns) per arm (rows) and ``by`` stratum (columns): e.g. EM by family, or the
     stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade)."""
@@ -1096,7 +1229,8 @@ def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em
 
 def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_cases: int,
                records: pd.DataFrame | None = None, margins: pd.DataFrame | None = None, by: str = "answer_in",
-               decide: bool = True) -> list[str]:
+               decide: bool = True, rates: pd.DataFrame | None = None,
+               pulls: pd.DataFrame | None = None) -> list[str]:
     """The generated conclusion, from this run's tables: the references' EM and stale rates, at each budget the
     compared arm with the highest EM (ties are ties, the selection named: :func:`sur_lab.analysis.decisions.best_of`
     on ``records``), the primary comparison and each declared family's comparisons in words
@@ -1111,6 +1245,9 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
             left out).
         margins: :func:`margin_differences` of the run (optional); by: its split column.
         decide: as :func:`paired_differences` (the best-arm lines' comparisons).
+        rates: :func:`stale_rates` of the run (optional): Shift's stale rate per family with its exact interval
+            and the :data:`STALE_REACH` claim.
+        pulls: :func:`old_margin_differences` of the run (optional): the old value's pull against Re-prefill.
     """
     from sur_lab.analysis.decisions import BEATS, LOSES, best_of, family_lines
 
@@ -1143,6 +1280,16 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
     lines.append("Where SUR loses (a separated verdict against it): "
                  + ("; ".join(losses) if losses else "nowhere in this run" if decide else
                     "not decided at this size (a plumbing check)") + ".")
+    if rates is not None and len(rates):
+        lines.append("Stale answers under Shift, per family (exact intervals): " + "; ".join(stale_rate_lines(rates))
+                     + ".")
+    if pulls is not None and len(pulls):
+        for family, block in pulls.groupby("family", sort=False):
+            lines.append(f"Old-value pull (old minus gold first-token logit, descriptive intervals), {family}: " + "; ".join(
+                f"{r.a} minus {r.b} {r.diff_logit:+.3g}" + (
+                    f" (95 % CI {r.ci_low_logit:+.3g} to {r.ci_high_logit:+.3g}" if not pd.isna(r.ci_low_logit)
+                    else " (no interval") + f"; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
+                for r in block.itertuples()) + ".")
     if margins is not None and len(margins):
         for value, block in margins.groupby(by, sort=True):
             lines.append(f"Gold margin (logits, descriptive intervals, not a declared family), answer in the {value} "
