@@ -137,15 +137,16 @@ TOOL_CALLS = ("call 1", "call 2")
 #: Filler paragraphs that would take the prompt past ``context_len · (1 + LENGTH_SLACK)`` are skipped.
 LENGTH_SLACK = 0.05
 
-#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``smoke`` exercises every compared arm on
-#: SmolLM2 (plumbing only). ``default`` runs the Qwen study model on 48 cases (16 per family, two full factorial
-#: blocks) at 2 % and 5 % with the issue's method list; its context length is sized from the CPU time of one case
+#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``smoke`` exercises every compared arm and
+#: every family on SmolLM2 (plumbing only). ``default`` runs the Qwen study model on 48 cases (9 or 10 per family of
+#: the five; the sizes of issue 26, not yet resized for issue 40's families) at 2 % and 5 % with the issue's method
+#: list; its context length is sized from the CPU time of one case
 #: (``scripts/stale_facts_probe.py --time`` measured about 54 s of CPU per 524-token case; 384 tokens keeps 48 cases
 #: within 40 min by an estimate that scales that time with the context length, with a fifth of it held fixed for
 #: decoding and overheads). ``paper`` is 432 cases (two
 #: replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray or a GPU.
 PRESETS = {
-    "smoke": {"context_lens": [256], "num_cases": 3, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
+    "smoke": {"context_lens": [256], "num_cases": 5, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
               "budgets": [5], "max_new_tokens": 6,
               "allocators": ["SUR", "SUR-IDF", "Edit-local window", "Edit-local + SUR"]},
     "default": {"context_lens": [384], "num_cases": 48, "edit_depths": [0.2, 0.5], "distances": [0.1, 0.4],
