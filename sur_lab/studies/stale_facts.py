@@ -1,10 +1,11 @@
-"""Stale facts: agent-style edits that supersede a value, on real haystack text (issue 26; cases only).
+"""Stale facts: agent-style edits that supersede a value, on real haystack text (issues 26 and 40).
 
 The edits agents make supersede a fact: a setting is updated, a tool output is replaced by a newer one. The retained
 suffix then carries the *old* fact in its states ("Models Take Notes at Prefill", arXiv 2606.17107), and an answer
-that gives the old value is *stale*, not merely wrong. Three task families, each a chat prompt whose documents are
+that gives the old value is *stale*, not merely wrong. Five task families, each a chat prompt whose documents are
 shuffled 2WikiMultiHopQA corpus paragraphs (``Title: ...`` blocks separated by blank lines, as in
-:mod:`sur_lab.studies.niah`) with record blocks placed at controlled depths:
+:mod:`sur_lab.studies.niah`) with record blocks placed at controlled depths. The three families of issue 26 are kept as
+controls (:data:`CONTROL_FAMILIES`):
 
 - ``value_update``: a fact block ``"The deploy target for service KEY is V1."`` is replaced by the same sentence with
   V2. The edit is the replacement layout of :meth:`sur_lab.session.EditSession.replace`
@@ -17,10 +18,28 @@ shuffled 2WikiMultiHopQA corpus paragraphs (``Title: ...`` blocks separated by b
   others are distractors. The query asks for the updated key (answer-bearing text: the inserted block) or for an
   untouched key whose block sits a controlled distance downstream of the edit.
 
+In those three, every arm but Dirty sees the answer in clean states and the old value is physically gone, so a stale
+answer can come only from residual notes in suffix states. The two families of issue 40 (:data:`DERIVED_FAMILIES`)
+put the answer-bearing text downstream of the edit, dependent on it, as in "Models Take Notes at Prefill":
+
+- ``derived_record``: the fact block of ``value_update``, and downstream a derived record ("service D is the canary
+  of service KEY and always uses the same deploy target as service KEY"); the query asks D. The derived record names
+  no value: its states took note of V1 when they were computed.
+- ``agent_note``: a tool output holding V1 is replaced by the same call's output holding V2 (a re-run), and
+  downstream an agent note plans the rollout to "the deploy target that get_deploy_target returned"; the query asks
+  the plan.
+
+Both list every case value in an earlier inventory tool output (the old value in another role, so a stale answer can
+be copied; ``inventory=False`` leaves it out). The answer-bearing span (:attr:`StaleCase.bearing_token_span`) is the
+derived block, in the suffix. Each replacement case also carries its Erratum placement control
+(:func:`placement_control`): the same inserted block right before the question, where Erratum's note sits, so Erratum
+and the repairs can be compared at equal recency.
+
 Every block holding the key or a value is its own passage segment; the key (``" " + KEY``) and every value
 (``" " + V``) are whole token spans in the prompt, tokenized exactly as on their own (checked at construction, with
 values redrawn until they are; tested on the SmolLM2 and Qwen tokenizers). The old value appears exactly once in the
-context before the edit (in the deleted span) and never in the edited context. The query ends with an answer prefix
+context before the edit (in the deleted span) and never in the edited context (the derived families: besides the
+inventory). The query ends with an answer prefix
 (``"The current deploy target for service KEY is"``, as RULER's NIAH prefix), so the first answer step predicts the
 value's first token: :func:`sur_lab.analysis.endpoints.gold_margin` reads it (``gold_token``).
 
@@ -31,7 +50,8 @@ Importance" (arXiv 2609.17983: a window right after the edit recovers the answer
 answer-bearing text sits far downstream) can be tested where it is said to fade.
 
 Scoring (:func:`classify_answer`): every case value is searched in the answer as a whole word (case-insensitive).
-``correct`` (the gold value alone: EM), ``stale`` (the old value of the asked key, without the gold one), ``mixed``
+``correct`` (the gold value alone: EM), ``stale`` (the old value of the asked key, or of the edited key a derived block refers
+to, without the gold one), ``mixed``
 (the gold value and another case value), ``distractor`` (another key's value only) or ``wrong`` (none).
 """
 
@@ -451,17 +471,21 @@ def build_stale_case(
         edit_depth: depth of the edited block, a fraction in [0, 1] of the filler tokens before it; the block goes to
             the paragraph boundary nearest to it.
         distance: the answer-bearing block's depth minus ``edit_depth`` (fraction of the filler tokens, > 0, with
-            ``edit_depth + distance <= 1``) for ``superseded_tool_output`` and for a ``multi_key`` case that asks an
-            untouched key; ignored (recorded as 0) when the answer-bearing text is the inserted block.
-        num_keys: keys of a ``multi_key`` case (>= 2); other families have one key.
+            ``edit_depth + distance <= 1``) for ``superseded_tool_output``, the derived families (the derived record
+            or agent note) and a ``multi_key`` case that asks an untouched key; ignored (recorded as 0) when the
+            answer-bearing text is the inserted block.
+        num_keys: keys of a ``multi_key`` case (>= 2); ``derived_record`` has two (the edited and the derived
+            service), other families one.
         ask_edited: for ``multi_key``, ask the updated key (True) or an untouched one (False).
         seed: seed for keys, values and filler order.
         case_id: identifier (default ``stale-{family}-{context_len}-s{seed}``).
         templates: the prompt wording.
+        inventory: for :data:`DERIVED_FAMILIES`, place the inventory tool output (every case value, shuffled) at
+            half the edit's depth, upstream of it (default); ignored by the other families.
 
     Returns:
         StaleCase whose ``edit`` deletes the superseded block (``superseded_tool_output``) or replaces it by the new one
-        (``value_update``, ``multi_key``; :func:`sur_lab.edits.replacement_edit`).
+        (the other families; :func:`sur_lab.edits.replacement_edit`), with its placement control for a replacement.
 
     Raises:
         ValueError: naming ``family``, ``context_len``, ``edit_depth``, ``distance``, ``num_keys`` or ``corpus`` (too
@@ -890,7 +914,10 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
           eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
           **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the study's sweep: every case x (references + allocators x budgets), scored by
-    :func:`stale_fact_scorer` (EM), with ``gold_margin`` in every record (:func:`sur_lab.sweeps.run_case`).
+    :func:`stale_fact_scorer` (EM), with ``gold_margin`` and ``old_margin`` in every record
+    (:func:`sur_lab.sweeps.run_case`). When Erratum is a reference, every replacement case's placement control
+    (:meth:`StaleCase.control_case`) also runs :data:`PLACEMENT_METHODS`, in :func:`control_folder`; those records
+    join the others relabelled by :func:`late_records` (``"Shift (late)"``, ``"Re-prefill (late)"``).
 
     Args:
         lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
@@ -905,8 +932,9 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
         share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
 
     Returns:
-        ``(records, folder)``: the records with :func:`add_stale_endpoints` columns (``answer_class``, ``stale``,
-        ``margin_recovery``) and the folder holding ``parts/`` and ``records.parquet``.
+        ``(records, folder)``: the records (the placement control's included) with :func:`add_stale_endpoints`
+        columns (``answer_class``, ``stale``, ``margin_recovery``) and the study's folder holding ``parts/`` and
+        ``records.parquet`` (the control's: :func:`control_folder` of it).
 
     Raises:
         ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
@@ -917,15 +945,14 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     p = params(preset, **overrides)
     erratum_templates(p["erratum_template"])  # refused before any work
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    built = stale_cases(lm.tokenizer, preset, seed=seed, families=p["families"], **{k: p[k] for k in CASE_SIZES})
+    the_cases = [c.sweep_case() for c in built]
     where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
     records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=stale_fact_scorer, seed=seed,
                         options=_options(p), workers=workers, threads=threads, address=address, progress=progress,
                         share_prefix=share_prefix)
-    controls = [c.control_case() for c in stale_cases(lm.tokenizer, preset, seed=seed, families=p["families"],
-                                                      **{k: p[k] for k in CASE_SIZES})]
-    controls = [c for c in controls if c is not None]
+    controls = [c.control_case() for c in built if c.control_edit is not None]
     if "Erratum" in p["references"] and controls:
         late = run_sweep(lm, controls, list(PLACEMENT_METHODS), p["budgets"], control_folder(where),
                          max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,
