@@ -186,3 +186,37 @@ def test_stale_rates_old_value_pull_and_the_placement_family():
     assert "Old-value pull (old minus gold first-token logit, descriptive intervals), value_update: Shift minus " \
            "Re-prefill +3" in text
     assert sf.PLACEMENT_FAMILY.name in text
+
+
+def test_sweep_runs_the_placement_control_on_replacement_cases(tmp_path):
+    """The sweep adds Shift and Re-prefill on each replacement case's placement control, in their own folder,
+    relabelled to pair with the case; deletion cases have none. A tiny float64 model with the real tokenizer."""
+    import dataclasses
+
+    from conftest import make_tiny_model
+
+    from sur_lab.models import embedded_tokenizer
+
+    smol_tokenizer = embedded_tokenizer()
+    lm = make_tiny_model("llama", vocab_size=len(smol_tokenizer), layers=1, hidden=16, heads=2, kv_heads=1,
+                         head_dim=8)
+    lm = dataclasses.replace(lm, tokenizer=smol_tokenizer)
+    kw = dict(num_cases=3, context_lens=[256], allocators=[], budgets=[5], max_new_tokens=1,
+              references=["Shift", "Re-prefill", "Erratum"], families=["superseded_tool_output", "derived_record",
+                                                                         "agent_note"])
+    records, where = sf.sweep(lm, preset="smoke", out=tmp_path / "main", progress=False, **kw)
+    assert (tmp_path / "main_late" / "records.parquet").is_file() and sf.control_folder(where) == tmp_path / "main_late"
+    late = records[records.method.str.endswith(sf.LATE)]
+    fam = dict(zip(records.case_id, records.family))
+    # Two replacement cases (derived_record, agent_note) x (Shift, Re-prefill) on the control; none for the deletion.
+    assert sorted(late.method) == ["Re-prefill (late)"] * 2 + ["Shift (late)"] * 2
+    assert {fam[c] for c in late.case_id} == {"derived_record", "agent_note"}
+    assert set(late.case_id) <= set(records.loc[records.method == "Erratum", "case_id"])
+    assert (late.layout == "late").all() and (records.loc[~records.method.str.endswith(sf.LATE), "layout"] == "edit").all()
+    shift = records[records.method == "Shift"].set_index("case_id")
+    for r in late.itertuples():
+        assert r.cache_len == shift.loc[r.case_id, "cache_len"]  # a permutation of the edited context
+    assert np.isfinite(records["old_margin"]).all()
+    assert records.loc[records.method == "Re-prefill (late)", "agree_reprefill"].all()
+    diffs = sf.paired_differences(records, n_boot=200, decide=False)
+    assert set(diffs.loc[diffs.family == sf.PLACEMENT_FAMILY.name, "n_cases"]) == {2}
