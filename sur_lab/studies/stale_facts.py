@@ -133,7 +133,7 @@ class StaleTemplates:
     note: str = ("Agent note: I read the tool output for service {key} and planned the rollout: the release of service "
                  "{key} goes to the deploy target that get_deploy_target returned.")
     note_question: str = "Which deploy target does the release of service {key} go to?"
-    note_answer_prefix: str = "The release of service {key} goes to"
+    note_answer_prefix: str = "The release of service {key} goes to the deploy target"
     inventory: str = "Tool output (call 0): list_deploy_targets returned {values}."
 
 
