@@ -169,7 +169,7 @@ def stale_rates_of_the_sweep(lm, args, n: int) -> None:
         print(rates.round(3).to_string(index=False))
         print("\n".join(stale_facts.stale_rate_lines(rates)))
         print(stale_facts.old_margin_differences(records, n_boot=2000).round(2).to_string(index=False))
-        counts = pd.crosstab([records["family"], stale_facts._arm(records)], records["answer_class"])
+        counts = pd.crosstab([records["family"], stale_facts._arm(records).rename("arm")], records["answer_class"])
         print(counts.to_string())
 
 
