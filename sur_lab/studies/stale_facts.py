@@ -68,6 +68,7 @@ import pandas as pd
 import torch
 
 from sur_lab.analysis.decisions import Family
+from sur_lab.data.text import join_blocks
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -77,7 +78,6 @@ from sur_lab.edits import (
     segment_edit,
     tokenize_segments,
 )
-from sur_lab.studies.niah import join_blocks
 
 #: Task families: the three controls of issue 26, then the two of issue 40 whose answer-bearing text lies downstream
 #: of the edit and depends on the edited value (:data:`DERIVED_FAMILIES`).
@@ -463,7 +463,7 @@ def build_stale_case(
 
     Args:
         tokenizer: the target model's fast byte-level tokenizer with a chat template.
-        corpus: filler paragraphs with ``title`` and ``text`` (:func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs with ``title`` and ``text`` (:func:`sur_lab.data.qa.load_corpus`).
         family: one of :data:`FAMILIES`.
         context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded order until
             the prompt reaches it, skipping those that would overshoot it by more than :data:`LENGTH_SLACK` (the
@@ -734,7 +734,7 @@ def build_stale_cases(
         num_keys: keys per ``multi_key`` case (>= 2).
         families: task families (a subset of :data:`FAMILIES`).
         seed: roster seed.
-        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default: :func:`sur_lab.data.qa.load_corpus`).
         templates: the prompt wording.
 
     Raises:
@@ -752,7 +752,7 @@ def build_stale_cases(
     if not families or any(f not in FAMILIES for f in families):
         raise ValueError(f"families must be a non-empty subset of {FAMILIES}; got {families!r}")
     if corpus is None:
-        from sur_lab.studies.datasets import load_corpus
+        from sur_lab.data.qa import load_corpus
 
         corpus = load_corpus()
     F, D, R = len(families), len(edit_depths), len(distances)
@@ -878,7 +878,7 @@ def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence
         tokenizer: the model's tokenizer.
         preset, overrides: as :func:`params` (only the case sizes and ``families`` shape the cases).
         seed: roster seed.
-        corpus: filler paragraphs (default :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default :func:`sur_lab.data.qa.load_corpus`).
 
     Raises:
         ValueError: as :func:`params` and :func:`build_stale_cases`.
