@@ -464,6 +464,8 @@ def test_a_small_em_stratum_decides_nothing():
     row = findings(t15, table16(t, ["Replay"], n_boot=200, seed=1)).set_index("finding").loc[
         "EM side contrast positive"]
     assert row.reproduced is None and row.verdict == "not separated at this size"
+    # the evidence says why: five sources allow a smallest Holm p of 5 * 2 ** -4; the family of five needs eight
+    assert "a stratum of 5 sources cannot separate (its smallest Holm p is 0.312): it needs >= 8" in row.evidence
 
 
 def test_a_planted_nll_side_effect_is_not_called_a_null():
@@ -710,3 +712,16 @@ def test_margin_sizing_says_how_wide_the_interval_is():
         margin_sizing(0.0, 0.1, -0.1, 5)
     with pytest.raises(ValueError, match="margin"):
         margin_sizing(0.0, -0.1, 0.1, 5, margin=0)
+
+
+def test_min_separable_sources_is_the_exact_floor_under_holm():
+    from sur_lab.analysis.decisions import p_floor
+    from sur_lab.studies.evidence_location import min_separable_sources
+
+    for size, alpha, want in ((5, 0.05, 8), (1, 0.05, 6), (1, 1 / 16, 6), (2, 0.05, 7), (5, 0.01, 10)):
+        n = min_separable_sources(size, alpha)
+        assert n == want and size * p_floor(n) < alpha <= size * p_floor(n - 1)
+    with pytest.raises(ValueError, match="family_size"):
+        min_separable_sources(0)
+    with pytest.raises(ValueError, match="alpha"):
+        min_separable_sources(5, 1.5)

@@ -1651,6 +1651,22 @@ def pooled_report(pooled: PooledRuns, *, n_boot: int = 10_000, seed: int = 20260
             "findings": findings(t15, t16, gaps, decide=decide)}
 
 
+def min_separable_sources(family_size: int = len(SECONDARY_FAMILY), alpha: float = 0.05) -> int:
+    """The fewest sources whose bootstrap p can separate a member of a Holm family: the smallest n with
+    ``family_size * p_floor(n) < alpha`` (:func:`sur_lab.analysis.decisions.p_floor`, ``2 ** (1 - n)``: every
+    source on one side). E.g. 8 for the secondary family of five at 5 %: an EM stratum of fewer sources decides
+    nothing, whatever its estimate.
+
+    Raises:
+        ValueError: naming ``family_size`` when < 1 or ``alpha`` outside (0, 1).
+    """
+    if isinstance(family_size, bool) or int(family_size) != family_size or family_size < 1:
+        raise ValueError(f"family_size={family_size!r} must be an integer >= 1")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1)")
+    return 1 + math.floor(math.log2(family_size / alpha)) + 1
+
+
 def margin_sizing(estimate: float, tost_low: float, tost_high: float, n_sources: int,
                   margin: float | None = None) -> str:
     """Why the NLL side contrast's equivalence test did not decide, in words with the numbers: the 90 % interval's
@@ -1709,7 +1725,7 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         One row per finding: ``finding``, ``rule``, ``verdict`` (the decision's words), ``evidence`` (the numbers it
         read), ``reproduced`` (True / False; None when undecided: not separated, an empty EM stratum, or a smoke run).
     """
-    from sur_lab.analysis.decisions import BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, NOT_SEPARATED, judge
+    from sur_lab.analysis.decisions import BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, NOT_SEPARATED, judge, p_floor
     from sur_lab.analysis.stats import holm
 
     def pick(df, cond, **kw):
@@ -1755,6 +1771,10 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
     else:
         v = judge(r.estimate, r.low, r.high, p_adj=r.holm_p, alpha=alpha, n=int(r.n_sources), decide=decide)
         evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {over(r)}"
+        need = min_separable_sources(len(SECONDARY_FAMILY), alpha)
+        if decide and v not in (BEATS, LOSES) and r.n_sources < need:
+            evidence += (f"; a stratum of {r.n_sources} sources cannot separate (its smallest Holm p is "
+                         f"{min(1.0, len(SECONDARY_FAMILY) * p_floor(int(r.n_sources))):.3g}): it needs >= {need}")
     out.append({"finding": "EM side contrast positive",
                 "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g} over the secondary family",
                 "verdict": {BEATS: "positive", LOSES: "negative", NA: "n/a (empty EM stratum)",
