@@ -1263,7 +1263,8 @@ def read_panel_file(folder) -> dict[str, Any]:
         raise FileNotFoundError(f"{path} does not exist: rerun the sweep of {path.parent} with its parameters (it "
                                 "resumes every record and writes the panel file)")
     record = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(record, dict) or record.get("study") != NAME or not {"params", "seed", "candidates"} <= set(record):
+    if (not isinstance(record, dict) or record.get("study") != NAME
+            or not {"params", "seed", "candidates"} <= set(record)):
         raise ValueError(f"{path} is not an {NAME} panel file")
     return record
 
@@ -1398,7 +1399,8 @@ def combine(folders: Sequence) -> PooledRuns:
     for path, df, rec in zip(paths, frames, records):
         weights = sorted(set(df["model_weights"]))
         if len(weights) != 1 or df["model"].nunique() != 1:
-            raise ValueError(f"folders: {path} holds {len(weights)} models ({sorted(set(df['model']))}); one per folder")
+            raise ValueError(f"folders: {path} holds {len(weights)} models ({sorted(set(df['model']))}); one per "
+                             "folder")
         name = str(df["model"].iloc[0])
         for key in (weights[0], name):
             if key in seen:
