@@ -1206,8 +1206,12 @@ ANALYSIS_PARAMS = ("n_boot", "boot_seed")
 #: Record fingerprint fields that say which model ran, the only ones pooled runs may differ in (the rule of
 #: ``niah.combine``'s cross-model assembly).
 MODEL_FIELDS = ("model", "model_weights", "dtype", "device")
-#: A candidate's outcome for one model's run in :func:`common_panel`.
-FEASIBLE, EXCLUDED, NOT_EXAMINED = "feasible", "excluded", "not examined"
+#: A candidate's outcome for one model's run in :func:`common_panel`: built at some candidate geometry.
+FEASIBLE = "feasible"
+#: ... excluded with its reason (:class:`Exclusion`).
+EXCLUDED = "excluded"
+#: ... never examined (the run stopped at its ``sources_per_dataset``-th feasible source before it).
+NOT_EXAMINED = "not examined"
 
 
 def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
