@@ -725,3 +725,34 @@ def test_min_separable_sources_is_the_exact_floor_under_holm():
         min_separable_sources(0)
     with pytest.raises(ValueError, match="alpha"):
         min_separable_sources(5, 1.5)
+
+
+def test_a_joint_panel_is_the_same_whichever_model_runs_it(data_dir):
+    """``panel_models``: with early stopping each tokenizer alone stops at its own first feasible source (at the smoke
+    sizes SmolLM2's and Qwen2.5's HotpotQA sources differ, so their runs have no source in common); with the other
+    tokenizer as ``also`` both runs build the same panel, every source buildable by both."""
+    from conftest import QWEN_TOKENIZER_DIR
+    from transformers import AutoTokenizer
+
+    from sur_lab.models import embedded_tokenizer
+    from sur_lab.studies.evidence_location import LocationSource, panel_tokenizers
+
+    if not (QWEN_TOKENIZER_DIR / "tokenizer.json").is_file():
+        pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_TOKENIZER_DIR}")
+    qwen, smol = AutoTokenizer.from_pretrained(QWEN_TOKENIZER_DIR), embedded_tokenizer()
+    kw = dict(datasets=["hotpotqa", "2wikimultihopqa"], geometries="smoke", candidates_per_dataset=100,
+              sources_per_dataset=1)
+
+    def ids(p):
+        return [(s.example.dataset, s.example.id) for s in p.sources]
+
+    assert ids(build_panel(qwen, **kw)) != ids(build_panel(smol, **kw))
+    a, b = build_panel(qwen, also=[smol], **kw), build_panel(smol, also=[qwen], **kw)
+    assert ids(a) == ids(b) and len(ids(a)) == 2 and a.candidates == b.candidates
+    for s in a.sources:
+        for tok in (qwen, smol):
+            assert isinstance(build_source(tok, s.example, "smoke"), LocationSource)
+    assert any(e.detail.startswith("panel tokenizer 1") for e in a.exclusions)
+    assert panel_tokenizers(["smollm2-135m"], smol) == [] and len(panel_tokenizers(["smollm2-135m"], qwen)) == 1
+    with pytest.raises(ValueError, match="names="):
+        panel_tokenizers("smollm2-135m")

@@ -840,6 +840,7 @@ def build_panel(
     split: str = "dev",
     corpus: Sequence[Passage] | None = None,
     instruction: str = DEFAULT_INSTRUCTION,
+    also: Sequence = (),
 ) -> Panel:
     """Build the panel from the natural-QA candidate pool, by tokenization alone (appendix 10.1).
 
@@ -859,6 +860,10 @@ def build_panel(
         split: ``"dev"`` (default); ``"test"`` reads held-out files (never tune on them).
         corpus: filler paragraphs (default: the shipped 2WikiMultiHopQA corpus).
         instruction: text before the documents.
+        also: other models' tokenizers that must build a candidate too (their own geometry, checks and cells) for it
+            to be feasible: the **common panel** of a pooled run (appendix 10.1), identical whichever of these
+            models runs it, so every model's run holds the same sources even when ``sources_per_dataset`` stops the
+            scan early. The cases are ``tokenizer``'s. An exclusion by one of them says so in its ``detail``.
 
     Returns:
         The :class:`Panel`.
@@ -877,6 +882,7 @@ def build_panel(
             raise ValueError(f"{name}={value!r} must be an integer >= 1 or None")
     candidates = _geometries(geometries)
     builder = _Builder(tokenizer, corpus if corpus is not None else _default_corpus())
+    others = [_Builder(t, builder.corpus) for t in also]
     config = PanelConfig(seed=seed)
     sources: list[LocationSource] = []
     cases: list[LocationCase] = []
@@ -900,6 +906,10 @@ def build_panel(
             except ValueError as err:  # segment_edit refusing a segment is a tokenization failure of this source
                 exclusions.append(Exclusion(d, ex.id, REASONS[6], str(err), (REASONS[6],)))
                 continue
+            refused = _refused_by_others(others, ex, candidates, seed, instruction)
+            if refused is not None:
+                exclusions.append(refused)
+                continue
             sources.append(built)
             cases.extend(cells)
             feasible += 1
@@ -908,6 +918,47 @@ def build_panel(
             raise ValueError(f"sources_per_dataset={sources_per_dataset}: {d} has only {feasible} feasible sources "
                              f"among {examined[d]} candidates (exclusions: {dict(counts)})")
     return Panel(cases, sources, exclusions, examined)
+
+
+def _refused_by_others(others: Sequence[_Builder], example: QAExample, candidates: tuple[Geometry, ...], seed: int,
+                       instruction: str) -> Exclusion | None:
+    """The exclusion of ``example`` by the first panel tokenizer of ``others`` that cannot build it, else ``None``."""
+    for k, other in enumerate(others, start=1):
+        label = f"panel tokenizer {k} ({getattr(other.tok, 'name_or_path', '') or type(other.tok).__name__})"
+        built = _build_source(other, example, candidates, seed, instruction)
+        if isinstance(built, Exclusion):
+            return Exclusion(example.dataset, example.id, built.reason, f"{label}: {built.detail}", built.reasons)
+        try:
+            build_cells(other.tok, built)
+        except ValueError as err:
+            return Exclusion(example.dataset, example.id, REASONS[6], f"{label}: {err}", (REASONS[6],))
+    return None
+
+
+def panel_tokenizers(names: Sequence[str], tokenizer=None) -> list:
+    """The tokenizers of ``names`` (``params["panel_models"]``), without those equal to ``tokenizer`` (the run's own):
+    an embedded model's from its package (:func:`sur_lab.models.embedded_tokenizer`), else ``AutoTokenizer`` on the
+    hub id or local path. No weights are loaded.
+
+    Raises:
+        ValueError: naming ``names`` when it is not a list of non-empty strings.
+    """
+    from sur_lab.models import embedded_model, embedded_tokenizer
+
+    if isinstance(names, str) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"names={names!r} must be a list of model names (embedded names, hub ids or local paths)")
+    out = []
+    for name in names:
+        if embedded_model(name) is not None:
+            tok = embedded_tokenizer(name)
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(name)
+        if tokenizer is not None and type(tok) is type(tokenizer) and tok.get_vocab() == tokenizer.get_vocab():
+            continue  # the run's own tokenizer: its panel checks it already
+        out.append(tok)
+    return out
 
 
 def sweep_cases(cases: Sequence[LocationCase]) -> list:
@@ -1037,7 +1088,7 @@ NAME = "evidence-location"
 NOTEBOOK = "08_evidence_location"
 FOLDER = "08_evidence_location"
 #: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
-FIXED = {"boot_seed": 20260928}
+FIXED = {"boot_seed": 20260928, "panel_models": []}
 #: The record ``method`` of the fixed-slot refresh (:class:`FixedSlotRefresh`).
 FIXED_SLOT_LABEL = "Fixed slot"
 #: The complete suffix replay, the method Table 15's advantages are about.
@@ -1101,6 +1152,8 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
 def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> Panel:
     """The study's :class:`Panel` at ``preset`` (:func:`build_panel`; by tokenization alone, before any model runs).
+    With ``panel_models`` (a parameter) every listed model's tokenizer must build a source too: the common panel that
+    several models' runs share (:func:`combine` pools them).
 
     Raises:
         ValueError: as :func:`params` and :func:`build_panel`.
@@ -1108,7 +1161,8 @@ def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any
     p = params(preset, **overrides)
     return build_panel(tokenizer, p["datasets"], geometries=p["geometry"],
                        candidates_per_dataset=p["candidates_per_dataset"],
-                       sources_per_dataset=p["sources_per_dataset"], seed=seed)
+                       sources_per_dataset=p["sources_per_dataset"], seed=seed,
+                       also=panel_tokenizers(p["panel_models"], tokenizer))
 
 
 def sweep_cases_of(location_cases: Sequence[LocationCase]) -> list:
@@ -1144,6 +1198,8 @@ def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = 
     from sur_lab.sweeps import EVAL_BATCH, sweep_folder
 
     extra = {} if executor == "sequential" else {"ex": executor}
+    if p.get("panel_models"):
+        extra["pm"] = sorted(p["panel_models"])
     return sweep_folder(FOLDER, lm, outputs=outputs, data=list(p["datasets"]), cand=p["candidates_per_dataset"],
                         n=p["sources_per_dataset"], geom=p["geometry"], fs=p["fixed_slot"], b=p["budgets"],
                         tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
@@ -1217,7 +1273,8 @@ NOT_EXAMINED = "not examined"
 def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
     """What :data:`PANEL_FILE` holds for one run: ``{"study", "params", "seed", "candidates"}``.
 
-    ``params`` are the run's parameters (:func:`params`) without :data:`ANALYSIS_PARAMS`; ``candidates`` maps each
+    ``params`` are the run's parameters (:func:`params`) without :data:`ANALYSIS_PARAMS` (``panel_models`` sorted: the
+    panel does not depend on their order); ``candidates`` maps each
     dataset of ``p["datasets"]`` to ``{"feasible": [source ids], "excluded": [source ids]}``, in draw order: every
     candidate the run examined, with its outcome (decided by tokenization alone, :func:`build_panel`).
 
@@ -1230,7 +1287,7 @@ def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, 
         raise ValueError(f"built holds sources of {extra}, not in the parameters' datasets {datasets}")
     return {
         "study": NAME,
-        "params": {k: v for k, v in p.items() if k not in ANALYSIS_PARAMS},
+        "params": {k: (sorted(v) if k == "panel_models" else v) for k, v in p.items() if k not in ANALYSIS_PARAMS},
         "seed": int(seed),
         "candidates": {d: {FEASIBLE: [s.example.id for s in built.sources if s.example.dataset == d],
                            EXCLUDED: [e.source_id for e in built.exclusions if e.dataset == d]} for d in datasets},
