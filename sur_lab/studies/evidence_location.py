@@ -1802,9 +1802,12 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         interval = "no interval" if pd.isna(r.low) else f"95 % CI {r.low:+.4g} to {r.high:+.4g}"
         return f"{r.estimate:+.4g}{unit} ({interval})"
 
+    def sources(n):
+        return f"{int(n)} source{'' if int(n) == 1 else 's'}"
+
     def over(r):
         units = int(getattr(r, "n_units", r.n_sources) or r.n_sources)
-        return f"{r.n_sources} sources" + (f" ({units} source-model units)" if units != r.n_sources else "")
+        return sources(r.n_sources) + (f" ({units} source-model units)" if units != r.n_sources else "")
 
     out = []
     r = pick(t15, COMPLETE_REPLAY, hypothesis="NLL side")
@@ -1835,7 +1838,7 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {over(r)}"
         need = min_separable_sources(len(SECONDARY_FAMILY), alpha)
         if decide and v not in (BEATS, LOSES) and r.n_sources < need:
-            evidence += (f"; a stratum of {r.n_sources} sources cannot separate (its smallest Holm p is "
+            evidence += (f"; a stratum of {sources(r.n_sources)} cannot separate (its smallest Holm p is "
                          f"{min(1.0, len(SECONDARY_FAMILY) * p_floor(int(r.n_sources))):.3g}): it needs >= {need}")
     out.append({"finding": "EM side contrast positive",
                 "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g} over the secondary family",
