@@ -727,8 +727,8 @@ EXPECTED: dict[str, Expected] = {
                 rows=_stale_records, not_null=("answer_class", "gold_margin", "old_margin", "cache_len"),
                 check=_stale_records_check),
             "09_summary": Table(
-                columns=("method", "budget_pct", "em_pct", "stale_pct", "agree_pct", "margin_recovery_median",
-                         "n_margin_defined", "forward_tokens"),
+                columns=("method", "budget_pct", "em_pct", "stale_pct", "agree_pct", "margin_recovery",
+                         "margin_recovery_median", "n_margin_defined", "forward_tokens"),
                 rows=lambda p: len(_stale_params(p)["references"])
                 + len(_stale_params(p)["allocators"]) * len(_stale_params(p)["budgets"])
                 + (2 if _stale_late_cases(p) else 0),

@@ -1,6 +1,6 @@
-"""Answer-margin endpoints (issue 26) on hand-made logits: the gold token's margin over its strongest competitor, the
-per-case recovery between Shift and Re-prefill (undefined when they tie, never clipped) and the table of medians of
-defined ratios with their count."""
+"""Answer-margin endpoints (issues 26 and 40) on hand-made logits and frames: the gold token's margin over its strongest
+competitor, the per-case recovery between Shift and Re-prefill (undefined when they tie, never clipped), the pooled
+recovery as a ratio of sums (undefined below the declared gap) and the table of both."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from sur_lab.analysis.endpoints import add_margin_recovery, gold_margin, margin_recovery, margin_recovery_table
+from sur_lab.analysis.endpoints import (MARGIN_RECOVERY_MIN_GAP, add_margin_recovery, gold_margin, margin_recovery,
+                                       margin_recovery_table, pooled_margin_recovery)
 
 
 def test_gold_margin_on_hand_made_logits():
@@ -84,18 +85,58 @@ def test_add_margin_recovery_pairs_each_record_with_its_case():
         add_margin_recovery(records.drop(columns="gold_margin"))
 
 
-def test_table_reports_medians_of_defined_ratios_with_their_count():
+def test_pooled_recovery_is_a_ratio_of_sums():
+    # Re-prefill gains 2, 0 and 4 over Shift (sum 6); SUR's margins 2, 7, 1 gain 1, 5 and 1 (sum 7): 7 / 6. The tied
+    # case b counts in the numerator (its per-case ratio is undefined).
+    shift, reprefill = [1.0, 2.0, 0.0], [3.0, 2.0, 4.0]
+    assert pooled_margin_recovery([2.0, 7.0, 1.0], shift, reprefill) == (7 / 6, "")
+    assert pooled_margin_recovery(shift, shift, reprefill) == (0.0, "")
+    assert pooled_margin_recovery(reprefill, shift, reprefill) == (1.0, "")
+    assert pooled_margin_recovery([4.0, 2.0, -4.0], shift, reprefill) == (-1 / 6, "")  # never clipped
+    # A case with a NaN margin is left out of both sums: (2 - 1) / (3 - 1).
+    assert pooled_margin_recovery([2.0, np.nan, 1.0], shift, [3.0, 2.0, np.nan]) == (0.5, "")
+
+
+def test_pooled_recovery_is_undefined_below_the_declared_gap():
+    assert MARGIN_RECOVERY_MIN_GAP == 0.2
+    # Re-prefill's mean gain 0.15 logits per case (0.1 and 0.2) is below 0.2: NaN with the reason.
+    ratio, note = pooled_margin_recovery([1.0, 1.0], [0.0, 0.0], [0.1, 0.2])
+    assert math.isnan(ratio) and note == ("undefined: Re-prefill's mean margin gain over Shift is 0.15 logits over 2 "
+                                          "cases, below the 0.2 threshold")
+    assert pooled_margin_recovery([1.0, 1.0], [0.0, 0.0], [0.1, 0.2], min_gap=0.1) == (2 / (0.1 + 0.2), "")
+    ratio, note = pooled_margin_recovery([1.0], [2.0], [1.0], min_gap=0.0)  # Shift above Re-prefill: negative gap
+    assert math.isnan(ratio) and "-1 logits over 1 case," in note
+    ratio, note = pooled_margin_recovery([np.nan], [1.0], [2.0])
+    assert math.isnan(ratio) and note.startswith("undefined: no case has")
+    with pytest.raises(ValueError, match="m_shift"):
+        pooled_margin_recovery([1.0], [np.inf], [2.0])
+    with pytest.raises(ValueError, match="m_method"):
+        pooled_margin_recovery([[1.0]], [1.0], [2.0])
+    with pytest.raises(ValueError, match="one margin per case"):
+        pooled_margin_recovery([1.0, 2.0], [1.0], [2.0])
+    with pytest.raises(ValueError, match="min_gap"):
+        pooled_margin_recovery([1.0], [0.0], [2.0], min_gap=-0.1)
+
+
+def test_table_reports_the_ratio_of_sums_and_the_median_of_defined_ratios():
     table = margin_recovery_table(add_margin_recovery(_records()))
+    assert list(table.columns) == ["ratio", "median", "n_defined", "n_pooled", "n_cases", "note"]
     sur = table.loc[("SUR", 5.0)]
-    assert sur["median"] == 0.375 and sur["n_defined"] == 2 and sur["n_cases"] == 3
-    erratum = table.loc[("Erratum", np.nan)] if ("Erratum", np.nan) in table.index else \
-        table.xs("Erratum", level="method").iloc[0]
-    assert erratum["median"] == 0.25 and erratum["n_defined"] == 2 and erratum["n_cases"] == 3
-    only_undefined = pd.DataFrame({"method": ["X"], "budget_pct": [2.0], "margin_recovery": [np.nan]})
-    row = margin_recovery_table(only_undefined).iloc[0]
-    assert math.isnan(row["median"]) and row["n_defined"] == 0 and row["n_cases"] == 1
+    assert sur["ratio"] == 7 / 6 and sur["note"] == ""
+    assert sur["median"] == 0.375 and sur["n_defined"] == 2 and sur["n_pooled"] == 3 and sur["n_cases"] == 3
+    erratum = table.xs("Erratum", level="method").iloc[0]
+    assert erratum["ratio"] == -1 / 6 and erratum["median"] == 0.25 and erratum["n_defined"] == 2
+    assert table.xs("Shift", level="method").iloc[0]["ratio"] == 0.0
+    assert table.xs("Re-prefill", level="method").iloc[0]["ratio"] == 1.0
+    # Only case b (Shift ties Re-prefill): both forms undefined, the ratio with its reason.
+    only_b = add_margin_recovery(_records()).query("case_id == 'b'")
+    row = margin_recovery_table(only_b).loc[("SUR", 5.0)]
+    assert math.isnan(row["ratio"]) and math.isnan(row["median"]) and row["n_defined"] == 0
+    assert row["note"].startswith("undefined: Re-prefill's mean margin gain over Shift is 0 logits over 1 case")
     with pytest.raises(ValueError, match="lack"):
-        margin_recovery_table(only_undefined, by=("method", "family"))
+        margin_recovery_table(only_b, by=("method", "family"))
+    with pytest.raises(ValueError, match="exactly one 'Shift'"):
+        margin_recovery_table(only_b[only_b["method"] != "Shift"])
 
 
 def test_old_margin_on_hand_made_logits():

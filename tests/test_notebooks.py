@@ -17,9 +17,13 @@ from notebook_outputs import EXPECTED, PENDING
 from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
 from sur_lab.runtime.run_notebooks import (NOTEBOOK_DIR, declared_parameters, final_progress_bars, run_notebook,
                                            smoke_parameters)
+from sur_lab.studies import POWER_STUDIES, get_study
 from sur_lab.studies.presets import PRESET_ENV, SMOKE_BANNER
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+#: Notebooks whose "This run" cell prints the primary comparison's power statement (issue 40).
+POWER_NOTEBOOKS = {*(get_study(n).NOTEBOOK for n in POWER_STUDIES), "07_agent_session"}
 
 
 def test_notebooks_exist():
@@ -229,6 +233,8 @@ def check_outputs(name: str, executed: Path, outputs: Path, params: dict) -> Non
     assert summary or name in PENDING, "the conclusion's generated cell ('This run: ...') printed nothing"
     streams = "".join("".join(o["text"]) for o in outputs_of if o.get("output_type") == "stream")
     assert SMOKE_BANNER in streams, "a smoke run prints its banner above 'This run'"
+    if name in POWER_NOTEBOOKS:  # issue 40: the primary comparison's power statement, generated
+        assert "\nPower: " in "".join("".join(o["text"]) for o in summary), "'This run' prints the power statement"
     plain = ["".join(o.get("data", {}).get("text/plain", "")) for o in outputs_of]
     assert not [t for t in plain if "PosixPath(" in t], "a raw list of written paths is shown"
     assert not [o for o in outputs_of if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]

@@ -73,6 +73,19 @@ def test_stale_endpoints_summary_and_paired_differences():
     assert summary.loc[("Shift", np.nan), "stale_pct"] == 100.0 and summary.loc[("Shift", np.nan), "n_stale_cases"] == 5
     assert summary.loc[("SUR", 5.0), "em_pct"] == 50.0 and summary.loc[("Erratum", np.nan), "forward_tokens"] == 7
     assert list(sf.summary_table(recs)["method"][:4]) == ["Dirty", "Shift", "Re-prefill", "Erratum"]
+    # Margin recovery as a ratio of sums (Re-prefill gains 2 over Shift on each of 6 cases): the edit-local window
+    # (margin 1 everywhere) 6 / 12; SUR 5% (1 on three cases, -1 on three) 0 / 12; the per-case median beside it.
+    assert summary.loc[("Edit-local window", 5.0), "margin_recovery"] == 0.5
+    assert summary.loc[("SUR", 5.0), "margin_recovery"] == 0.0
+    assert summary.loc[("Shift", np.nan), "margin_recovery"] == 0.0
+    assert summary.loc[("Re-prefill", np.nan), "margin_recovery"] == 1.0
+    assert summary.loc[("Edit-local window", 5.0), "margin_recovery_median"] == 0.5
+    assert (summary["margin_recovery_note"] == "").all()
+    # Re-prefill no better than Shift on any case: the ratio is undefined, with its reason.
+    flat = sf.summary_table(recs.assign(gold_margin=0.0)).set_index(["method", "budget_pct"])
+    assert flat["margin_recovery"].isna().all()
+    assert flat.loc[("SUR", 5.0), "margin_recovery_note"] == (
+        "undefined: Re-prefill's mean margin gain over Shift is 0 logits over 6 cases, below the 0.2 threshold")
 
     diffs = sf.paired_differences(recs, n_boot=500)
     # One primary and two small declared families (the old all-pairs table held 38 comparisons per endpoint).
@@ -113,6 +126,8 @@ def test_stale_endpoints_summary_and_paired_differences():
                                                                   records=recs, decide=False))
     by_place = sf.stratified_table(recs, "answer_in", "margin_recovery")
     assert by_place.loc["Re-prefill"].tolist() == [1.0, 1.0]
+    # SUR 5% is right on cases 0-2: inserted (cases 0, 2, 4) sums 1 + 1 - 1 over 3 x 2; suffix (1, 3, 5) 1 - 1 - 1.
+    assert by_place.loc["SUR 5%"].tolist() == [1 / 6, -1 / 6]
 
     # Gold-margin differences (logits, not x100) within each answer location: the hand-made margins are 1 for a
     # correct answer and -1 otherwise, so the Edit-local window 5% (right everywhere) minus SUR 5% (right on cases

@@ -594,6 +594,421 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Power: the smallest effect a declared size detects (issue 40)
+
+#: The power a study's size statement is computed for (:func:`binary_mde`, :func:`continuous_mde`).
+POWER = 0.8
+
+
+@dataclass(frozen=True)
+class PowerBasis:
+    """What a study's power statement assumes about its primary comparison, declared in its code before the run.
+
+    Attributes:
+        value: for a ``"binary"`` family the discordance rate q in (0, 1], the share of paired cases whose two
+            outcomes differ; for a ``"continuous"`` family the SD (> 0) of one unit's paired difference, in the
+            comparison's unit; for a ``"ratio"`` family the SD (> 0) of one unit's log ratio.
+        source: where it comes from (a paper's table, derived with :func:`discordance_from_interval`,
+            :func:`discordance_from_marginals` or :func:`sd_from_interval`; or a planning value with its reason).
+        unit: the printed unit of the effect (``"pp"`` scales a binary fraction by 100; ``"x"`` for ratios; else the
+            continuous comparison's unit, e.g. ``"nats"``).
+    """
+
+    value: float
+    source: str
+    unit: str = "pp"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.value, (int, float)) and not isinstance(self.value, bool)
+                and math.isfinite(self.value) and self.value > 0):
+            raise ValueError(f"value={self.value!r} must be a finite number > 0")
+        if not self.source:
+            raise ValueError("source is empty: say where the discordance rate or SD comes from")
+
+
+def _check_power_args(alpha: float, family_size, power: float | None = None) -> int:
+    from sur_lab.checks import as_count
+
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1)")
+    if power is not None and not (isinstance(power, (int, float)) and 0 < power < 1):
+        raise ValueError(f"power={power!r} must lie in (0, 1)")
+    return as_count(family_size, "family_size", minimum=1)
+
+
+def _unit_rate(value, name: str, *, low_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1]; got {value!r}")
+    x = float(value)
+    if not (0 < x <= 1 if low_open else 0 <= x <= 1):
+        raise ValueError(f"{name}={value!r} must lie in {'(0' if low_open else '[0'}, 1]")
+    return x
+
+
+@lru_cache(maxsize=256)
+def _sign_test_critical(n: int, alpha: float) -> np.ndarray:
+    """``c[k]`` for ``k = 0..n`` discordant units: the largest count ``c`` of the rarer sign whose exact two-sided
+    sign test (:func:`sign_test_p`) has ``p < alpha``; -1 where no split of ``k`` rejects. Read-only, cached."""
+    c = np.full(n + 1, -1, dtype=np.int64)
+    if n >= 1:
+        k = np.arange(n + 1)[:, None]
+        j = np.arange(n // 2 + 1)[None, :]
+        ok = (j <= k // 2) & (sign_test_p(np.broadcast_to(j, (n + 1, j.size)),
+                                          np.maximum(k - j, 0)) < alpha)
+        # The rejection region of a symmetric two-sided test is a lower tail of the rarer count: c is its last member.
+        c = np.where(ok.any(axis=1), ok.shape[1] - 1 - np.argmax(ok[:, ::-1], axis=1), -1)
+    c.setflags(write=False)
+    return c
+
+
+def _cluster_signs(p_plus: float, p_minus: float, size: int) -> tuple[float, float]:
+    """``(P(sum > 0), P(sum < 0))`` of the summed signs of ``size`` independent units, each +1 with ``p_plus``, -1
+    with ``p_minus``, 0 otherwise (the sign a cluster enters the sign test with)."""
+    dist = np.array([1.0])
+    step = np.array([p_minus, 1.0 - p_plus - p_minus, p_plus])
+    for _ in range(size):
+        dist = np.convolve(dist, step)
+    return float(dist[size + 1:].sum()), float(dist[:size].sum())
+
+
+def sign_test_power(n: int, p_plus: float, p_minus: float, *, alpha: float = ALPHA) -> float:
+    """Exact power of the two-sided exact sign test (:func:`sign_test_p`, the exact McNemar test) at level ``alpha``:
+    the probability that ``n`` independent paired units, each positive with probability ``p_plus``, negative with
+    ``p_minus`` and tied otherwise, give ``p < alpha``. With ``K ~ Binomial(n, p_plus + p_minus)`` discordant units and
+    ``J | K ~ Binomial(K, p_plus / (p_plus + p_minus))`` positive ones, the test rejects when ``min(J, K - J) <=
+    c_K`` (``c_K`` from :func:`sign_test_p`); the sum over ``K`` is exact (no normal approximation). 20 units all
+    discordant, 80 % positive: 0.80.
+
+    Args:
+        n: paired units (clusters, when clustered), an integer >= 0 (0: power 0).
+        p_plus, p_minus: probabilities in [0, 1] with ``p_plus + p_minus <= 1``.
+        alpha: the test's level, in (0, 1) (a family's first Holm step: ``alpha / m``).
+
+    Returns:
+        The power, a float in [0, 1].
+
+    Raises:
+        TypeError: naming ``n`` when not an integer, ``p_plus``/``p_minus`` when not numbers.
+        ValueError: naming ``n`` when negative, ``p_plus``/``p_minus`` outside [0, 1] or summing above 1, ``alpha``
+            outside (0, 1).
+    """
+    from scipy.stats import binom
+
+    from sur_lab.checks import as_count
+
+    n = as_count(n, "n", minimum=0)
+    pp, pm = _unit_rate(p_plus, "p_plus", low_open=False), _unit_rate(p_minus, "p_minus", low_open=False)
+    if pp + pm > 1 + 1e-12:
+        raise ValueError(f"p_plus + p_minus = {pp + pm!r} must be <= 1")
+    _check_power_args(alpha, 1)
+    q = min(pp + pm, 1.0)
+    if n == 0 or q == 0:
+        return 0.0
+    c = _sign_test_critical(n, float(alpha))
+    k = np.arange(n + 1)
+    pi = pp / q
+    reject = np.where(c >= 0, binom.cdf(c, k, pi) + binom.sf(k - c - 1, k, pi), 0.0)
+    return float(np.clip(np.sum(binom.pmf(k, n, q) * reject), 0.0, 1.0))
+
+
+def _mixed_sign_power(signs: Sequence[tuple[float, float]], alpha: float) -> float:
+    """Exact power of the sign test (:func:`sign_test_p` at ``alpha``) on independent units whose ``(P(+), P(-))``
+    differ (clusters of unequal sizes): the joint law of the positive and negative counts, built unit by unit."""
+    n = len(signs)
+    dist = np.zeros((n + 1, n + 1))
+    dist[0, 0] = 1.0
+    for p_plus, p_minus in signs:
+        new = dist * (1.0 - p_plus - p_minus)
+        new[1:, :] += dist[:-1, :] * p_plus
+        new[:, 1:] += dist[:, :-1] * p_minus
+        dist = new
+    c = _sign_test_critical(n, float(alpha))
+    a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    total = np.minimum(a + b, n)
+    reject = (a + b <= n) & (np.minimum(a, b) <= c[total]) & (c[total] >= 0)
+    return float(np.clip(dist[reject].sum(), 0.0, 1.0))
+
+
+def binary_power(effect: float, n: int, discordance: float, *, cluster_size: int | Sequence[int] = 1,
+                 alpha: float = ALPHA, family_size: int = 1) -> float:
+    """Power of a binary comparison decided by :func:`paired_family`'s exact sign test, for a true difference
+    ``effect = P(a = 1) - P(b = 1)`` of paired proportions with discordance rate ``q`` (the share of cases with
+    ``a != b``): each case is ``(1, 0)`` with ``(q + effect) / 2``, ``(0, 1)`` with ``(q - effect) / 2``, tied
+    otherwise, independently. Clustered comparisons (``cluster_size`` cases per cluster, as notebook 03's three
+    placements of a source) enter the test by each cluster's summed sign, as :func:`paired_family` does; cases within a
+    cluster are taken as independent (a positive within-cluster correlation lowers the power). The level is the
+    family's first Holm step, ``alpha / family_size`` (``family_size=1``: the primary, tested alone).
+
+    Args:
+        effect: the difference, a fraction in ``[-q, q]``.
+        n: clusters (cases without clustering), an integer >= 0.
+        discordance: q in (0, 1].
+        cluster_size: cases per cluster, an integer >= 1, or one size per cluster (a sequence of ``n`` integers:
+            notebook 06's sources, each in as many workloads as its rank allows).
+        alpha, family_size: the family's level and size.
+
+    Returns:
+        The power (:func:`sign_test_power` of the clusters' signs).
+
+    Raises:
+        TypeError / ValueError: naming ``effect`` outside ``[-q, q]``, ``discordance`` outside (0, 1], ``n``,
+            ``cluster_size`` or ``family_size`` not an integer in range, ``alpha`` outside (0, 1).
+    """
+    from sur_lab.checks import as_count
+
+    q = _unit_rate(discordance, "discordance")
+    if isinstance(effect, bool) or not isinstance(effect, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(float(effect)):
+        raise TypeError(f"effect must be a finite number; got {effect!r}")
+    d = float(effect)
+    if abs(d) > q + 1e-12:
+        raise ValueError(f"effect={effect!r} must lie in [-discordance, discordance] = [{-q:g}, {q:g}]: a difference "
+                         "of paired proportions cannot exceed the share of discordant cases")
+    m = _check_power_args(alpha, family_size)
+    p_plus, p_minus = max((q + d) / 2, 0.0), max((q - d) / 2, 0.0)
+    if isinstance(cluster_size, Sequence) and not isinstance(cluster_size, str):
+        sizes = [as_count(x, "cluster_size", minimum=1) for x in cluster_size]
+        if len(sizes) != as_count(n, "n", minimum=0):
+            raise ValueError(f"cluster_size: {len(sizes)} sizes for n={n} clusters")
+        if len(set(sizes)) > 1:
+            return _mixed_sign_power([_cluster_signs(p_plus, p_minus, x) for x in sizes], alpha / m)
+        cluster_size = sizes[0] if sizes else 1
+    size = as_count(cluster_size, "cluster_size", minimum=1)
+    if size > 1:
+        p_plus, p_minus = _cluster_signs(p_plus, p_minus, size)
+    return sign_test_power(n, p_plus, p_minus, alpha=alpha / m)
+
+
+def binary_mde(n: int, discordance: float, *, cluster_size: int | Sequence[int] = 1, alpha: float = ALPHA,
+               family_size: int = 1, power: float = POWER) -> float:
+    """The minimal detectable effect of a binary comparison: the smallest difference ``d`` in (0, q] at which
+    :func:`binary_power` reaches ``power`` (bisection to 1e-9; the power rises with ``d``). NaN when even ``d = q``
+    (every discordant case one way) stays below it: this size cannot reach that power at that discordance rate. 48
+    cases at q = 0.5: about 0.30 (30 points).
+
+    Args:
+        n, discordance, cluster_size, alpha, family_size: as :func:`binary_power`.
+        power: the target power, in (0, 1) (default :data:`POWER`).
+
+    Returns:
+        ``d``, a fraction, or NaN.
+
+    Raises:
+        ValueError: naming ``power`` outside (0, 1); TypeError / ValueError: as :func:`binary_power`.
+    """
+    q = _unit_rate(discordance, "discordance")
+    _check_power_args(alpha, family_size, power)
+
+    def pw(d: float) -> float:
+        return binary_power(d, n, q, cluster_size=cluster_size, alpha=alpha, family_size=family_size)
+
+    if pw(q) < power:
+        return float("nan")
+    lo, hi = 0.0, q
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if pw(mid) >= power else (mid, hi)
+    return hi
+
+
+def continuous_power(effect: float, n: int, sd: float, *, alpha: float = ALPHA, family_size: int = 1) -> float:
+    """Power of a continuous comparison (a paired mean difference, or a mean log ratio) on ``n`` units (clusters)
+    whose differences have SD ``sd``: the power of the two-sided paired t-test at ``alpha / family_size``, exact for
+    normal differences (noncentral t, ``scipy.stats.nct``); :func:`paired_family` decides these by a sign-flip test
+    and a percentile bootstrap, whose power on normal data is close to the t-test's. 0 when the exact sign-flip test
+    cannot reach the level at all (:func:`p_floor`: fewer than 6 units at 5 %). 34 units at effect / sd = 0.5: 0.81
+    (Cohen's table).
+
+    Raises:
+        TypeError / ValueError: naming ``effect`` (not finite), ``n`` (not an integer >= 2), ``sd`` (not > 0),
+            ``alpha``, ``family_size``.
+    """
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    from sur_lab.checks import as_count
+
+    n = as_count(n, "n", minimum=2)
+    if isinstance(sd, bool) or not isinstance(sd, (int, float, np.floating)) or not (math.isfinite(sd) and sd > 0):
+        raise ValueError(f"sd={sd!r} must be a finite number > 0")
+    if isinstance(effect, bool) or not isinstance(effect, (int, float, np.floating)) or not math.isfinite(effect):
+        raise TypeError(f"effect must be a finite number; got {effect!r}")
+    m = _check_power_args(alpha, family_size)
+    if p_floor(n) >= alpha / m:  # the exact sign-flip test cannot reach the level with this few units
+        return 0.0
+    df = n - 1
+    crit = float(student_t.ppf(1 - alpha / m / 2, df))
+    nc = float(effect) * math.sqrt(n) / float(sd)
+    out = float(nct.sf(crit, df, nc) + nct.cdf(-crit, df, nc))
+    return out if not math.isnan(out) else 1.0  # scipy's nct overflows far out in the tail, where the power is 1
+
+
+def continuous_mde(n: int, sd: float, *, alpha: float = ALPHA, family_size: int = 1, power: float = POWER) -> float:
+    """The minimal detectable effect of a continuous comparison: the smallest ``d > 0`` at which
+    :func:`continuous_power` reaches ``power`` (``scipy.optimize.brentq``), in ``sd``'s unit. About ``(z_{1 -
+    alpha / 2} + z_power) sd / sqrt(n)`` for large ``n``; 34 units at sd 1: 0.495. NaN when the power cannot be
+    reached (fewer units than the exact test needs: :func:`p_floor`).
+
+    Raises:
+        ValueError: naming ``power`` outside (0, 1); TypeError / ValueError: as :func:`continuous_power`.
+    """
+    from scipy.optimize import brentq
+
+    m = _check_power_args(alpha, family_size, power)
+    continuous_power(0.0, n, sd, alpha=alpha, family_size=family_size)  # checks the arguments
+    if p_floor(n) >= alpha / m:
+        return float("nan")
+    hi = float(sd)
+    while continuous_power(hi, n, sd, alpha=alpha, family_size=family_size) < power:
+        hi *= 2
+    return float(brentq(lambda d: continuous_power(d, n, sd, alpha=alpha, family_size=family_size) - power, 0.0,
+                        hi, xtol=1e-10))
+
+
+def discordance_from_marginals(p_a: float, p_b: float) -> float:
+    """A discordance rate from two arms' published success rates, taking their outcomes independent within a case:
+    ``p_a (1 - p_b) + p_b (1 - p_a)`` (exact when one rate is 0 or 1: a Shift at 0 % EM disagrees with every case the
+    other arm answers). Independence overstates q when the arms succeed on the same cases, so the stated MDE errs
+    large.
+
+    Raises:
+        TypeError / ValueError: naming ``p_a``/``p_b`` outside [0, 1].
+    """
+    a, b = _unit_rate(p_a, "p_a", low_open=False), _unit_rate(p_b, "p_b", low_open=False)
+    return a * (1 - b) + b * (1 - a)
+
+
+def discordance_from_interval(estimate: float, low: float, high: float, n: int, *, confidence: float = 1 - ALPHA
+                              ) -> float:
+    """A discordance rate from a published paired difference of proportions and its interval: the paired variance
+    ``(q - d^2) / n`` of the mean difference ``d`` over ``n`` cases, with its standard error read from the interval
+    as ``(high - low) / (2 z)``: ``q = d^2 + n se^2``, never below ``|d|`` (a difference cannot exceed the discordant
+    share) nor above 1. A stratified or clustered published interval is narrower or wider than the unclustered one;
+    the source says which.
+
+    Raises:
+        ValueError: naming ``low`` when ``low > high``, ``estimate`` outside [-1, 1], ``n`` < 1, ``confidence``
+            outside (0, 1).
+    """
+    from sur_lab.checks import as_count
+
+    n = as_count(n, "n", minimum=1)
+    if not -1 <= estimate <= 1:
+        raise ValueError(f"estimate={estimate!r} must be a difference of proportions in [-1, 1]")
+    if low > high:
+        raise ValueError(f"low={low!r} must be <= high={high!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+    se = (high - low) / (2 * _z(confidence))
+    return float(min(1.0, max(abs(estimate), estimate ** 2 + n * se ** 2)))
+
+
+def sd_from_interval(low: float, high: float, n: int, *, confidence: float = 1 - ALPHA) -> float:
+    """The SD of one unit's difference from a published interval of a mean over ``n`` units: ``se sqrt(n)``, ``se =
+    (high - low) / (2 z)`` (Table 15's NLL side interval, -0.099 to 0.021 nats over 275 sources: 0.51 nats).
+
+    Raises:
+        ValueError: naming ``low`` when ``low >= high``, ``n`` < 1, ``confidence`` outside (0, 1).
+    """
+    from sur_lab.checks import as_count
+
+    n = as_count(n, "n", minimum=1)
+    if not low < high:
+        raise ValueError(f"low={low!r} must be < high={high!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+    return float((high - low) / (2 * _z(confidence)) * math.sqrt(n))
+
+
+def mde(family: Family, basis: PowerBasis, n: int, *, cluster_size: int | Sequence[int] = 1, family_size: int = 1,
+        alpha: float = ALPHA, power: float = POWER) -> tuple[float, str]:
+    """A declared comparison's minimal detectable effect at ``power``, two-sided ``alpha`` at the family's first Holm
+    step, in the printed unit: ``(effect, unit)``. Binary families: :func:`binary_mde` at the basis' discordance rate,
+    in points (``"pp"``) unless the basis says otherwise; continuous: :func:`continuous_mde` at the basis' SD, in its
+    unit; ratio: the ratio ``exp(d)`` of :func:`continuous_mde` on the log scale (``"x"``). The effect is NaN when
+    the size cannot reach ``power`` (a binary comparison with too few cases). Each study's ``mde(params)`` calls it
+    with its preset's size.
+
+    Args:
+        family: the declared :class:`Family` (its kind; a primary family tests alone: ``family_size`` must be 1).
+        basis: the declared :class:`PowerBasis`.
+        n: paired units (clusters when clustered).
+        cluster_size: cases per cluster, or one size per cluster (binary families; :func:`binary_power`).
+        family_size, alpha, power: as :func:`binary_mde`.
+
+    Raises:
+        TypeError: naming ``family`` / ``basis`` when not a Family / PowerBasis.
+        ValueError: naming ``family_size`` when a primary family is given more than one comparison; as the
+            functions it calls.
+    """
+    if not isinstance(family, Family):
+        raise TypeError(f"family must be a Family; got {type(family).__name__}")
+    if not isinstance(basis, PowerBasis):
+        raise TypeError(f"basis must be a PowerBasis; got {type(basis).__name__}")
+    if family.primary and family_size != 1:
+        raise ValueError(f"family_size={family_size!r}: a primary family tests one comparison alone")
+    if family.kind == "binary":
+        d = binary_mde(n, basis.value, cluster_size=cluster_size, alpha=alpha, family_size=family_size, power=power)
+        return (100.0 * d if basis.unit == "pp" else d), basis.unit
+    if n < 2:  # one unit detects nothing (the exact sign-flip test needs 6 at 5 %)
+        return float("nan"), ("x" if family.kind == "ratio" else basis.unit)
+    d = continuous_mde(n, basis.value, alpha=alpha, family_size=family_size, power=power)
+    if family.kind == "ratio":
+        return (math.exp(d) if not math.isnan(d) else d), "x"
+    return d, basis.unit
+
+
+def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *,
+                   cluster_size: int | Sequence[int] = 1,
+                   what: str = "cases", clusters: str | None = None, family_size: int = 1, alpha: float = ALPHA,
+                   power: float = POWER) -> str:
+    """A declared size's power statement in words, for a notebook's "This run" cell and the docs: ``"Power: SUR 5%
+    vs Shift (tested alone) on 48 cases detects a difference of 30.1 pp or more with 80 % power (exact sign test,
+    two-sided 5 %; stated discordance 50 %: ...)"``; when the size cannot reach that power, it says so.
+
+    Args:
+        comparison: the primary comparison in words ("SUR 5% vs Shift on the lead endpoint").
+        family, basis, n, cluster_size, family_size, alpha, power: as :func:`mde`.
+        what: what a case is ("cases", "requests", "turns").
+        clusters: what a cluster is ("sources", "traces"); ``None``: units are not clustered (``n`` counts ``what``).
+
+    Raises:
+        TypeError / ValueError: as :func:`mde`.
+    """
+    effect, unit = mde(family, basis, n, cluster_size=cluster_size, family_size=family_size, alpha=alpha,
+                       power=power)
+    how = "tested alone" if family_size == 1 else f"first Holm step of {family_size}"
+    sizes = list(cluster_size) if isinstance(cluster_size, Sequence) else [cluster_size] * int(n)
+    if clusters is None:
+        size = _count(int(n), what)
+    elif len(set(sizes)) > 1:
+        size = f"{_count(sum(sizes), what)} in {_count(int(n), clusters)}"
+    elif sizes and sizes[0] > 1:
+        size = f"{_count(int(n), clusters)} of {sizes[0]} {what}"
+    else:
+        size = _count(int(n), clusters)
+    level = f"two-sided {100 * alpha:g} %"
+    if family.kind == "binary":
+        test = f"exact sign test, {level}"
+        stated = f"stated discordance {100 * basis.value:.3g} % of {what}: {basis.source}"
+    else:
+        test = f"t approximation of the sign-flip test{', log scale' if family.kind == 'ratio' else ''}, {level}"
+        sd_unit = "" if family.kind == "ratio" else f" {basis.unit}"
+        stated = (f"stated SD {basis.value:.3g}{sd_unit} per {(clusters or what).rstrip('s')}"
+                  f"{' of the log ratio' if family.kind == 'ratio' else ''}: {basis.source}")
+    head = f"Power: {comparison} ({how}) on {size}"
+    if math.isnan(effect):
+        return (f"{head} cannot reach {100 * power:g} % power for any difference ({test}; {stated})")
+    if family.kind == "ratio":
+        shown = f"a ratio of {effect:.2f}x (or 1/{effect:.2f}x) or more"
+    elif unit == "pp":
+        shown = f"a difference of {effect:.1f} pp or more"
+    else:
+        shown = f"a difference of {effect:.3g} {unit} or more"
+    return f"{head} detects {shown} with {100 * power:g} % power ({test}; {stated})"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Words
 
 

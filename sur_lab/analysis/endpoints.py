@@ -18,8 +18,10 @@ definition, function):
 The gold answer's ids come from :func:`canonical_answer_ids`, which follows the leading-space convention of the
 text that precedes the answer. The NLL of Re-prefill's own greedy continuation (a summed, different endpoint) is
 :func:`sur_lab.answer.continuation_nll`. The answer-margin endpoints of issue 26 (:func:`gold_margin`,
-:func:`margin_recovery`), the old value's pull of issue 40 (:func:`old_margin`) and the per-row K/V deviation of a
-cache from a reference cache (:func:`row_deviation`, the token view's second shading) close the module.
+:func:`margin_recovery`), with the pooled margin recovery of issue 40 (:func:`pooled_margin_recovery`, a ratio of
+sums, the primary form; the per-case median stays as a secondary column of :func:`margin_recovery_table`), the old
+value's pull of issue 40 (:func:`old_margin`) and the per-row K/V deviation of a cache from a reference cache
+(:func:`row_deviation`, the token view's second shading) close the module.
 """
 
 from __future__ import annotations
@@ -392,22 +394,66 @@ def margin_recovery(m_method: float, m_shift: float, m_reprefill: float) -> floa
     return (m - s) / (r - s)
 
 
-def add_margin_recovery(records, *, margin: str = "gold_margin", out: str = "margin_recovery"):
-    """Sweep records with a ``margin_recovery`` column: each record's :func:`margin_recovery` against the same case's
-    Shift and Re-prefill records.
+#: The pooled margin recovery (:func:`pooled_margin_recovery`) is undefined when Re-prefill's mean gold-margin gain
+#: over Shift, ``sum(m_Re-prefill - m_Shift) / n``, is below this many logits: a smaller gain is within the numerical
+#: disagreement of two exact paths (the paper's Table 17: cross-path |dNLL| excess up to 0.20 nats, Qwen3-30B-A3B), so
+#: the ratio would divide by noise.
+MARGIN_RECOVERY_MIN_GAP = 0.2
+
+
+def pooled_margin_recovery(m_method, m_shift, m_reprefill, *, min_gap: float = MARGIN_RECOVERY_MIN_GAP
+                           ) -> tuple[float, str]:
+    """Answer-margin recovery of a method over a set of cases, as a ratio of sums (issue 40): ``sum(m - m_Shift) /
+    sum(m_Re-prefill - m_Shift)``. 0 is Shift's, 1 is Re-prefill's; never clipped. Unlike the per-case ratio
+    (:func:`margin_recovery`), a case where Shift ties Re-prefill still counts (in the numerator), and one case with a
+    tiny denominator cannot dominate: each case weighs by Re-prefill's gain on it.
 
     Args:
-        records: a DataFrame with one row per (case, method, budget): ``case_id``, ``method`` and ``margin``; each case
-            has exactly one ``"Shift"`` and one ``"Re-prefill"`` row.
-        margin: the column holding :func:`gold_margin`.
-        out: the new column's name.
+        m_method, m_shift, m_reprefill: :func:`gold_margin` per case, aligned 1-D sequences of equal length; a case
+            with a NaN in any of the three is left out.
+        min_gap: the threshold (logits, >= 0) on the mean denominator per case (default
+            :data:`MARGIN_RECOVERY_MIN_GAP`).
 
     Returns:
-        A new DataFrame (``records`` is not modified); NaN where the ratio is undefined.
+        ``(ratio, reason)``: ``reason`` is ``""`` when defined; else the ratio is NaN and ``reason`` says why (no case
+        with all three margins, or the mean gain below ``min_gap``).
 
     Raises:
-        ValueError: naming ``records`` when a column is missing, or when a case lacks (or repeats) its Shift or
-            Re-prefill record.
+        ValueError: naming the argument that is not 1-D, differs in length, holds an infinite value, or ``min_gap``
+            when negative or not finite.
+    """
+    arrays = []
+    for name, value in (("m_method", m_method), ("m_shift", m_shift), ("m_reprefill", m_reprefill)):
+        x = np.asarray(value, dtype=np.float64)
+        if x.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D sequence of margins; got shape {x.shape}")
+        if np.isinf(x).any():
+            raise ValueError(f"{name} holds an infinite margin")
+        arrays.append(x)
+    m, s, r = arrays
+    if not (m.size == s.size == r.size):
+        raise ValueError(f"m_method, m_shift and m_reprefill must have one margin per case; got {m.size}, {s.size} "
+                         f"and {r.size}")
+    if isinstance(min_gap, bool) or not isinstance(min_gap, (int, float)) or not (math.isfinite(min_gap)
+                                                                                  and min_gap >= 0):
+        raise ValueError(f"min_gap={min_gap!r} must be a finite number >= 0")
+    keep = ~(np.isnan(m) | np.isnan(s) | np.isnan(r))
+    n = int(keep.sum())
+    if n == 0:
+        return float("nan"), "undefined: no case has the method's, Shift's and Re-prefill's margins"
+    gap = float(np.sum(r[keep] - s[keep]))
+    if gap / n < min_gap or gap <= 0:
+        return float("nan"), (f"undefined: Re-prefill's mean margin gain over Shift is {gap / n:.3g} logits over "
+                              f"{n} case{'s' if n != 1 else ''}, below the {min_gap:g} threshold")
+    return float(np.sum(m[keep] - s[keep]) / gap), ""
+
+
+def _reference_margins(records, margin: str) -> dict[str, dict]:
+    """Shift's and Re-prefill's margin per case of ``records``: ``{"Shift": {case: m}, "Re-prefill": {case: m}}``.
+
+    Raises:
+        ValueError: naming ``records`` when a column is missing or a case lacks (or repeats) its Shift or Re-prefill
+            record.
     """
     missing = [c for c in ("case_id", "method", margin) if c not in records.columns]
     if missing:
@@ -422,6 +468,27 @@ def add_margin_recovery(records, *, margin: str = "gold_margin", out: str = "mar
             raise ValueError(f"records: every case needs exactly one {ref!r} record; "
                              f"missing for {lacking[:3]}, repeated for {repeated[:3]}")
         refs[ref] = dict(zip(rows["case_id"], rows[margin].astype(float)))
+    return refs
+
+
+def add_margin_recovery(records, *, margin: str = "gold_margin", out: str = "margin_recovery"):
+    """Sweep records with a ``margin_recovery`` column: each record's per-case :func:`margin_recovery` against the
+    same case's Shift and Re-prefill records (the secondary, per-case form; :func:`margin_recovery_table` pools them).
+
+    Args:
+        records: a DataFrame with one row per (case, method, budget): ``case_id``, ``method`` and ``margin``; each case
+            has exactly one ``"Shift"`` and one ``"Re-prefill"`` row.
+        margin: the column holding :func:`gold_margin`.
+        out: the new column's name.
+
+    Returns:
+        A new DataFrame (``records`` is not modified); NaN where the ratio is undefined.
+
+    Raises:
+        ValueError: naming ``records`` when a column is missing, or when a case lacks (or repeats) its Shift or
+            Re-prefill record.
+    """
+    refs = _reference_margins(records, margin)
     ratios = [
         margin_recovery(float(m), refs["Shift"][c], refs["Re-prefill"][c])
         for c, m in zip(records["case_id"], records[margin])
@@ -429,30 +496,50 @@ def add_margin_recovery(records, *, margin: str = "gold_margin", out: str = "mar
     return records.assign(**{out: ratios})
 
 
-def margin_recovery_table(records, *, value: str = "margin_recovery", by=("method", "budget_pct")):
-    """Medians of the defined margin-recovery ratios with their count (issue 26), one row per ``by`` group.
+def margin_recovery_table(records, *, margin: str = "gold_margin", value: str = "margin_recovery",
+                          by=("method", "budget_pct"), min_gap: float = MARGIN_RECOVERY_MIN_GAP):
+    """Margin recovery per ``by`` group (issues 26 and 40): the pooled ratio of sums (:func:`pooled_margin_recovery`,
+    the primary form) and the median of the defined per-case ratios with their count (the secondary form).
 
-    Undefined ratios (NaN) are left out of the median and counted apart; a group with no defined ratio has a NaN
-    median. Reference methods (``budget_pct`` NaN) form their own groups.
+    Undefined per-case ratios (NaN) are left out of the median and counted apart; a group with no defined ratio has a
+    NaN median. Reference methods (``budget_pct`` NaN) form their own groups.
 
     Args:
-        records: a DataFrame with the ``by`` columns and ``value`` (e.g. from :func:`add_margin_recovery`).
-        value: the ratio column.
+        records: a DataFrame with the ``by`` columns, ``case_id``, ``method``, ``margin`` and ``value`` (e.g. from
+            :func:`add_margin_recovery`); each case has one Shift and one Re-prefill record.
+        margin: the column holding :func:`gold_margin`.
+        value: the per-case ratio column.
         by: grouping columns.
+        min_gap: as :func:`pooled_margin_recovery`.
 
     Returns:
-        DataFrame indexed by ``by`` with ``median``, ``n_defined`` (ratios in the median) and ``n_cases`` (records).
+        DataFrame indexed by ``by`` with ``ratio`` (pooled; NaN when undefined), ``median``, ``n_defined`` (ratios in
+        the median), ``n_pooled`` (cases in the ratio), ``n_cases`` (records) and ``note`` (why ``ratio`` is
+        undefined; ``""`` when defined).
 
     Raises:
-        ValueError: naming ``records`` when ``value`` or a ``by`` column is missing.
+        ValueError: naming ``records`` when a column is missing or a case lacks its Shift or Re-prefill record; as
+            :func:`pooled_margin_recovery`.
     """
+    import pandas as pd
+
     by = list(by)
     missing = [c for c in [*by, value] if c not in records.columns]
     if missing:
         raise ValueError(f"records lack the columns {missing}")
-    grouped = records.assign(_v=records[value].astype(float)).groupby(by, dropna=False, sort=False)["_v"]
-    table = grouped.agg(median="median", n_defined="count", n_cases="size")
-    return table.astype({"n_defined": int, "n_cases": int})
+    refs = _reference_margins(records, margin)
+    df = records.assign(_v=records[value].astype(float), _m=records[margin].astype(float),
+                        _s=records["case_id"].map(refs["Shift"]).astype(float),
+                        _r=records["case_id"].map(refs["Re-prefill"]).astype(float))
+    rows = []
+    for key, g in df.groupby(by, dropna=False, sort=False):
+        ratio, note = pooled_margin_recovery(g["_m"].to_numpy(), g["_s"].to_numpy(), g["_r"].to_numpy(),
+                                             min_gap=min_gap)
+        pooled = int((~(g["_m"].isna() | g["_s"].isna() | g["_r"].isna())).sum())
+        rows.append((*(key if isinstance(key, tuple) else (key,)), ratio, float(g["_v"].median()),
+                     int(g["_v"].count()), pooled, len(g), note))
+    table = pd.DataFrame(rows, columns=[*by, "ratio", "median", "n_defined", "n_pooled", "n_cases", "note"])
+    return table.set_index(by)
 
 
 def row_deviation(cache: DynamicCache, reference: DynamicCache) -> np.ndarray:

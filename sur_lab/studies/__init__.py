@@ -22,7 +22,10 @@ one line). Each exposes the same API, which its notebook and the command both ca
   fingerprint, so a notebook and the command with the same parameters resume each other's records;
 - ``sweep(lm, *, preset, out, seed, workers, threads, address, executor, eval_batch, progress, **overrides)``:
   runs or resumes the sweep, returns ``(records, folder)``;
-- its report functions (tables and figures), in the module's last section.
+- its report functions (tables and figures), in the module's last section;
+- with a declared primary comparison (:data:`POWER_STUDIES`): ``PRIMARY_POWER`` (its stated discordance rate or SD),
+  ``mde(params)`` (the minimal detectable effect at 80 % power, two-sided 5 %) and ``power_line(params)`` (the same
+  in words, printed in its notebook's "This run" cell; :func:`power_table` lists them).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ STUDIES = {
 }
 
 
+#: Studies whose primary comparison carries a power statement (issue 40): each exposes ``PRIMARY_POWER`` (the stated
+#: discordance rate or SD, :class:`sur_lab.analysis.decisions.PowerBasis`), ``mde(params) -> (effect, unit)`` and
+#: ``power_line(params)``, printed in its notebook's "This run" cell. Notebook 07 (``agent_session``, no presets)
+#: prints its own at its parameters.
+POWER_STUDIES = ("niah", "natural-qa", "noprefix", "evidence-location", "stale-facts", "agent-traces")
+
+
 def get_study(name: str) -> ModuleType:
     """The study module registered as ``name`` (imported on first use).
 
@@ -52,4 +62,43 @@ def get_study(name: str) -> ModuleType:
     return importlib.import_module(STUDIES[name])
 
 
-__all__ = ["STUDIES", "get_study"]
+def power_table(presets=("smoke", "default", "paper")):
+    """The minimal detectable effect of every :data:`POWER_STUDIES` study's primary comparison at each preset (80 %
+    power, two-sided 5 %; its ``mde(params(preset))``): one row per study with its notebook, one column per preset
+    (the effect in its unit, or "none" when the size cannot reach 80 %) and the stated basis. ``docs/decisions.md``
+    holds it as :func:`power_markdown` renders it (``tests/test_power.py`` checks that the page is current).
+
+    Raises:
+        ValueError: naming a preset a study does not define.
+    """
+    import math
+
+    import pandas as pd
+
+    rows = []
+    for name in POWER_STUDIES:
+        study = get_study(name)
+        row = {"notebook": study.NOTEBOOK, "study": name}
+        for preset in presets:
+            effect, unit = study.mde(study.params(preset))
+            row[preset] = ("none" if math.isnan(effect) else
+                           f"{effect:.1f} pp" if unit == "pp" else f"{effect:.2f}x" if unit == "x"
+                           else f"{effect:.3g} {unit}")
+        basis = study.PRIMARY_POWER
+        row["basis"] = (f"{'discordance' if basis.unit == 'pp' else 'SD'} {basis.value:.3g}: {basis.source}")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["notebook", "study", *presets, "basis"])
+
+
+def power_markdown() -> str:
+    """:func:`power_table` as the Markdown table of ``docs/decisions.md`` (regenerate it with ``python -c "from
+    sur_lab.studies import power_markdown; print(power_markdown())"``)."""
+    table = power_table()
+    cols = list(table.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(f"`{v}`" if c in ("notebook", "study") else str(v) for c, v in zip(cols, r)) + " |"
+              for r in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+__all__ = ["POWER_STUDIES", "STUDIES", "get_study", "power_markdown", "power_table"]

@@ -14,14 +14,14 @@ predecessors), appendix 7.5 (EM, agreement).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family
+from sur_lab.analysis.decisions import Family, PowerBasis
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.cache_ops import to_tensors
 from sur_lab.models import LoadedModel
@@ -40,6 +40,28 @@ PRIMARY = Family("primary", "binary", "the debt arm minus SUR at the debt arm's 
                  primary=True)
 BUDGET_FAMILY = Family("per-edit SUR against Shift", "binary",
                        "SUR at each per-edit budget minus Shift, agreement with Re-prefill")
+#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. No paper reports this
+#: comparison; the debt arm and SUR are taken to disagree with each other on a quarter of the questions (they share
+#: every edit's SUR support and differ only where the debt refresh changes an answer).
+PRIMARY_POWER = PowerBasis(0.25, "a planning value (no published rate): a quarter of the questions discordant")
+
+
+def mde(p: Mapping[str, int]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, for
+    notebook 07's size ``p`` (``n_episodes`` episodes, the clusters, of ``k`` questions each) and the stated
+    discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the
+    size cannot reach 80 %: the exact sign test on 5 episodes or fewer never reaches p < 0.05)."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_episodes"], cluster_size=p["k"])
+
+
+def power_line(p: Mapping[str, int]) -> str:
+    """:func:`mde` in words, for notebook 07's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence("the debt arm vs SUR at its budget, agreement", PRIMARY, PRIMARY_POWER, p["n_episodes"],
+                          cluster_size=p["k"], what="questions", clusters="episodes")
 
 
 @dataclass(frozen=True)

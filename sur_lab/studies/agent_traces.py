@@ -55,7 +55,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family
+from sur_lab.analysis.decisions import Family, PowerBasis
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
@@ -94,6 +94,11 @@ REGIONS = ("append", "first half", "second half")
 #: where the turn's first change lands.
 PRIMARY = Family("primary", "ratio", "prefix reuse's TTFT over the lead sync path's on every turn after the first",
                  primary=True)
+#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. The SD over traces of a
+#: trace's mean log TTFT ratio (prefix reuse over sync, turns after the first) is taken as 0.2 (a trace's speed-up
+#: within about ±20 %), for CPU timings on a shared 2-core machine; a measured default run replaces it.
+PRIMARY_POWER = PowerBasis(0.2, "a planning value (no published spread): 0.2 per trace, timings on a shared CPU",
+                           unit="x")
 REGION_FAMILY = Family("speed-up by region of the first change", "ratio",
                        "prefix reuse's TTFT over the lead sync path's within each region of the first change")
 #: "No more than 5 points of agreement lost against prefix reuse" is claimed only when the exact (Clopper–Pearson)
@@ -359,6 +364,23 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
     return study_params(PRESETS, FIXED, preset, **overrides)
 
+
+def mde(p: Mapping[str, Any]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY`, a TTFT ratio) minimal detectable effect at 80 % power, two-sided
+    5 %, at the size of ``p`` (:func:`params`: ``n_traces``, the resampled clusters) and the stated SD
+    :data:`PRIMARY_POWER` of a trace's mean log ratio: ``(ratio, "x")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
+    below the 6 traces the exact sign-flip test needs)."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_traces"])
+
+
+def power_line(p: Mapping[str, Any]) -> str:
+    """:func:`mde` in words, for notebook 10's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, p["n_traces"],
+                          what="traces")
 
 def check_params(p: Mapping[str, Any]) -> None:
     """Refuse bad parameters before any model call (``sur-lab sweep`` calls it: the study's paths are not sweep

@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, Margin
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, sd_from_interval
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import SIDES, TAILS
@@ -79,6 +79,16 @@ NLL_SIDE_MARGIN = Margin(0.1, "±0.1 nats holds the paper's own Table 15 interva
 PRIMARY_FAMILY = Family("primary: NLL side (preregistered)", "continuous",
                         "complete replay's gold-NLL side contrast (Eq. 10), sources resampled; a null result needs "
                         "equivalence within the margin", primary=True, margin=NLL_SIDE_MARGIN)
+#: The power statement's basis (issue 40; :func:`mde`): the SD of one source's NLL side contrast, from the paper's
+#: Table 15 interval (-0.039 nats, -0.099 to 0.021, over 275 sources with three models averaged per source;
+#: :func:`~sur_lab.analysis.decisions.sd_from_interval`). One model's per-source contrast varies more, so the stated
+#: MDE of a one-model run errs small.
+PRIMARY_POWER = PowerBasis(sd_from_interval(-0.099, 0.021, 275),
+                           "the paper's Table 15 NLL side interval, -0.099 to 0.021 nats over 275 sources",
+                           unit="nats")
+#: Sources a preset without ``sources_per_dataset`` yields, per candidate: the paper's 275 feasible of 400 (appendix
+#: 10.1), for the power statement only (the run counts its own).
+PAPER_FEASIBLE_SHARE = 275 / 400
 SECONDARY = Family("secondary (Holm)", "continuous",
                    "complete replay's NLL tail and interaction and EM side, tail and interaction (appendix 10.2)")
 FIXED_SLOT_FAMILY = Family("the fixed slot's side effects", "continuous",
@@ -1149,6 +1159,31 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
     return study_params(PRESETS, FIXED, preset, **overrides)
 
+
+def _power_sources(p: Mapping[str, Any]) -> int:
+    """The sources of the power statement: ``sources_per_dataset`` per dataset, or the paper's feasible share
+    (:data:`PAPER_FEASIBLE_SHARE`) of the candidates when every feasible source runs."""
+    if p["sources_per_dataset"] is not None:
+        return len(p["datasets"]) * int(p["sources_per_dataset"])
+    return int(len(p["datasets"]) * (p["candidates_per_dataset"] or 0) * PAPER_FEASIBLE_SHARE)
+
+
+def mde(p: Mapping[str, Any]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY_FAMILY`, the NLL side contrast) minimal detectable effect at 80 %
+    power, two-sided 5 %, at the size of ``p`` (:func:`params`: its sources, the resampled units) and the stated SD
+    :data:`PRIMARY_POWER`: ``(nats, "nats")`` (:func:`sur_lab.analysis.decisions.mde`; NaN below the 6 sources the
+    exact sign-flip test needs). The equivalence verdict needs more: the 90 % interval inside ±0.1 nats."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY_FAMILY, PRIMARY_POWER, _power_sources(p))
+
+
+def power_line(p: Mapping[str, Any]) -> str:
+    """:func:`mde` in words, for notebook 08's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, PRIMARY_POWER,
+                          _power_sources(p), what="sources")
 
 def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> Panel:
     """The study's :class:`Panel` at ``preset`` (:func:`build_panel`; by tokenization alone, before any model runs).

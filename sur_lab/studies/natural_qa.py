@@ -54,7 +54,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family
+from sur_lab.analysis.decisions import Family, PowerBasis, discordance_from_interval
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
@@ -132,6 +132,14 @@ PRIMARY_BUDGET = 5.0
 #: :data:`sur_lab.studies.presets.EM_LEAD_MIN`.
 PRIMARY = Family("primary", "binary",
                  f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered", primary=True)
+#: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate per case, from the
+#: paper's Table 9 (Qwen3-30B-A3B, 1,200 cases of 400 sources): SUR 5 % minus Shift +1.75 pp [+1.12, +2.24]. The
+#: interval is too narrow for more discordant cases than the difference itself (the source-stratified bootstrap), so
+#: the rate is |d|: nearly every discordant case favours SUR
+#: (:func:`~sur_lab.analysis.decisions.discordance_from_interval`).
+PRIMARY_POWER = PowerBasis(discordance_from_interval(0.0175, 0.0112, 0.0224, 1200),
+                           "the paper's Table 9 (Qwen3-30B-A3B), SUR 5 % - Shift +1.75 pp [+1.12, +2.24] on 1,200 "
+                           "cases")
 REFERENCE_FAMILY = Family("SUR against the references", "binary",
                           "SUR at each budget minus Shift, Replay and Re-prefill (the primary excepted; on agreement "
                           "without Re-prefill, which agrees with itself), on the lead endpoint")
@@ -533,6 +541,25 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
     return study_params(PRESETS, FIXED, preset, **overrides)
 
+
+def mde(p: Mapping[str, Any]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
+    of ``p`` (:func:`params`: ``n_per_dataset`` sources per dataset, each a cluster of its ``placements``) and the
+    stated discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
+    when the size cannot reach 80 %)."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY, PRIMARY_POWER, len(p["datasets"]) * p["n_per_dataset"],
+                       cluster_size=len(p["placements"]))
+
+
+def power_line(p: Mapping[str, Any]) -> str:
+    """:func:`mde` in words, for notebook 03's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                          len(p["datasets"]) * p["n_per_dataset"], cluster_size=len(p["placements"]),
+                          clusters="sources")
 
 def placement_cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[PlacementCase]:
     """The study's placement cases at ``preset`` (sources by :func:`select_panel`, cases by :func:`build_cases`).

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import Family
+from sur_lab.analysis.decisions import Family, PowerBasis, discordance_from_marginals
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.data.text import join_blocks
@@ -115,6 +115,10 @@ ABLATION_FAMILY = Family("SUR's design factors", "binary",
 MATCHED = Family("matched tokens (holdout roster)", "binary",
                  "the region allocator minus each token-level allocator at its exact count, at each matched budget, "
                  "per endpoint")
+#: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate, from the paper's
+#: Table 2 (Qwen3-8B, 96 cases): SUR at 5 % has 98.96 % EM and Shift 0 %, so every case SUR answers is discordant.
+PRIMARY_POWER = PowerBasis(discordance_from_marginals(0.9896, 0.0),
+                           "the paper's Table 2 (Qwen3-8B): SUR 5 % 98.96 % EM against Shift's 0 %")
 ALL_AGAINST_REFERENCES = Family("every allocator against Shift and Re-prefill (the figure)", "binary",
                                 "each allocator at each budget minus Shift and minus Re-prefill, on one endpoint")
 
@@ -510,6 +514,22 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
     return study_params(PRESETS, FIXED, preset, **overrides)
 
+
+def mde(p: Mapping[str, Any]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
+    of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
+    ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+
+
+def power_line(p: Mapping[str, Any]) -> str:
+    """:func:`mde` in words, for notebook 02's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                          p["num_cases"])
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others

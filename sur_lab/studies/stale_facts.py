@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family
+from sur_lab.analysis.decisions import Family, PowerBasis
 from sur_lab.data.text import join_blocks
 from sur_lab.edits import (
     EditedContext,
@@ -822,6 +822,10 @@ PRIMARY_BUDGET = 5.0
 #: primary comparison and two small families (the all-pairs table they replace held 38 comparisons per endpoint).
 #: Cases are the paired units (independent constructions).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
+#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. No paper reports this
+#: comparison; SUR and Shift are taken to disagree on half the cases (two arms each right about half the time,
+#: independently), the rate that a measured default run replaces.
+PRIMARY_POWER = PowerBasis(0.5, "a planning value (no published rate): SUR and Shift disagree on half the cases")
 EM_FAMILY = Family("EM against SUR", "binary",
                    "SUR-IDF, the edit-local window and edit-local + SUR minus SUR at the same budget, and Erratum "
                    "minus SUR at each budget, on EM")
@@ -860,6 +864,21 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
     return study_params(PRESETS, FIXED, preset, **overrides)
 
+
+def mde(p: Mapping[str, Any]) -> tuple[float, str]:
+    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
+    of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
+    ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
+    from sur_lab.analysis.decisions import mde as primary_mde
+
+    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+
+
+def power_line(p: Mapping[str, Any]) -> str:
+    """:func:`mde` in words, for notebook 09's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+    from sur_lab.analysis.decisions import power_sentence
+
+    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, p["num_cases"])
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`
@@ -1016,9 +1035,11 @@ def _arm(records: pd.DataFrame) -> pd.Series:
 
 def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     """One row per (method, budget): EM %, stale-answer rate % (over the cases asking the edited key), agreement
-    with Re-prefill %, the median of the defined margin recoveries with their count, mean first-token TV to
-    Re-prefill, mean forward tokens of the repair (``allowance + note_tokens``: suffix rows recomputed, or the
-    Erratum note) and median refresh time (ms); references (budget NaN) first, then the allocators by budget.
+    with Re-prefill %, the margin recovery as a ratio of sums (``margin_recovery``, NaN when undefined, with the reason
+    in ``margin_recovery_note``: :func:`sur_lab.analysis.endpoints.pooled_margin_recovery`) and, secondary, the
+    median of the defined per-case ratios with their count, mean first-token TV to Re-prefill, mean forward tokens
+    of the repair (``allowance + note_tokens``: suffix rows recomputed, or the Erratum note) and median refresh time
+    (ms); references (budget NaN) first, then the allocators by budget.
 
     Args:
         records: :func:`add_stale_endpoints` records.
@@ -1033,6 +1054,14 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
                 forward_tokens=("_cost", "mean"), refresh_ms=("refresh_ms", "median")).reset_index()
     for col in ("em_pct", "stale_pct", "agree_pct"):
         out[col] = 100 * out[col]
+    from sur_lab.analysis.endpoints import margin_recovery_table
+
+    pooled = margin_recovery_table(records).reset_index()
+    pooled = pooled.set_index([pooled["method"], pooled["budget_pct"].map(lambda b: "-" if pd.isna(b) else float(b))])
+    keys = list(zip(out["method"], out["budget_pct"].map(lambda b: "-" if pd.isna(b) else float(b))))
+    at = out.columns.get_loc("margin_recovery_median")
+    out.insert(at, "margin_recovery_note", [pooled.loc[k, "note"] for k in keys])
+    out.insert(at, "margin_recovery", [float(pooled.loc[k, "ratio"]) for k in keys])
     refs = [m for m in (*STUDY_REFERENCES,) if m in set(out["method"])]
     order = {m: i for i, m in enumerate([*refs, *STUDY_ALLOCATORS])}
     out["_r"] = out["budget_pct"].notna().astype(int)
@@ -1249,7 +1278,14 @@ def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_
 
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
     """Mean ``value`` (x100 for 0/1 columns) per arm (rows) and ``by`` stratum (columns): e.g. EM by family, or the
-    stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade)."""
+    stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade). ``"margin_recovery"`` is
+    pooled per cell as a ratio of sums (:func:`sur_lab.analysis.endpoints.margin_recovery_table`; NaN when
+    undefined), not a mean of per-case ratios."""
+    if value == "margin_recovery":
+        from sur_lab.analysis.endpoints import margin_recovery_table
+
+        t = margin_recovery_table(records.assign(arm=_arm(records)), by=("arm", by)).reset_index()
+        return t.set_index(["arm", by])["ratio"].unstack(by).reindex(list(dict.fromkeys(t["arm"])))
     df = records.assign(arm=_arm(records), _v=records[value].astype(float))
     table = df.pivot_table(index="arm", columns=by, values="_v", aggfunc="mean", sort=False)
     return 100 * table if value in ("em", "stale", "agree_reprefill") else table
@@ -1332,15 +1368,16 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
 
 
 def plot_summary(summary: pd.DataFrame):
-    """Bars of EM and stale-answer rate (%) per arm, references and each budget's allocators; returns the figure."""
+    """Bars of EM, stale-answer rate (%) and margin recovery (a ratio of sums; no bar where undefined) per arm,
+    references and each budget's allocators; returns the figure."""
     import matplotlib.pyplot as plt
 
     s = summary.assign(arm=_arm(summary))
     fig, axes = plt.subplots(1, 3, figsize=(15, 0.32 * len(s) + 1.8), sharey=True)
-    for ax, col, title in zip(axes, ["em_pct", "stale_pct", "margin_recovery_median"],
-                              ["EM (%)", "stale answers (%)", "median margin recovery (0 = Shift, 1 = Re-prefill)"]):
+    titles = ["EM (%)", "stale answers (%)", "margin recovery, ratio of sums (0 = Shift, 1 = Re-prefill)"]
+    for ax, col, title in zip(axes, ["em_pct", "stale_pct", "margin_recovery"], titles):
         colors = ["0.5" if pd.isna(b) else "tab:blue" for b in s["budget_pct"]]
-        ax.barh(s["arm"], s[col].fillna(0.0), color=colors)
+        ax.barh(s["arm"], s[col] if col == "margin_recovery" else s[col].fillna(0.0), color=colors)
         ax.set_title(title)
         ax.invert_yaxis() if ax is axes[0] else None
     fig.tight_layout()
