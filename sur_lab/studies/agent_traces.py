@@ -55,8 +55,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family
-from sur_lab.analysis.scoring import agreement, extract_answer, score_example
+from sur_lab.analysis.decisions import Family, Margin
+from sur_lab.analysis.scoring import NONE_PREDICTIONS, agreement, exact_match, extract_answer, normalize_answer
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
 from sur_lab.models import LoadedModel
@@ -88,24 +88,51 @@ FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa"], "budgets": [2, 5, 10], "ex
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
 REGIONS = ("append", "first half", "second half")
-#: The declared comparisons of notebook 10 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run: the
-#: lead sync path against prefix reuse on time to first token, paired by turn with a trace's turns clustered; "faster"
-#: needs the speed-up's interval above 1. The primary pools every turn after the first; the family splits them by
-#: where the turn's first change lands.
-PRIMARY = Family("primary", "ratio", "prefix reuse's TTFT over the lead sync path's on every turn after the first",
-                 primary=True)
-REGION_FAMILY = Family("speed-up by region of the first change", "ratio",
-                       "prefix reuse's TTFT over the lead sync path's within each region of the first change")
-#: "No more than 5 points of agreement lost against prefix reuse" is claimed only when the exact (Clopper–Pearson)
-#: upper bound of the rate of turns on which the sync path loses re-prefill's answer that prefix reuse kept is at most
-#: this (issue 27's tolerance; :func:`sur_lab.analysis.decisions.bound_claim`). Turns count as units here: the bound
-#: is exact per turn and conservative in ignoring the turns sync gains.
-MAX_AGREEMENT_LOSS = 0.05
 
-SYSTEM = "You are a research agent. Tool outputs arrive in turns; answer each question with a short answer only."
+SYSTEM = ("You are a research agent. Tool outputs arrive in turns; answer each question with a short answer only, "
+          "from the tool outputs shown; if they do not give it, answer 'unknown'.")
 TASK = "Task: answer the user's questions from the tool outputs below."
 PLAN = "Plan: read each tool output, keep what answers the question, drop what is superseded, then answer briefly."
-REWRITTEN = "Plan (revised): older outputs are summarised; use the latest search results, then answer in a few words."
+#: The answer format the revised plan asks for: every answer from the rewrite turn on begins with it.
+FORMAT_PREFIX = "Final:"
+REWRITTEN = ("Plan (revised): older outputs are summarised; use the latest search results. From now on begin every "
+             f"answer with '{FORMAT_PREFIX}', e.g. '{FORMAT_PREFIX} Paris'.")
+#: Question kinds (issue 40): what the question of a turn needs. ``new``: the turn's own question, its evidence in the
+#: search output appended that turn (the control); ``reask-removed``: the previous turn's question again, after that
+#: turn's lookup was removed (its search output survives, downstream of the removal); ``reask-compacted``: the question
+#: of the turn whose search output was compacted this turn (the answer is in its one-line summary, or "unknown");
+#: ``combine``: the questions of the two turns before, answered together ("first; second"), from their two search
+#: outputs; ``format``: the turn's own question on the turn the plan is rewritten to a new answer format.
+QUESTION_KINDS = ("new", "reask-removed", "reask-compacted", "combine", "format")
+#: The kinds whose question reaches edited or earlier text (every kind but ``new``).
+REACHING = QUESTION_KINDS[1:]
+#: The gold of a question whose answer did not survive: "unknown" and the usual phrasings of it
+#: (:data:`sur_lab.analysis.scoring.NONE_PREDICTIONS`), "unknown" first.
+UNKNOWN = ("unknown", *(s for s in NONE_PREDICTIONS if s != "unknown"))
+#: "No more than 5 points of agreement lost against prefix reuse" (issue 27's tolerance): the equivalence margin of the
+#: agreement comparisons, and the bound of the per-region loss claims: claimed only when the exact (Clopper–Pearson)
+#: upper bound of the rate of turns on which the sync path loses re-prefill's answer that prefix reuse kept is at most
+#: this (:func:`sur_lab.analysis.decisions.bound_claim`; turns count as units there: exact per turn, conservative in
+#: ignoring the turns sync gains).
+MAX_AGREEMENT_LOSS = 0.05
+AGREEMENT_MARGIN = Margin(MAX_AGREEMENT_LOSS, "issue 27's tolerance: at most 5 points of agreement lost against "
+                          "prefix reuse")
+#: The declared comparisons of notebook 10 (issues 36 and 40; :mod:`sur_lab.analysis.decisions`), fixed before any
+#: run, every one paired by turn with a trace's turns clustered. The primary: the lead sync path against prefix reuse
+#: on agreement with re-prefill over the later turns whose question reaches edited or earlier text (:data:`REACHING`),
+#: "equivalent" only when its whole 90 % interval lies within :data:`AGREEMENT_MARGIN`, "loses to" when the loss is
+#: shown. Prefix reuse recomputes every row from the first change, so it answers as re-prefill does up to rounding: the
+#: comparison is the sync path's agreement loss on the questions a stale cache can get wrong.
+PRIMARY = Family("primary", "binary", "the lead sync path minus prefix reuse: agreement with re-prefill on every later "
+                 "turn whose question reaches edited or earlier text", primary=True, margin=AGREEMENT_MARGIN)
+KIND_FAMILY = Family("agreement by question kind", "binary", "the lead sync path minus prefix reuse: agreement with "
+                     "re-prefill within each question kind", margin=AGREEMENT_MARGIN, max_size=len(QUESTION_KINDS))
+#: Time to first token: "faster" needs the speed-up's interval above 1, over every later turn (one comparison) and by
+#: where the turn's first change lands (Holm).
+SPEEDUP_FAMILY = Family("speed-up over every later turn", "ratio",
+                        "prefix reuse's TTFT over the lead sync path's on every turn after the first", max_size=1)
+REGION_FAMILY = Family("speed-up by region of the first change", "ratio",
+                       "prefix reuse's TTFT over the lead sync path's within each region of the first change")
 
 
 @dataclass(frozen=True)
@@ -148,13 +175,62 @@ def default_paths(budgets: Sequence[float] = (2, 5, 10)) -> list[TracePath]:
 # Traces
 
 
+def question_kinds(turns: int) -> list[str]:
+    """The question kind of each turn of a ``turns``-turn trace (:data:`QUESTION_KINDS`), fixed by the edit schedule
+    before any model output is seen.
+
+    Turns 0 and 1 ask their own question (``new``); the plan-rewrite turn (``turns // 2``, when > 0) asks ``format``;
+    every other turn takes, of the reaching kinds its edits allow (``reask-removed`` on even turns, where the previous
+    lookup is removed; ``reask-compacted`` from turn 3, where a search output is compacted; ``combine`` from turn 2),
+    the one asked least so far, ties in the order of :data:`QUESTION_KINDS`. Eight turns: new, new, reask-removed,
+    reask-compacted, format, combine, reask-removed, reask-compacted.
+
+    Raises:
+        ValueError: naming ``turns`` when it is not an integer >= 2.
+    """
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 2:
+        raise ValueError(f"turns={turns!r} must be an integer >= 2")
+    asked = dict.fromkeys(("reask-removed", "reask-compacted", "combine"), 0)
+    kinds = []
+    for t in range(turns):
+        if t == turns // 2:
+            kinds.append("format")
+        elif t < 2:
+            kinds.append("new")
+        else:
+            allowed = [k for k in asked if (k != "reask-removed" or t % 2 == 0) and (k != "reask-compacted" or t >= 3)]
+            kind = min(allowed, key=asked.__getitem__)
+            asked[kind] += 1
+            kinds.append(kind)
+    return kinds
+
+
 def _passages(tokenizer, passages, max_doc_tokens: int) -> str:
     return "\n\n".join(f"Title: {p.title}\n{truncate_text(tokenizer, p.title, p.text, max_doc_tokens)}"
                        for p in passages)
 
 
-def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int = 40) -> dict:
-    """One trace: a turn per source question, with the edits of the module docstring.
+def reachable(answers: Sequence[str], text: str, *, full: bool) -> bool:
+    """Whether a question's answer can be read from ``text``: some gold answer, normalized
+    (:func:`~sur_lab.analysis.scoring.normalize_answer`), occurs in the normalized text as whole words. A yes/no answer
+    is never written out: it counts as reachable from a ``full`` (not summarised) search output only."""
+    words = f" {normalize_answer(text)} "
+    for a in answers:
+        norm = normalize_answer(a)
+        if norm in ("yes", "no"):
+            if full:
+                return True
+        elif norm and f" {norm} " in words:
+            return True
+    return False
+
+
+def _block_label(block: Mapping[str, Any]) -> str:
+    return f"{block['kind']} {block['turn'] + 1}" + ("" if block["full"] else " (summarised)")
+
+
+def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int = 96) -> dict:
+    """One trace: a turn per source question, with the edits and the question kinds of the module docstring.
 
     Args:
         tokenizer: the model's tokenizer (passages are capped with it).
@@ -162,13 +238,19 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
         max_doc_tokens: per-passage token cap (whole sentences kept; >= 8).
 
     Returns:
-        ``{"id", "turns": [{"messages", "question", "answers", "dataset", "answer_type", "edits"}, ...]}``: the whole
-        prompt of each turn (chat messages), its question, the gold answers (scored by the dataset's rule) and the
-        edits made at that turn (``"+"``-joined names). This is the
-        JSON form ``scripts/bench_sync.py --traces`` reads.
+        ``{"id", "turns": [{"messages", "question", "answers", "dataset", "answer_type", "edits", "kind", "asks",
+        "evidence", "known", "format"}, ...]}``: the whole prompt of each turn (chat messages); the question asked
+        after it and its kind (:func:`question_kinds`); ``asks``, the turns (0-based) whose source questions it asks;
+        ``evidence``, the labels of the tool outputs the answer must come from (``"search 3"``, ``"search 1
+        (summarised)"``); the gold ``answers`` (normalized EM over them): per asked turn its source answers where they
+        are :func:`reachable` from its evidence output as it stands in this prompt, else :data:`UNKNOWN`; a combined
+        question's parts joined as ``"first; second"``; from the plan rewrite on (``format``: True) each prefixed with
+        :data:`FORMAT_PREFIX`; ``known``, whether every part is reachable; and the edits made at that turn
+        (``"+"``-joined names). This is the JSON form ``scripts/bench_sync.py --traces`` reads.
 
     Raises:
-        ValueError: naming ``examples`` (fewer than 2, or one without distractors) or ``max_doc_tokens`` (< 8).
+        ValueError: naming ``examples`` (fewer than 2, or one without supporting or distractor passages) or
+            ``max_doc_tokens`` (< 8).
     """
     if len(examples) < 2:
         raise ValueError(f"examples holds {len(examples)} questions; a trace needs >= 2 turns")
@@ -179,20 +261,24 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
             raise ValueError(f"examples[{i}] needs supporting and distractor passages")
     head = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
             {"role": "assistant", "content": PLAN}]
-    blocks: list[dict] = []  # tool calls with their outputs, in prompt order: kind, full (not compacted), messages
+    blocks: list[dict] = []  # tool calls with their outputs, in prompt order: kind, turn, full (not compacted), messages
     turns = []
     n = len(examples)
+    kinds = question_kinds(n)
+    formatted = False
     for t, ex in enumerate(examples):
-        edits = []
+        edits, compacted = [], None
         full = [b for b in blocks if b["kind"] == "search" and b["full"]]
         if t >= 3 and len(full) > 1:
-            oldest = full[0]
-            titles = "; ".join(line[len("Title: "):] for line in oldest["output"]["content"].splitlines()
+            compacted = full[0]
+            titles = "; ".join(line[len("Title: "):] for line in compacted["output"]["content"].splitlines()
                                if line.startswith("Title: "))
-            oldest.update(full=False, output={"role": "tool", "content": f"Search (summarised): {titles}."})
+            compacted.update(full=False, output={"role": "tool",
+                                                "content": f"Search {compacted['turn'] + 1} (summarised): {titles}."})
             edits.append("compact")
         if t == n // 2 and t > 0:
             head[2] = {"role": "assistant", "content": REWRITTEN}
+            formatted = True
             edits.append("plan")
         if t >= 2 and t % 2 == 0:  # the previous turn's lookup, superseded by its search
             blocks = [b for b in blocks if not (b["kind"] == "lookup" and b["turn"] == t - 1)]
@@ -203,9 +289,31 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
                            "output": {"role": "tool", "content": f"{kind.capitalize()} {t + 1}:\n"
                                       + _passages(tokenizer, passages, max_doc_tokens)}})
         edits.append("append" if t else "prefill")
+        kind = kinds[t]
+        asks = {"reask-removed": [t - 1], "reask-compacted": [compacted["turn"] if compacted else -1],
+                "combine": [t - 2, t - 1]}.get(kind, [t])
+        searches = {b["turn"]: b for b in blocks if b["kind"] == "search"}
+        parts, known, evidence = [], True, []
+        for k in asks:
+            block = searches[k]
+            evidence.append(_block_label(block))
+            if reachable(examples[k].answers, block["output"]["content"], full=block["full"]):
+                parts.append(list(examples[k].answers))
+            else:
+                parts.append(list(UNKNOWN))
+                known = False
+        if kind == "combine":
+            q = (f"Answer both questions, separated by a semicolon: (1) {examples[asks[0]].question} "
+                 f"(2) {examples[asks[1]].question}")
+            gold = [f"{a}; {b}" for a in parts[0] for b in parts[1]]
+        else:
+            q, gold = examples[asks[0]].question, parts[0]
+        if formatted:
+            gold = [f"{FORMAT_PREFIX} {g}" for g in gold]
         messages = head + [m for b in blocks for m in (b["call"], b["output"])]
-        turns.append({"messages": [dict(m) for m in messages], "question": ex.question, "answers": list(ex.answers),
-                      "dataset": ex.dataset, "answer_type": ex.answer_type, "edits": "+".join(edits)})
+        turns.append({"messages": [dict(m) for m in messages], "question": q, "answers": gold,
+                      "dataset": ex.dataset, "answer_type": ex.answer_type, "edits": "+".join(edits), "kind": kind,
+                      "asks": asks, "evidence": evidence, "known": known, "format": formatted})
     return {"id": f"{examples[0].dataset}:{examples[0].id}", "turns": turns}
 
 
@@ -272,7 +380,10 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
     Returns:
         Rows with ``trace, turn, edits, path, method, budget_pct, sync_path, tokens, first_change, first_change_frac,
         region, deleted, inserted, reused, rerotated, recomputed, stale_rows, allowance, sync_ms, query_ms, ttft_ms,
-        answer_batch, prediction, em, agree, token_exact, debt``.
+        answer_batch, kind, known, plan_format, prediction, em, agree, token_exact, debt``: ``kind``, ``known`` and
+        ``plan_format`` are the turn's question kind, whether its gold is an answer (not "unknown") and whether the
+        revised plan's answer format is in force (:func:`build_trace`); ``em`` is normalized exact match against the
+        turn's gold (:func:`~sur_lab.analysis.scoring.exact_match`; the format prefix and "unknown" are part of it).
 
     Raises:
         ValueError: naming ``paths`` when re-prefill is missing or labels repeat.
@@ -287,8 +398,6 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
     for t, turn in enumerate(trace["turns"]):
         query = query_text(lm.tokenizer, turn["messages"], turn["question"])
         query_ids = torch.tensor(lm.tokenizer(query, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        gold = QAExample(str(t), turn["question"], tuple(turn["answers"]), turn.get("answer_type", "span"), (), (),
-                         turn.get("dataset", "hotpotqa"))
         synced, caches, firsts = [], [], []
         for p in order:  # one request at a time: the sync and the query forward are timed per request (TTFT)
             session = sessions[p.label]
@@ -313,7 +422,9 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
                 "reused": rec.reused, "rerotated": rec.rerotated, "recomputed": rec.recomputed,
                 "stale_rows": rec.stale_rows, "allowance": rec.allowance, "sync_ms": sync_ms,
                 "query_ms": query_ms, "ttft_ms": sync_ms + query_ms, "answer_batch": len(answers),
-                "prediction": prediction, "em": bool(score_example(prediction, gold)),
+                "kind": turn.get("kind", "new"), "known": bool(turn.get("known", True)),
+                "plan_format": bool(turn.get("format", False)),
+                "prediction": prediction, "em": bool(exact_match(prediction, turn["answers"])),
                 "agree": bool(agreement(prediction, ref_parsed)),
                 "token_exact": list(ans.token_ids) == list(ref.token_ids), "debt": debt,
             })
@@ -510,37 +621,56 @@ def per_turn_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0, n_boot: int = 2_000) -> pd.DataFrame:
-    """Per (region of the first change, path) over the turns after the first: median TTFT, the paired speed-up
-    ``against``'s TTFT / this path's on the same turns (geometric mean, > 1: this path is faster) with its 95 %
-    percentile bootstrap interval (a trace's turns resampled together; NaN with one trace or identical ratios), median
-    tokens recomputed, agreement with re-prefill and EM (%), the paired difference of agreement against ``against``
-    (percentage points, Newcombe's interval widened by the trace bootstrap), and the turns on which this path loses
-    re-prefill's answer that ``against`` kept (``losses``) with the exact 95 % upper bound of that rate
-    (``loss_upper_pct``). Descriptive: the verdicts are :func:`conclusion`'s.
+def _groups(runs: pd.DataFrame, by: str) -> list[tuple[str, pd.DataFrame]]:
+    """The later turns of ``runs`` split by ``by``: per region (:data:`REGIONS`) or per question kind
+    (:data:`QUESTION_KINDS`, then ``"reaching"``: every kind but ``new``), then ``"all"``; empty groups left out."""
+    later = runs[runs["turn"] > 0]
+    names = REGIONS if by == "region" else QUESTION_KINDS
+    groups = [(g, later[later[by] == g]) for g in names]
+    if by == "kind":
+        groups.append(("reaching", later[later["kind"].isin(REACHING)]))
+    groups.append(("all", later))
+    return [(g, part) for g, part in groups if not part.empty]
+
+
+def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = PREFIX, clustered: bool = True,
+                     seed: int = 0, n_boot: int = 2_000) -> pd.DataFrame:
+    """Per (group of later turns, path), each path paired with ``against`` on the same turns: median TTFT, the paired
+    speed-up ``against``'s TTFT / this path's (geometric mean, > 1: this path is faster) with its 95 % percentile
+    bootstrap interval (NaN with one cluster or identical ratios), median tokens recomputed, agreement with re-prefill
+    and EM (%), the paired difference of agreement against ``against`` (percentage points; Newcombe's interval, hulled
+    with the cluster bootstrap's), and the turns on which this path loses re-prefill's answer that ``against`` kept
+    (``losses``) with the exact 95 % upper bound of that rate (``loss_upper_pct``). Descriptive: the verdicts are
+    :func:`conclusion`'s.
+
+    Args:
+        runs: the per-turn rows (:func:`run_traces`; ``kind`` needed when ``by="kind"``).
+        by: ``"region"`` (where the first change lands) or ``"kind"`` (the question kind, plus ``"reaching"``).
+        against: the path every other is paired with.
+        clustered: ``True``: a trace's turns resampled together (:func:`sur_lab.analysis.decisions.paired_family`'s
+            ``cluster``); ``False``: turns as independent units (for comparison only: they are not).
+        seed, n_boot: the bootstrap's.
 
     Raises:
-        ValueError: naming ``against`` when it is not a path of ``runs``.
+        ValueError: naming ``by`` when not ``"region"`` or ``"kind"``, ``against`` when it is not a path of ``runs``.
     """
     from sur_lab.analysis.decisions import paired_family, proportion_interval
 
+    if by not in ("region", "kind"):
+        raise ValueError(f"by={by!r} must be 'region' or 'kind'")
     if against not in set(runs["path"]):
         raise ValueError(f"against={against!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
-    later = runs[runs["turn"] > 0]
     rows = []
     nan = float("nan")
-    for region in REGIONS + ("all",):
-        part = later if region == "all" else later[later["region"] == region]
-        if part.empty:
-            continue
+    for group, part in _groups(runs, by):
         wide = part.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
-        traces = wide.index.get_level_values("trace").to_numpy()
+        traces = wide.index.get_level_values("trace").to_numpy() if clustered else None
         for path in dict.fromkeys(part["path"]):
             mine = part[part["path"] == path]
             a_agree = wide["agree"][path].astype(float).to_numpy()
             b_agree = wide["agree"][against].astype(float).to_numpy()
             losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
-            row = {"region": region, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
+            row = {by: group, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
                    "speedup": 1.0, "speedup_lo": nan, "speedup_hi": nan, "recomputed": mine["recomputed"].median(),
                    "agree_pct": 100 * mine["agree"].mean(), "agree_diff_pp": 0.0, "agree_diff_lo": nan,
                    "agree_diff_hi": nan, "losses": losses,
@@ -557,6 +687,30 @@ def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0, n_
                            agree_diff_hi=100 * agree["ci_high"])
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def region_table(runs: pd.DataFrame, *, against: str = PREFIX, clustered: bool = True, seed: int = 0,
+                 n_boot: int = 2_000) -> pd.DataFrame:
+    """:func:`comparison_table` by region of the first change (:data:`REGIONS`, then ``"all"``).
+
+    Raises:
+        ValueError: naming ``against`` when it is not a path of ``runs``.
+    """
+    return comparison_table(runs, "region", against=against, clustered=clustered, seed=seed, n_boot=n_boot)
+
+
+def kind_table(runs: pd.DataFrame, *, against: str = PREFIX, clustered: bool = True, seed: int = 0,
+               n_boot: int = 2_000) -> pd.DataFrame:
+    """:func:`comparison_table` by question kind (:data:`QUESTION_KINDS`, then ``"reaching"``, then ``"all"``), with
+    ``known_pct``: the share of the group's turns whose gold is an answer rather than "unknown".
+
+    Raises:
+        ValueError: naming ``against`` when it is not a path of ``runs``.
+    """
+    out = comparison_table(runs, "kind", against=against, clustered=clustered, seed=seed, n_boot=n_boot)
+    known = {g: 100 * part.drop_duplicates(["trace", "turn"])["known"].mean() for g, part in _groups(runs, "kind")}
+    out.insert(3, "known_pct", out["kind"].map(known))
+    return out
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -628,29 +782,92 @@ def plot_regions(regions: pd.DataFrame):
     return fig
 
 
+def _later_wide(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The later turns as one row per (trace, turn) with a column per (endpoint, path), and the turns' region and
+    kind aligned with it."""
+    later = runs[runs["turn"] > 0]
+    wide = later.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
+    meta = later.drop_duplicates(["trace", "turn"]).set_index(["trace", "turn"])[["region", "kind"]].reindex(
+        wide.index)
+    return wide, meta
+
+
+def primary_table(runs: pd.DataFrame, *, sync: str = "sync 5%", clustered: bool = True, decide: bool = True,
+                  n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """The declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family` rows, in this order):
+    :data:`PRIMARY` (``sync`` − prefix reuse, agreement with re-prefill on the later turns of a :data:`REACHING`
+    kind, equivalence within :data:`AGREEMENT_MARGIN`), :data:`KIND_FAMILY` (the same per question kind, Holm),
+    :data:`SPEEDUP_FAMILY` (the TTFT ratio over every later turn) and :data:`REGION_FAMILY` (the TTFT ratio per
+    region of the first change, Holm).
+
+    Args:
+        runs: the per-turn rows (:func:`run_traces`).
+        sync: the lead sync path.
+        clustered: ``True`` (the declared analysis): a trace's turns are one cluster, resampled together by the
+            bootstrap and flipped together by the sign tests; ``False``: turns as independent units (for comparison
+            only).
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
+        n_boot, seed: as :func:`~sur_lab.analysis.decisions.paired_family`.
+
+    Raises:
+        ValueError: naming ``sync`` when it is not a path of ``runs``.
+    """
+    from sur_lab.analysis.decisions import paired_family
+
+    if sync not in set(runs["path"]):
+        raise ValueError(f"sync={sync!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
+    wide, meta = _later_wide(runs)
+    traces = wide.index.get_level_values("trace").to_numpy()
+    kw = dict(decide=decide, n_boot=n_boot, seed=seed)
+
+    def agree(mask):
+        return (wide["agree"][sync].astype(float).to_numpy()[mask], wide["agree"][PREFIX].astype(float).to_numpy()[mask])
+
+    def times(mask):
+        return wide["ttft_ms"][sync].to_numpy(float)[mask], wide["ttft_ms"][PREFIX].to_numpy(float)[mask]
+
+    def family(fam, masks, data, label):
+        keys = {g: (f"{sync}{label(g)}", f"{PREFIX}{label(g)}") for g in masks}
+        cluster = {keys[g]: traces[m] for g, m in masks.items()} if clustered else None
+        return paired_family({keys[g]: data(m) for g, m in masks.items()}, family=fam, cluster=cluster, **kw)
+
+    reaching = meta["kind"].isin(REACHING).to_numpy()
+    kinds = {k: (meta["kind"] == k).to_numpy() for k in QUESTION_KINDS if (meta["kind"] == k).any()}
+    regions = {r: (meta["region"] == r).to_numpy() for r in REGIONS if (meta["region"] == r).any()}
+    tables = [family(PRIMARY, {"reaching": reaching}, agree, lambda g: " (reaching questions)")]
+    if kinds:
+        tables.append(family(KIND_FAMILY, kinds, agree, lambda g: f" ({g})"))
+    tables.append(family(SPEEDUP_FAMILY, {"all": np.ones(len(wide), dtype=bool)}, times, lambda g: ""))
+    if regions:
+        tables.append(family(REGION_FAMILY, regions, times, lambda g: f" ({g})"))
+    return pd.concat(tables, ignore_index=True)
+
+
 def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame, *, sync: str = "sync 5%",
-               max_agreement_loss: float = MAX_AGREEMENT_LOSS, decide: bool = True, n_boot: int = 10_000,
-               seed: int = 0) -> list[str]:
+               kinds: pd.DataFrame | None = None, max_agreement_loss: float = MAX_AGREEMENT_LOSS, decide: bool = True,
+               n_boot: int = 10_000, seed: int = 0) -> list[str]:
     """The conclusion's sentences from this run's tables, with every verdict from :mod:`sur_lab.analysis.decisions`:
     per region of the first change the path with the lowest median TTFT (a point estimate, the selection named) and
-    ``sync``'s numbers against prefix reuse; the primary comparison (:data:`PRIMARY`: is ``sync`` faster than prefix
-    reuse over every later turn, by the speed-up's interval) and the :data:`REGION_FAMILY`; per region whether
-    ``sync`` is shown to lose at most ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions
-    .bound_claim` on its loss turns); and where ``sync`` should not be used (prefix reuse shown faster, or a loss above
-    the tolerance shown) or where this size shows neither.
+    ``sync``'s numbers against prefix reuse; per question kind ``sync``'s, Shift's and prefix reuse's agreement with
+    re-prefill and EM; the declared comparisons (:func:`primary_table`: the primary, whether ``sync`` keeps
+    re-prefill's answers on the reaching questions as prefix reuse does, within the margin; the same per kind; the
+    speed-up over every later turn and by region); per region whether ``sync`` is shown to lose at most
+    ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions.bound_claim` on its loss turns); and where
+    ``sync`` should not be used (prefix reuse shown faster, or a loss above the tolerance shown) or where this size
+    shows neither.
 
     Args:
         regions: :func:`region_table`; summary: :func:`summary_table`; runs: the per-turn rows behind them.
         sync: the lead sync path.
-        max_agreement_loss: the agreement loss tolerated, a fraction in [0, 1].
+        kinds: :func:`kind_table` (default: computed from ``runs``).
+        max_agreement_loss: the agreement loss tolerated by the per-region bounds, a fraction in [0, 1].
         decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
         n_boot, seed: as :func:`sur_lab.analysis.decisions.paired_family`.
 
     Raises:
         ValueError: naming ``sync`` when it is not a path of the tables, ``max_agreement_loss`` outside [0, 1].
     """
-    from sur_lab.analysis.decisions import (BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines,
-                                            paired_family)
+    from sur_lab.analysis.decisions import BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines
 
     if sync not in set(regions["path"]):
         raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
@@ -675,30 +892,27 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
             f"{t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
             f"({s.agree_diff_pp:+.0f} pp, {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); "
             f"tokens recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
-    later = runs[runs["turn"] > 0]
-    wide = later.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
-    region_of = later.drop_duplicates(["trace", "turn"]).set_index(["trace", "turn"])["region"].reindex(wide.index)
-    traces = wide.index.get_level_values("trace").to_numpy()
-    pair = (sync, PREFIX)
-
-    def times(mask):
-        return wide["ttft_ms"][sync].to_numpy(float)[mask], wide["ttft_ms"][PREFIX].to_numpy(float)[mask]
-
-    everything = np.ones(len(wide), dtype=bool)
-    primary = paired_family({pair: times(everything)}, family=PRIMARY, cluster=traces, decide=decide,
-                            n_boot=n_boot, seed=seed)
-    by_region = [r for r in REGIONS if (region_of == r).any()]
-    masks = {r: (region_of == r).to_numpy() for r in by_region}
-    keys = {r: (f"{sync} ({r})", f"{PREFIX} ({r})") for r in by_region}
-    fam = paired_family({keys[r]: times(masks[r]) for r in by_region}, family=REGION_FAMILY,
-                        cluster={keys[r]: traces[masks[r]] for r in by_region}, decide=decide, n_boot=n_boot,
-                        seed=seed) if by_region else primary.iloc[:0]
-    lines += family_lines(pd.concat([primary, fam], ignore_index=True), what="turns", clusters="traces")
+    if "kind" in runs.columns:
+        kt = kinds if kinds is not None else kind_table(runs, seed=seed, n_boot=min(n_boot, 2_000))
+        for kind in [k for k in (*QUESTION_KINDS, "reaching") if k in set(kt["kind"])]:
+            t = kt[kt["kind"] == kind].set_index("path")
+            shift = f", {SHIFT} {t.loc[SHIFT, 'agree_pct']:.0f} %" if SHIFT in t.index else ""
+            lines.append(
+                f"{kind} questions ({int(t.loc[sync, 'turns'])} turns, gold known on {t.loc[sync, 'known_pct']:.0f} "
+                f"%): agreement with re-prefill {sync} {t.loc[sync, 'agree_pct']:.0f} %{shift}, prefix reuse "
+                f"{t.loc[PREFIX, 'agree_pct']:.0f} %; EM re-prefill {t.loc[REFERENCE, 'em_pct']:.0f} %, {sync} "
+                f"{t.loc[sync, 'em_pct']:.0f} %.")
+    decided = primary_table(runs, sync=sync, decide=decide, n_boot=n_boot, seed=seed)
+    lines += family_lines(decided, what="turns", clusters="traces")
+    wide, meta = _later_wide(runs)
+    fam = decided[decided["family"] == REGION_FAMILY.name]
+    by_region = [r for r in REGIONS if (meta["region"] == r).any()]
     avoid, unshown, ok = [], [], []
     limit = f"{100 * max_agreement_loss:g} points"
     for region, (_, r) in zip(by_region, fam.iterrows()):
-        a_agree = wide["agree"][sync].astype(float).to_numpy()[masks[region]]
-        b_agree = wide["agree"][PREFIX].astype(float).to_numpy()[masks[region]]
+        mask = (meta["region"] == region).to_numpy()
+        a_agree = wide["agree"][sync].astype(float).to_numpy()[mask]
+        b_agree = wide["agree"][PREFIX].astype(float).to_numpy()[mask]
         losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
         loss = bound_claim(losses, len(a_agree), at_most=max_agreement_loss, decide=decide)
         lines.append(f"  {region}: " + bound_sentence(f"{sync} loses re-prefill's answer that prefix reuse kept on",
