@@ -156,6 +156,12 @@ def test_bad_arguments_are_refused():
         at.sweep(None, workers=2)
     with pytest.raises(ValueError, match="turns"):
         at.build_traces(tok, at.params("smoke", turns=1))
+    with pytest.raises(ValueError, match="datasets"):
+        at.build_traces(tok, at.params("smoke", datasets=["hotpotqa", "iirc"]))
+    with pytest.raises(ValueError, match="by"):
+        at.comparison_table(_runs(), "turn")
+    with pytest.raises(ValueError, match="sync"):
+        at.primary_table(_runs(), sync="sync 7%")
     assert get_study("agent-traces") is at
 
 

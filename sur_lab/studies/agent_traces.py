@@ -8,12 +8,20 @@ and a *search* result (the supporting passages), and the edits agent runtimes ma
 - turn 1: a new turn appended, nothing else (the common agent turn);
 - even turns from 2: the previous turn's lookup is removed with its call (superseded by that turn's search);
 - turns from 3: the oldest full search output is compacted into a one-line summary (its titles);
-- turn ``turns // 2``: the plan, near the start, is rewritten;
+- turn ``turns // 2``: the plan, near the start, is rewritten, and it changes the answer format (every answer from
+  then on begins with :data:`FORMAT_PREFIX`);
 - every turn: the new tool outputs appended at the end.
 
-After each turn the turn's question is asked (its supporting passages are in the prompt at that turn), so the answer
-depends on the current context. Every path follows the same prompts with its own :class:`~sur_lab.session.EditSession`,
-so staleness left by a budgeted sync carries into later turns as it would in an agent loop:
+After each turn one question is asked, of a kind fixed by the schedule (:func:`question_kinds`, issue 40) so that most
+questions need edited or earlier text, not only the output appended that turn: ``new`` (the turn's own question, the
+control), ``reask-removed`` (the previous turn's question again after its lookup was removed: the answer sits in its
+search output, downstream of the removal), ``reask-compacted`` (the question of the output compacted that turn: the
+answer must come from its summary, or be "unknown"), ``combine`` (the two previous turns' questions answered together)
+and ``format`` (the turn's own question right after the plan rewrite, in the new format). The gold of each question is
+defined by the text that survives in that turn's prompt (:func:`build_trace`): a source answer where it can be read
+from the named tool output, else "unknown" (:data:`UNKNOWN`; the system message asks for it). Every path follows the
+same prompts with its own :class:`~sur_lab.session.EditSession`, so staleness left by a budgeted sync carries into
+later turns as it would in an agent loop:
 
 - ``sync b %``: :meth:`~sur_lab.session.EditSession.sync` with SUR at b % of the stale rows, always repairing
   (``SyncPolicy(0, 1.0)``: the study measures the raw repair; :class:`sur_lab.sync.SyncPolicy`'s defaults are chosen
@@ -26,8 +34,11 @@ so staleness left by a budgeted sync carries into later turns as it would in an 
 Per (trace, turn, path) the study records the sync's path and row counts (:class:`~sur_lab.sync.SyncRecord`), the time
 to first answer token (TTFT = the sync call + the query forward, unbatched, one request at a time), the tokens
 recomputed, the greedy answer (its first token from that timed forward, the rest decoded for the turn's paths
-together: a quality endpoint), EM against the gold answers and agreement with re-prefill's answer, and the cumulative
-cost over the trace so far.
+together: a quality endpoint), the question's kind, EM against the turn's gold and agreement with re-prefill's
+answer, and the cumulative cost over the trace so far. The report breaks agreement and EM down by question kind
+(:func:`kind_table`) and by where the turn's first change lands (:func:`region_table`); every interval resamples whole
+traces (a trace's turns are one cluster, :func:`sur_lab.analysis.decisions.paired_family`'s ``cluster``), the TTFT
+ratio's included, and the declared comparisons are :func:`primary_table`'s.
 
 Records: these per-turn rows are the study's own table, not :class:`sur_lab.sweeps.Record` objects. A sweep record is
 one repair of one prepared edit (:func:`sur_lab.sweeps.run_case` prepares a case once and repairs it with every method
@@ -37,7 +48,7 @@ and a sync is a diff of many edits rather than one span. The table is stored in 
 each finished trace is also written at once to a part file (:func:`trace_part`), so an interrupted run resumes.
 
 Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
-Eq. 3 (allowance), appendix 7.5 (EM, agreement); issue 27.
+Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
 """
 
 from __future__ import annotations
@@ -317,19 +328,33 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
     return {"id": f"{examples[0].dataset}:{examples[0].id}", "turns": turns}
 
 
+#: The datasets a trace can draw from: those scored by normalized span EM over aliases, so that a combined, formatted
+#: or "unknown" gold is a plain list of strings (IIRC's DROP rule scores a bag of spans, which does not compose).
+TRACE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
+
+
+def _check_datasets(datasets: Sequence[str]) -> None:
+    if not datasets:
+        raise ValueError("datasets is empty; give at least one QA dataset key")
+    bad = [d for d in datasets if d not in TRACE_DATASETS]
+    if bad:
+        raise ValueError(f"datasets holds {bad}; traces draw from {TRACE_DATASETS} (span EM over aliases: a combined "
+                         "or formatted gold must be a list of strings)")
+
+
 def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
     """``p["n_traces"]`` traces of ``p["turns"]`` turns, split evenly over ``p["datasets"]`` (development files), each
     dataset's sources chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
 
     Raises:
-        ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty) or a pool too small.
+        ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty, or a dataset outside
+            :data:`TRACE_DATASETS`) or a pool too small.
     """
     if p["n_traces"] < 1:
         raise ValueError(f"n_traces={p['n_traces']} must be >= 1")
     if p["turns"] < 2:
         raise ValueError(f"turns={p['turns']} must be >= 2")
-    if not p["datasets"]:
-        raise ValueError("datasets is empty; give at least one QA dataset key")
+    _check_datasets(p["datasets"])
     k, turns = len(p["datasets"]), p["turns"]
     traces = []
     for d, ds in enumerate(p["datasets"]):
@@ -477,7 +502,8 @@ def check_params(p: Mapping[str, Any]) -> None:
 
     Raises:
         ValueError: naming ``budgets`` (empty or outside (0, 100]), ``n_traces`` (< 1), ``turns`` (< 2),
-            ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty) or ``executor`` (unknown).
+            ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty, or outside
+            :data:`TRACE_DATASETS`) or ``executor`` (unknown).
     """
     from sur_lab.executors import get_executor
 
@@ -485,8 +511,7 @@ def check_params(p: Mapping[str, Any]) -> None:
     for name, low in (("n_traces", 1), ("turns", 2), ("max_doc_tokens", 8), ("max_new_tokens", 1)):
         if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < low:
             raise ValueError(f"{name}={p[name]!r} must be an integer >= {low}")
-    if not p["datasets"]:
-        raise ValueError("datasets is empty; give at least one QA dataset key")
+    _check_datasets(p["datasets"])
     get_executor(p["executor"])
 
 
@@ -758,28 +783,41 @@ def plot_cost_agreement(table: pd.DataFrame):
     return fig
 
 
+def _plot_groups(table: pd.DataFrame, by: str, names: Sequence[str], xlabel: str, panels: Sequence[tuple[str, str]]):
+    import matplotlib.pyplot as plt
+
+    paths = list(dict.fromkeys(table["path"]))
+    names = [g for g in names if g in set(table[by])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8))
+    width = 0.8 / max(1, len(paths))
+    for i, path in enumerate(paths):
+        t = table[table["path"] == path].set_index(by).reindex(names)
+        x = np.arange(len(names)) + i * width
+        for ax, (col, _) in zip(axes, panels):
+            ax.bar(x, t[col], width, label=path, color=f"C{i}")
+    for ax, (col, label) in zip(axes, panels):
+        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        if col.endswith("_pct"):
+            ax.set_ylim(0, 105)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def plot_regions(regions: pd.DataFrame):
     """Median TTFT (left) and agreement with re-prefill (right) per region of the first change, one bar per path
     (``regions``: :func:`region_table`)."""
-    import matplotlib.pyplot as plt
+    return _plot_groups(regions, "region", (*REGIONS, "all"), "first change of the turn",
+                        (("ttft_ms", "median time to first token (ms)"), ("agree_pct", "agreement with re-prefill (%)")))
 
-    paths = list(dict.fromkeys(regions["path"]))
-    names = [r for r in (*REGIONS, "all") if r in set(regions["region"])]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    width = 0.8 / max(1, len(paths))
-    for i, path in enumerate(paths):
-        t = regions[regions["path"] == path].set_index("region").reindex(names)
-        x = np.arange(len(names)) + i * width
-        axes[0].bar(x, t["ttft_ms"], width, label=path, color=f"C{i}")
-        axes[1].bar(x, t["agree_pct"], width, label=path, color=f"C{i}")
-    for ax, label in ((axes[0], "median time to first token (ms)"), (axes[1], "agreement with re-prefill (%)")):
-        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
-        ax.set_xlabel("first change of the turn")
-        ax.set_ylabel(label)
-    axes[1].set_ylim(0, 105)
-    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    return fig
+
+def plot_kinds(kinds: pd.DataFrame):
+    """Agreement with re-prefill (left) and EM (right) per question kind, one bar per path (``kinds``:
+    :func:`kind_table`)."""
+    return _plot_groups(kinds, "kind", (*QUESTION_KINDS, "reaching", "all"), "question kind",
+                        (("agree_pct", "agreement with re-prefill (%)"), ("em_pct", "exact match (%)")))
 
 
 def _later_wide(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
