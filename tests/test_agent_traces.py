@@ -364,3 +364,22 @@ def test_clustering_by_trace_widens_the_intervals():
     a = at.primary_table(one, n_boot=2_000).set_index("family").loc[at.SPEEDUP_FAMILY.name]
     b = at.primary_table(one, clustered=False, n_boot=2_000).set_index("family").loc[at.SPEEDUP_FAMILY.name]
     assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
+
+
+def test_traces_are_split_by_the_pools_capacity():
+    """Evenly while every dev pool has room, the excess to the datasets with room, never a source twice; the paper
+    preset (>= 48 traces of >= 8 turns, passages capped at 96 tokens) fits the shipped development pools."""
+    assert at.split_traces(9, [16, 16, 48]) == [3, 3, 3]
+    assert at.split_traces(48, [12, 12, 36]) == [12, 12, 24]
+    assert at.split_traces(5, [1, 0, 9]) == [1, 0, 4]
+    with pytest.raises(ValueError, match="n_traces"):
+        at.split_traces(10, [3, 3, 3])
+    paper, default = at.params("paper"), at.params("default")
+    assert paper["n_traces"] >= 48 and paper["turns"] >= 8 and paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
+    try:
+        pools = [[ex for ex in at.load_qa(ds, split="dev") if ex.distractors and ex.supporting]
+                 for ds in paper["datasets"]]
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    split = at.split_traces(paper["n_traces"], [len(pool) // paper["turns"] for pool in pools])
+    assert sum(split) == paper["n_traces"] and all(s * paper["turns"] <= len(p) for s, p in zip(split, pools))

@@ -89,12 +89,12 @@ TABLE_FILE = "turns.parquet"
 #: ``num_threads`` default (0: torch's, every core): a turn's time is prefill-bound, and the chat scaffolding, not the
 #: passages, is most of each prompt. The measured time is in the issue note and on the results page.
 PRESETS = {
-    "smoke": {"n_traces": 1, "turns": 3, "max_doc_tokens": 16, "max_new_tokens": 4},
-    "default": {"n_traces": 12, "turns": 6, "max_doc_tokens": 16, "max_new_tokens": 6},
+    "smoke": {"n_traces": 1, "turns": 4, "max_doc_tokens": 48, "max_new_tokens": 8},
+    "default": {"n_traces": 6, "turns": 6, "max_doc_tokens": 96, "max_new_tokens": 12},
     "paper": {"n_traces": 48, "turns": 8, "max_doc_tokens": 96, "max_new_tokens": 16},
 }
 #: The other parameters at their defaults (the literals of notebook 10's ``parameters`` cell).
-FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa"], "budgets": [2, 5, 10], "executor": "packed"}
+FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa", "musique"], "budgets": [2, 5, 10], "executor": "packed"}
 #: Path labels of the references.
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
@@ -342,28 +342,48 @@ def _check_datasets(datasets: Sequence[str]) -> None:
                          "or formatted gold must be a list of strings)")
 
 
-def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
-    """``p["n_traces"]`` traces of ``p["turns"]`` turns, split evenly over ``p["datasets"]`` (development files), each
-    dataset's sources chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
+def split_traces(n_traces: int, capacities: Sequence[int]) -> list[int]:
+    """How many of ``n_traces`` traces each dataset holds: evenly (the first ``n_traces % k`` datasets one more), each
+    capped at its ``capacity`` (the traces its dev pool can fill with distinct sources), the excess handed one at a
+    time, in dataset order, to the datasets with room. With room everywhere it is the even split.
 
     Raises:
-        ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty, or a dataset outside
-            :data:`TRACE_DATASETS`) or a pool too small.
+        ValueError: naming ``n_traces`` when the capacities hold fewer traces.
+    """
+    k = len(capacities)
+    share = [min(n_traces // k + (1 if d < n_traces % k else 0), int(c)) for d, c in enumerate(capacities)]
+    left = n_traces - sum(share)
+    if left > sum(int(c) - s for c, s in zip(capacities, share)):
+        raise ValueError(f"n_traces={n_traces}: the datasets' dev pools hold {sum(int(c) for c in capacities)} traces "
+                         "of distinct sources at this many turns; lower n_traces or turns, or add a dataset")
+    while left:
+        for d in range(k):
+            if left and share[d] < capacities[d]:
+                share[d] += 1
+                left -= 1
+    return share
+
+
+def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
+    """``p["n_traces"]`` traces of ``p["turns"]`` turns over ``p["datasets"]`` (development files), split by
+    :func:`split_traces` (evenly while every dev pool has room; no source twice in a study), each dataset's sources
+    chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
+
+    Raises:
+        ValueError: naming ``n_traces`` (< 1, or more than the pools hold), ``turns`` (< 2) or ``datasets`` (empty, or
+            a dataset outside :data:`TRACE_DATASETS`).
     """
     if p["n_traces"] < 1:
         raise ValueError(f"n_traces={p['n_traces']} must be >= 1")
     if p["turns"] < 2:
         raise ValueError(f"turns={p['turns']} must be >= 2")
     _check_datasets(p["datasets"])
-    k, turns = len(p["datasets"]), p["turns"]
+    turns = p["turns"]
+    pools = [[ex for ex in load_qa(ds, split="dev") if ex.distractors and ex.supporting] for ds in p["datasets"]]
     traces = []
-    for d, ds in enumerate(p["datasets"]):
-        n = p["n_traces"] // k + (1 if d < p["n_traces"] % k else 0)
+    for pool, n in zip(pools, split_traces(p["n_traces"], [len(pool) // turns for pool in pools])):
         if n == 0:
             continue
-        pool = [ex for ex in load_qa(ds, split="dev") if ex.distractors and ex.supporting]
-        if len(pool) < n * turns:
-            raise ValueError(f"{ds}: need n_traces * turns = {n * turns} sources; the dev pool has {len(pool)}")
         sources = select_sources(pool, n * turns, seed)
         traces += [build_trace(tokenizer, sources[i * turns:(i + 1) * turns], max_doc_tokens=p["max_doc_tokens"])
                    for i in range(n)]
