@@ -269,7 +269,7 @@ def test_tables_and_conclusion_on_hand_made_runs():
     # and 0 losses in 2 appended turns bound the loss rate at 84 %, not 5 %.
     assert "primary (tested alone): 1 not separated" in text
     assert ("sync 5% (reaching questions) vs prefix reuse (reaching questions): not separated at this size, -50.0 pp "
-            "(95 % CI -100.0 to +27.3; 2 turns, 1 discordant; tested alone") in text
+            "(95 % CI -100.0 to +27.3; 2 turns, 1 discordant; Holm over 1 comparison") in text
     assert "sync 5% vs prefix reuse: not separated at this size (not shown faster), 1.73x" in text
     assert ("reask-removed questions (2 turns, gold known on 100 %): agreement with re-prefill sync 5% 50 %, prefix "
             "reuse 100 %; EM re-prefill 100 %, sync 5% 50 %.") in text
@@ -316,19 +316,23 @@ def test_the_conclusion_decides_with_enough_traces():
     runs = _decisive_runs(20)
     text = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs), runs, n_boot=500))
     assert "sync 5% is faster than prefix reuse" in text  # the speed-up over every later turn
-    assert "primary (tested alone): 1 loses to" in text  # 20 of 60 reaching turns lost, all in one direction
+    assert "primary (tested alone): 1 beats" in text
+    # 20 of 60 reaching turns lost, all in one direction
+    assert "agreement on the reaching questions (Holm over 1 comparison): 1 loses to" in text
     assert "sync 5% (reaching questions) loses to prefix reuse (reaching questions): -33.3 pp" in text
     assert "first half: a loss of agreement above 5 points is shown" in text
     assert "Not shown at this size (faster, or within 5 points of agreement) in: append." in text
 
 
-def test_the_primary_is_equivalent_only_with_enough_reaching_turns():
+def test_agreement_is_equivalent_only_with_enough_reaching_turns():
     """No loss on 60 reaching turns puts the 90 % interval inside ±5 points (equivalent); one lost turn in 60 does
     not; the primary counts reaching questions only, never the new ones."""
     table = at.primary_table(_decisive_runs(0), n_boot=500).set_index("family")
-    primary = table.loc["primary"]
-    assert primary.verdict == "equivalent" and primary.n == 60 and primary.tost_high - primary.tost_low < 0.1
-    assert at.primary_table(_decisive_runs(1), n_boot=500).set_index("family").loc["primary"].verdict == "not separated"
+    reaching = table.loc[at.AGREEMENT_FAMILY.name]
+    assert reaching.verdict == "equivalent" and reaching.n == 60 and reaching.tost_high - reaching.tost_low < 0.1
+    one_lost = at.primary_table(_decisive_runs(1), n_boot=500).set_index("family")
+    assert one_lost.loc[at.AGREEMENT_FAMILY.name].verdict == "not separated"
+    assert table.loc["primary"].verdict == one_lost.loc["primary"].verdict == "beats"  # faster, on every turn
     kinds = table.loc[at.KIND_FAMILY.name]
     assert list(kinds.a) == ["sync 5% (new)", "sync 5% (reask-compacted)"] and (kinds.n == 60).all()
 
@@ -351,18 +355,19 @@ def test_clustering_by_trace_widens_the_intervals():
     runs = at.add_cumulative(pd.DataFrame(rows))
     clustered = at.primary_table(runs, n_boot=2_000).set_index("family")
     flat = at.primary_table(runs, clustered=False, n_boot=2_000).set_index("family")
-    for name in ("primary", at.SPEEDUP_FAMILY.name):
+    for name in (at.AGREEMENT_FAMILY.name, "primary"):
         c, f = clustered.loc[name], flat.loc[name]
         assert c.estimate == pytest.approx(f.estimate) and c.n == f.n == 60
         assert c.n_clusters == 12 and f.n_clusters == 60
         assert c.ci_low < f.ci_low and c.ci_high > f.ci_high, name  # wider on both sides
-    assert flat.loc["primary"].p < 0.01 and clustered.loc["primary"].p == pytest.approx(0.5)  # 10 vs 2 discordant units
+    agree = at.AGREEMENT_FAMILY.name
+    assert flat.loc[agree].p < 0.01 and clustered.loc[agree].p == pytest.approx(0.5)  # 10 vs 2 discordant units
     regions = at.region_table(runs, clustered=True).set_index(["region", "path"]).loc[("first half", "sync 5%")]
     flat_regions = at.region_table(runs, clustered=False).set_index(["region", "path"]).loc[("first half", "sync 5%")]
     assert regions.speedup_hi - regions.speedup_lo > flat_regions.speedup_hi - flat_regions.speedup_lo
     one = runs[runs.turn == 1]  # one turn per trace: clusters are the turns
-    a = at.primary_table(one, n_boot=2_000).set_index("family").loc[at.SPEEDUP_FAMILY.name]
-    b = at.primary_table(one, clustered=False, n_boot=2_000).set_index("family").loc[at.SPEEDUP_FAMILY.name]
+    a = at.primary_table(one, n_boot=2_000).set_index("family").loc["primary"]
+    b = at.primary_table(one, clustered=False, n_boot=2_000).set_index("family").loc["primary"]
     assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
 
 
