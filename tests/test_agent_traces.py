@@ -68,7 +68,8 @@ def _own_title_examples(n: int) -> list[QAExample]:
     out = _examples(n)
     out[0] = QAExample("q0", "Which firm did Founder 0 start?", ("Gold 0",), "span",
                        (Passage("Gold 0", "Gold 0 was started by Founder 0 in the year 1900.", True),),
-                       (Passage("Other 0", "An unrelated passage number 0 about rivers and hills.", False),), "hotpotqa")
+                       (Passage("Other 0", "An unrelated passage number 0 about rivers and hills.", False),),
+                       "hotpotqa")
     return out
 
 
@@ -380,7 +381,8 @@ def test_traces_are_split_by_the_pools_capacity():
     with pytest.raises(ValueError, match="n_traces"):
         at.split_traces(10, [3, 3, 3])
     paper, default = at.params("paper"), at.params("default")
-    assert paper["n_traces"] >= 48 and paper["turns"] >= 8 and paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
+    assert paper["n_traces"] >= 48 and paper["turns"] >= 8
+    assert paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
     try:
         pools = [[ex for ex in at.load_qa(ds, split="dev") if ex.distractors and ex.supporting]
                  for ds in paper["datasets"]]

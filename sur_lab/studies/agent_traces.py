@@ -276,7 +276,7 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
             raise ValueError(f"examples[{i}] needs supporting and distractor passages")
     head = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
             {"role": "assistant", "content": PLAN}]
-    blocks: list[dict] = []  # tool calls with their outputs, in prompt order: kind, turn, full (not compacted), messages
+    blocks: list[dict] = []  # tool calls and outputs in prompt order: kind, turn, full (not compacted), messages
     turns = []
     n = len(examples)
     kinds = question_kinds(n)
@@ -834,7 +834,8 @@ def plot_regions(regions: pd.DataFrame):
     """Median TTFT (left) and agreement with re-prefill (right) per region of the first change, one bar per path
     (``regions``: :func:`region_table`)."""
     return _plot_groups(regions, "region", (*REGIONS, "all"), "first change of the turn",
-                        (("ttft_ms", "median time to first token (ms)"), ("agree_pct", "agreement with re-prefill (%)")))
+                        (("ttft_ms", "median time to first token (ms)"),
+                         ("agree_pct", "agreement with re-prefill (%)")))
 
 
 def plot_kinds(kinds: pd.DataFrame):
@@ -883,7 +884,8 @@ def primary_table(runs: pd.DataFrame, *, sync: str = "sync 5%", clustered: bool 
     kw = dict(decide=decide, n_boot=n_boot, seed=seed)
 
     def agree(mask):
-        return (wide["agree"][sync].astype(float).to_numpy()[mask], wide["agree"][PREFIX].astype(float).to_numpy()[mask])
+        return (wide["agree"][sync].astype(float).to_numpy()[mask],
+                wide["agree"][PREFIX].astype(float).to_numpy()[mask])
 
     def times(mask):
         return wide["ttft_ms"][sync].to_numpy(float)[mask], wide["ttft_ms"][PREFIX].to_numpy(float)[mask]
@@ -914,10 +916,10 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
     ``sync``'s numbers against prefix reuse; per question kind ``sync``'s, Shift's and prefix reuse's agreement with
     re-prefill and EM; the declared comparisons (:func:`primary_table`: the primary, whether ``sync`` is faster than
     prefix reuse over every later turn; whether it keeps re-prefill's answers on the reaching questions as prefix
-    reuse does, within the margin, and the same per kind; the speed-up by region); per region whether ``sync`` is shown to lose at most
-    ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions.bound_claim` on its loss turns); and where
-    ``sync`` should not be used (prefix reuse shown faster, or a loss above the tolerance shown) or where this size
-    shows neither.
+    reuse does, within the margin, and the same per kind; the speed-up by region); per region whether ``sync`` is
+    shown to lose at most ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions.bound_claim` on its
+    loss turns); and where ``sync`` should not be used (prefix reuse shown faster, or a loss above the tolerance shown)
+    or where this size shows neither.
 
     Args:
         regions: :func:`region_table`; summary: :func:`summary_table`; runs: the per-turn rows behind them.
