@@ -83,11 +83,14 @@ FOLDER = "10_agent_traces"
 #: The study's own per-turn table in its folder (not ``records.parquet``: a turn is not a one-edit sweep record).
 TABLE_FILE = "turns.parquet"
 #: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
-#: (notebook 10's ``model_name``): 72 turns, prompts of a few hundred to about eight hundred tokens, about 1.0e5
-#: tokens forwarded over all paths (counted from the traces' token diffs). Its passage cap (16 tokens with the title
-#: line) and answer length (6 tokens) keep it within issue 27's 20 minutes on 2 cores, with notebook 10's
-#: ``num_threads`` default (0: torch's, every core): a turn's time is prefill-bound, and the chat scaffolding, not the
-#: passages, is most of each prompt. The measured time is in the issue note and on the results page.
+#: (notebook 10's ``model_name``): 6 traces (two per dataset) of 6 turns, 30 later turns of which 24 ask a reaching
+#: question, passages capped at 96 tokens (issue 40: at 16 tokens the gold span was in the turn's own output in 19 of
+#: 57 turns, at 96 in 49), prompts of about 300 to 1,500 tokens, about 1.2e5 tokens forwarded over all paths (counted
+#: from the traces' token diffs: as many as the earlier 12 traces of 6 turns at a 16-token cap, notebook 10's share of
+#: the suite on 2 cores). Six traces are the fewest whose clustered sign-flip test can decide the primary (six traces
+#: that all gain: p = 2/64). ``paper``: 48 traces of 8 turns (split by the dev pools' capacity, :func:`split_traces`),
+#: 288 reaching turns: the size at which the agreement margin can be decided. The measured time is in the issue note
+#: and on the results page.
 PRESETS = {
     "smoke": {"n_traces": 1, "turns": 4, "max_doc_tokens": 48, "max_new_tokens": 8},
     "default": {"n_traces": 6, "turns": 6, "max_doc_tokens": 96, "max_new_tokens": 12},
