@@ -85,7 +85,7 @@ STATUSES = ("finished", "failed", "missing")
 #: The notebook parameters that name a model, and the one that names the dtype.
 MODEL_PARAMETERS = ("model_name", "robustness_model")
 #: The module whose presence in a notebook's imports means that it reads the QA data.
-DATA_MODULE = "sur_lab.studies.datasets"
+DATA_MODULE = "sur_lab.data.qa"
 #: CPU flags that change how fast (or whether) a dtype's matrix products run; the manifest keeps these only.
 CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
@@ -338,12 +338,25 @@ def notebook_inputs(notebook: Path, parameters: Mapping[str, Any] | None = None,
         "files": files,
         "parameters": params,
         "model": model_inputs(values),
-        "dtype": str(values.get("dtype", "float32")),
+        "dtype": _resolved_dtype(values),
         "versions": {"python": ".".join(map(str, sys.version_info[:2])), "torch": _version("torch"),
                      "transformers": _version("transformers")},
         "data": data_hash() if reads_data else None,
     }
     return {"fingerprint": digest(fields), **fields}
+
+
+def _resolved_dtype(values: Mapping[str, Any]) -> str:
+    """The dtype a notebook's run computes in (``"auto"`` resolved for its ``device`` on this machine by
+    :func:`sur_lab.models.resolve_dtype`, so the manifest names what ran, e.g. ``"float32"``)."""
+    from sur_lab.models import resolve_dtype
+
+    dtype = values.get("dtype", "float32")
+    try:
+        resolved, _ = resolve_dtype(dtype, values.get("device", "cpu"))
+    except ValueError:
+        return str(dtype)  # the notebook's own validation names the argument when it runs
+    return str(resolved).removeprefix("torch.")
 
 
 def compare_inputs(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -72,8 +72,8 @@ from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
 from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
-from sur_lab.studies.datasets import QAExample, load_qa, select_sources
-from sur_lab.studies.noprefix.composition import truncate_text
+from sur_lab.data.qa import QAExample, load_qa, select_sources
+from sur_lab.data.text import truncate_text
 from sur_lab.sync import SyncPolicy
 
 #: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
@@ -374,7 +374,7 @@ def split_traces(n_traces: int, capacities: Sequence[int]) -> list[int]:
 def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
     """``p["n_traces"]`` traces of ``p["turns"]`` turns over ``p["datasets"]`` (development files), split by
     :func:`split_traces` (evenly while every dev pool has room; no source twice in a study), each dataset's sources
-    chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
+    chosen by one seeded selection (:func:`~sur_lab.data.qa.select_sources`) before any model output is seen.
 
     Raises:
         ValueError: naming ``n_traces`` (< 1, or more than the pools hold), ``turns`` (< 2) or ``datasets`` (empty, or
