@@ -127,6 +127,17 @@ def _trace_runs(df: pd.DataFrame, params: dict) -> None:
     assert (prefix["recomputed"] == prefix["tokens"] - prefix["first_change"]).all(), "prefix reuse: from the change"
 
 
+def _trace_kinds(df: pd.DataFrame, params: dict) -> None:
+    from sur_lab.studies import agent_traces
+
+    turns = _trace_sizes(params)["turns"]
+    want = set(agent_traces.question_kinds(turns)[1:]) | {"all"}  # the later turns' kinds
+    want |= {"reaching"} if want & set(agent_traces.REACHING) else set()
+    assert set(df["kind"]) == want, sorted(set(df["kind"]))
+    ref = df[df["path"] == "re-prefill"]
+    assert (ref["agree_pct"] == 100.0).all(), "re-prefill must agree with itself"
+
+
 def _agent_reference(df: pd.DataFrame, params: dict) -> None:
     ref = df[df["arm"] == "Re-prefill"]
     assert len(ref) == 1
@@ -749,11 +760,11 @@ EXPECTED: dict[str, Expected] = {
         },
     ),
     "10_agent_traces": Expected(
-        figures=("10_agent_traces_cost_agreement", "10_agent_traces_regions"),
+        figures=("10_agent_traces_cost_agreement", "10_agent_traces_regions", "10_agent_traces_kinds"),
         tables={
             "10_agent_traces_runs": Table(
-                columns=("trace", "turn", "edits", "path", "sync_path", "first_change", "region", "recomputed",
-                         "ttft_ms", "prediction", "agree", "em", "cum_recomputed", "cost_ratio"),
+                columns=("trace", "turn", "edits", "kind", "known", "path", "sync_path", "first_change", "region",
+                         "recomputed", "ttft_ms", "prediction", "agree", "em", "cum_recomputed", "cost_ratio"),
                 rows=lambda p: _trace_sizes(p)["n_traces"] * _trace_sizes(p)["turns"] * _trace_paths(p),
                 not_null=("recomputed", "ttft_ms", "cum_ttft_ms", "cost_ratio"), check=_trace_runs),
             "10_agent_traces_per_turn": Table(columns=("path", "turn", "ttft_ms", "agree_pct", "cost_ratio"),
@@ -762,6 +773,9 @@ EXPECTED: dict[str, Expected] = {
             "10_agent_traces_regions": Table(columns=("region", "path", "turns", "ttft_ms", "speedup", "agree_pct",
                                                       "agree_diff_pp", "losses", "loss_upper_pct"),
                                              not_null=("ttft_ms", "speedup", "loss_upper_pct")),
+            "10_agent_traces_kinds": Table(columns=("kind", "path", "turns", "known_pct", "agree_pct", "em_pct",
+                                                    "agree_diff_pp", "losses"),
+                                           not_null=("agree_pct", "em_pct", "known_pct"), check=_trace_kinds),
             "10_agent_traces_summary": Table(
                 columns=("path", "turns", "ttft_ms", "agree_pct", "em_pct", "cost_ratio", "time_ratio"),
                 rows=_trace_paths, not_null=("agree_pct", "cost_ratio")),

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sur_lab.analysis.scoring import exact_match
 from sur_lab.edits import chat_segments, tokenize_segments
 from sur_lab.studies import agent_traces as at
 from sur_lab.studies import get_study
@@ -34,16 +35,84 @@ def test_trace_edits_follow_the_schedule():
     turns = trace["turns"]
     assert [t["edits"] for t in turns] == ["prefill", "append", "remove+append", "compact+plan+append",
                                            "compact+remove+append", "compact+append"]
+    assert [t["kind"] for t in turns] == ["new", "new", "reask-removed", "format", "reask-compacted", "combine"]
+    assert [t["asks"] for t in turns] == [[0], [1], [1], [3], [1], [3, 4]]
     for t, turn in enumerate(turns):
         text = "\n".join(m["content"] for m in turn["messages"])
-        assert turn["question"] == f"Who founded company {t}?" and turn["answers"] == [f"Founder {t}"]
-        assert f"Founder {t}" in text  # the turn's supporting passage is in its prompt
+        for k in turn["asks"]:
+            assert f"Who founded company {k}?" in turn["question"]
+        assert turn["format"] == (t >= 3)
+        if turn["kind"] in ("new", "format"):
+            assert f"Founder {t}" in text  # the turn's supporting passage is in its prompt
     assert turns[1]["messages"][: len(turns[0]["messages"])] == turns[0]["messages"]  # turn 1 only appends
     lookups = [m["content"].split(":")[0] for m in turns[2]["messages"] if m["content"].startswith("Lookup")]
     assert lookups == ["Lookup 1", "Lookup 3"]  # the previous turn's lookup removed (superseded)
     assert turns[3]["messages"][2]["content"] == at.REWRITTEN and turns[2]["messages"][2]["content"] == at.PLAN
-    summaries = [m["content"] for m in turns[3]["messages"] if m["content"].startswith("Search (summarised)")]
-    assert summaries == ["Search (summarised): Gold 0."]  # the oldest search compacted to its titles
+    summaries = [m["content"] for m in turns[3]["messages"] if "(summarised)" in m["content"]]
+    assert summaries == ["Search 1 (summarised): Gold 0."]  # the oldest search compacted to its titles
+
+
+def test_question_kinds_follow_the_edits():
+    assert at.question_kinds(8) == ["new", "new", "reask-removed", "reask-compacted", "format", "combine",
+                                    "reask-removed", "reask-compacted"]
+    assert at.question_kinds(2) == ["new", "format"]
+    for turns in (6, 8, 12):
+        assert set(at.question_kinds(turns)) == set(at.QUESTION_KINDS)  # every kind at the default and paper sizes
+    for bad in (1, 2.0, True):
+        with pytest.raises(ValueError, match="turns"):
+            at.question_kinds(bad)
+
+
+def _own_title_examples(n: int) -> list[QAExample]:
+    """As :func:`_examples`, but source 0's answer is its passage's title, so it survives the compaction."""
+    out = _examples(n)
+    out[0] = QAExample("q0", "Which firm did Founder 0 start?", ("Gold 0",), "span",
+                       (Passage("Gold 0", "Gold 0 was started by Founder 0 in the year 1900.", True),),
+                       (Passage("Other 0", "An unrelated passage number 0 about rivers and hills.", False),),
+                       "hotpotqa")
+    return out
+
+
+def test_gold_is_reachable_only_from_the_stated_text():
+    """Each question's gold comes from the tool outputs it names, as they stand in that turn's prompt: a re-asked
+    question after a removal from the surviving search output downstream of it; after a compaction from the summary
+    when the answer is a title, else "unknown" (and then the answer is nowhere in the prompt); a combined question
+    from two earlier outputs; and from the plan rewrite on every gold carries the new answer format."""
+    from sur_lab.analysis.scoring import normalize_answer
+
+    tok = qwen_tokenizer()
+    examples = _own_title_examples(8)
+    turns = at.build_trace(tok, examples, max_doc_tokens=32)["turns"]
+    assert [t["kind"] for t in turns] == at.question_kinds(8)
+    for t, turn in enumerate(turns):
+        prefix = f"{at.FORMAT_PREFIX} " if t >= 4 else ""
+        heads = [e.capitalize() + ":" for e in turn["evidence"]]  # "search 2" -> the output "Search 2: ..."
+        stated = [m["content"] for h in heads for m in turn["messages"] if m["content"].startswith(h)]
+        assert len(stated) == len(turn["asks"])
+        others = [m["content"] for m in turn["messages"] if m["content"] not in stated]
+        parts = []
+        for k, text in zip(turn["asks"], stated):
+            answer = normalize_answer(examples[k].answers[0])
+            elsewhere = any(answer in normalize_answer(o) for o in others)
+            assert not elsewhere, (t, k)  # nowhere but in the stated output (or nowhere at all)
+            if answer in normalize_answer(text):
+                parts.append(examples[k].answers[0])
+            else:
+                parts.append("unknown")
+        want = prefix + "; ".join(parts)
+        assert turn["answers"][0] == want, (t, turn["answers"][0])
+        assert turn["known"] == ("unknown" not in parts)
+        if "unknown" in parts:
+            assert set(turn["answers"]) >= {prefix + "; ".join(p if p != "unknown" else "none" for p in parts)}
+    by_kind = {t["kind"]: t for t in turns[::-1]}  # the first turn of each kind
+    assert turns[2]["evidence"] == ["search 2"] and turns[2]["known"]  # lookup 2 removed, search 2 survives after it
+    assert turns[3]["evidence"] == ["search 1 (summarised)"] and turns[3]["answers"][0] == "Gold 0"  # from the title
+    assert turns[7]["evidence"] == ["search 5 (summarised)"] and turns[7]["answers"][0] == "Final: unknown"
+    assert by_kind["combine"]["answers"][0] == "Final: Founder 3; Founder 4"
+    assert by_kind["format"]["answers"][0] == "Final: Founder 4"
+    assert at.reachable(["yes"], "Search (summarised): A; B.", full=False) is False
+    assert at.reachable(["yes"], "Search 1:\nTitle: A", full=True) is True
+    assert at.reachable(["Founder 1"], "Founder 12 was here", full=True) is False  # whole words only
 
 
 def test_trace_regions_from_the_token_diff():
@@ -88,6 +157,12 @@ def test_bad_arguments_are_refused():
         at.sweep(None, workers=2)
     with pytest.raises(ValueError, match="turns"):
         at.build_traces(tok, at.params("smoke", turns=1))
+    with pytest.raises(ValueError, match="datasets"):
+        at.build_traces(tok, at.params("smoke", datasets=["hotpotqa", "iirc"]))
+    with pytest.raises(ValueError, match="by"):
+        at.comparison_table(_runs(), "turn")
+    with pytest.raises(ValueError, match="sync"):
+        at.primary_table(_runs(), sync="sync 7%")
     assert get_study("agent-traces") is at
 
 
@@ -111,6 +186,9 @@ def test_run_trace_on_a_tiny_model():
     repaired = later[(later.turn > 1) & (later.path == "sync 5%")]
     assert (repaired.sync_path == "repair").all()
     assert (repaired.allowance == np.ceil(repaired.stale_rows * 5 / 100)).all()
+    assert list(ref.kind) == at.question_kinds(4) and list(ref.plan_format) == [False, False, True, True]
+    gold = {t: turn["answers"] for t, turn in enumerate(trace["turns"])}
+    assert all(r.em == exact_match(r.prediction, gold[r.turn]) for r in df.itertuples())  # EM against the turn's gold
     last = df[df.turn == 3].set_index("path")
     assert last.loc[at.REFERENCE, "cost_ratio"] == 1.0
     assert last.loc[at.REFERENCE, "cum_recomputed"] == ref.tokens.sum()
@@ -168,8 +246,10 @@ def _runs() -> pd.DataFrame:
                 if turn == 0:
                     ttft, rec = 400.0, 80
                 agree = not (path == "sync 5%" and turn == 2 and trace == "b")
-                rows.append({"trace": trace, "turn": turn, "path": path, "region": region, "ttft_ms": ttft,
-                             "recomputed": rec, "agree": agree, "em": agree, "tokens": 80})
+                kind = {0: "new", 1: "new", 2: "reask-removed"}[turn]
+                rows.append({"trace": trace, "turn": turn, "path": path, "region": region, "kind": kind,
+                             "known": True, "ttft_ms": ttft, "recomputed": rec, "agree": agree, "em": agree,
+                             "tokens": 80})
     return at.add_cumulative(pd.DataFrame(rows))
 
 
@@ -189,7 +269,16 @@ def test_tables_and_conclusion_on_hand_made_runs():
     # Two traces decide nothing: a speed-up on both traces is not "faster" (no test on two clusters reaches 5 %),
     # and 0 losses in 2 appended turns bound the loss rate at 84 %, not 5 %.
     assert "primary (tested alone): 1 not separated" in text
+    assert ("sync 5% (reaching questions) vs prefix reuse (reaching questions): not separated at this size, -50.0 pp "
+            "(95 % CI -100.0 to +27.3; 2 turns, 1 discordant; Holm over 1 comparison") in text
     assert "sync 5% vs prefix reuse: not separated at this size (not shown faster), 1.73x" in text
+    assert ("reask-removed questions (2 turns, gold known on 100 %): agreement with re-prefill sync 5% 50 %, prefix "
+            "reuse 100 %; EM re-prefill 100 %, sync 5% 50 %.") in text
+    kinds = at.kind_table(runs).set_index(["kind", "path"])
+    assert list(dict.fromkeys(kinds.index.get_level_values("kind"))) == ["new", "reask-removed", "reaching", "all"]
+    lost = kinds.loc[("reask-removed", "sync 5%")]
+    assert lost.agree_pct == 50.0 and lost.losses == 1 and lost.known_pct == 100.0 and lost.agree_diff_pp == -50.0
+    assert kinds.loc[("new", "sync 5%")].agree_pct == 100.0 and kinds.loc[("all", "sync 5%")].turns == 4
     assert ("append: sync 5% loses re-prefill's answer that prefix reuse kept on 0 % (0 of 2 turns; 95 % CI 0 % to "
             "84 %): at most 5 % not shown at this size (upper bound 84 %)") in text
     assert "should not be used" not in text and "Not shown at this size" in text
@@ -206,7 +295,9 @@ def test_tables_and_conclusion_on_hand_made_runs():
         at.region_table(runs, against="nope")
 
 
-def test_the_conclusion_decides_with_enough_traces():
+def _decisive_runs(losing: int = 20) -> pd.DataFrame:
+    """60 traces of two later turns: an append asking a new question, then a first-half change asking a re-ask of a
+    compacted output, on which sync 5% loses re-prefill's answer in the first ``losing`` traces."""
     rows = []
     rng = np.random.default_rng(0)
     for t in range(60):
@@ -215,11 +306,87 @@ def test_the_conclusion_decides_with_enough_traces():
                 ttft = {"sync 5%": 100.0, at.PREFIX: 300.0, at.REFERENCE: 400.0}[path] * rng.uniform(0.9, 1.1)
                 if region == "append" and path != at.REFERENCE:
                     ttft = 50.0 * rng.uniform(0.9, 1.1)
-                lost = path == "sync 5%" and region == "first half" and t < 20  # a third of the first-half turns
-                rows.append({"trace": f"t{t}", "turn": turn, "path": path, "region": region, "ttft_ms": ttft,
-                             "recomputed": 10, "agree": not lost, "em": not lost, "tokens": 80})
-    runs = at.add_cumulative(pd.DataFrame(rows))
+                lost = path == "sync 5%" and region == "first half" and t < losing  # a third of the first-half turns
+                rows.append({"trace": f"t{t}", "turn": turn, "path": path, "region": region,
+                             "kind": "new" if region == "append" else "reask-compacted", "known": True,
+                             "ttft_ms": ttft, "recomputed": 10, "agree": not lost, "em": not lost, "tokens": 80})
+    return at.add_cumulative(pd.DataFrame(rows))
+
+
+def test_the_conclusion_decides_with_enough_traces():
+    runs = _decisive_runs(20)
     text = "\n".join(at.conclusion(at.region_table(runs), at.summary_table(runs), runs, n_boot=500))
-    assert "sync 5% is faster than prefix reuse" in text  # the primary, over every later turn
+    assert "sync 5% is faster than prefix reuse" in text  # the speed-up over every later turn
+    assert "primary (tested alone): 1 beats" in text
+    # 20 of 60 reaching turns lost, all in one direction
+    assert "agreement on the reaching questions (Holm over 1 comparison): 1 loses to" in text
+    assert "sync 5% (reaching questions) loses to prefix reuse (reaching questions): -33.3 pp" in text
     assert "first half: a loss of agreement above 5 points is shown" in text
     assert "Not shown at this size (faster, or within 5 points of agreement) in: append." in text
+
+
+def test_agreement_is_equivalent_only_with_enough_reaching_turns():
+    """No loss on 60 reaching turns puts the 90 % interval inside ±5 points (equivalent); one lost turn in 60 does
+    not; the primary counts reaching questions only, never the new ones."""
+    table = at.primary_table(_decisive_runs(0), n_boot=500).set_index("family")
+    reaching = table.loc[at.AGREEMENT_FAMILY.name]
+    assert reaching.verdict == "equivalent" and reaching.n == 60 and reaching.tost_high - reaching.tost_low < 0.1
+    one_lost = at.primary_table(_decisive_runs(1), n_boot=500).set_index("family")
+    assert one_lost.loc[at.AGREEMENT_FAMILY.name].verdict == "not separated"
+    assert table.loc["primary"].verdict == one_lost.loc["primary"].verdict == "beats"  # faster, on every turn
+    kinds = table.loc[at.KIND_FAMILY.name]
+    assert list(kinds.a) == ["sync 5% (new)", "sync 5% (reask-compacted)"] and (kinds.n == 60).all()
+
+
+def test_clustering_by_trace_widens_the_intervals():
+    """Turns of a trace are not independent: when the losses and the speed-ups concentrate in a few traces the
+    clustered intervals (the declared analysis) are wider than the turn-level ones; when each trace holds one turn,
+    clustering changes nothing for the ratio (the same bootstrap draws) and the binary interval stays the hull."""
+    rows = []
+    rng = np.random.default_rng(1)
+    for t in range(12):
+        slow = 1.0 if t < 6 else 4.0  # half the traces gain little, half a lot
+        for turn in range(1, 6):
+            for path in ("sync 5%", at.PREFIX, at.REFERENCE):
+                ttft = {"sync 5%": 100.0, at.PREFIX: 100.0 * slow * 1.2, at.REFERENCE: 500.0}[path]
+                lost = path == "sync 5%" and t < 2  # every reaching turn of two traces lost
+                rows.append({"trace": f"t{t}", "turn": turn, "path": path, "region": "first half",
+                             "kind": "reask-removed", "known": True, "ttft_ms": ttft * rng.uniform(0.95, 1.05),
+                             "recomputed": 10, "agree": not lost, "em": not lost, "tokens": 80})
+    runs = at.add_cumulative(pd.DataFrame(rows))
+    clustered = at.primary_table(runs, n_boot=2_000).set_index("family")
+    flat = at.primary_table(runs, clustered=False, n_boot=2_000).set_index("family")
+    for name in (at.AGREEMENT_FAMILY.name, "primary"):
+        c, f = clustered.loc[name], flat.loc[name]
+        assert c.estimate == pytest.approx(f.estimate) and c.n == f.n == 60
+        assert c.n_clusters == 12 and f.n_clusters == 60
+        assert c.ci_low < f.ci_low and c.ci_high > f.ci_high, name  # wider on both sides
+    agree = at.AGREEMENT_FAMILY.name
+    assert flat.loc[agree].p < 0.01 and clustered.loc[agree].p == pytest.approx(0.5)  # 10 vs 2 discordant units
+    regions = at.region_table(runs, clustered=True).set_index(["region", "path"]).loc[("first half", "sync 5%")]
+    flat_regions = at.region_table(runs, clustered=False).set_index(["region", "path"]).loc[("first half", "sync 5%")]
+    assert regions.speedup_hi - regions.speedup_lo > flat_regions.speedup_hi - flat_regions.speedup_lo
+    one = runs[runs.turn == 1]  # one turn per trace: clusters are the turns
+    a = at.primary_table(one, n_boot=2_000).set_index("family").loc["primary"]
+    b = at.primary_table(one, clustered=False, n_boot=2_000).set_index("family").loc["primary"]
+    assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
+
+
+def test_traces_are_split_by_the_pools_capacity():
+    """Evenly while every dev pool has room, the excess to the datasets with room, never a source twice; the paper
+    preset (>= 48 traces of >= 8 turns, passages capped at 96 tokens) fits the shipped development pools."""
+    assert at.split_traces(9, [16, 16, 48]) == [3, 3, 3]
+    assert at.split_traces(48, [12, 12, 36]) == [12, 12, 24]
+    assert at.split_traces(5, [1, 0, 9]) == [1, 0, 4]
+    with pytest.raises(ValueError, match="n_traces"):
+        at.split_traces(10, [3, 3, 3])
+    paper, default = at.params("paper"), at.params("default")
+    assert paper["n_traces"] >= 48 and paper["turns"] >= 8
+    assert paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
+    try:
+        pools = [[ex for ex in at.load_qa(ds, split="dev") if ex.distractors and ex.supporting]
+                 for ds in paper["datasets"]]
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    split = at.split_traces(paper["n_traces"], [len(pool) // paper["turns"] for pool in pools])
+    assert sum(split) == paper["n_traces"] and all(s * paper["turns"] <= len(p) for s, p in zip(split, pools))

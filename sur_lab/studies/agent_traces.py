@@ -8,12 +8,20 @@ and a *search* result (the supporting passages), and the edits agent runtimes ma
 - turn 1: a new turn appended, nothing else (the common agent turn);
 - even turns from 2: the previous turn's lookup is removed with its call (superseded by that turn's search);
 - turns from 3: the oldest full search output is compacted into a one-line summary (its titles);
-- turn ``turns // 2``: the plan, near the start, is rewritten;
+- turn ``turns // 2``: the plan, near the start, is rewritten, and it changes the answer format (every answer from
+  then on begins with :data:`FORMAT_PREFIX`);
 - every turn: the new tool outputs appended at the end.
 
-After each turn the turn's question is asked (its supporting passages are in the prompt at that turn), so the answer
-depends on the current context. Every path follows the same prompts with its own :class:`~sur_lab.session.EditSession`,
-so staleness left by a budgeted sync carries into later turns as it would in an agent loop:
+After each turn one question is asked, of a kind fixed by the schedule (:func:`question_kinds`, issue 40) so that most
+questions need edited or earlier text, not only the output appended that turn: ``new`` (the turn's own question, the
+control), ``reask-removed`` (the previous turn's question again after its lookup was removed: the answer sits in its
+search output, downstream of the removal), ``reask-compacted`` (the question of the output compacted that turn: the
+answer must come from its summary, or be "unknown"), ``combine`` (the two previous turns' questions answered together)
+and ``format`` (the turn's own question right after the plan rewrite, in the new format). The gold of each question is
+defined by the text that survives in that turn's prompt (:func:`build_trace`): a source answer where it can be read
+from the named tool output, else "unknown" (:data:`UNKNOWN`; the system message asks for it). Every path follows the
+same prompts with its own :class:`~sur_lab.session.EditSession`, so staleness left by a budgeted sync carries into
+later turns as it would in an agent loop:
 
 - ``sync b %``: :meth:`~sur_lab.session.EditSession.sync` with SUR at b % of the stale rows, always repairing
   (``SyncPolicy(0, 1.0)``: the study measures the raw repair; :class:`sur_lab.sync.SyncPolicy`'s defaults are chosen
@@ -26,8 +34,11 @@ so staleness left by a budgeted sync carries into later turns as it would in an 
 Per (trace, turn, path) the study records the sync's path and row counts (:class:`~sur_lab.sync.SyncRecord`), the time
 to first answer token (TTFT = the sync call + the query forward, unbatched, one request at a time), the tokens
 recomputed, the greedy answer (its first token from that timed forward, the rest decoded for the turn's paths
-together: a quality endpoint), EM against the gold answers and agreement with re-prefill's answer, and the cumulative
-cost over the trace so far.
+together: a quality endpoint), the question's kind, EM against the turn's gold and agreement with re-prefill's
+answer, and the cumulative cost over the trace so far. The report breaks agreement and EM down by question kind
+(:func:`kind_table`) and by where the turn's first change lands (:func:`region_table`); every interval resamples whole
+traces (a trace's turns are one cluster, :func:`sur_lab.analysis.decisions.paired_family`'s ``cluster``), the TTFT
+ratio's included, and the declared comparisons are :func:`primary_table`'s.
 
 Records: these per-turn rows are the study's own table, not :class:`sur_lab.sweeps.Record` objects. A sweep record is
 one repair of one prepared edit (:func:`sur_lab.sweeps.run_case` prepares a case once and repairs it with every method
@@ -37,7 +48,7 @@ and a sync is a diff of many edits rather than one span. The table is stored in 
 each finished trace is also written at once to a part file (:func:`trace_part`), so an interrupted run resumes.
 
 Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
-Eq. 3 (allowance), appendix 7.5 (EM, agreement); issue 27.
+Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
 """
 
 from __future__ import annotations
@@ -55,8 +66,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, PowerBasis
-from sur_lab.analysis.scoring import agreement, extract_answer, score_example
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis
+from sur_lab.analysis.scoring import NONE_PREDICTIONS, agreement, exact_match, extract_answer, normalize_answer
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
 from sur_lab.models import LoadedModel
@@ -72,45 +83,79 @@ FOLDER = "10_agent_traces"
 #: The study's own per-turn table in its folder (not ``records.parquet``: a turn is not a one-edit sweep record).
 TABLE_FILE = "turns.parquet"
 #: Study sizes by preset (:func:`sur_lab.studies.presets.study_params`). ``default`` runs the Qwen study model
-#: (notebook 10's ``model_name``): 72 turns, prompts of a few hundred to about eight hundred tokens, about 1.0e5
-#: tokens forwarded over all paths (counted from the traces' token diffs). Its passage cap (16 tokens with the title
-#: line) and answer length (6 tokens) keep it within issue 27's 20 minutes on 2 cores, with notebook 10's
-#: ``num_threads`` default (0: torch's, every core): a turn's time is prefill-bound, and the chat scaffolding, not the
-#: passages, is most of each prompt. The measured time is in the issue note and on the results page.
+#: (notebook 10's ``model_name``): 6 traces (two per dataset) of 6 turns, 30 later turns of which 24 ask a reaching
+#: question, passages capped at 96 tokens (issue 40: at 16 tokens the gold span was in the turn's own output in 19 of
+#: 57 turns, at 96 in 49), prompts of about 300 to 1,500 tokens, about 1.2e5 tokens forwarded over all paths (counted
+#: from the traces' token diffs: as many as the earlier 12 traces of 6 turns at a 16-token cap, notebook 10's share of
+#: the suite on 2 cores). Six traces are the fewest whose clustered sign-flip test can decide the primary (six traces
+#: that all gain: p = 2/64). ``paper``: 48 traces of 8 turns (split by the dev pools' capacity, :func:`split_traces`),
+#: 288 reaching turns: the size at which the agreement margin can be decided. The measured time is in the issue note
+#: and on the results page.
 PRESETS = {
-    "smoke": {"n_traces": 1, "turns": 3, "max_doc_tokens": 16, "max_new_tokens": 4},
-    "default": {"n_traces": 12, "turns": 6, "max_doc_tokens": 16, "max_new_tokens": 6},
+    "smoke": {"n_traces": 1, "turns": 4, "max_doc_tokens": 48, "max_new_tokens": 8},
+    "default": {"n_traces": 6, "turns": 6, "max_doc_tokens": 96, "max_new_tokens": 12},
     "paper": {"n_traces": 48, "turns": 8, "max_doc_tokens": 96, "max_new_tokens": 16},
 }
 #: The other parameters at their defaults (the literals of notebook 10's ``parameters`` cell).
-FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa"], "budgets": [2, 5, 10], "executor": "packed"}
+FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa", "musique"], "budgets": [2, 5, 10], "executor": "packed"}
 #: Path labels of the references.
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
 REGIONS = ("append", "first half", "second half")
-#: The declared comparisons of notebook 10 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run: the
-#: lead sync path against prefix reuse on time to first token, paired by turn with a trace's turns clustered; "faster"
-#: needs the speed-up's interval above 1. The primary pools every turn after the first; the family splits them by
-#: where the turn's first change lands.
-PRIMARY = Family("primary", "ratio", "prefix reuse's TTFT over the lead sync path's on every turn after the first",
-                 primary=True)
 #: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. The SD over traces of a
 #: trace's mean log TTFT ratio (prefix reuse over sync, turns after the first) is taken as 0.2 (a trace's speed-up
 #: within about ±20 %), for CPU timings on a shared 2-core machine; a measured default run replaces it.
 PRIMARY_POWER = PowerBasis(0.2, "a planning value (no published spread): 0.2 per trace, timings on a shared CPU",
                            unit="x")
-REGION_FAMILY = Family("speed-up by region of the first change", "ratio",
-                       "prefix reuse's TTFT over the lead sync path's within each region of the first change")
-#: "No more than 5 points of agreement lost against prefix reuse" is claimed only when the exact (Clopper–Pearson)
-#: upper bound of the rate of turns on which the sync path loses re-prefill's answer that prefix reuse kept is at most
-#: this (issue 27's tolerance; :func:`sur_lab.analysis.decisions.bound_claim`). Turns count as units here: the bound
-#: is exact per turn and conservative in ignoring the turns sync gains.
-MAX_AGREEMENT_LOSS = 0.05
 
-SYSTEM = "You are a research agent. Tool outputs arrive in turns; answer each question with a short answer only."
+SYSTEM = ("You are a research agent. Tool outputs arrive in turns; answer each question with a short answer only, "
+          "from the tool outputs shown; if they do not give it, answer 'unknown'.")
 TASK = "Task: answer the user's questions from the tool outputs below."
 PLAN = "Plan: read each tool output, keep what answers the question, drop what is superseded, then answer briefly."
-REWRITTEN = "Plan (revised): older outputs are summarised; use the latest search results, then answer in a few words."
+#: The answer format the revised plan asks for: every answer from the rewrite turn on begins with it.
+FORMAT_PREFIX = "Final:"
+REWRITTEN = ("Plan (revised): older outputs are summarised; use the latest search results. From now on begin every "
+             f"answer with '{FORMAT_PREFIX}', e.g. '{FORMAT_PREFIX} Paris'.")
+#: Question kinds (issue 40): what the question of a turn needs. ``new``: the turn's own question, its evidence in the
+#: search output appended that turn (the control); ``reask-removed``: the previous turn's question again, after that
+#: turn's lookup was removed (its search output survives, downstream of the removal); ``reask-compacted``: the question
+#: of the turn whose search output was compacted this turn (the answer is in its one-line summary, or "unknown");
+#: ``combine``: the questions of the two turns before, answered together ("first; second"), from their two search
+#: outputs; ``format``: the turn's own question on the turn the plan is rewritten to a new answer format.
+QUESTION_KINDS = ("new", "reask-removed", "reask-compacted", "combine", "format")
+#: The kinds whose question reaches edited or earlier text (every kind but ``new``).
+REACHING = QUESTION_KINDS[1:]
+#: The gold of a question whose answer did not survive: "unknown" and the usual phrasings of it
+#: (:data:`sur_lab.analysis.scoring.NONE_PREDICTIONS`), "unknown" first.
+UNKNOWN = ("unknown", *(s for s in NONE_PREDICTIONS if s != "unknown"))
+#: "No more than 5 points of agreement lost against prefix reuse" (issue 27's tolerance): the equivalence margin of the
+#: agreement comparisons, and the bound of the per-region loss claims: claimed only when the exact (Clopper–Pearson)
+#: upper bound of the rate of turns on which the sync path loses re-prefill's answer that prefix reuse kept is at most
+#: this (:func:`sur_lab.analysis.decisions.bound_claim`; turns count as units there: exact per turn, conservative in
+#: ignoring the turns sync gains).
+MAX_AGREEMENT_LOSS = 0.05
+AGREEMENT_MARGIN = Margin(MAX_AGREEMENT_LOSS, "issue 27's tolerance: at most 5 points of agreement lost against "
+                          "prefix reuse")
+#: The declared comparisons of notebook 10 (issues 36 and 40; :mod:`sur_lab.analysis.decisions`), fixed before any
+#: run, every one paired by turn with a trace's turns clustered. The primary: the lead sync path against prefix reuse
+#: on time to first token over every turn after the first, "faster" only when the speed-up's interval lies above 1
+#: (decidable at ``default``: six traces that all gain give the exact sign-flip test p = 1/32).
+PRIMARY = Family("primary", "ratio", "prefix reuse's TTFT over the lead sync path's on every turn after the first",
+                 primary=True)
+#: What the speed-up costs in answers: the lead sync path against prefix reuse on agreement with re-prefill over the
+#: later turns whose question reaches edited or earlier text (:data:`REACHING`), "equivalent" only when its whole 90 %
+#: interval lies within :data:`AGREEMENT_MARGIN`, "loses to" when the loss is shown. Prefix reuse recomputes every row
+#: from the first change, so it answers as re-prefill does up to rounding: this is the sync path's agreement loss on
+#: the questions a stale cache can get wrong. Equivalence within 5 points needs about 55 reaching turns without a loss
+#: (Newcombe's 90 % interval; more with losses or clustering): the ``paper`` preset's size, not ``default``'s, which
+#: prints the smallest difference it could separate.
+AGREEMENT_FAMILY = Family("agreement on the reaching questions", "binary", "the lead sync path minus prefix reuse: "
+                          "agreement with re-prefill on every later turn whose question reaches edited or earlier text",
+                          margin=AGREEMENT_MARGIN, max_size=1)
+KIND_FAMILY = Family("agreement by question kind", "binary", "the lead sync path minus prefix reuse: agreement with "
+                     "re-prefill within each question kind", margin=AGREEMENT_MARGIN, max_size=len(QUESTION_KINDS))
+REGION_FAMILY = Family("speed-up by region of the first change", "ratio",
+                       "prefix reuse's TTFT over the lead sync path's within each region of the first change")
 
 
 @dataclass(frozen=True)
@@ -153,13 +198,62 @@ def default_paths(budgets: Sequence[float] = (2, 5, 10)) -> list[TracePath]:
 # Traces
 
 
+def question_kinds(turns: int) -> list[str]:
+    """The question kind of each turn of a ``turns``-turn trace (:data:`QUESTION_KINDS`), fixed by the edit schedule
+    before any model output is seen.
+
+    Turns 0 and 1 ask their own question (``new``); the plan-rewrite turn (``turns // 2``, when > 0) asks ``format``;
+    every other turn takes, of the reaching kinds its edits allow (``reask-removed`` on even turns, where the previous
+    lookup is removed; ``reask-compacted`` from turn 3, where a search output is compacted; ``combine`` from turn 2),
+    the one asked least so far, ties in the order of :data:`QUESTION_KINDS`. Eight turns: new, new, reask-removed,
+    reask-compacted, format, combine, reask-removed, reask-compacted.
+
+    Raises:
+        ValueError: naming ``turns`` when it is not an integer >= 2.
+    """
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 2:
+        raise ValueError(f"turns={turns!r} must be an integer >= 2")
+    asked = dict.fromkeys(("reask-removed", "reask-compacted", "combine"), 0)
+    kinds = []
+    for t in range(turns):
+        if t == turns // 2:
+            kinds.append("format")
+        elif t < 2:
+            kinds.append("new")
+        else:
+            allowed = [k for k in asked if (k != "reask-removed" or t % 2 == 0) and (k != "reask-compacted" or t >= 3)]
+            kind = min(allowed, key=asked.__getitem__)
+            asked[kind] += 1
+            kinds.append(kind)
+    return kinds
+
+
 def _passages(tokenizer, passages, max_doc_tokens: int) -> str:
     return "\n\n".join(f"Title: {p.title}\n{truncate_text(tokenizer, p.title, p.text, max_doc_tokens)}"
                        for p in passages)
 
 
-def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int = 40) -> dict:
-    """One trace: a turn per source question, with the edits of the module docstring.
+def reachable(answers: Sequence[str], text: str, *, full: bool) -> bool:
+    """Whether a question's answer can be read from ``text``: some gold answer, normalized
+    (:func:`~sur_lab.analysis.scoring.normalize_answer`), occurs in the normalized text as whole words. A yes/no answer
+    is never written out: it counts as reachable from a ``full`` (not summarised) search output only."""
+    words = f" {normalize_answer(text)} "
+    for a in answers:
+        norm = normalize_answer(a)
+        if norm in ("yes", "no"):
+            if full:
+                return True
+        elif norm and f" {norm} " in words:
+            return True
+    return False
+
+
+def _block_label(block: Mapping[str, Any]) -> str:
+    return f"{block['kind']} {block['turn'] + 1}" + ("" if block["full"] else " (summarised)")
+
+
+def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int = 96) -> dict:
+    """One trace: a turn per source question, with the edits and the question kinds of the module docstring.
 
     Args:
         tokenizer: the model's tokenizer (passages are capped with it).
@@ -167,13 +261,19 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
         max_doc_tokens: per-passage token cap (whole sentences kept; >= 8).
 
     Returns:
-        ``{"id", "turns": [{"messages", "question", "answers", "dataset", "answer_type", "edits"}, ...]}``: the whole
-        prompt of each turn (chat messages), its question, the gold answers (scored by the dataset's rule) and the
-        edits made at that turn (``"+"``-joined names). This is the
-        JSON form ``scripts/bench_sync.py --traces`` reads.
+        ``{"id", "turns": [{"messages", "question", "answers", "dataset", "answer_type", "edits", "kind", "asks",
+        "evidence", "known", "format"}, ...]}``: the whole prompt of each turn (chat messages); the question asked
+        after it and its kind (:func:`question_kinds`); ``asks``, the turns (0-based) whose source questions it asks;
+        ``evidence``, the labels of the tool outputs the answer must come from (``"search 3"``, ``"search 1
+        (summarised)"``); the gold ``answers`` (normalized EM over them): per asked turn its source answers where they
+        are :func:`reachable` from its evidence output as it stands in this prompt, else :data:`UNKNOWN`; a combined
+        question's parts joined as ``"first; second"``; from the plan rewrite on (``format``: True) each prefixed with
+        :data:`FORMAT_PREFIX`; ``known``, whether every part is reachable; and the edits made at that turn
+        (``"+"``-joined names). This is the JSON form ``scripts/bench_sync.py --traces`` reads.
 
     Raises:
-        ValueError: naming ``examples`` (fewer than 2, or one without distractors) or ``max_doc_tokens`` (< 8).
+        ValueError: naming ``examples`` (fewer than 2, or one without supporting or distractor passages) or
+            ``max_doc_tokens`` (< 8).
     """
     if len(examples) < 2:
         raise ValueError(f"examples holds {len(examples)} questions; a trace needs >= 2 turns")
@@ -184,20 +284,24 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
             raise ValueError(f"examples[{i}] needs supporting and distractor passages")
     head = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
             {"role": "assistant", "content": PLAN}]
-    blocks: list[dict] = []  # tool calls with their outputs, in prompt order: kind, full (not compacted), messages
+    blocks: list[dict] = []  # tool calls and outputs in prompt order: kind, turn, full (not compacted), messages
     turns = []
     n = len(examples)
+    kinds = question_kinds(n)
+    formatted = False
     for t, ex in enumerate(examples):
-        edits = []
+        edits, compacted = [], None
         full = [b for b in blocks if b["kind"] == "search" and b["full"]]
         if t >= 3 and len(full) > 1:
-            oldest = full[0]
-            titles = "; ".join(line[len("Title: "):] for line in oldest["output"]["content"].splitlines()
+            compacted = full[0]
+            titles = "; ".join(line[len("Title: "):] for line in compacted["output"]["content"].splitlines()
                                if line.startswith("Title: "))
-            oldest.update(full=False, output={"role": "tool", "content": f"Search (summarised): {titles}."})
+            compacted.update(full=False, output={"role": "tool",
+                                                "content": f"Search {compacted['turn'] + 1} (summarised): {titles}."})
             edits.append("compact")
         if t == n // 2 and t > 0:
             head[2] = {"role": "assistant", "content": REWRITTEN}
+            formatted = True
             edits.append("plan")
         if t >= 2 and t % 2 == 0:  # the previous turn's lookup, superseded by its search
             blocks = [b for b in blocks if not (b["kind"] == "lookup" and b["turn"] == t - 1)]
@@ -208,34 +312,90 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
                            "output": {"role": "tool", "content": f"{kind.capitalize()} {t + 1}:\n"
                                       + _passages(tokenizer, passages, max_doc_tokens)}})
         edits.append("append" if t else "prefill")
+        kind = kinds[t]
+        asks = {"reask-removed": [t - 1], "reask-compacted": [compacted["turn"] if compacted else -1],
+                "combine": [t - 2, t - 1]}.get(kind, [t])
+        searches = {b["turn"]: b for b in blocks if b["kind"] == "search"}
+        parts, known, evidence = [], True, []
+        for k in asks:
+            block = searches[k]
+            evidence.append(_block_label(block))
+            if reachable(examples[k].answers, block["output"]["content"], full=block["full"]):
+                parts.append(list(examples[k].answers))
+            else:
+                parts.append(list(UNKNOWN))
+                known = False
+        if kind == "combine":
+            q = (f"Answer both questions, separated by a semicolon: (1) {examples[asks[0]].question} "
+                 f"(2) {examples[asks[1]].question}")
+            gold = [f"{a}; {b}" for a in parts[0] for b in parts[1]]
+        else:
+            q, gold = examples[asks[0]].question, parts[0]
+        if formatted:
+            gold = [f"{FORMAT_PREFIX} {g}" for g in gold]
         messages = head + [m for b in blocks for m in (b["call"], b["output"])]
-        turns.append({"messages": [dict(m) for m in messages], "question": ex.question, "answers": list(ex.answers),
-                      "dataset": ex.dataset, "answer_type": ex.answer_type, "edits": "+".join(edits)})
+        turns.append({"messages": [dict(m) for m in messages], "question": q, "answers": gold,
+                      "dataset": ex.dataset, "answer_type": ex.answer_type, "edits": "+".join(edits), "kind": kind,
+                      "asks": asks, "evidence": evidence, "known": known, "format": formatted})
     return {"id": f"{examples[0].dataset}:{examples[0].id}", "turns": turns}
 
 
-def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
-    """``p["n_traces"]`` traces of ``p["turns"]`` turns, split evenly over ``p["datasets"]`` (development files), each
-    dataset's sources chosen by one seeded selection (:func:`~sur_lab.data.qa.select_sources`) before any model output is seen.
+#: The datasets a trace can draw from: those scored by normalized span EM over aliases, so that a combined, formatted
+#: or "unknown" gold is a plain list of strings (IIRC's DROP rule scores a bag of spans, which does not compose).
+TRACE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
+
+
+def _check_datasets(datasets: Sequence[str]) -> None:
+    if not datasets:
+        raise ValueError("datasets is empty; give at least one QA dataset key")
+    bad = [d for d in datasets if d not in TRACE_DATASETS]
+    if bad:
+        raise ValueError(f"datasets holds {bad}; traces draw from {TRACE_DATASETS} (span EM over aliases: a combined "
+                         "or formatted gold must be a list of strings)")
+
+
+def split_traces(n_traces: int, capacities: Sequence[int]) -> list[int]:
+    """How many of ``n_traces`` traces each dataset holds: evenly (the first ``n_traces % k`` datasets one more), each
+    capped at its ``capacity`` (the traces its dev pool can fill with distinct sources), the excess handed one at a
+    time, in dataset order, to the datasets with room. With room everywhere it is the even split.
 
     Raises:
-        ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty) or a pool too small.
+        ValueError: naming ``n_traces`` when the capacities hold fewer traces.
+    """
+    k = len(capacities)
+    share = [min(n_traces // k + (1 if d < n_traces % k else 0), int(c)) for d, c in enumerate(capacities)]
+    left = n_traces - sum(share)
+    if left > sum(int(c) - s for c, s in zip(capacities, share)):
+        raise ValueError(f"n_traces={n_traces}: the datasets' dev pools hold {sum(int(c) for c in capacities)} traces "
+                         "of distinct sources at this many turns; lower n_traces or turns, or add a dataset")
+    while left:
+        for d in range(k):
+            if left and share[d] < capacities[d]:
+                share[d] += 1
+                left -= 1
+    return share
+
+
+def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
+    """``p["n_traces"]`` traces of ``p["turns"]`` turns over ``p["datasets"]`` (development files), split by
+    :func:`split_traces` (evenly while every dev pool has room; no source twice in a study), each dataset's sources
+    chosen by one seeded selection (:func:`~sur_lab.data.qa.select_sources`) before any model output is seen.
+
+    Raises:
+        ValueError: naming ``n_traces`` (< 1, or more than the pools hold), ``turns`` (< 2) or ``datasets`` (empty, or
+            a dataset outside :data:`TRACE_DATASETS`).
     """
     if p["n_traces"] < 1:
         raise ValueError(f"n_traces={p['n_traces']} must be >= 1")
     if p["turns"] < 2:
         raise ValueError(f"turns={p['turns']} must be >= 2")
-    if not p["datasets"]:
-        raise ValueError("datasets is empty; give at least one QA dataset key")
-    k, turns = len(p["datasets"]), p["turns"]
+    _check_datasets(p["datasets"])
+    turns = p["turns"]
+    pools = [[ex for ex in load_qa(ds, split="dev") if ex.distractors and ex.supporting] for ds in p["datasets"]]
     traces = []
-    for d, ds in enumerate(p["datasets"]):
-        n = p["n_traces"] // k + (1 if d < p["n_traces"] % k else 0)
+    for pool, n in zip(pools, split_traces(p["n_traces"], [len(pool) // turns for pool in pools])):
         if n == 0:
             continue
-        pool = [ex for ex in load_qa(ds, split="dev") if ex.distractors and ex.supporting]
-        if len(pool) < n * turns:
-            raise ValueError(f"{ds}: need n_traces * turns = {n * turns} sources; the dev pool has {len(pool)}")
         sources = select_sources(pool, n * turns, seed)
         traces += [build_trace(tokenizer, sources[i * turns:(i + 1) * turns], max_doc_tokens=p["max_doc_tokens"])
                    for i in range(n)]
@@ -277,7 +437,10 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
     Returns:
         Rows with ``trace, turn, edits, path, method, budget_pct, sync_path, tokens, first_change, first_change_frac,
         region, deleted, inserted, reused, rerotated, recomputed, stale_rows, allowance, sync_ms, query_ms, ttft_ms,
-        answer_batch, prediction, em, agree, token_exact, debt``.
+        answer_batch, kind, known, plan_format, prediction, em, agree, token_exact, debt``: ``kind``, ``known`` and
+        ``plan_format`` are the turn's question kind, whether its gold is an answer (not "unknown") and whether the
+        revised plan's answer format is in force (:func:`build_trace`); ``em`` is normalized exact match against the
+        turn's gold (:func:`~sur_lab.analysis.scoring.exact_match`; the format prefix and "unknown" are part of it).
 
     Raises:
         ValueError: naming ``paths`` when re-prefill is missing or labels repeat.
@@ -292,8 +455,6 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
     for t, turn in enumerate(trace["turns"]):
         query = query_text(lm.tokenizer, turn["messages"], turn["question"])
         query_ids = torch.tensor(lm.tokenizer(query, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        gold = QAExample(str(t), turn["question"], tuple(turn["answers"]), turn.get("answer_type", "span"), (), (),
-                         turn.get("dataset", "hotpotqa"))
         synced, caches, firsts = [], [], []
         for p in order:  # one request at a time: the sync and the query forward are timed per request (TTFT)
             session = sessions[p.label]
@@ -318,7 +479,9 @@ def run_trace(lm: LoadedModel, trace: Mapping[str, Any], paths: Sequence[TracePa
                 "reused": rec.reused, "rerotated": rec.rerotated, "recomputed": rec.recomputed,
                 "stale_rows": rec.stale_rows, "allowance": rec.allowance, "sync_ms": sync_ms,
                 "query_ms": query_ms, "ttft_ms": sync_ms + query_ms, "answer_batch": len(answers),
-                "prediction": prediction, "em": bool(score_example(prediction, gold)),
+                "kind": turn.get("kind", "new"), "known": bool(turn.get("known", True)),
+                "plan_format": bool(turn.get("format", False)),
+                "prediction": prediction, "em": bool(exact_match(prediction, turn["answers"])),
                 "agree": bool(agreement(prediction, ref_parsed)),
                 "token_exact": list(ans.token_ids) == list(ref.token_ids), "debt": debt,
             })
@@ -388,7 +551,8 @@ def check_params(p: Mapping[str, Any]) -> None:
 
     Raises:
         ValueError: naming ``budgets`` (empty or outside (0, 100]), ``n_traces`` (< 1), ``turns`` (< 2),
-            ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty) or ``executor`` (unknown).
+            ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty, or outside
+            :data:`TRACE_DATASETS`) or ``executor`` (unknown).
     """
     from sur_lab.executors import get_executor
 
@@ -396,8 +560,7 @@ def check_params(p: Mapping[str, Any]) -> None:
     for name, low in (("n_traces", 1), ("turns", 2), ("max_doc_tokens", 8), ("max_new_tokens", 1)):
         if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < low:
             raise ValueError(f"{name}={p[name]!r} must be an integer >= {low}")
-    if not p["datasets"]:
-        raise ValueError("datasets is empty; give at least one QA dataset key")
+    _check_datasets(p["datasets"])
     get_executor(p["executor"])
 
 
@@ -532,37 +695,56 @@ def per_turn_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0, n_boot: int = 2_000) -> pd.DataFrame:
-    """Per (region of the first change, path) over the turns after the first: median TTFT, the paired speed-up
-    ``against``'s TTFT / this path's on the same turns (geometric mean, > 1: this path is faster) with its 95 %
-    percentile bootstrap interval (a trace's turns resampled together; NaN with one trace or identical ratios), median
-    tokens recomputed, agreement with re-prefill and EM (%), the paired difference of agreement against ``against``
-    (percentage points, Newcombe's interval widened by the trace bootstrap), and the turns on which this path loses
-    re-prefill's answer that ``against`` kept (``losses``) with the exact 95 % upper bound of that rate
-    (``loss_upper_pct``). Descriptive: the verdicts are :func:`conclusion`'s.
+def _groups(runs: pd.DataFrame, by: str) -> list[tuple[str, pd.DataFrame]]:
+    """The later turns of ``runs`` split by ``by``: per region (:data:`REGIONS`) or per question kind
+    (:data:`QUESTION_KINDS`, then ``"reaching"``: every kind but ``new``), then ``"all"``; empty groups left out."""
+    later = runs[runs["turn"] > 0]
+    names = REGIONS if by == "region" else QUESTION_KINDS
+    groups = [(g, later[later[by] == g]) for g in names]
+    if by == "kind":
+        groups.append(("reaching", later[later["kind"].isin(REACHING)]))
+    groups.append(("all", later))
+    return [(g, part) for g, part in groups if not part.empty]
+
+
+def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = PREFIX, clustered: bool = True,
+                     seed: int = 0, n_boot: int = 2_000) -> pd.DataFrame:
+    """Per (group of later turns, path), each path paired with ``against`` on the same turns: median TTFT, the paired
+    speed-up ``against``'s TTFT / this path's (geometric mean, > 1: this path is faster) with its 95 % percentile
+    bootstrap interval (NaN with one cluster or identical ratios), median tokens recomputed, agreement with re-prefill
+    and EM (%), the paired difference of agreement against ``against`` (percentage points; Newcombe's interval, hulled
+    with the cluster bootstrap's), and the turns on which this path loses re-prefill's answer that ``against`` kept
+    (``losses``) with the exact 95 % upper bound of that rate (``loss_upper_pct``). Descriptive: the verdicts are
+    :func:`conclusion`'s.
+
+    Args:
+        runs: the per-turn rows (:func:`run_traces`; ``kind`` needed when ``by="kind"``).
+        by: ``"region"`` (where the first change lands) or ``"kind"`` (the question kind, plus ``"reaching"``).
+        against: the path every other is paired with.
+        clustered: ``True``: a trace's turns resampled together (:func:`sur_lab.analysis.decisions.paired_family`'s
+            ``cluster``); ``False``: turns as independent units (for comparison only: they are not).
+        seed, n_boot: the bootstrap's.
 
     Raises:
-        ValueError: naming ``against`` when it is not a path of ``runs``.
+        ValueError: naming ``by`` when not ``"region"`` or ``"kind"``, ``against`` when it is not a path of ``runs``.
     """
     from sur_lab.analysis.decisions import paired_family, proportion_interval
 
+    if by not in ("region", "kind"):
+        raise ValueError(f"by={by!r} must be 'region' or 'kind'")
     if against not in set(runs["path"]):
         raise ValueError(f"against={against!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
-    later = runs[runs["turn"] > 0]
     rows = []
     nan = float("nan")
-    for region in REGIONS + ("all",):
-        part = later if region == "all" else later[later["region"] == region]
-        if part.empty:
-            continue
+    for group, part in _groups(runs, by):
         wide = part.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
-        traces = wide.index.get_level_values("trace").to_numpy()
+        traces = wide.index.get_level_values("trace").to_numpy() if clustered else None
         for path in dict.fromkeys(part["path"]):
             mine = part[part["path"] == path]
             a_agree = wide["agree"][path].astype(float).to_numpy()
             b_agree = wide["agree"][against].astype(float).to_numpy()
             losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
-            row = {"region": region, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
+            row = {by: group, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
                    "speedup": 1.0, "speedup_lo": nan, "speedup_hi": nan, "recomputed": mine["recomputed"].median(),
                    "agree_pct": 100 * mine["agree"].mean(), "agree_diff_pp": 0.0, "agree_diff_lo": nan,
                    "agree_diff_hi": nan, "losses": losses,
@@ -579,6 +761,30 @@ def region_table(runs: pd.DataFrame, *, against: str = PREFIX, seed: int = 0, n_
                            agree_diff_hi=100 * agree["ci_high"])
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def region_table(runs: pd.DataFrame, *, against: str = PREFIX, clustered: bool = True, seed: int = 0,
+                 n_boot: int = 2_000) -> pd.DataFrame:
+    """:func:`comparison_table` by region of the first change (:data:`REGIONS`, then ``"all"``).
+
+    Raises:
+        ValueError: naming ``against`` when it is not a path of ``runs``.
+    """
+    return comparison_table(runs, "region", against=against, clustered=clustered, seed=seed, n_boot=n_boot)
+
+
+def kind_table(runs: pd.DataFrame, *, against: str = PREFIX, clustered: bool = True, seed: int = 0,
+               n_boot: int = 2_000) -> pd.DataFrame:
+    """:func:`comparison_table` by question kind (:data:`QUESTION_KINDS`, then ``"reaching"``, then ``"all"``), with
+    ``known_pct``: the share of the group's turns whose gold is an answer rather than "unknown".
+
+    Raises:
+        ValueError: naming ``against`` when it is not a path of ``runs``.
+    """
+    out = comparison_table(runs, "kind", against=against, clustered=clustered, seed=seed, n_boot=n_boot)
+    known = {g: 100 * part.drop_duplicates(["trace", "turn"])["known"].mean() for g, part in _groups(runs, "kind")}
+    out.insert(3, "known_pct", out["kind"].map(known))
+    return out
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -626,53 +832,132 @@ def plot_cost_agreement(table: pd.DataFrame):
     return fig
 
 
-def plot_regions(regions: pd.DataFrame):
-    """Median TTFT (left) and agreement with re-prefill (right) per region of the first change, one bar per path
-    (``regions``: :func:`region_table`)."""
+def _plot_groups(table: pd.DataFrame, by: str, names: Sequence[str], xlabel: str, panels: Sequence[tuple[str, str]]):
     import matplotlib.pyplot as plt
 
-    paths = list(dict.fromkeys(regions["path"]))
-    names = [r for r in (*REGIONS, "all") if r in set(regions["region"])]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    paths = list(dict.fromkeys(table["path"]))
+    names = [g for g in names if g in set(table[by])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8))
     width = 0.8 / max(1, len(paths))
     for i, path in enumerate(paths):
-        t = regions[regions["path"] == path].set_index("region").reindex(names)
+        t = table[table["path"] == path].set_index(by).reindex(names)
         x = np.arange(len(names)) + i * width
-        axes[0].bar(x, t["ttft_ms"], width, label=path, color=f"C{i}")
-        axes[1].bar(x, t["agree_pct"], width, label=path, color=f"C{i}")
-    for ax, label in ((axes[0], "median time to first token (ms)"), (axes[1], "agreement with re-prefill (%)")):
+        for ax, (col, _) in zip(axes, panels):
+            ax.bar(x, t[col], width, label=path, color=f"C{i}")
+    for ax, (col, label) in zip(axes, panels):
         ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
-        ax.set_xlabel("first change of the turn")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
-    axes[1].set_ylim(0, 105)
-    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        if col.endswith("_pct"):
+            ax.set_ylim(0, 105)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 
 
+def plot_regions(regions: pd.DataFrame):
+    """Median TTFT (left) and agreement with re-prefill (right) per region of the first change, one bar per path
+    (``regions``: :func:`region_table`)."""
+    return _plot_groups(regions, "region", (*REGIONS, "all"), "first change of the turn",
+                        (("ttft_ms", "median time to first token (ms)"),
+                         ("agree_pct", "agreement with re-prefill (%)")))
+
+
+def plot_kinds(kinds: pd.DataFrame):
+    """Agreement with re-prefill (left) and EM (right) per question kind, one bar per path (``kinds``:
+    :func:`kind_table`)."""
+    return _plot_groups(kinds, "kind", (*QUESTION_KINDS, "reaching", "all"), "question kind",
+                        (("agree_pct", "agreement with re-prefill (%)"), ("em_pct", "exact match (%)")))
+
+
+def _later_wide(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The later turns as one row per (trace, turn) with a column per (endpoint, path), and the turns' region and
+    kind aligned with it."""
+    later = runs[runs["turn"] > 0]
+    wide = later.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
+    meta = later.drop_duplicates(["trace", "turn"]).set_index(["trace", "turn"])[["region", "kind"]].reindex(
+        wide.index)
+    return wide, meta
+
+
+def primary_table(runs: pd.DataFrame, *, sync: str = "sync 5%", clustered: bool = True, decide: bool = True,
+                  n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """The declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family` rows, in this order):
+    :data:`PRIMARY` (prefix reuse's TTFT over ``sync``'s on every later turn, tested alone), :data:`AGREEMENT_FAMILY`
+    (``sync`` − prefix reuse, agreement with re-prefill on the later turns of a :data:`REACHING` kind, equivalence
+    within :data:`AGREEMENT_MARGIN`), :data:`KIND_FAMILY` (the same per question kind, Holm) and
+    :data:`REGION_FAMILY` (the TTFT ratio per region of the first change, Holm).
+
+    Args:
+        runs: the per-turn rows (:func:`run_traces`).
+        sync: the lead sync path.
+        clustered: ``True`` (the declared analysis): a trace's turns are one cluster, resampled together by the
+            bootstrap and flipped together by the sign tests; ``False``: turns as independent units (for comparison
+            only).
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
+        n_boot, seed: as :func:`~sur_lab.analysis.decisions.paired_family`.
+
+    Raises:
+        ValueError: naming ``sync`` when it is not a path of ``runs``.
+    """
+    from sur_lab.analysis.decisions import paired_family
+
+    if sync not in set(runs["path"]):
+        raise ValueError(f"sync={sync!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
+    wide, meta = _later_wide(runs)
+    traces = wide.index.get_level_values("trace").to_numpy()
+    kw = dict(decide=decide, n_boot=n_boot, seed=seed)
+
+    def agree(mask):
+        return (wide["agree"][sync].astype(float).to_numpy()[mask],
+                wide["agree"][PREFIX].astype(float).to_numpy()[mask])
+
+    def times(mask):
+        return wide["ttft_ms"][sync].to_numpy(float)[mask], wide["ttft_ms"][PREFIX].to_numpy(float)[mask]
+
+    def family(fam, masks, data, label):
+        keys = {g: (f"{sync}{label(g)}", f"{PREFIX}{label(g)}") for g in masks}
+        cluster = {keys[g]: traces[m] for g, m in masks.items()} if clustered else None
+        return paired_family({keys[g]: data(m) for g, m in masks.items()}, family=fam, cluster=cluster, **kw)
+
+    reaching = meta["kind"].isin(REACHING).to_numpy()
+    kinds = {k: (meta["kind"] == k).to_numpy() for k in QUESTION_KINDS if (meta["kind"] == k).any()}
+    regions = {r: (meta["region"] == r).to_numpy() for r in REGIONS if (meta["region"] == r).any()}
+    tables = [family(PRIMARY, {"all": np.ones(len(wide), dtype=bool)}, times, lambda g: "")]
+    if reaching.any():
+        tables.append(family(AGREEMENT_FAMILY, {"reaching": reaching}, agree, lambda g: " (reaching questions)"))
+    if kinds:
+        tables.append(family(KIND_FAMILY, kinds, agree, lambda g: f" ({g})"))
+    if regions:
+        tables.append(family(REGION_FAMILY, regions, times, lambda g: f" ({g})"))
+    return pd.concat(tables, ignore_index=True)
+
+
 def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame, *, sync: str = "sync 5%",
-               max_agreement_loss: float = MAX_AGREEMENT_LOSS, decide: bool = True, n_boot: int = 10_000,
-               seed: int = 0) -> list[str]:
+               kinds: pd.DataFrame | None = None, max_agreement_loss: float = MAX_AGREEMENT_LOSS, decide: bool = True,
+               n_boot: int = 10_000, seed: int = 0) -> list[str]:
     """The conclusion's sentences from this run's tables, with every verdict from :mod:`sur_lab.analysis.decisions`:
     per region of the first change the path with the lowest median TTFT (a point estimate, the selection named) and
-    ``sync``'s numbers against prefix reuse; the primary comparison (:data:`PRIMARY`: is ``sync`` faster than prefix
-    reuse over every later turn, by the speed-up's interval) and the :data:`REGION_FAMILY`; per region whether
-    ``sync`` is shown to lose at most ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions
-    .bound_claim` on its loss turns); and where ``sync`` should not be used (prefix reuse shown faster, or a loss above
-    the tolerance shown) or where this size shows neither.
+    ``sync``'s numbers against prefix reuse; per question kind ``sync``'s, Shift's and prefix reuse's agreement with
+    re-prefill and EM; the declared comparisons (:func:`primary_table`: the primary, whether ``sync`` is faster than
+    prefix reuse over every later turn; whether it keeps re-prefill's answers on the reaching questions as prefix
+    reuse does, within the margin, and the same per kind; the speed-up by region); per region whether ``sync`` is
+    shown to lose at most ``max_agreement_loss`` of agreement (:func:`~sur_lab.analysis.decisions.bound_claim` on its
+    loss turns); and where ``sync`` should not be used (prefix reuse shown faster, or a loss above the tolerance shown)
+    or where this size shows neither.
 
     Args:
         regions: :func:`region_table`; summary: :func:`summary_table`; runs: the per-turn rows behind them.
         sync: the lead sync path.
-        max_agreement_loss: the agreement loss tolerated, a fraction in [0, 1].
+        kinds: :func:`kind_table` (default: computed from ``runs``).
+        max_agreement_loss: the agreement loss tolerated by the per-region bounds, a fraction in [0, 1].
         decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
         n_boot, seed: as :func:`sur_lab.analysis.decisions.paired_family`.
 
     Raises:
         ValueError: naming ``sync`` when it is not a path of the tables, ``max_agreement_loss`` outside [0, 1].
     """
-    from sur_lab.analysis.decisions import (BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines,
-                                            paired_family)
+    from sur_lab.analysis.decisions import BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines
 
     if sync not in set(regions["path"]):
         raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
@@ -697,30 +982,27 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
             f"{t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
             f"({s.agree_diff_pp:+.0f} pp, {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); "
             f"tokens recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
-    later = runs[runs["turn"] > 0]
-    wide = later.pivot_table(index=["trace", "turn"], columns="path", values=["ttft_ms", "agree"], aggfunc="first")
-    region_of = later.drop_duplicates(["trace", "turn"]).set_index(["trace", "turn"])["region"].reindex(wide.index)
-    traces = wide.index.get_level_values("trace").to_numpy()
-    pair = (sync, PREFIX)
-
-    def times(mask):
-        return wide["ttft_ms"][sync].to_numpy(float)[mask], wide["ttft_ms"][PREFIX].to_numpy(float)[mask]
-
-    everything = np.ones(len(wide), dtype=bool)
-    primary = paired_family({pair: times(everything)}, family=PRIMARY, cluster=traces, decide=decide,
-                            n_boot=n_boot, seed=seed)
-    by_region = [r for r in REGIONS if (region_of == r).any()]
-    masks = {r: (region_of == r).to_numpy() for r in by_region}
-    keys = {r: (f"{sync} ({r})", f"{PREFIX} ({r})") for r in by_region}
-    fam = paired_family({keys[r]: times(masks[r]) for r in by_region}, family=REGION_FAMILY,
-                        cluster={keys[r]: traces[masks[r]] for r in by_region}, decide=decide, n_boot=n_boot,
-                        seed=seed) if by_region else primary.iloc[:0]
-    lines += family_lines(pd.concat([primary, fam], ignore_index=True), what="turns", clusters="traces")
+    if "kind" in runs.columns:
+        kt = kinds if kinds is not None else kind_table(runs, seed=seed, n_boot=min(n_boot, 2_000))
+        for kind in [k for k in (*QUESTION_KINDS, "reaching") if k in set(kt["kind"])]:
+            t = kt[kt["kind"] == kind].set_index("path")
+            shift = f", {SHIFT} {t.loc[SHIFT, 'agree_pct']:.0f} %" if SHIFT in t.index else ""
+            lines.append(
+                f"{kind} questions ({int(t.loc[sync, 'turns'])} turns, gold known on {t.loc[sync, 'known_pct']:.0f} "
+                f"%): agreement with re-prefill {sync} {t.loc[sync, 'agree_pct']:.0f} %{shift}, prefix reuse "
+                f"{t.loc[PREFIX, 'agree_pct']:.0f} %; EM re-prefill {t.loc[REFERENCE, 'em_pct']:.0f} %, {sync} "
+                f"{t.loc[sync, 'em_pct']:.0f} %.")
+    decided = primary_table(runs, sync=sync, decide=decide, n_boot=n_boot, seed=seed)
+    lines += family_lines(decided, what="turns", clusters="traces")
+    wide, meta = _later_wide(runs)
+    fam = decided[decided["family"] == REGION_FAMILY.name]
+    by_region = [r for r in REGIONS if (meta["region"] == r).any()]
     avoid, unshown, ok = [], [], []
     limit = f"{100 * max_agreement_loss:g} points"
     for region, (_, r) in zip(by_region, fam.iterrows()):
-        a_agree = wide["agree"][sync].astype(float).to_numpy()[masks[region]]
-        b_agree = wide["agree"][PREFIX].astype(float).to_numpy()[masks[region]]
+        mask = (meta["region"] == region).to_numpy()
+        a_agree = wide["agree"][sync].astype(float).to_numpy()[mask]
+        b_agree = wide["agree"][PREFIX].astype(float).to_numpy()[mask]
         losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
         loss = bound_claim(losses, len(a_agree), at_most=max_agreement_loss, decide=decide)
         lines.append(f"  {region}: " + bound_sentence(f"{sync} loses re-prefill's answer that prefix reuse kept on",
