@@ -352,10 +352,6 @@ def validate_parameters(
             namespace[name] = value
 
 
-#: The cell every notebook runs right after its parameters cell (and papermill's injected parameters).
-VALIDATION_CELL = "from sur_lab.runtime.params import validate_parameters\n\nvalidate_parameters(globals())"
-
-
 def parameters_cell(path: str | Path) -> str:
     """The source of the notebook's cell tagged ``parameters`` ("" when it has none)."""
     import json  # not nbformat: importing it costs seconds
