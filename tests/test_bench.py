@@ -147,7 +147,7 @@ def test_ratio_tables_from_hand_made_medians():
     assert smoke.loc["packed_R1_over_append_forward", "note"] == ""
     other = bench.target_ratios(medians, replay, context_len=2048, packed="packed-inplace", target_budget=2)
     assert other.set_index("ratio")["note"].tolist() == [
-        "not measured: N = 2048 not in context_lengths"] * 3 + [
+        "not measured: N = 2048 not in context_lens"] * 3 + [
         "not measured: b = 2 % not in the sweep's budgets"] * 3 + [
         "not measured: no attention-only timing", "not measured: no overlap comparison"]
     unpacked = bench.target_ratios(medians, replay, packed="packed-inplace").set_index("ratio")

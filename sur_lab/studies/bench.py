@@ -1,5 +1,5 @@
 """Refresh-time benchmarks of the executors (section 4.4, appendix 13.1 and 13.3), shared by
-``notebooks/04_packed_refresh_benchmark.ipynb`` and ``scripts/bench_packed_refresh.py``.
+``notebooks/04_packed_refresh_benchmark.ipynb`` and ``sur-lab bench`` (:mod:`sur_lab.runtime.bench`).
 
 Matched-work grid (Table 18 analogue): a random-token prompt of N + 8 tokens loses 8 tokens after a 16-token prefix
 and is Shifted, so N is the edited context (the Shift cache's rows) and the Dirty prefill has N + 8 tokens (the
@@ -579,7 +579,7 @@ def target_ratios(
         """Why the grid has no median for (``executor``, R = ``r``) at ``context_len``; "" when it has one."""
         at_n = medians[medians.context_len == context_len]
         if not len(at_n):
-            return f"N = {context_len} not in context_lengths"
+            return f"N = {context_len} not in context_lens"
         if not (at_n.num_intervals == r).any():
             return f"R = {r} not in num_intervals"
         if not (at_n.executor == executor).any():
