@@ -8,7 +8,7 @@
     sur-lab sweep niah -p num_cases 48                 # -p overrides any study parameter, as the notebook's
     sur-lab sweep niah --preset paper --workers 16     # the paper's grid on the Qwen study model, 16 Ray actors
     sur-lab sweep niah --preset paper --address auto   # the same on the Ray cluster this machine belongs to
-    sur-lab bench --context-lens 1024 --repeats 3   # sur_lab.runtime.bench (its own --help)
+    sur-lab bench --context-lens 1024 --repeats 3      # sur_lab.runtime.bench (its own --help)
     sur-lab release --check                            # the results release: what is stale (sur-lab release --help)
     sur-lab models                                     # list the embedded models and verify them (load + forward)
     sur-lab data status                                # which QA data folder is used; each file against SHA256SUMS
@@ -47,7 +47,7 @@ examples:
   sur-lab sweep niah -p num_cases 48 -p context_lens '[1024, 2048]'   override a study parameter
   sur-lab sweep niah --preset paper --workers 16     the paper's grid on the Qwen study model, 16 Ray actors
   sur-lab sweep niah --preset paper --address auto   the same on the Ray cluster this machine belongs to
-  sur-lab bench --context-lens 1024 --repeats 3   the packed-refresh benchmark (sur-lab bench --help)
+  sur-lab bench --context-lens 1024 --repeats 3      the packed-refresh benchmark (sur-lab bench --help)
   sur-lab release                                    every notebook at its default into results/ (resumes)
   sur-lab release --check                            what in results/ is stale against the code, and why
   sur-lab models                                     list the embedded models and verify them (load + forward)
