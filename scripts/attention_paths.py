@@ -2,7 +2,7 @@
 """Packed attention alone: the CPU paths of the packed executors on one layer's shapes, against their throughput floor.
 
 For the benchmark grid's matched supports (``sur_lab.studies.bench.matched_support``: B positions in R intervals, M(U)
-equal for every R) and the Replay sweep's b % supports (``spread_support``, 16 intervals) this times one layer's
+equal for every R) and the Replay sweep's b % supports (``sur_lab.budget.spread_support``, 16 intervals) this times one layer's
 packed attention, ``[1, Hq, B, d]`` queries against ``[1, Hkv, N, d]`` keys, with ``sur_lab.studies.bench.
 attention_only`` (interleaved rounds, medians; masks, splits, plans and compilation excluded, first calls reported
 apart):
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from sur_lab.budget import allowance
+    from sur_lab.budget import allowance, spread_support
     from sur_lab.studies import bench
 
     torch.set_num_threads(args.threads)
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     supports = [(f"R = {r}", r, None) for r in args.intervals]
     s = n - bench.PREFIX_LEN
     for b in args.budgets:
-        positions = bench.spread_support(s, allowance(s, b), 16).absolute(bench.PREFIX_LEN)
+        positions = spread_support(s, allowance(s, b), min(16, allowance(s, b))).absolute(bench.PREFIX_LEN)
         supports.append((f"b = {b:g} %", 16, positions))
     frames = []
     for label, r, positions in supports:

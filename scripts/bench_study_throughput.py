@@ -110,7 +110,7 @@ def run_arg(text: str) -> RunSpec:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from sur_lab.runtime.cli import int_arg
+    from sur_lab.runtime.params import int_arg
     from sur_lab.sweeps import EVAL_BATCH
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -44,7 +44,8 @@ import time
 import pandas as pd
 import torch
 
-from sur_lab import EditSession, SyncPolicy, chat_segments, load_model
+from sur_lab import EditSession, SyncPolicy, load_model
+from sur_lab.edits import chat_segments
 
 ARMS = {
     "sync": dict(method="SUR", sync_policy=SyncPolicy(0, 1.0)),

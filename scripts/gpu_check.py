@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="outputs/gpu_check")
     parser.add_argument("--model", default="smollm2-random", help=f"{', '.join(SHAPES)}, embedded, or a hub id")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--context-lengths", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--context-lens", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--intervals", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--warmups", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=20)
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     lm = build_model(args.model, dtype, device)
     print(f"{lm.spec.name}: {lm.spec.num_layers} layers, {lm.spec.num_heads}/{lm.spec.num_kv_heads} heads, "
           f"d_h {lm.spec.head_dim}, {dtype} on {device}; Triton kernel runs: {uses_triton(device)}")
-    contexts = {n: bench.prepare_context(lm, n) for n in args.context_lengths}
+    contexts = {n: bench.prepare_context(lm, n) for n in args.context_lens}
 
     # 1. Packed vs sequential (appendix 13.5): bitwise input / unselected rows, K/V and query-logit differences.
     rows = []
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     # 4. Attention only (Table 19 analogue): the model's heads, then the paper's Qwen3-8B heads.
     rows = []
     for heads in ((lm.spec.num_heads, lm.spec.num_kv_heads, lm.spec.head_dim), (32, 8, 128)):
-        for n in args.context_lengths:
+        for n in args.context_lens:
             for r in args.intervals:
                 timing = bench.attention_only(n, r, num_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2],
                                               dtype=dtype, device=device)

@@ -28,7 +28,7 @@ import torch
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="hub id or path; default: the embedded SmolLM2-135M-Instruct")
-    parser.add_argument("--context-length", type=int, default=8184, help="N, tokens of the edited context")
+    parser.add_argument("--context-len", type=int, default=8184, help="N, tokens of the edited context")
     parser.add_argument("--num-selected", type=int, default=64, help="B, positions")
     parser.add_argument("--intervals", type=int, default=16, help="R")
     parser.add_argument("--executor", default="packed-inplace", help="registered executor name")
@@ -55,8 +55,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)
-    ctx = bench.prepare_context(lm, args.context_length)
-    support = bench.matched_support(args.context_length, ctx.edit.prefix_len, args.num_selected, args.intervals)
+    ctx = bench.prepare_context(lm, args.context_len)
+    support = bench.matched_support(args.context_len, ctx.edit.prefix_len, args.num_selected, args.intervals)
     fn = get_executor(args.executor)
     consumes = executor_consumes_input(args.executor)
     for _ in range(args.warmups):
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         fn(lm, cache, ctx.edit, support)
         wall_ms = (time.perf_counter() - t0) * 1e3
     ops_ms = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e3
-    print(f"{args.executor}, N={args.context_length}, B={args.num_selected}, R={args.intervals}, "
+    print(f"{args.executor}, N={args.context_len}, B={args.num_selected}, R={args.intervals}, "
           f"threads {torch.get_num_threads()}: wall {wall_ms:.1f} ms under the profiler, operators' self time "
           f"{ops_ms:.1f} ms, outside operators (Python, dispatch) {100 * (1 - ops_ms / wall_ms):.1f} %")
     averages = prof.key_averages(group_by_input_shape=args.shapes)

@@ -234,6 +234,43 @@ class Selection:
 ALLOWANCE_BASES = ("suffix", "prompt")
 
 
+def spread_support(suffix_len: int, allowance_b: int, num_intervals: int) -> Support:
+    """A support of exactly ``B`` positions in exactly ``R`` intervals spread evenly over the suffix: the synthetic
+    supports of the refresh-time sweeps (notebook 01's cost study, notebook 04's packed-vs-Replay sweep).
+
+    Interval r has ``⌊B/R⌋`` or ``⌈B/R⌉`` positions (the longer ones first) and starts at ``⌊r·S/R⌋``.
+
+    Args:
+        suffix_len: S, tokens of the suffix.
+        allowance_b: B, positions, in ``[R, S]``.
+        num_intervals: R >= 1 (a caller that wants "at most R" passes ``min(R, B)``).
+
+    Returns:
+        The :class:`Support` (suffix-relative int64 positions).
+
+    Raises:
+        ValueError: naming ``num_intervals`` when not in ``[1, B]`` or when the intervals cannot be separated
+            (``⌈B/R⌉ ≥ ⌊S/R⌋``, i.e. too dense to leave a gap between intervals).
+    """
+    if not 1 <= num_intervals <= allowance_b:
+        raise ValueError(f"num_intervals={num_intervals} must lie in [1, B={allowance_b}]")
+    if allowance_b > suffix_len:
+        raise ValueError(f"allowance_b={allowance_b} exceeds suffix_len={suffix_len}")
+    base, extra = divmod(allowance_b, num_intervals)
+    starts = [r * suffix_len // num_intervals for r in range(num_intervals)] + [suffix_len]
+    chunks = []
+    for r in range(num_intervals):
+        length = base + (1 if r < extra else 0)
+        if num_intervals > 1 and starts[r] + length >= starts[r + 1]:
+            raise ValueError(
+                f"num_intervals={num_intervals} intervals of ~{length} positions do not fit apart in S={suffix_len}"
+            )
+        chunks.append(np.arange(starts[r], starts[r] + length))
+    sup = Support(np.concatenate(chunks), suffix_len)
+    assert sup.num_intervals == num_intervals and sup.size == allowance_b
+    return sup
+
+
 def check_allowance(value, suffix_len: int) -> int:
     """Validate an exact allowance B (positions), given instead of a budget percentage.
 

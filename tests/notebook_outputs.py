@@ -592,12 +592,12 @@ EXPECTED: dict[str, Expected] = {
         figures=("04_refresh_vs_intervals", "04_packed_vs_replay"),
         tables={
             "04_checks": Table(columns=("executor", "selected_max_abs", "unselected_identical"),
-                               rows=lambda p: len(p["context_lengths"]) * len(p["num_intervals"])
+                               rows=lambda p: len(p["context_lens"]) * len(p["num_intervals"])
                                * len([e for e in p["executors"] if e != "append-forward"]),  # the floor is no repair
                                not_null=("selected_max_abs",), check=_bench_checks),
             "04_timings": Table(columns=("context_len", "num_intervals", "executor", "ms"), not_null=("ms",)),
             "04_table18": Table(columns=("context_len", "num_intervals", "sequential"),
-                                rows=lambda p: len(p["context_lengths"]) * len(p["num_intervals"]),
+                                rows=lambda p: len(p["context_lens"]) * len(p["num_intervals"]),
                                 not_null=("sequential",)),
             "04_packed_vs_replay": Table(
                 columns=("method", "budget_pct", "median_ms", "fraction_of_replay", "token_fraction", "pair_bound"),
@@ -608,7 +608,7 @@ EXPECTED: dict[str, Expected] = {
                                 check=_overlap_identical),
             "04_targets": Table(columns=("ratio", "value", "target", "met", "note", "packed")),
             "04_table19": Table(columns=("device", "context_len", "num_intervals", "SDPA + GQA"),
-                                rows=lambda p: len(p["context_lengths"]) * len(p["num_intervals"]),  # CPU only here
+                                rows=lambda p: len(p["context_lens"]) * len(p["num_intervals"]),  # CPU only here
                                 not_null=("SDPA + GQA",)),
             "04_table20": Table(
                 columns=("row", "method", "budget_pct", "executor", "inputs", "num_selected", "num_intervals",
@@ -623,7 +623,7 @@ EXPECTED: dict[str, Expected] = {
             "05_packed_vs_sequential": Table(
                 columns=("context_len", "num_intervals", "executor", "input_unchanged", "unselected_identical",
                          "kv_max_rel_l2", "logits_rel_l2"),
-                rows=lambda p: len(p["context_lengths"]) * len(p["num_intervals"]) * len(p["executors"]),
+                rows=lambda p: len(p["context_lens"]) * len(p["num_intervals"]) * len(p["executors"]),
                 not_null=("kv_max_rel_l2", "logits_rel_l2"), check=_packed_matches_sequential),
             "05_packed_vs_sequential_layers": Table(columns=("executor", "layer", "tensor", "rel_l2"),
                                                     not_null=("rel_l2",)),

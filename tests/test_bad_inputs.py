@@ -770,8 +770,12 @@ def test_a_malformed_range_declaration_names_the_parameter(spec):
 
 # ---- the public API swept for the same kinds: counts, seeds, indexes, names ------------------------------------------
 def _api_rows():
-    from sur_lab import allowance, coalesce, continuation_nll, get_allocator, get_executor, segment_units, wrap_model
-    from sur_lab.allocators import AllocationRequest
+    from sur_lab.allocators import AllocationRequest, get_allocator
+    from sur_lab.answer import continuation_nll
+    from sur_lab.budget import allowance, coalesce
+    from sur_lab.executors import get_executor
+    from sur_lab.models import wrap_model
+    from sur_lab.units import segment_units
     from sur_lab.analysis.endpoints import reference_continuation
     from sur_lab.analysis.scoring import iirc_exact_match
     from sur_lab.analysis.decisions import paired_family, proportion_interval
@@ -933,7 +937,8 @@ CACHE_IN_ROWS = [
 
 @pytest.mark.parametrize("row", CACHE_IN_ROWS, ids=[r[0] for r in CACHE_IN_ROWS])
 def test_caches_handed_in_are_checked_before_any_work(lm, row, monkeypatch):
-    from sur_lab import EditSession, repair_cache
+    from sur_lab import EditSession
+    from sur_lab.session import repair_cache
 
     _, build, error, match = row
     cache = build(lm, IDS)
@@ -950,14 +955,14 @@ def test_caches_handed_in_are_checked_before_any_work(lm, row, monkeypatch):
                                                (None, TypeError, "model must be"),
                                                (torch.nn.Linear(2, 2), TypeError, "model is a Linear")])
 def test_repair_cache_names_a_model_that_is_not_one(lm, model, error, match):
-    from sur_lab import repair_cache
+    from sur_lab.session import repair_cache
 
     with pytest.raises(error, match=match):
         repair_cache(model, prefill(lm, torch.tensor(IDS))[0], IDS, (4, 7))
 
 
 def test_repair_cache_takes_the_loaded_model_wrapper(lm):
-    from sur_lab import repair_cache
+    from sur_lab.session import repair_cache
 
     cache = prefill(lm, torch.tensor(IDS))[0]
     from_module = repair_cache(lm.model, cache, IDS, (4, 7), budget_pct=50)
@@ -968,7 +973,8 @@ def test_repair_cache_takes_the_loaded_model_wrapper(lm):
 def test_static_cache_gives_its_filled_rows_never_its_padding(lm):
     from transformers import StaticCache
 
-    from sur_lab import EditSession, repair_cache
+    from sur_lab import EditSession
+    from sur_lab.session import repair_cache
 
     ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(5))
     static = StaticCache(config=lm.model.config, max_cache_len=64)

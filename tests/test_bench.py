@@ -21,7 +21,7 @@ from conftest import make_tiny_model  # noqa: E402
 
 from sur_lab import load_model  # noqa: E402,F401
 from sur_lab.studies import bench, validation  # noqa: E402
-from sur_lab.budget import Support  # noqa: E402
+from sur_lab.budget import Support, spread_support  # noqa: E402
 from sur_lab.cache_ops import caches_equal, clone_cache  # noqa: E402
 from sur_lab.executors import dirty, shift  # noqa: E402
 from sur_lab.executors.packed import causal_pair_count  # noqa: E402
@@ -50,13 +50,14 @@ def test_matched_support_rejects_impossible_requests(kwargs, match):
         bench.matched_support(**args)
 
 
-def test_spread_support():
-    s = bench.spread_support(1000, 50, 16)
+def test_replay_sweep_supports_are_the_one_spread_support():
+    """The sweep places B = B(S, b) positions with :func:`sur_lab.budget.spread_support` (the one owner, shared with
+    notebook 01), in at most B intervals: 16 at B = 50, all 5 at B = 5."""
+    assert bench.spread_support is spread_support
+    s = spread_support(1000, 50, 16)
     assert s.size == 50 and s.num_intervals == 16 and s.suffix_len == 1000
-    assert bench.spread_support(1000, 5, 16).num_intervals == 5
-    assert bench.spread_support(1000, 0, 16).size == 0
-    with pytest.raises(ValueError, match="num_selected"):
-        bench.spread_support(10, 11, 2)
+    assert s.intervals[:2] == [(0, 4), (62, 66)] and [b - a for a, b in s.intervals].count(4) == 2
+    assert spread_support(1000, 5, min(16, 5)).num_intervals == 5
 
 
 def test_time_interleaved_calls_every_task_once_per_round():
@@ -147,7 +148,7 @@ def test_ratio_tables_from_hand_made_medians():
     assert smoke.loc["packed_R1_over_append_forward", "note"] == ""
     other = bench.target_ratios(medians, replay, context_len=2048, packed="packed-inplace", target_budget=2)
     assert other.set_index("ratio")["note"].tolist() == [
-        "not measured: N = 2048 not in context_lengths"] * 3 + [
+        "not measured: N = 2048 not in context_lens"] * 3 + [
         "not measured: b = 2 % not in the sweep's budgets"] * 3 + [
         "not measured: no attention-only timing", "not measured: no overlap comparison"]
     unpacked = bench.target_ratios(medians, replay, packed="packed-inplace").set_index("ratio")

@@ -77,17 +77,17 @@ def test_no_command_is_a_usage_error(capsys):
         (["bench", "--budgets", "150"], "--budgets must be numbers in (0, 100] (%); got '150'"),
         (["bench", "--budgets", "0"], "--budgets must be numbers in (0, 100] (%); got '0'"),
         (["bench", "--overlap-budget", "101"], "--overlap-budget must be numbers in (0, 100] (%); got '101'"),
-        (["bench", "--context-lengths", "-1"], "--context-lengths must be an integer >= 17; got '-1'"),
-        (["bench", "--replay-context-length", "16"], "--replay-context-length must be an integer >= 17; got '16'"),
+        (["bench", "--context-lens", "-1"], "--context-lens must be an integer >= 17; got '-1'"),
+        (["bench", "--replay-context-len", "16"], "--replay-context-len must be an integer >= 17; got '16'"),
         (["bench", "--intervals", "0"], "--intervals must be an integer >= 1; got '0'"),
-        (["bench", "--overlap-context-length", "10"], "--overlap-context-length must be 0 or an integer >= 64"),
+        (["bench", "--overlap-context-len", "10"], "--overlap-context-len must be 0 or an integer >= 64"),
         (["bench", "--threads", "-2"], "--threads must be an integer >= 0; got '-2'"),
         (["bench", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
-        (["bench", "--num-selected", "500", "--context-lengths", "256"],
-         "--num-selected 500 exceeds the suffix of --context-lengths 256 (256 - prefix 16 = 240 positions)"),
+        (["bench", "--num-selected", "500", "--context-lens", "256"],
+         "--num-selected 500 exceeds the suffix of --context-lens 256 (256 - prefix 16 = 240 positions)"),
         (["bench", "--num-selected", "60"], "--num-selected 60 must be a multiple of every --intervals value; 16"),
-        (["bench", "--context-lengths", "1001"],
-         "--context-lengths 1001 with --num-selected 64, --intervals 1: context_len=1001: no mirror-symmetric"),
+        (["bench", "--context-lens", "1001"],
+         "--context-lens 1001 with --num-selected 64, --intervals 1: context_len=1001: no mirror-symmetric"),
         (["bench", "--executors", "sequential", "bogus"], "--executors: unknown executor name='bogus'"),
         (["bench", "--sweep-executors", "bogus"], "--sweep-executors: unknown executor name='bogus'"),
         (["bench", "--overlap-executor", "append-forward"], "--overlap-executor: executor name='append-forward'"),
@@ -106,12 +106,25 @@ def test_bad_arguments_fail_cleanly(capsys, monkeypatch, argv, message):
 
 
 def _bench_script():
+    from sur_lab.runtime import bench as bench_main
+
+    return bench_main
+
+
+def test_bench_runs_from_the_package_and_the_script_is_its_main():
+    """``sur-lab bench`` runs :func:`sur_lab.runtime.bench.main` (nothing read from the checkout); the script in
+    ``scripts/`` is a call of the same function."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_packed_refresh_under_test", cli.BENCH_SCRIPT)
+    from sur_lab.paths import REPO_ROOT
+    from sur_lab.runtime import bench as bench_main
+
+    assert not hasattr(cli, "BENCH_SCRIPT")
+    spec = importlib.util.spec_from_file_location("bench_packed_refresh_under_test",
+                                                  REPO_ROOT / "scripts" / "bench_packed_refresh.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    assert module.main is bench_main.main
 
 
 def test_bench_defaults_fit_the_embedded_model():
@@ -119,16 +132,16 @@ def test_bench_defaults_fit_the_embedded_model():
     max_position_embeddings (8192) included; one token more is refused with the largest N that fits."""
     script = _bench_script()
     args = script.parse_args([])
-    assert args.context_lengths == [2040, 8184] and args.replay_context_length == 8184
-    assert [n + script.DELETED_LEN for n in args.context_lengths] == [2048, 8192]
+    assert args.context_lens == [2040, 8184] and args.replay_context_len == 8184
+    assert [n + script.DELETED_LEN for n in args.context_lens] == [2048, 8192]
     assert script.check_model_limit(args, 8192) is None and script.check_model_limit(args, None) is None
-    too_long = script.parse_args(["--context-lengths", "2040", "8192"])
+    too_long = script.parse_args(["--context-lens", "2040", "8192"])
     assert script.check_model_limit(too_long, 8192) == (
-        "--context-lengths 8192: the Dirty prefill has N + 8 = 8200 tokens, beyond the model's "
+        "--context-lens 8192: the Dirty prefill has N + 8 = 8200 tokens, beyond the model's "
         "max_position_embeddings=8192; use N <= 8184")
-    replay = script.parse_args(["--context-lengths", "1024", "--replay-context-length", "8185"])
-    assert script.check_model_limit(replay, 8192).startswith("--replay-context-length 8185: ")
-    no_sweep = script.parse_args(["--context-lengths", "1024", "--replay-context-length", "8185", "--budgets"])
+    replay = script.parse_args(["--context-lens", "1024", "--replay-context-len", "8185"])
+    assert script.check_model_limit(replay, 8192).startswith("--replay-context-len 8185: ")
+    no_sweep = script.parse_args(["--context-lens", "1024", "--replay-context-len", "8185", "--budgets"])
     assert script.check_model_limit(no_sweep, 8192) is None  # --budgets with no value: no Replay sweep, no context
 
 
@@ -145,10 +158,10 @@ def test_bench_refuses_a_context_beyond_the_model_before_any_prefill(capsys, mon
         raise AssertionError("refused lengths must be caught before any prefill")
 
     monkeypatch.setattr(bench, "prepare_context", no_prefill)
-    code, _, err = _run(capsys, "bench", "--device", "cpu", "--context-lengths", "1024", "4096", "--budgets",
-                        "--overlap-context-length", "0")
+    code, _, err = _run(capsys, "bench", "--device", "cpu", "--context-lens", "1024", "4096", "--budgets",
+                        "--overlap-context-len", "0")
     assert code == 2
-    assert "--context-lengths 4096: the Dirty prefill has N + 8 = 4104 tokens, beyond the model's " \
+    assert "--context-lens 4096: the Dirty prefill has N + 8 = 4104 tokens, beyond the model's " \
            "max_position_embeddings=4096; use N <= 4088" in err
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
-from sur_lab import EditSession, SyncPolicy, token_edit
+from sur_lab import EditSession, SyncPolicy
+from sur_lab.edits import token_edit
 from sur_lab.budget import allowance
 from sur_lab.cache_ops import caches_equal
 from sur_lab.executors import reprefill

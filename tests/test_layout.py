@@ -99,8 +99,8 @@ def test_layers_cover_the_core_modules():
         assert _layer_of(name) == "sweeps"
     # runtime/ holds the entry points only
     assert {n for n in NAMES if _layer_of(n) == "runtime"} == {
-        "sur_lab.runtime", "sur_lab.runtime.claims", "sur_lab.runtime.cli", "sur_lab.runtime.params",
-        "sur_lab.runtime.release", "sur_lab.runtime.results_page", "sur_lab.runtime.run_notebooks"}
+        "sur_lab.runtime", "sur_lab.runtime.bench", "sur_lab.runtime.claims", "sur_lab.runtime.cli",
+        "sur_lab.runtime.params", "sur_lab.runtime.release", "sur_lab.runtime.results_page", "sur_lab.runtime.run_notebooks"}
 
 
 @pytest.mark.parametrize("name", sorted(NAMES), ids=lambda n: n.removeprefix("sur_lab."))
@@ -245,5 +245,16 @@ def test_importing_the_core_loads_no_higher_layer():
 
 
 def test_public_api_is_importable_from_the_top_level():
+    """``sur_lab.__all__`` is the user-facing surface (issue 39): load, edit, prepare / repair / recover, answer,
+    sessions and sync, the registries, the result types and check_model; every helper is imported from its module."""
+    assert len(sur_lab.__all__) == 22 and len(set(sur_lab.__all__)) == 22
+    assert {"load_model", "chat_edit", "prepare", "repair", "recover", "answer", "EditSession", "SyncPolicy",
+            "ALLOCATORS", "EXECUTORS", "RepairResult", "check_model"} <= set(sur_lab.__all__)
+    namespace: dict = {}
+    exec("from sur_lab import *", namespace)
+    assert sorted(n for n in namespace if n != "__builtins__") == sorted(sur_lab.__all__)
     for name in sur_lab.__all__:
         assert getattr(sur_lab, name) is not None
+    public = {n for n in vars(sur_lab) if not n.startswith("_")}
+    modules = {n for n in public if type(getattr(sur_lab, n)).__name__ == "module"}
+    assert public - modules == set(sur_lab.__all__), "a top-level name outside __all__"

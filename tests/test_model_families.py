@@ -535,7 +535,7 @@ def test_sessions_on_partial_rotary_keep_layer0_at_budget_zero(name):
 @pytest.mark.parametrize("name", PARTIAL)
 @pytest.mark.parametrize("budget", [0, 100])
 def test_repair_cache_on_partial_rotary(name, budget):
-    from sur_lab import repair_cache
+    from sur_lab.session import repair_cache
     from sur_lab.forward import prefill
 
     lm = make_family_model(name)

@@ -21,7 +21,9 @@ from conftest import fp64_tol, make_tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sur_lab import EditSession, prepare, repair, repair_cache, token_edit
+from sur_lab import EditSession, prepare, repair
+from sur_lab.edits import token_edit
+from sur_lab.session import repair_cache
 from sur_lab.allocators import ALLOCATORS
 from sur_lab.cache_ops import clone_cache, layer_kv, max_abs_diff, to_tensors
 from sur_lab.forward import prefill

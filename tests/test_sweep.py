@@ -401,3 +401,24 @@ def test_a_damaged_records_parquet_without_parts_is_not_overwritten(lm, cases, t
     with pytest.raises(ValueError, match=r"out_dir=.*records.parquet cannot be read as records.*not overwritten"):
         run_sweep(lm, cases[:1], ("Shift",), (), tmp_path, max_new_tokens=2, progress=False)
     assert (tmp_path / "records.parquet").read_bytes() == b"PAR1 not a parquet file"
+
+
+def test_field_types_are_read_from_the_record_annotations():
+    # Checked equal to the literal FIELD_TYPES that sweeps/record.py declared before issue 39 (then deleted, so the
+    # schema is declared once): each annotation form maps to its stored type, and an unknown one is refused.
+    from sur_lab.sweeps import record as rec
+
+    types = rec.FIELD_TYPES
+    assert list(types) == list(rec.FIELD_NAMES)
+    assert (types["case_id"], types["seed"], types["budget_pct"], types["timed"]) == ("str", "int", "float", "bool")
+    assert (types["tied_units"], types["em"]) == ("int?", "bool?")
+    assert (types["positions"], types["gold"], types["intervals"]) == ("ints", "strs", "intervals")
+    assert {types[t] for t in TIMING_FIELDS} == {"float"}
+    assert set(types.values()) == set(rec._KINDS.values())
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Wider(rec.Record):
+        ratio: complex = 0j
+
+    with pytest.raises(TypeError, match=r"Wider fields with no stored type .*ratio: <class 'complex'>"):
+        rec._field_types(Wider)

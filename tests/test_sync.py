@@ -22,7 +22,8 @@ from conftest import fp64_tol, make_tiny_model
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sur_lab import EditSession, ModelCheckError, SyncPolicy, check_model
+from sur_lab import EditSession, SyncPolicy, check_model
+from sur_lab.model_check import ModelCheckError
 from sur_lab.cache_ops import layer_kv, max_abs_diff, to_tensors
 from sur_lab.edits import chat_segments, tokenize_segments
 from sur_lab.forward import prefill

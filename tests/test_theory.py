@@ -17,7 +17,7 @@ from conftest import make_tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sur_lab.budget import Support, allowance
+from sur_lab.budget import Support, allowance, spread_support
 from sur_lab.cache_ops import caches_equal
 from sur_lab.edits import token_edit
 from sur_lab.executors import refresh_sequential, replay
@@ -43,7 +43,6 @@ from sur_lab.studies.theory import (
     refresh_with_queries,
     replay_pairs,
     replay_with_queries,
-    spread_support,
     token_flops,
     token_layer_ratio,
     useful_flops,
@@ -310,6 +309,8 @@ def test_spread_support():
         spread_support(100, 13, 14)
     with pytest.raises(ValueError, match="num_intervals"):
         spread_support(20, 17, 5)  # intervals of 4 positions every 4 tokens would touch
+    with pytest.raises(ValueError, match="allowance_b=11 exceeds suffix_len=10"):
+        spread_support(10, 11, 2)
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import make_tiny_model
 from test_allocators import char_tokenizer, text_edit
-from sur_lab import Support, allowance, prepare
+from sur_lab import prepare
+from sur_lab.budget import Support, allowance
 from sur_lab.analysis.plotting import token_pieces, token_view
 from sur_lab.analysis.endpoints import row_deviation
 from sur_lab.studies.staleness import DENSE_TOKENS, repair_token_view

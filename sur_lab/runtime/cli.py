@@ -8,7 +8,7 @@
     sur-lab sweep niah -p num_cases 48                 # -p overrides any study parameter, as the notebook's
     sur-lab sweep niah --preset paper --workers 16     # the paper's grid on the Qwen study model, 16 Ray actors
     sur-lab sweep niah --preset paper --address auto   # the same on the Ray cluster this machine belongs to
-    sur-lab bench --context-lengths 1024 --repeats 3   # scripts/bench_packed_refresh.py (its own --help)
+    sur-lab bench --context-lens 1024 --repeats 3      # sur_lab.runtime.bench (its own --help)
     sur-lab release --check                            # the results release: what is stale (sur-lab release --help)
     sur-lab models                                     # list the embedded models and verify them (load + forward)
     sur-lab data status                                # which QA data folder is used; each file against SHA256SUMS
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from sur_lab.paths import REPO_ROOT
+from sur_lab.runtime.params import budget_arg, int_arg
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-BENCH_SCRIPT = REPO_ROOT / "scripts" / "bench_packed_refresh.py"
 PRESETS = ("smoke", "default", "paper")
 #: ``sur-lab --help``'s description (plain text; the module docstring is reST).
 DESCRIPTION = """\
@@ -47,7 +47,7 @@ examples:
   sur-lab sweep niah -p num_cases 48 -p context_lens '[1024, 2048]'   override a study parameter
   sur-lab sweep niah --preset paper --workers 16     the paper's grid on the Qwen study model, 16 Ray actors
   sur-lab sweep niah --preset paper --address auto   the same on the Ray cluster this machine belongs to
-  sur-lab bench --context-lengths 1024 --repeats 3   the packed-refresh benchmark (sur-lab bench --help)
+  sur-lab bench --context-lens 1024 --repeats 3      the packed-refresh benchmark (sur-lab bench --help)
   sur-lab release                                    every notebook at its default into results/ (resumes)
   sur-lab release --check                            what in results/ is stale against the code, and why
   sur-lab models                                     list the embedded models and verify them (load + forward)
@@ -346,15 +346,13 @@ def run_notebooks_cmd(args) -> int:
 
 
 def bench_cmd(argv: list[str]) -> int:
-    """Run ``scripts/bench_packed_refresh.py``'s ``main`` with ``argv`` (its own options and ``--help``)."""
-    if not BENCH_SCRIPT.is_file():
-        raise CliError(f"bench: {BENCH_SCRIPT} is missing (the benchmark ships with the repository checkout)")
-    spec = importlib.util.spec_from_file_location("sur_lab_bench_packed_refresh", BENCH_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    prog, sys.argv[0] = sys.argv[0], "sur-lab bench"  # the script's argparse names itself after argv[0]
+    """Run the packed-refresh benchmark (:func:`sur_lab.runtime.bench.main`) with ``argv`` (its own options and
+    ``--help``)."""
+    from sur_lab.runtime.bench import main as bench_main
+
+    prog, sys.argv[0] = sys.argv[0], "sur-lab bench"  # its argparse names itself after argv[0]
     try:
-        return int(module.main(argv) or 0)
+        return int(bench_main(argv) or 0)
     finally:
         sys.argv[0] = prog
 
@@ -476,42 +474,6 @@ def lab_cmd(args) -> int:
 # parser
 
 
-def int_arg(name: str, low: int = 1, *, zero: bool = False):
-    """An argparse ``type=``: an integer >= ``low`` (or exactly 0 when ``zero``); the message names ``name``.
-
-    Shared by the ``sur-lab`` subcommands and the scripts (``scripts/bench_packed_refresh.py``).
-    """
-    allowed = f"0 or an integer >= {low}" if zero else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}") from None
-        if value < low and not (zero and value == 0):
-            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}")
-        return value
-
-    return parse
-
-
-def budget_arg(name: str, *, zero: bool = False):
-    """An argparse ``type=``: a budget b in (0, 100] % of the suffix (``[0, 100]`` when ``zero``: Shift's 0 % allowed);
-    the message names ``name``."""
-    allowed = "[0, 100]" if zero else "(0, 100]"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be numbers in {allowed} (%); got {text!r}") from None
-        if not (0 <= value <= 100 if zero else 0 < value <= 100):
-            raise argparse.ArgumentTypeError(f"{name} must be numbers in {allowed} (%); got {text!r}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sur-lab", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -578,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sub.add_parser("bench", add_help=False, help="the packed-refresh benchmark (sur-lab bench --help for its options)",
-                   description="Runs scripts/bench_packed_refresh.py; every option is the script's own.")
+                   description="sur_lab.runtime.bench: every option is its own.")
     sub.add_parser("release", add_help=False,
                    help="every notebook at its default preset into results/, fingerprinted (sur-lab release --help)",
                    description="sur_lab.runtime.release: every option is its own.")

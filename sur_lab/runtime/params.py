@@ -1,4 +1,6 @@
 """Notebook parameter validation: one call after the ``parameters`` cell checks every parameter against its annotation.
+(The command line's argparse types, :func:`int_arg` and :func:`budget_arg`, live here too: one owner of a parameter's
+range check.)
 
 Every notebook's ``parameters`` cell is a list of annotated literals (``budgets: list = [2, 5]``). Papermill replaces
 values without looking at the annotations, so ``-p datasets '["a","b"]'`` arrives as the *string* ``'["a","b"]'`` and
@@ -33,6 +35,7 @@ kernel (for a plain ``papermill`` run), which reads the parameters cell from IPy
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import json
@@ -352,10 +355,6 @@ def validate_parameters(
             namespace[name] = value
 
 
-#: The cell every notebook runs right after its parameters cell (and papermill's injected parameters).
-VALIDATION_CELL = "from sur_lab.runtime.params import validate_parameters\n\nvalidate_parameters(globals())"
-
-
 def parameters_cell(path: str | Path) -> str:
     """The source of the notebook's cell tagged ``parameters`` ("" when it has none)."""
     import json  # not nbformat: importing it costs seconds
@@ -420,3 +419,42 @@ def check_notebook_parameters(path: str | Path, parameters: Mapping[str, Any] | 
     if errors:
         kind = ParameterRangeError if all(isinstance(e, ParameterRangeError) for e in errors) else ParameterError
         raise kind(f"{Path(path).name}: " + "\n".join(map(str, errors)))
+
+
+# argparse types of the command line (sur-lab and its benchmark)
+
+
+def int_arg(name: str, low: int = 1, *, zero: bool = False):
+    """An argparse ``type=``: an integer >= ``low`` (or exactly 0 when ``zero``); the message names ``name``.
+
+    Shared by the ``sur-lab`` subcommands, ``sur-lab bench`` (:mod:`sur_lab.runtime.bench`) and the scripts.
+    """
+    allowed = f"0 or an integer >= {low}" if zero else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}") from None
+        if value < low and not (zero and value == 0):
+            raise argparse.ArgumentTypeError(f"{name} must be {allowed}; got {text!r}")
+        return value
+
+    return parse
+
+
+def budget_arg(name: str, *, zero: bool = False):
+    """An argparse ``type=``: a budget b in (0, 100] % of the suffix (``[0, 100]`` when ``zero``: Shift's 0 % allowed);
+    the message names ``name``."""
+    allowed = "[0, 100]" if zero else "(0, 100]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be numbers in {allowed} (%); got {text!r}") from None
+        if not (0 <= value <= 100 if zero else 0 < value <= 100):
+            raise argparse.ArgumentTypeError(f"{name} must be numbers in {allowed} (%); got {text!r}")
+        return value
+
+    return parse

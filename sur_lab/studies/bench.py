@@ -1,5 +1,5 @@
 """Refresh-time benchmarks of the executors (section 4.4, appendix 13.1 and 13.3), shared by
-``notebooks/04_packed_refresh_benchmark.ipynb`` and ``scripts/bench_packed_refresh.py``.
+``notebooks/04_packed_refresh_benchmark.ipynb`` and ``sur-lab bench`` (:mod:`sur_lab.runtime.bench`).
 
 Matched-work grid (Table 18 analogue): a random-token prompt of N + 8 tokens loses 8 tokens after a 16-token prefix
 and is Shifted, so N is the edited context (the Shift cache's rows) and the Dirty prefill has N + 8 tokens (the
@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from sur_lab.budget import Support, allowance
+from sur_lab.budget import Support, allowance, spread_support
 from sur_lab.cache_ops import caches_equal, clone_cache, slice_rows, to_tensors
 from sur_lab.edits import EditedContext, build_edit, token_edit
 from sur_lab.executors import dirty, executor_consumes_input, get_executor, replay, shift
@@ -91,7 +91,6 @@ __all__ = [
     "refresh_grid",
     "replay_medians",
     "replay_sweep",
-    "spread_support",
     "synthetic_edit",
     "table18",
     "target_ratios",
@@ -183,24 +182,6 @@ def matched_support(
     support = Support(absolute - p, n - p)
     assert support.num_intervals == r and 2 * int(np.sum(absolute + 1)) == b * (n + 1)
     return support
-
-
-def spread_support(suffix_len: int, num_selected: int, num_intervals: int) -> Support:
-    """B positions in R near-equal intervals centred in R equal slots of the suffix (for the Replay sweep).
-
-    Raises:
-        ValueError: naming ``num_selected`` when it is outside ``[0, suffix_len]`` or ``num_intervals`` when < 1.
-    """
-    if not 0 <= num_selected <= suffix_len:
-        raise ValueError(f"num_selected={num_selected} must be in [0, suffix_len={suffix_len}]")
-    if num_intervals < 1:
-        raise ValueError(f"num_intervals={num_intervals} must be >= 1")
-    r = min(num_intervals, num_selected) or 1
-    lengths = np.full(r, num_selected // r) + (np.arange(r) < num_selected % r)
-    slot = suffix_len / r
-    starts = np.floor(np.arange(r) * slot + (slot - lengths) / 2).astype(np.int64)
-    positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)]) if num_selected else []
-    return Support.from_unsorted(np.asarray(positions, dtype=np.int64), suffix_len)
 
 
 @dataclass(frozen=True, eq=False)
@@ -476,7 +457,8 @@ def replay_sweep(
     Args:
         lm: the model.
         ctx: the prepared context (S = N - p suffix tokens).
-        budgets: b values in percent; B = B(S, b) (Eq. 3), placed by :func:`spread_support` in ``num_intervals``.
+        budgets: b values in percent; B = B(S, b) (Eq. 3), placed by :func:`sur_lab.budget.spread_support` in ``num_intervals``
+            (at most B).
         num_intervals: R of each support (fewer when B < R).
         executors: packed executor names, each timed at every budget.
         full_support: also time every executor at b = 100 % (all S positions: an exact Replay on that executor's
@@ -497,7 +479,8 @@ def replay_sweep(
         ("Replay", 100.0, s, 1, causal_pair_count(full.absolute(p))): lambda: replay(lm, ctx.shift, ctx.edit)
     }
     for b in dict.fromkeys([*map(float, budgets), *([100.0] if full_support else [])]):
-        support = full if b == 100.0 else spread_support(s, allowance(s, b), num_intervals)
+        B = allowance(s, b)
+        support = full if b == 100.0 else spread_support(s, B, min(num_intervals, B))
         pairs = causal_pair_count(support.absolute(p))
         for name in fns:
             tasks[(name, b, support.size, support.num_intervals, pairs)] = executor_task(
@@ -579,7 +562,7 @@ def target_ratios(
         """Why the grid has no median for (``executor``, R = ``r``) at ``context_len``; "" when it has one."""
         at_n = medians[medians.context_len == context_len]
         if not len(at_n):
-            return f"N = {context_len} not in context_lengths"
+            return f"N = {context_len} not in context_lens"
         if not (at_n.num_intervals == r).any():
             return f"R = {r} not in num_intervals"
         if not (at_n.executor == executor).any():

@@ -115,8 +115,6 @@ NOTEBOOK = "03_natural_qa_latency"
 FOLDER = "03_natural_qa"
 #: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
 FIXED = {"trials": 1, "lead": 0, "tail": 1, "include_unanswerable": False}
-#: Budgets of the comparison, % of the retained suffix.
-PAPER_BUDGETS = (2.0, 5.0)
 #: Column headings of Tables 10-11.
 DATASET_LABELS = {"2wikimultihopqa": "2Wiki", "hotpotqa": "HotpotQA", "iirc": "IIRC", "musique": "MuSiQue"}
 #: Eq. 20 components, in ms, as the sweep records them.

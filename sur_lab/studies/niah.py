@@ -151,8 +151,6 @@ PRESETS = {
                                      "CacheBlend-Adapted", "A3-Adapted", "Clean-state oracle"],
               "matched_cases": 96},
 }
-#: The paper's NIAH budget grid, %.
-PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
 #: The study's name in the registry (``sur-lab sweep niah``), its notebook, and its sweep folders' prefix.
 NAME = "niah"
 NOTEBOOK = "02_allocation_geometry"

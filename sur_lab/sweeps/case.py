@@ -11,8 +11,8 @@ greedy continuation), and the canonical gold answer is teacher-forced (:attr:`Ca
 
 Adding an endpoint (a record field computed from each answer):
 
-1. declare the field in :class:`~sur_lab.sweeps.record.Record` with its unit, and its type in
-   :data:`~sur_lab.sweeps.record.FIELD_TYPES`;
+1. declare the field in :class:`~sur_lab.sweeps.record.Record` with its unit and its annotation (its type in
+   :data:`~sur_lab.sweeps.record.FIELD_TYPES` is read from it);
 2. if it needs teacher forcing, add the token sequence to :func:`_targets` under a name (e.g. the gold answer's ids,
    :attr:`Case.answer_ids`): every row's log-probabilities of it
    are then computed in one batched forward and passed to :func:`_endpoints` as ``logprobs[name]`` (``[T]`` float64);

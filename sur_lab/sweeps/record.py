@@ -13,10 +13,10 @@ a stored line against the schema (every field present with its type and within i
 flat scalars; with ``meta_keys``, no key beyond the case's) and raises ``ValueError`` saying what is wrong, so that
 the store can report and recompute an invalid line instead of crashing or reusing it.
 
-To add a field: declare it below with its unit in the docstring, give it a type in :data:`FIELD_TYPES` and, when it
-has one, a range in :data:`FIELD_RANGES` (both checked where a record is built and by :func:`parse_line`), and fill it
-where records are built (:func:`sur_lab.sweeps.case.run_case`). Stored records without it then fail validation and
-are recomputed, with a warning naming the file, line and field.
+To add a field: declare it below with its unit in the docstring and its annotation (:data:`FIELD_TYPES` is read
+from it), when it has one a range in :data:`FIELD_RANGES` (both checked where a record is built and by
+:func:`parse_line`), and fill it where records are built (:func:`sur_lab.sweeps.case.run_case`). Stored records
+without it then fail validation and are recomputed, with a warning naming the file, line and field.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, get_type_hints
 
 import numpy as np
 import pandas as pd
@@ -277,25 +277,31 @@ class Record:
 FIELD_NAMES = tuple(f.name for f in fields(Record) if f.name != "meta")
 FIELD_SET = frozenset(FIELD_NAMES) | {"meta"}
 _STR, _INT, _FLOAT, _BOOL = "str", "int", "float", "bool"
-#: Each field's stored type: str, int, float (NaN allowed), bool, an optional form ("int?" / "bool?"), or a list form.
-FIELD_TYPES: dict[str, str] = {
-    "case_id": _STR, "method": _STR, "budget_pct": _FLOAT, "protocol": _STR,
-    "model": _STR, "model_weights": _STR, "dtype": _STR, "device": _STR, "seed": _INT, "case_seed": _INT,
-    "executor": _STR, "max_new_tokens": _INT, "decoding": _STR, "eval_batch": _INT, "options": _STR,
-    "versions": _STR, "case_fingerprint": _STR,
-    "workers": _INT, "threads": _INT, "dtype_reason": _STR, "timed": _BOOL, "shared_prefix": _BOOL,
-    "prefix_len": _INT, "deleted_len": _INT, "suffix_len": _INT, "cache_len": _INT, "allowance": _INT,
-    "num_intervals": _INT, "positions": "ints", "intervals": "intervals", "extra_forward_tokens": _INT,
-    "extra_forward_layers": _INT, "tied_units": "int?", "note_tokens": _INT, "note_template": _STR,
-    **{t: _FLOAT for t in TIMING_FIELDS},
-    "answer": _STR, "prediction": _STR, "gold": "strs", "finished": _BOOL,
-    "em": "bool?", "agree_reprefill": _BOOL, "sequence_agree": _BOOL, "tv_reprefill": _FLOAT,
-    "tv_dirty_reprefill": _FLOAT, "nr_tv": _FLOAT, "nll_reprefill": _FLOAT, "nll_tokens": _INT,
-    "jsd_reprefill": _FLOAT, "argmax_agree": _BOOL, "logits_identical": _BOOL, "logits_digest": _STR,
-    "gold_nll": _FLOAT, "gold_tokens": _INT, "gold_margin": _FLOAT,
-    "old_margin": _FLOAT,
+#: The stored type of each annotation :class:`Record` uses (an annotation not listed here is a schema error).
+_KINDS: dict[Any, str] = {
+    str: _STR, int: _INT, float: _FLOAT, bool: _BOOL, int | None: "int?", bool | None: "bool?",
+    tuple[int, ...]: "ints", tuple[str, ...]: "strs", tuple[tuple[int, int], ...]: "intervals",
 }
-assert set(FIELD_TYPES) == set(FIELD_NAMES), set(FIELD_TYPES) ^ set(FIELD_NAMES)  # one entry per field
+
+
+def _field_types(cls: type) -> dict[str, str]:
+    """Each field's stored type (meta excluded), in declaration order, read from dataclass ``cls``'s annotations
+    through :data:`_KINDS`.
+
+    Raises:
+        TypeError: naming a field whose annotation has no stored type.
+    """
+    hints = get_type_hints(cls)
+    names = [f.name for f in fields(cls) if f.name != "meta"]
+    unknown = [f"{name}: {hints[name]}" for name in names if hints[name] not in _KINDS]
+    if unknown:
+        raise TypeError(f"{cls.__name__} fields with no stored type (add it to _KINDS): {unknown}")
+    return {name: _KINDS[hints[name]] for name in names}
+
+
+#: Each field's stored type: str, int, float (NaN allowed), bool, an optional form ("int?" / "bool?"), or a list form
+#: ("ints", "strs", "intervals"), derived from :class:`Record`'s annotations (the schema is declared once).
+FIELD_TYPES: dict[str, str] = _field_types(Record)
 #: Slack of the float ranges: values a few float64 ulps outside a bound are rounding (a TV summed over a vocabulary),
 #: not a wrong unit.
 RANGE_SLACK = 1e-9

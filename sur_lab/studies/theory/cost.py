@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from sur_lab.budget import Support, allowance
+from sur_lab.budget import Support, allowance, spread_support
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
 from sur_lab.models import LoadedModel
@@ -178,34 +178,6 @@ def available_executors() -> list[str]:
             continue
         names.append(name)
     return names
-
-
-def spread_support(suffix_len: int, allowance_b: int, num_intervals: int) -> Support:
-    """A support of exactly ``B`` positions in exactly ``R`` intervals spread evenly over the suffix (for timing).
-
-    Interval r has ``⌊B/R⌋`` or ``⌈B/R⌉`` positions (the longer ones first) and starts at ``⌊r·S/R⌋``.
-
-    Raises:
-        ValueError: naming ``num_intervals`` when not in ``[1, B]`` or when the intervals cannot be separated
-            (``⌈B/R⌉ ≥ ⌊S/R⌋``, i.e. too dense to leave a gap between intervals).
-    """
-    if not 1 <= num_intervals <= allowance_b:
-        raise ValueError(f"num_intervals={num_intervals} must lie in [1, B={allowance_b}]")
-    if allowance_b > suffix_len:
-        raise ValueError(f"allowance_b={allowance_b} exceeds suffix_len={suffix_len}")
-    base, extra = divmod(allowance_b, num_intervals)
-    starts = [r * suffix_len // num_intervals for r in range(num_intervals)] + [suffix_len]
-    chunks = []
-    for r in range(num_intervals):
-        length = base + (1 if r < extra else 0)
-        if num_intervals > 1 and starts[r] + length >= starts[r + 1]:
-            raise ValueError(
-                f"num_intervals={num_intervals} intervals of ~{length} positions do not fit apart in S={suffix_len}"
-            )
-        chunks.append(np.arange(starts[r], starts[r] + length))
-    sup = Support(np.concatenate(chunks), suffix_len)
-    assert sup.num_intervals == num_intervals and sup.size == allowance_b
-    return sup
 
 
 def time_refresh(
@@ -400,7 +372,6 @@ __all__ = [
     "pair_flops",
     "pair_ratio_bound",
     "replay_pairs",
-    "spread_support",
     "time_refresh",
     "timing_study",
     "token_flops",
