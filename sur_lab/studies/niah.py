@@ -119,16 +119,22 @@ MATCHED_BY_LENGTH = Family("matched tokens by context length (holdout roster)", 
 ALL_AGAINST_REFERENCES = Family("every allocator against Shift and Re-prefill (the figure)", "binary",
                                 "each allocator at each budget minus Shift and minus Re-prefill, on one endpoint")
 
+#: Holdout cases of the matched-token sweep at ``default`` (issue 40): at 80 % power (two-sided 5 %, paired binary
+#: outcomes) about 120 cases separate the paper's +9.85 pp at the smaller support (Table 14); 600 would be needed for
+#: its +1.84 pp at the larger one. Sixty at each of 1K and 2K tokens.
+MATCHED_DEFAULT_CASES = 120
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (48
 #: cases, 24 at each of 1K and 2K tokens: issue 23 spent the time batched answering saves on more cases and a second
 #: length), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls, the edit-local
 #: baselines and Erratum (:data:`BEYOND_PAPER`, issue 26's paired tables come from this run).
 #: ``ablation`` (SUR's variants and the boundary controls, run with the allocators on the same cases) and
-#: ``matched_allocators`` (token-level allocators given SUR's exact count on the holdout roster; ``[]``: no
-#: matched-token sweep; ``matched_cases``: the holdout roster's size, cases alternating over ``context_lens``) are the
-#: design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in
-#: ``default`` (the bonus factor is SUR-IDF, already among its allocators).
+#: ``matched_allocators`` (token-level allocators given the region arm's per-case count on the holdout roster; ``[]``:
+#: no matched-token sweep; ``matched_cases``: the holdout roster's size, cases alternating over ``context_lens``) are
+#: the design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in ``default`` (the bonus factor is
+#: SUR-IDF, already among its allocators). The matched-token sweep's sizes are issue 40's: :data:`MATCHED_DEFAULT_CASES`
+#: holdout cases at ``default`` against Dense tokens alone (the paper's Table 14 compares SUR V1 with token selection
+#: by the query score, which is SUR's own token score: Dense tokens), 600 at ``paper`` (the paper's holdout: 599).
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 1, "budgets": [2, 5], "max_new_tokens": 4,
               "allocators": ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
@@ -140,13 +146,13 @@ PRESETS = {
                                "Random semantic units", "Edit-local window", "Edit-local + SUR", "Erratum"],
                 "ablation": ["SUR[aggregation=mean]", "SUR[partial_unit=prefix]", "Fixed blocks",
                              "Multiple local windows"],
-                "matched_allocators": ["Dense tokens", "ProphetKV-Adapted"], "matched_cases": 16},
+                "matched_allocators": ["Dense tokens"], "matched_cases": MATCHED_DEFAULT_CASES},
     "paper": {"context_lens": [1024, 2048, 4096, 8192, 16384, 32768], "num_cases": 96,
               "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32, "allocators": [*PAPER_ALLOCATORS, *BEYOND_PAPER],
               "ablation": list(ABLATION),
               "matched_allocators": ["Dense tokens", "ProphetKV-Adapted", "InfoFlow-Motivated", "Cache-Craft-Adapted",
                                      "CacheBlend-Adapted", "A3-Adapted", "Clean-state oracle"],
-              "matched_cases": 96},
+              "matched_cases": 600},
 }
 #: The paper's NIAH budget grid, %.
 PAPER_BUDGETS = (2, 5, 10, 20, 40, 80)
