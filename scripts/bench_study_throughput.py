@@ -32,9 +32,9 @@ sweep and reports, so each run's peak resident memory (``VmHWM``) is its own: mo
   when every EM difference's interval contains 0, no primary verdict changes and no flipped pair separates in either
   run; bfloat16 is the CPU default only when it does (``sur_lab.models.AUTO_CPU_BFLOAT16``, ``docs/bf16.md``).
 
-Intervals: case-paired percentile bootstrap, cases resampled within context lengths (NIAH) or families (stale facts),
-10,000 replicates, seed 20260928 (:func:`sur_lab.analysis.stats.paired_bootstrap`; appendix 8.3); verdicts by
-:func:`sur_lab.analysis.conclusions.verdict`.
+Intervals and verdicts: :func:`sur_lab.analysis.decisions.paired_family` (issue 36). A run-vs-run EM difference is
+one comparison decided alone (exact sign test on the discordant cases, Newcombe's paired interval); the primary
+comparisons are the study's own declared families (``paired_differences``), Holm within each.
 
     flock -x /work/cpu.lock .venv/bin/python scripts/bench_study_throughput.py --study niah --cases 8 --seed 3701 \
         --runs 16:packed:float32 16:packed:bfloat16:shared
@@ -281,22 +281,23 @@ def answer_agreement(base: pd.DataFrame, run: pd.DataFrame) -> tuple[float, pd.D
 
 
 def _paired(df: pd.DataFrame, a: str, b: str, metric: str, strata: str, label_col: str) -> dict:
-    """Case-paired bootstrap of mean ``metric`` of ``a`` minus ``b`` (values of ``label_col``), in pp, with its
-    verdict; rows whose metric is NaN are left out on both sides."""
-    from sur_lab.analysis.conclusions import verdict
-    from sur_lab.analysis.stats import paired_bootstrap
+    """Case-paired difference of mean ``metric`` of ``a`` minus ``b`` (values of ``label_col``), in pp, decided alone
+    by :func:`sur_lab.analysis.decisions.paired_family` (exact sign test on the discordant cases, Newcombe's paired
+    interval; issue 36); rows whose metric is NaN are left out on both sides. ``strata`` names the records' stratum
+    column (kept in the rows' layout; the exact test pairs cases and needs no strata)."""
+    from sur_lab.analysis.decisions import paired_family
 
     sub = df[df[label_col].isin([a, b])].dropna(subset=[metric])
-    both = sub.groupby("case_id")[label_col].nunique()
-    sub = sub[sub["case_id"].isin(both[both == 2].index)]
-    if sub.empty:
+    wide = sub.pivot_table(index="case_id", columns=label_col, values=metric, aggfunc="mean")
+    if a not in wide.columns or b not in wide.columns or wide[[a, b]].dropna().empty:
         return {"diff_pp": float("nan"), "ci_low_pp": float("nan"), "ci_high_pp": float("nan"), "n_cases": 0,
                 "verdict": "no paired cases"}
-    res = paired_bootstrap(sub.assign(**{metric: sub[metric].astype(float)}), metric_col=metric, method_a=a,
-                           method_b=b, source_col="case_id", strata_col=strata, method_col=label_col, n_boot=N_BOOT,
-                           seed=BOOT_SEED)
-    return {"diff_pp": 100 * res.diff, "ci_low_pp": 100 * res.low, "ci_high_pp": 100 * res.high,
-            "n_cases": res.n_sources, "verdict": verdict(res.diff, res.low, res.high, res.n_sources)}
+    wide = wide[[a, b]].dropna()
+    kind = "binary" if set(np.unique(wide.to_numpy())) <= {0.0, 1.0} else "continuous"
+    res = paired_family({(a, b): (wide[a].to_numpy(), wide[b].to_numpy())}, kind=kind, adjust="none",
+                        n_boot=N_BOOT, seed=BOOT_SEED).iloc[0]
+    return {"diff_pp": 100 * res["estimate"], "ci_low_pp": 100 * res["ci_low"], "ci_high_pp": 100 * res["ci_high"],
+            "n_cases": int(res["n"]), "verdict": res["verdict"]}
 
 
 def em_parity(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A", "B")) -> pd.DataFrame:
@@ -322,16 +323,12 @@ def shift_damage(records: pd.DataFrame, strata: str) -> dict:
 def primary_comparisons(study: str, records: pd.DataFrame) -> pd.DataFrame:
     """The study's primary comparisons with the study's own function: rows ``metric``, ``a``, ``b``, ``budget_pct``,
     ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``verdict``."""
-    from sur_lab.analysis.conclusions import verdict
-
     mod = _study(study)
     if study == "niah":
         out = mod.paired_differences(records, metric="em", n_boot=N_BOOT, seed=BOOT_SEED)
-        out = out.rename(columns={"method": "a", "baseline": "b"}).assign(metric="em")
+        out = out.drop(columns=["a", "b"]).rename(columns={"method": "a", "baseline": "b"}).assign(metric="em")
     else:
         out = mod.paired_differences(records, metrics=STUDIES[study][2], n_boot=N_BOOT, seed=BOOT_SEED)
-    out["verdict"] = [verdict(d, lo, hi, n) if not any(map(math.isnan, (d, lo, hi))) else "undefined"
-                      for d, lo, hi, n in zip(out["diff_pp"], out["ci_low_pp"], out["ci_high_pp"], out["n_cases"])]
     return out[["metric", "a", "b", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "verdict"]]
 
 
@@ -363,19 +360,19 @@ def ordering_flips(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A
                      f"ci_{b}": (pb["ci_low_pp"], pb["ci_high_pp"]), f"verdict_{b}": pb["verdict"]})
     out = pd.DataFrame(rows, columns=["x", "y", f"diff_{a}", f"ci_{a}", f"verdict_{a}", f"diff_{b}", f"ci_{b}",
                                       f"verdict_{b}"])
-    from sur_lab.analysis.conclusions import NOT_SEPARATED
+    from sur_lab.analysis.decisions import BEATS, LOSES
 
-    out["separated"] = (out[f"verdict_{a}"] != NOT_SEPARATED) | (out[f"verdict_{b}"] != NOT_SEPARATED)
+    out["separated"] = out[f"verdict_{a}"].isin([BEATS, LOSES]) | out[f"verdict_{b}"].isin([BEATS, LOSES])
     return out
 
 
 def parity_holds(em: pd.DataFrame, changes: pd.DataFrame, flips: pd.DataFrame) -> tuple[bool, list[str]]:
     """The parity condition of issue 37 and the reasons it fails: every arm's EM difference interval contains 0, no
     primary-comparison verdict changed, no flipped pair of arms separates in either run."""
-    from sur_lab.analysis.conclusions import NOT_SEPARATED
+    from sur_lab.analysis.decisions import BEATS, LOSES
 
     reasons = [f"EM of {r.arm} differs: {r.diff_pp:+.1f} pp [{r.ci_low_pp:+.1f}, {r.ci_high_pp:+.1f}]"
-               for r in em.itertuples() if r.verdict not in (NOT_SEPARATED, "no paired cases")]
+               for r in em.itertuples() if r.verdict in (BEATS, LOSES)]
     verdict_cols = [c for c in changes.columns if c.startswith("verdict_")]
     reasons += [f"primary {r['metric']} {r['a']} vs {r['b']} at {r['budget_pct']}: {r[verdict_cols[0]]} -> "
                 f"{r[verdict_cols[1]]}" for _, r in changes[changes["changed"]].iterrows()]

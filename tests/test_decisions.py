@@ -304,8 +304,9 @@ OLD_HELPERS = re.compile(r"\b(verdict|separates|difference_sentence|against_riva
 
 
 def test_no_study_uses_the_old_verdict_helpers():
-    """Every verdict a study or notebook prints goes through :mod:`sur_lab.analysis.decisions` (issue 36)."""
+    """Every verdict a study, notebook or benchmark prints goes through :mod:`sur_lab.analysis.decisions` (issue 36)."""
     root = Path(__file__).resolve().parents[1]
-    files = [*sorted((root / "sur_lab").rglob("*.py")), *sorted((root / "notebooks").glob("*.ipynb"))]
+    files = [*sorted((root / "sur_lab").rglob("*.py")), *sorted((root / "notebooks").glob("*.ipynb")),
+             *sorted((root / "scripts").glob("*.py"))]
     found = [f"{p.relative_to(root)}: {m.group(0)}" for p in files for m in OLD_HELPERS.finditer(p.read_text())]
     assert not found, found

@@ -338,12 +338,25 @@ def notebook_inputs(notebook: Path, parameters: Mapping[str, Any] | None = None,
         "files": files,
         "parameters": params,
         "model": model_inputs(values),
-        "dtype": str(values.get("dtype", "float32")),
+        "dtype": _resolved_dtype(values),
         "versions": {"python": ".".join(map(str, sys.version_info[:2])), "torch": _version("torch"),
                      "transformers": _version("transformers")},
         "data": data_hash() if reads_data else None,
     }
     return {"fingerprint": digest(fields), **fields}
+
+
+def _resolved_dtype(values: Mapping[str, Any]) -> str:
+    """The dtype a notebook's run computes in (``"auto"`` resolved for its ``device`` on this machine by
+    :func:`sur_lab.models.resolve_dtype`, so the manifest names what ran, e.g. ``"float32"``)."""
+    from sur_lab.models import resolve_dtype
+
+    dtype = values.get("dtype", "float32")
+    try:
+        resolved, _ = resolve_dtype(dtype, values.get("device", "cpu"))
+    except ValueError:
+        return str(dtype)  # the notebook's own validation names the argument when it runs
+    return str(resolved).removeprefix("torch.")
 
 
 def compare_inputs(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
