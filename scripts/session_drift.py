@@ -23,7 +23,7 @@ from sur_lab import EditSession, load_model
 from sur_lab.cache_ops import layer_kv, shift_cache
 from sur_lab.forward import prefill
 from sur_lab.models import enable_float64_rope
-from sur_lab.studies.datasets import load_qa
+from sur_lab.data.qa import load_qa
 
 
 def rel_error(keys: torch.Tensor, reference: torch.Tensor) -> float:

@@ -12,7 +12,7 @@ import pytest
 from sur_lab.edits import chat_segments, tokenize_segments
 from sur_lab.studies import agent_traces as at
 from sur_lab.studies import get_study
-from sur_lab.studies.datasets import Passage, QAExample
+from sur_lab.data.qa import Passage, QAExample
 from sur_lab.sync import diff_tokens
 from test_sync import chat_lm, qwen_tokenizer
 

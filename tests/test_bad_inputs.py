@@ -583,7 +583,7 @@ LOAD_QA_ROWS = [
 
 @pytest.mark.parametrize("row", LOAD_QA_ROWS, ids=[r[0] for r in LOAD_QA_ROWS])
 def test_load_qa_refuses(tmp_path, row):
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     _, override, error, match = row
     kwargs = dict(source=_hotpot_file(tmp_path), limit=2) | override
@@ -592,7 +592,7 @@ def test_load_qa_refuses(tmp_path, row):
 
 
 def test_load_qa_takes_integer_limits_of_any_integer_type(tmp_path):
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     path = _hotpot_file(tmp_path, 5)
     assert [len(load_qa(path, limit=k)) for k in (0, 2, np.int64(3), 9)] == [0, 2, 3, 5]
@@ -610,7 +610,7 @@ LOAD_CORPUS_ROWS = [
 def test_load_corpus_refuses(tmp_path, row):
     import json
 
-    from sur_lab.studies.datasets import load_corpus
+    from sur_lab.data.qa import load_corpus
 
     path = tmp_path / "corpus.json"
     path.write_text(json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
@@ -633,7 +633,7 @@ SELECT_ROWS = [
 
 @pytest.mark.parametrize("row", SELECT_ROWS, ids=[r[0] for r in SELECT_ROWS])
 def test_select_sources_refuses(tmp_path, row):
-    from sur_lab.studies.datasets import load_qa, select_sources
+    from sur_lab.data.qa import load_qa, select_sources
 
     _, override, error, match = row
     kwargs = dict(examples=load_qa(_hotpot_file(tmp_path)), n=2, seed=0) | override
@@ -650,7 +650,7 @@ EXAMPLE_INDEX_ROWS = [
 
 @pytest.mark.parametrize("row", EXAMPLE_INDEX_ROWS, ids=[r[0] for r in EXAMPLE_INDEX_ROWS])
 def test_load_example_refuses(tmp_path, row):
-    from sur_lab.studies.datasets import load_example
+    from sur_lab.data.qa import load_example
 
     _, index, error, match = row
     path = _hotpot_file(tmp_path)

@@ -291,27 +291,3 @@ def test_real_input_recovery_and_table20_on_a_tiny_model():
         bench.real_input_recovery(lm, [])
     with pytest.raises(ValueError, match="labels"):
         bench.real_input_recovery(lm, edits, labels=["a"])
-
-
-def test_qa_inputs_take_each_datasets_first_source_id():
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    from sur_lab.studies import natural_qa
-    from sur_lab.studies.datasets import load_qa
-
-    qwen_dir = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
-    if not qwen_dir.is_dir():
-        pytest.skip("the shared Qwen tokenizer is not here")
-    tok = AutoTokenizer.from_pretrained(qwen_dir)
-    cases = bench.qa_inputs(tok, ["hotpotqa", "iirc"])
-    config = natural_qa.PanelConfig()
-    for case, name in zip(cases, ["hotpotqa", "iirc"]):
-        first = min(str(ex.id) for ex in load_qa(name, split="dev") if natural_qa.is_eligible(ex, config))
-        assert case.case_id == f"{name}/{first}/before" and case.placement == "before"
-    assert [c.case_id for c in bench.qa_inputs(tok, ["hotpotqa", "iirc"])] == [c.case_id for c in cases]
-    with pytest.raises(ValueError, match="datasets"):
-        bench.qa_inputs(tok, ["nope"])
-    with pytest.raises(ValueError, match="placement"):
-        bench.qa_inputs(tok, ["iirc"], placement="middle")

@@ -233,7 +233,7 @@ _CORPUS = {}
 
 def _corpus(data_dir):
     if "c" not in _CORPUS:
-        from sur_lab.studies.datasets import load_corpus
+        from sur_lab.data.qa import load_corpus
 
         _CORPUS["c"] = load_corpus(limit=300)
     return _CORPUS["c"]

@@ -24,8 +24,8 @@ from sur_lab.studies.noprefix import (
     composition_edit,
     document_caches,
     prefix_cache,
-    truncate_text,
 )
+from sur_lab.data.text import truncate_text
 from sur_lab.executors import EXECUTORS, check_support, get_executor
 from sur_lab.answer import greedy_answer
 from sur_lab.studies.noprefix import donor_copy, run_protocol, suffix_support

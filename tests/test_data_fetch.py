@@ -37,7 +37,7 @@ def fetched(mirror, tmp_path) -> Path:
 
 
 def test_fetch_writes_the_loaders_layout_pinned(fetched, monkeypatch):
-    from sur_lab.studies.datasets import is_held_out, load_corpus, load_qa
+    from sur_lab.data.qa import is_held_out, load_corpus, load_qa
 
     pins = read_checksums(fetched / CHECKSUM_FILE)
     expected = {rel for files in DATA_FILES.values() for split, rel in files.items() if split != "train" or

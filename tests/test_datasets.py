@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sur_lab.studies.datasets import DATA_FILES, DATASETS, Passage, QAExample, load_corpus, load_qa, select_sources
+from sur_lab.data.qa import DATA_FILES, DATASETS, Passage, QAExample, load_corpus, load_qa, select_sources
 from sur_lab.paths import default_data_dir
 
 # Record counts of the shipped files (data README; MuSiQue and IIRC counts include every record loaded).

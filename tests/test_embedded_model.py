@@ -7,7 +7,7 @@ import torch
 
 from sur_lab.answer import answer
 from sur_lab.cache_ops import layer_kv
-from sur_lab.studies.datasets import load_qa
+from sur_lab.data.qa import load_qa
 from sur_lab.studies.quickstart import quickstart_edit
 from sur_lab.repair import prepare, repair
 

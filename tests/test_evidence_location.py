@@ -16,7 +16,7 @@ from sur_lab.allocators import AllocationRequest, allocate
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.budget import allowance, budget_for_allowance
 from sur_lab.edits import token_edit
-from sur_lab.studies.datasets import Passage, QAExample
+from sur_lab.data.qa import Passage, QAExample
 from sur_lab.studies.evidence_location import (
     CELLS,
     FIXED_SLOT_METHOD,

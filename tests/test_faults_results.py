@@ -537,7 +537,7 @@ SHIPPED_FILE_FAULTS = [
 
 @pytest.mark.parametrize("label,damage,match", SHIPPED_FILE_FAULTS, ids=[r[0] for r in SHIPPED_FILE_FAULTS])
 def test_shipped_files_are_verified_against_sha256sums(data_copy, label, damage, match):
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     assert len(load_qa("hotpotqa")) == 100  # the intact copy verifies
     os.utime(data_copy / HOTPOT_DEV)  # (a cached verification is keyed by size and mtime)
@@ -549,7 +549,7 @@ def test_shipped_files_are_verified_against_sha256sums(data_copy, label, damage,
 def test_a_dataset_folder_reached_through_a_symlink_is_verified_against_its_own_sha256sums(data_copy, tmp_path):
     """Issue 38: the data folder links its dataset folder from elsewhere (another disk, a shared copy): the file is
     listed in the data folder's SHA256SUMS under the link's name, so it is found there and verified, not refused."""
-    from sur_lab.studies.datasets import load_qa, verify_checksum
+    from sur_lab.data.qa import load_qa, verify_checksum
 
     elsewhere = tmp_path / "elsewhere" / "hotpotqa_v2"
     shutil.move(str(data_copy / "hotpotqa"), elsewhere.parent / "tmp")
@@ -565,7 +565,7 @@ def test_a_dataset_folder_reached_through_a_symlink_is_verified_against_its_own_
 
 def test_data_dir_that_does_not_exist_is_an_error(monkeypatch, tmp_path):
     from sur_lab.paths import default_data_dir
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     monkeypatch.setenv("SUR_LAB_DATA_DIR", str(tmp_path / "nothing"))
     with pytest.raises(FileNotFoundError, match="SUR_LAB_DATA_DIR=.*nothing.*not a directory"):
@@ -634,7 +634,7 @@ FILE_FAULTS = [
 
 @pytest.mark.parametrize("label,name,data,match", FILE_FAULTS, ids=[r[0] for r in FILE_FAULTS])
 def test_bad_files_name_file_and_record(tmp_path, label, name, data, match):
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     path = tmp_path / name
     path.write_bytes(data)
@@ -643,7 +643,7 @@ def test_bad_files_name_file_and_record(tmp_path, label, name, data, match):
 
 
 def test_corpus_null_text_names_file_and_record(tmp_path):
-    from sur_lab.studies.datasets import load_corpus
+    from sur_lab.data.qa import load_corpus
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps([{"title": "A", "text": "x"}, {"title": "B", "text": None}]))
@@ -664,7 +664,7 @@ HELD_OUT = [
 
 @pytest.mark.parametrize("label,rel,expected", HELD_OUT, ids=[r[0] for r in HELD_OUT])
 def test_held_out_is_decided_by_file_name_or_checksum(data_dir, tmp_path, label, rel, expected):
-    from sur_lab.studies.datasets import is_held_out
+    from sur_lab.data.qa import is_held_out
     from sur_lab.studies.theory import theory_edit
 
     path = tmp_path / rel
@@ -701,7 +701,7 @@ ID_FAULTS = [
 
 @pytest.mark.parametrize("label,name,data,match", ID_FAULTS, ids=[r[0] for r in ID_FAULTS])
 def test_records_without_an_id_are_refused_not_loaded_as_none(tmp_path, label, name, data, match):
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     path = tmp_path / name
     path.write_bytes(data)
@@ -710,7 +710,7 @@ def test_records_without_an_id_are_refused_not_loaded_as_none(tmp_path, label, n
 
 
 def test_integer_ids_are_kept_as_text(tmp_path):
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     path = tmp_path / "iid.json"
     path.write_text(json.dumps([_hotpot(_id=7)]))
@@ -718,7 +718,7 @@ def test_integer_ids_are_kept_as_text(tmp_path):
 
 
 def test_a_data_folder_without_sha256sums_is_read_with_one_warning(data_copy):
-    from sur_lab.studies.datasets import UnverifiedDataWarning, load_corpus, load_qa
+    from sur_lab.data.qa import UnverifiedDataWarning, load_corpus, load_qa
 
     (data_copy / "SHA256SUMS").unlink()
     with pytest.warns(UnverifiedDataWarning, match=r"has no SHA256SUMS: its files are read unverified") as caught:
@@ -737,7 +737,7 @@ def test_a_data_folder_without_sha256sums_is_read_with_one_warning(data_copy):
 
 
 def test_a_file_of_the_data_folder_read_by_path_without_sha256sums_warns(data_copy):
-    from sur_lab.studies.datasets import UnverifiedDataWarning, load_qa
+    from sur_lab.data.qa import UnverifiedDataWarning, load_qa
 
     (data_copy / "SHA256SUMS").unlink()
     with pytest.warns(UnverifiedDataWarning, match="read unverified"):

@@ -5,6 +5,11 @@ Layers, lowest first: the core (top-level modules, ``allocators/``, ``executors/
 leaves of it), ``data/`` (the QA data layout and its fetcher), ``analysis/``, ``sweeps/``, ``studies/``, and ``runtime/`` (entry points) on top. Checked statically
 over every import statement, including imports inside functions, and at run time (importing the core and resolving
 every executor loads no module of a higher layer). Every module of the package belongs to a layer.
+
+Within ``studies/``, no study imports another: a study is a top-level module or subpackage of ``sur_lab.studies``
+(a subpackage's own modules belong to it), and the shared study infrastructure (:data:`SHARED_STUDY_MODULES`) belongs
+to none. The data layer (``data/``) imports only the standard library, third-party packages and the core, also at run
+time.
 """
 
 from __future__ import annotations
@@ -68,6 +73,19 @@ def _imports(path: Path) -> list[str]:
 
 GRAPH = {name: [m for m in _imports(path) if m != name] for name, path in NAMES.items()}
 
+#: Modules of ``studies/`` that every study may import: the registry and the preset resolution (and the ``Study`` base
+#: of issue 39 once it exists). Any other module of ``studies/`` belongs to exactly one study.
+SHARED_STUDY_MODULES = frozenset({"sur_lab.studies", "sur_lab.studies.presets", "sur_lab.studies.base"})
+
+
+def _study_of(module: str) -> str | None:
+    """The study a module belongs to (``sur_lab.studies.noprefix.study`` -> ``noprefix``), or None outside
+    ``studies/`` and for :data:`SHARED_STUDY_MODULES`."""
+    parts = module.split(".")
+    if module in SHARED_STUDY_MODULES or len(parts) < 3 or parts[1] != "studies":
+        return None
+    return parts[2]
+
 
 def test_layers_cover_the_core_modules():
     core = {n for n in NAMES if _layer_of(n) == "core"}
@@ -90,6 +108,44 @@ def test_no_upward_imports(name):
     rank = LAYERS.index(_layer_of(name))
     bad = [m for m in GRAPH[name] if LAYERS.index(_layer_of(m)) > rank]
     assert not bad, f"{name} ({_layer_of(name)}) imports a higher layer: {bad}"
+
+
+def test_study_of_names_the_owning_study():
+    assert _study_of("sur_lab.studies.niah") == "niah"
+    assert _study_of("sur_lab.studies.noprefix.selection") == _study_of("sur_lab.studies.noprefix") == "noprefix"
+    assert _study_of("sur_lab.studies.presets") is None and _study_of("sur_lab.studies") is None
+    assert _study_of("sur_lab.data.qa") is None and _study_of("sur_lab.sweeps.case") is None
+    studies = {_study_of(n) for n in NAMES} - {None}
+    assert {"niah", "natural_qa", "bench", "evidence_location", "execution_paths", "stale_facts", "noprefix",
+            "theory", "agent_traces", "agent_session", "staleness"} <= studies
+    assert "datasets" not in studies  # the QA loaders are the data layer's (sur_lab.data.qa)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in NAMES if _study_of(n)), ids=lambda n: n.removeprefix("sur_lab."))
+def test_no_study_imports_another_study(name):
+    own = _study_of(name)
+    bad = [m for m in GRAPH[name] if _study_of(m) not in (None, own)]
+    assert not bad, f"{name} (study {own}) imports another study: {bad}; move the shared piece down (data/, " \
+                    f"analysis/, sweeps/)"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in NAMES if _layer_of(n) == "data"),
+                         ids=lambda n: n.removeprefix("sur_lab."))
+def test_data_imports_only_the_core_and_itself(name):
+    bad = [m for m in GRAPH[name] if _layer_of(m) not in ("core", "data")]
+    assert not bad, f"{name} (data) imports a higher layer: {bad}"
+
+
+def test_importing_the_data_layer_loads_no_higher_layer():
+    code = (
+        "import json, sys\n"
+        "import sur_lab.data, sur_lab.data.layout, sur_lab.data.qa, sur_lab.data.text, sur_lab.data.fetch\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sur_lab'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    assert {"sur_lab.data.qa", "sur_lab.data.text"} <= set(loaded)
+    assert not [m for m in loaded if _layer_of(m) not in ("core", "data")], loaded
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:

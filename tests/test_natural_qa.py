@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sur_lab.studies.datasets import DATASETS, Passage, QAExample, load_qa
+from sur_lab.data.qa import DATASETS, Passage, QAExample, load_qa
+from sur_lab.data.text import PanelConfig, is_eligible, source_rng
 from sur_lab.studies.natural_qa import (
     PLACEMENTS,
-    PanelConfig,
     aggregate_trials,
     available_methods,
     build_case,
@@ -21,7 +21,6 @@ from sur_lab.studies.natural_qa import (
     clean_prompt_ids,
     condition_label,
     dataset_em_table,
-    is_eligible,
     paired_difference_table,
     passage_admissible,
     plot_quality_latency,
@@ -81,8 +80,6 @@ def test_choose_passages_native_first_seeded_and_distinct():
     assert set(chosen) <= set(natives)
     assert len(src.lead) == 1 and len(src.tail) == 2
     # the documented draw: the first admissible natives in the per-source permutation
-    from sur_lab.studies.natural_qa import source_rng
-
     perm = source_rng(ex, 3).permutation(6)
     assert chosen == [natives[int(i)] for i in perm[:4]]
 
@@ -367,7 +364,8 @@ def _fake_cases():
 
 
 def test_sweep_cases_trials_and_scorer():
-    from sur_lab.studies.natural_qa import make_scorer, sweep_cases, trial_case_id
+    from sur_lab.studies.natural_qa import sweep_cases, trial_case_id
+    from sur_lab.sweeps import make_scorer
 
     cases = _fake_cases()
     sc = sweep_cases(cases, trials=2)
@@ -383,9 +381,9 @@ def test_sweep_cases_trials_and_scorer():
 
 @pytest.mark.slow
 def test_sweep_end_to_end_on_embedded_model(smol, tmp_path):
-    from sur_lab.studies.natural_qa import make_scorer, sweep_cases
+    from sur_lab.studies.natural_qa import sweep_cases
     from sur_lab.analysis.scoring import extract_answer, score_example
-    from sur_lab.sweeps import run_sweep
+    from sur_lab.sweeps import make_scorer, run_sweep
 
     src = select_panel(("2wikimultihopqa",), 1, PanelConfig(seed=3))[0]  # a short prompt (322 tokens)
     cases = [build_case(smol.tokenizer, src, "after")]
@@ -478,3 +476,28 @@ def test_declared_families_are_decided_with_sources_as_clusters():
         natural_qa.decide_families(table, lead="gold")
     with pytest.raises(ValueError, match="agree_reprefill"):
         natural_qa.decide_families(table, lead="agreement")
+
+
+def test_qa_inputs_take_each_datasets_first_source_id():
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from sur_lab.data.qa import load_qa
+    from sur_lab.data.text import PanelConfig, is_eligible
+    from sur_lab.studies.natural_qa import qa_inputs
+
+    qwen_dir = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
+    if not qwen_dir.is_dir():
+        pytest.skip("the shared Qwen tokenizer is not here")
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    cases = qa_inputs(tok, ["hotpotqa", "iirc"])
+    config = PanelConfig()
+    for case, name in zip(cases, ["hotpotqa", "iirc"]):
+        first = min(str(ex.id) for ex in load_qa(name, split="dev") if is_eligible(ex, config))
+        assert case.case_id == f"{name}/{first}/before" and case.placement == "before"
+    assert [c.case_id for c in qa_inputs(tok, ["hotpotqa", "iirc"])] == [c.case_id for c in cases]
+    with pytest.raises(ValueError, match="datasets"):
+        qa_inputs(tok, ["nope"])
+    with pytest.raises(ValueError, match="placement"):
+        qa_inputs(tok, ["iirc"], placement="middle")

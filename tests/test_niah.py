@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from test_allocators import char_tokenizer
 
 from sur_lab.edits import passage_cuts, render_chat, tokenize_segments
-from sur_lab.studies.datasets import Passage
+from sur_lab.data.qa import Passage
+from sur_lab.data.text import join_blocks
 from sur_lab.studies.niah import (
     ANSWER_PREFIX_TEMPLATE,
     NEEDLE_TEMPLATE,
@@ -18,7 +19,6 @@ from sur_lab.studies.niah import (
     QUESTION_TEMPLATE,
     build_niah_case,
     build_niah_cases,
-    join_blocks,
     niah_exact_match,
     niah_scorer,
     parse_niah_answer,

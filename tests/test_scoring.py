@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sur_lab.studies.datasets import Passage, QAExample
+from sur_lab.data.qa import Passage, QAExample
 from sur_lab.analysis.scoring import (
     NONE_PREDICTIONS,
     agreement,

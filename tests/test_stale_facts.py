@@ -19,7 +19,7 @@ from sur_lab.studies import stale_facts as sf
 
 @pytest.fixture(scope="module")
 def corpus(data_dir):
-    from sur_lab.studies.datasets import load_corpus
+    from sur_lab.data.qa import load_corpus
 
     return load_corpus()
 

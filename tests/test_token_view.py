@@ -15,7 +15,8 @@ from conftest import make_tiny_model
 from test_allocators import char_tokenizer, text_edit
 from sur_lab import Support, allowance, prepare
 from sur_lab.analysis.plotting import token_pieces, token_view
-from sur_lab.studies.staleness import DENSE_TOKENS, repair_token_view, row_deviation
+from sur_lab.analysis.endpoints import row_deviation
+from sur_lab.studies.staleness import DENSE_TOKENS, repair_token_view
 
 SPAN = re.compile(r'<span class="([^"]*)"(?: style="([^"]*)")?>(.*?)</span>', re.S)
 
@@ -139,7 +140,7 @@ def test_widget_switches_method_and_budget(view_case):
 
 def test_edit_token_view_of_an_agent_episode(data_dir):
     from sur_lab.studies.agent_session import build_episodes, default_arms, edit_token_view
-    from sur_lab.studies.datasets import load_qa
+    from sur_lab.data.qa import load_qa
 
     lm = dataclasses.replace(make_tiny_model("llama"), tokenizer=char_tokenizer())
     episode = build_episodes(lm.tokenizer, load_qa("hotpotqa", split="dev"), 1, 2, max_doc_tokens=12)[0]

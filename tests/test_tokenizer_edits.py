@@ -214,8 +214,9 @@ def qwen_tokenizer():
 
 def test_study_builders_work_with_the_qwen_tokenizer(qwen_tokenizer, data_dir):
     """Quickstart, natural QA and NIAH cases build on Qwen's tokenizer, which merges '.\\n\\n' (issue 13)."""
-    from sur_lab.studies.datasets import load_qa
-    from sur_lab.studies.natural_qa import PanelConfig, build_cases, select_panel
+    from sur_lab.data.qa import load_qa
+    from sur_lab.data.text import PanelConfig
+    from sur_lab.studies.natural_qa import build_cases, select_panel
     from sur_lab.studies.niah import NEEDLE_TEMPLATE, build_niah_cases
     from sur_lab.studies.quickstart import quickstart_edit
 

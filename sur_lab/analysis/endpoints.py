@@ -18,7 +18,8 @@ definition, function):
 The gold answer's ids come from :func:`canonical_answer_ids`, which follows the leading-space convention of the
 text that precedes the answer. The NLL of Re-prefill's own greedy continuation (a summed, different endpoint) is
 :func:`sur_lab.answer.continuation_nll`. The answer-margin endpoints of issue 26 (:func:`gold_margin`,
-:func:`margin_recovery`) close the module.
+:func:`margin_recovery`) and the per-row K/V deviation of a cache from a reference cache (:func:`row_deviation`, the
+token view's second shading) close the module.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from transformers import DynamicCache
 
 from sur_lab.analysis.scoring import _as_float64, _softmax64
+from sur_lab.cache_ops import cache_length, num_layers, to_tensors
 
 #: Upper bound of the Jensen-Shannon divergence in nats (natural logarithm): ``ln 2``.
 JSD_MAX = math.log(2.0)
@@ -266,7 +269,7 @@ def canonical_answer_ids(tokenizer, answer: str, preceding_text: str) -> list[in
 
     Args:
         tokenizer: a fast tokenizer.
-        answer: the canonical answer text (:attr:`sur_lab.studies.datasets.QAExample.answer`).
+        answer: the canonical answer text (:attr:`sur_lab.data.qa.QAExample.answer`).
         preceding_text: the text right before the answer (the query text of the edit, or its last characters).
 
     Returns:
@@ -418,3 +421,30 @@ def margin_recovery_table(records, *, value: str = "margin_recovery", by=("metho
     grouped = records.assign(_v=records[value].astype(float)).groupby(by, dropna=False, sort=False)["_v"]
     table = grouped.agg(median="median", n_defined="count", n_cases="size")
     return table.astype({"n_defined": int, "n_cases": int})
+
+
+def row_deviation(cache: DynamicCache, reference: DynamicCache) -> np.ndarray:
+    """Relative K/V deviation of ``cache`` from ``reference`` per row, over all layers, KV heads and head dimensions.
+
+    Row j: ``sqrt(Σ_l ‖K_l[j] − K_l^ref[j]‖² + ‖V_l[j] − V_l^ref[j]‖²) / sqrt(Σ_l ‖K_l^ref[j]‖² + ‖V_l^ref[j]‖²)``,
+    computed in float64; neither cache is modified.
+
+    Args:
+        cache: an ``n``-row cache (Shift, a repaired cache, a session's live cache).
+        reference: a cache of the same ``n`` rows (Re-prefill's: a clean prefill of the same tokens).
+
+    Returns:
+        float64 ``[n]``.
+
+    Raises:
+        ValueError: naming ``cache`` when its row or layer count differs from ``reference``'s.
+    """
+    if cache_length(cache) != cache_length(reference) or num_layers(cache) != num_layers(reference):
+        raise ValueError(f"cache has {cache_length(cache)} rows and {num_layers(cache)} layers; reference has "
+                         f"{cache_length(reference)} and {num_layers(reference)}")
+    num = den = 0.0
+    for (k, v), (kr, vr) in zip(to_tensors(cache), to_tensors(reference)):
+        k, v, kr, vr = (t[0].double() for t in (k, v, kr, vr))  # [H_kv, n, d_h]
+        num = num + ((k - kr).pow(2) + (v - vr).pow(2)).sum(dim=(0, 2))
+        den = den + (kr.pow(2) + vr.pow(2)).sum(dim=(0, 2))
+    return (num / den).sqrt().cpu().numpy()

@@ -334,7 +334,7 @@ def score_example(prediction: str, example: Any) -> bool:
 
     Args:
         prediction: extracted answer (output of :func:`extract_answer`), the same string for every scorer.
-        example: the gold example (a :class:`sur_lab.studies.datasets.QAExample` or any object with its fields).
+        example: the gold example (a :class:`sur_lab.data.qa.QAExample` or any object with its fields).
 
     Returns:
         Whether the prediction is correct; an empty prediction never is.

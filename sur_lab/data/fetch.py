@@ -17,7 +17,7 @@ The releases (:data:`RELEASES`) and what becomes of them:
 - IIRC, ``iirc_train_dev.tgz`` and ``iirc_test.json``: every dev and test question, flattened (main passage, gold
   snippets, answer type and answers), and train 20.
 
-The draws follow :func:`sur_lab.studies.datasets.select_sources`' rule (records ordered by id, then a PCG64
+The draws follow :func:`sur_lab.data.qa.select_sources`' rule (records ordered by id, then a PCG64
 permutation seeded with :data:`SAMPLE_SEED`), so a fetch is reproducible, and dev, test and corpus never share a
 question. The files keep the shared folder's names (the loaders' ``DATA_FILES``), but they are not the shared
 folder's samples (those come from other projects' releases: IRCoT's random samples, HippoRAG's corpus, an IIRC file

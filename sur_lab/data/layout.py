@@ -3,7 +3,7 @@ checksum file that pins them.
 
 A data folder (``../shared/data/qa`` beside the repository, ``$SUR_LAB_DATA_DIR``, or the folder ``sur-lab data
 fetch`` fills) holds one subfolder per dataset and a ``SHA256SUMS`` in ``sha256sum`` format (``<64 hex>  <relative
-path>`` per line) that pins every file. :mod:`sur_lab.studies.datasets` reads it; :mod:`sur_lab.data.fetch` writes
+path>`` per line) that pins every file. :mod:`sur_lab.data.qa` reads it; :mod:`sur_lab.data.fetch` writes
 and checks it.
 """
 

@@ -85,7 +85,7 @@ STATUSES = ("finished", "failed", "missing")
 #: The notebook parameters that name a model, and the one that names the dtype.
 MODEL_PARAMETERS = ("model_name", "robustness_model")
 #: The module whose presence in a notebook's imports means that it reads the QA data.
-DATA_MODULE = "sur_lab.studies.datasets"
+DATA_MODULE = "sur_lab.data.qa"
 #: CPU flags that change how fast (or whether) a dtype's matrix products run; the manifest keeps these only.
 CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")

@@ -5,8 +5,10 @@
 (05: kernel and executor numerics; with ``execution_paths``, appendix 11), ``noprefix`` (06: non-prefix reuse,
 SAFE-KV), ``evidence_location`` (08: the preregistered evidence-location experiment, appendix 10), ``stale_facts``
 (09: edits that supersede a value, issue 26), ``agent_traces`` (10: whole agent prompts synced against prefix
-reuse), ``staleness`` (where staleness lives, used by 01), and ``datasets`` (the QA loaders they share). Nothing below
-this package imports it.
+reuse) and ``staleness`` (where staleness lives, used by 01). The QA loaders and text helpers they share live in the
+data layer (:mod:`sur_lab.data.qa`, :mod:`sur_lab.data.text`). Nothing below this package imports it, and no study
+imports another: shared study infrastructure is this package's ``__init__`` and :mod:`sur_lab.studies.presets` only
+(``tests/test_layout.py``).
 
 The sweepable studies are registered in :data:`STUDIES` (``sur-lab sweep NAME`` looks them up there; a new study adds
 one line). Each exposes the same API, which its notebook and the command both call:

@@ -26,8 +26,8 @@ from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.cache_ops import to_tensors
 from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
-from sur_lab.studies.datasets import QAExample, select_sources
-from sur_lab.studies.noprefix.composition import truncate_text
+from sur_lab.data.qa import QAExample, select_sources
+from sur_lab.data.text import truncate_text
 
 TASK = ("You are a research agent. Search results arrive as tool outputs; outdated results are removed when a newer "
         "one supersedes them. Answer each question with a short answer only.")
@@ -281,7 +281,7 @@ def edit_token_view(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, e
         ValueError: naming ``edit`` outside [1, k], or ``arms`` as :func:`run_episode` does.
     """
     from sur_lab.analysis.plotting import token_pieces, token_view
-    from sur_lab.studies.staleness import row_deviation
+    from sur_lab.analysis.endpoints import row_deviation
 
     k = episode.k
     edit = k if edit is None else edit

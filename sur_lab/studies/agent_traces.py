@@ -61,8 +61,8 @@ from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
 from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
-from sur_lab.studies.datasets import QAExample, load_qa, select_sources
-from sur_lab.studies.noprefix.composition import truncate_text
+from sur_lab.data.qa import QAExample, load_qa, select_sources
+from sur_lab.data.text import truncate_text
 from sur_lab.sync import SyncPolicy
 
 #: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
@@ -211,7 +211,7 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
 
 def build_traces(tokenizer, p: Mapping[str, Any], *, seed: int = 0) -> list[dict]:
     """``p["n_traces"]`` traces of ``p["turns"]`` turns, split evenly over ``p["datasets"]`` (development files), each
-    dataset's sources chosen by one seeded selection (:func:`~sur_lab.studies.datasets.select_sources`) before any model output is seen.
+    dataset's sources chosen by one seeded selection (:func:`~sur_lab.data.qa.select_sources`) before any model output is seen.
 
     Raises:
         ValueError: naming ``n_traces`` (< 1), ``turns`` (< 2), ``datasets`` (empty) or a pool too small.

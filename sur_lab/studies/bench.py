@@ -950,38 +950,6 @@ def table19(attention: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
-#: The QA datasets of Table 20's four inputs, in table order.
-QA_DATASETS = ("2wikimultihopqa", "hotpotqa", "iirc", "musique")
-
-
-def qa_inputs(tokenizer, datasets: Sequence[str] = QA_DATASETS, *, placement: str = "before") -> list:
-    """Table 20's fixed inputs (appendix 13.4): per dataset, the lexicographically first source id among the eligible
-    development examples and its ``placement`` case (notebook 03's construction,
-    :func:`sur_lab.studies.natural_qa.build_case`), chosen from the files alone, independently of any output.
-
-    Returns:
-        :class:`sur_lab.studies.natural_qa.PlacementCase` objects, one per dataset, in ``datasets`` order.
-
-    Raises:
-        ValueError: naming ``datasets`` (unknown or repeated) or ``placement`` (not a placement).
-    """
-    from sur_lab.studies import natural_qa
-    from sur_lab.studies.datasets import DATASETS, load_qa
-
-    if not datasets or len(set(datasets)) != len(datasets) or not set(datasets) <= set(DATASETS):
-        raise ValueError(f"datasets={list(datasets)!r} must be distinct keys of {DATASETS}")
-    if placement not in natural_qa.PLACEMENTS:
-        raise ValueError(f"placement={placement!r} is not one of {natural_qa.PLACEMENTS}")
-    config = natural_qa.PanelConfig()
-    out = []
-    for name in datasets:
-        pool = [ex for ex in load_qa(name, split="dev") if natural_qa.is_eligible(ex, config)]
-        first = min(pool, key=lambda ex: str(ex.id))
-        out.append(natural_qa.build_case(tokenizer, natural_qa.choose_passages(first, config), placement,
-                                         instruction=config.instruction))
-    return out
-
-
 def real_input_recovery(
     lm: LoadedModel,
     edits: Sequence[EditedContext],
@@ -1007,7 +975,7 @@ def real_input_recovery(
 
     Args:
         lm: the model.
-        edits: the inputs (e.g. :func:`qa_inputs`' ``case.edit``).
+        edits: the inputs (e.g. :func:`sur_lab.studies.natural_qa.qa_inputs`' ``case.edit``).
         budgets: b values, % of the suffix.
         executors: executor names compared at each budget (interval-wise ``"sequential"`` and ``"packed"``).
         method: the allocator (SUR).

@@ -34,7 +34,7 @@ content holds a special-token id. A source that cannot be built is **excluded an
 (:class:`Exclusion`); no decision reads a model output.
 
 Choices the paper leaves open, fixed here (all before any model output): filler chunks are drawn per source from a
-generator seeded by ``(seed, crc32("dataset/id"))`` (:func:`sur_lab.studies.natural_qa.source_rng`) and taken
+generator seeded by ``(seed, crc32("dataset/id"))`` (:func:`sur_lab.data.text.source_rng`) and taken
 first-fit in that order while one of the next :data:`MAX_FILL_SKIPS` candidates fits and at least
 :data:`MIN_FILL_TOKENS` tokens remain, then padded; answer aliases are checked for span and number answers (a yes/no
 gold says nothing about a passage), as natural QA does; the query is the chat template's ``Question: ...`` turn
@@ -60,8 +60,8 @@ from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import SIDES, TAILS
 from sur_lab.budget import budget_for_allowance
 from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat, segment_edit
-from sur_lab.studies.datasets import DATASETS, Passage, QAExample, load_corpus, load_qa, select_sources
-from sur_lab.studies.natural_qa import PanelConfig, is_eligible, source_rng
+from sur_lab.data.qa import DATASETS, Passage, QAExample, load_corpus, load_qa, select_sources
+from sur_lab.data.text import PanelConfig, is_eligible, source_rng
 
 #: The four cells (evidence side, neutral tail) in the paper's order.
 CELLS = (("upstream", "short"), ("downstream", "short"), ("upstream", "long"), ("downstream", "long"))
@@ -555,10 +555,10 @@ def build_source(
 
     Args:
         tokenizer: the model's fast tokenizer with a chat template.
-        example: a natural-QA source (:func:`sur_lab.studies.natural_qa.is_eligible`).
+        example: a natural-QA source (:func:`sur_lab.data.text.is_eligible`).
         geometries: a name of :data:`GEOMETRIES` or a sequence of :class:`Geometry`, tried in order.
         seed: seeds each source's control and filler draws (with the source's id).
-        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default: :func:`sur_lab.data.qa.load_corpus`).
         instruction: text before the documents.
 
     Returns:
@@ -842,8 +842,8 @@ def build_panel(
 ) -> Panel:
     """Build the panel from the natural-QA candidate pool, by tokenization alone (appendix 10.1).
 
-    Candidates: each dataset's eligible natural-QA sources (:func:`sur_lab.studies.natural_qa.is_eligible`), in
-    the order :func:`sur_lab.studies.datasets.select_sources` draws them with ``seed`` (so the first 100 are natural
+    Candidates: each dataset's eligible natural-QA sources (:func:`sur_lab.data.text.is_eligible`), in
+    the order :func:`sur_lab.data.qa.select_sources` draws them with ``seed`` (so the first 100 are natural
     QA's 100 sources of that dataset), cut at ``candidates_per_dataset``. Each is built with :func:`build_source`;
     the infeasible ones are excluded and counted; with ``sources_per_dataset`` the scan stops once that many are
     feasible (candidates after that are not examined).
@@ -1149,7 +1149,7 @@ def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int 
           address: str | None = None, executor: str = "sequential", eval_batch: int | None = None,
           progress: bool = True, built: Panel | None = None, **overrides: Any) -> tuple[pd.DataFrame, Any]:
     """Run (or resume) the study's sweep: every cell x methods x budgets, answers scored by the dataset rules
-    (:func:`sur_lab.studies.natural_qa.make_scorer`), every record with the endpoints of issue 25.
+    (:func:`sur_lab.sweeps.make_scorer`), every record with the endpoints of issue 25.
 
     No case is timed (the study measures quality and fidelity; answers come from batched passes).
 
@@ -1173,8 +1173,7 @@ def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int 
     """
     from pathlib import Path
 
-    from sur_lab.studies.natural_qa import make_scorer
-    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+    from sur_lab.sweeps import EVAL_BATCH, make_scorer, run_sweep
 
     p = params(preset, **overrides)
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
@@ -1210,14 +1209,14 @@ def results_table(records: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
     Raises:
         ValueError: naming ``records`` when a required column is missing.
     """
-    from sur_lab.studies.natural_qa import condition_label
+    from sur_lab.analysis.conclusions import arm_labels
 
     df = pd.DataFrame(records).copy()
     need = [*CELL_KEYS, "method", "budget_pct", "em", "gold_nll", *(c for c, _, _ in FIDELITY_ENDPOINTS.values())]
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise ValueError(f"records lack columns {missing}")
-    df["condition"] = [condition_label(m, b) for m, b in zip(df["method"], df["budget_pct"])]
+    df["condition"] = arm_labels(df)
     df["em"] = df["em"].astype(bool)
     return df
 

@@ -47,7 +47,9 @@ OUTPUTS = ("sequence", "exact_logits", "argmax")
 REPEATS = 3
 #: Record columns that identify a cell.
 CELL_KEYS = ("model", "dtype", "device", "case_id")
-#: Study sizes. Cells are evidence-location cases (four per source); the paper ran 40 sources (160 cells) per model
+#: Study sizes. Cells are evidence-location cases (four per source; the caller builds them with
+#: :func:`sur_lab.studies.evidence_location.build_panel` from ``datasets``, ``geometry`` and
+#: ``sources_per_dataset``, as notebook 05 does, since no study imports another); the paper ran 40 sources (160 cells) per model
 #: in BF16 on GPUs. ``default`` runs 16 cells in float32 and bfloat16 on the CPU, on the model it is given (notebook 05:
 #: the embedded SmolLM2, its ``model_name`` default).
 PRESETS = {
@@ -202,23 +204,6 @@ def nll_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Running the paths (core operators)
-
-
-def cells(tokenizer, *, preset: str = "default", seed: int = 0) -> list:
-    """The cells of ``preset`` (:data:`PRESETS`): the four evidence-location cases of each feasible source
-    (:func:`sur_lab.studies.evidence_location.build_panel`, by tokenization alone), in panel order.
-
-    Raises:
-        ValueError: naming ``preset`` when unknown; as :func:`~sur_lab.studies.evidence_location.build_panel`.
-    """
-    from sur_lab.studies.evidence_location import build_panel
-
-    if preset not in PRESETS:
-        raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
-    p = PRESETS[preset]
-    return build_panel(tokenizer, p["datasets"], geometries=p["geometry"], sources_per_dataset=p["sources_per_dataset"],
-                       seed=seed).cases
-
 
 
 @torch.inference_mode()

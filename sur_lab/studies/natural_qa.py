@@ -6,7 +6,7 @@ restores that clean document token for token, so the three placement cases of a 
 query and the gold answer and differ only in where the stale suffix starts. Placements are paired by source and are
 not independent questions (appendix 8.3).
 
-Choices the paper leaves open, fixed here (all before any model output; :class:`PanelConfig` holds them):
+Choices the paper leaves open, fixed here (all before any model output; :class:`~sur_lab.data.text.PanelConfig` holds them):
 
 - **Clean document** = ``lead`` framing passages, the supporting passages in the dataset's order, ``tail`` framing
   passages. Framing passages are non-supporting passages of the same source (its own distractors), so the
@@ -16,7 +16,7 @@ Choices the paper leaves open, fixed here (all before any model output; :class:`
   whose only evidence is the main passage are not eligible; that filter uses annotations only).
 - **Inserted and framing passages**: drawn from the source's own distractors with a per-source generator seeded by
   ``(seed, crc32("dataset/id"))``; when the source has too few (61 % of IIRC dev questions have no retrieved
-  non-gold snippet), the rest come from :func:`sur_lab.studies.datasets.load_corpus` (2WikiMultiHopQA Wikipedia paragraphs)
+  non-gold snippet), the rest come from :func:`sur_lab.data.qa.load_corpus` (2WikiMultiHopQA Wikipedia paragraphs)
   with the same generator. A candidate is rejected when it shares a title with a supporting passage, repeats a chosen
   passage, or contains a normalized gold answer as a whole-word substring (span and number answers; yes/no and
   "none" answers are not checked), as appendix 10.1 rejects documents with an answer alias or support title.
@@ -46,14 +46,11 @@ from __future__ import annotations
 
 import functools
 import math
-import re
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -76,7 +73,7 @@ from sur_lab.edits import (
     chat_prompt_ids,
     format_passages,
 )
-from sur_lab.studies.datasets import (
+from sur_lab.data.qa import (
     DATASETS,
     Passage,
     QAExample,
@@ -84,6 +81,7 @@ from sur_lab.studies.datasets import (
     load_qa,
     select_sources,
 )
+from sur_lab.data.text import PanelConfig, is_eligible, source_rng
 
 #: Placement of the inserted passage relative to the supporting evidence (section 4.3).
 PLACEMENTS = ("before", "between", "after")
@@ -149,37 +147,6 @@ _LEAK_CHECKED_TYPES = frozenset({"span", "spans", "number"})
 
 
 @dataclass(frozen=True)
-class PanelConfig:
-    """How sources are chosen and how their documents are built (module docstring; section 4.3, appendix 7.5).
-
-    Attributes:
-        lead: framing non-supporting passages before the evidence in the clean document (>= 0).
-        tail: framing non-supporting passages after the evidence (>= 0; 0 gives an empty suffix after support).
-        min_supporting: sources need at least this many supporting passages (>= 2, so "between" exists).
-        include_unanswerable: keep IIRC questions whose answer type is "none".
-        seed: seeds the source selection (:func:`sur_lab.studies.datasets.select_sources`) and each source's passage draw.
-        instruction: text before the documents in the user message.
-
-    Raises:
-        ValueError: naming ``lead``/``tail`` when negative or ``min_supporting`` when below 2.
-    """
-
-    lead: int = 0
-    tail: int = 1
-    min_supporting: int = 2
-    include_unanswerable: bool = False
-    seed: int = 0
-    instruction: str = DEFAULT_INSTRUCTION
-
-    def __post_init__(self) -> None:
-        for name in ("lead", "tail"):
-            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 0")
-        if int(self.min_supporting) != self.min_supporting or self.min_supporting < 2:
-            raise ValueError(f"min_supporting={self.min_supporting!r} must be an integer >= 2 (placement 'between')")
-
-
-@dataclass(frozen=True)
 class Source:
     """One source question with the passages its three placement cases use.
 
@@ -188,7 +155,7 @@ class Source:
         inserted: the non-supporting passage inserted and then deleted (same for all three placements).
         lead / tail: framing non-supporting passages before / after the evidence in the clean document.
         origins: where ``inserted``, the lead and the tail passages came from, in that order: ``"native"`` (the
-            source's own distractors) or ``"corpus"`` (:func:`sur_lab.studies.datasets.load_corpus`).
+            source's own distractors) or ``"corpus"`` (:func:`sur_lab.data.qa.load_corpus`).
     """
 
     example: QAExample
@@ -259,13 +226,6 @@ class PlacementCase:
 # Sources
 
 
-def is_eligible(example: QAExample, config: PanelConfig = PanelConfig()) -> bool:
-    """Whether ``example`` can supply three placement cases under ``config`` (annotations only, no model output)."""
-    if len(example.supporting) < config.min_supporting:
-        return False
-    return config.include_unanswerable or example.answer_type != "none"
-
-
 def select_panel(
     datasets: Sequence[str] = DATASETS,
     n_per_dataset: int = 100,
@@ -276,16 +236,16 @@ def select_panel(
 ) -> list[Source]:
     """Choose ``n_per_dataset`` eligible sources per dataset by ``config.seed`` and draw their passages (app. 7.5).
 
-    Selection uses only the dataset files: eligible examples (:func:`is_eligible`) of each dataset's shipped file for
-    ``split`` are drawn with :func:`sur_lab.studies.datasets.select_sources` (nested: the first n of a larger panel are the
+    Selection uses only the dataset files: eligible examples (:func:`~sur_lab.data.text.is_eligible`) of each dataset's shipped file for
+    ``split`` are drawn with :func:`sur_lab.data.qa.select_sources` (nested: the first n of a larger panel are the
     smaller panel), then :func:`choose_passages` fixes each source's inserted and framing passages.
 
     Args:
-        datasets: dataset keys (subset of :data:`sur_lab.studies.datasets.DATASETS`), in output order.
+        datasets: dataset keys (subset of :data:`sur_lab.data.qa.DATASETS`), in output order.
         n_per_dataset: sources per dataset (paper: 100), >= 1 and at most the eligible pool.
         config: panel configuration.
         split: ``"dev"`` (development files, the default). ``"test"`` reads the held-out files: never tune on them.
-        corpus: fallback passages (default :func:`sur_lab.studies.datasets.load_corpus`, loaded only when needed).
+        corpus: fallback passages (default :func:`sur_lab.data.qa.load_corpus`, loaded only when needed).
 
     Returns:
         Sources grouped by dataset in ``datasets`` order, draw order within a dataset.
@@ -336,24 +296,19 @@ def passage_admissible(passage: Passage, example: QAExample) -> bool:
     return not any(f" {needle} " in text for needle in _answer_needles(example))
 
 
-def source_rng(example: QAExample, seed: int) -> np.random.Generator:
-    """The per-source generator: PCG64 seeded by ``(seed, crc32("dataset/id"))``, independent of panel size."""
-    return np.random.default_rng([int(seed), zlib.crc32(f"{example.dataset}/{example.id}".encode())])
-
-
 def choose_passages(
     example: QAExample, config: PanelConfig = PanelConfig(), *, corpus: Sequence[Passage] | None = None
 ) -> Source:
     """Draw the inserted passage and the framing passages of one source (module docstring).
 
-    The source's admissible distractors (:func:`passage_admissible`) are permuted by :func:`source_rng`; the first is
+    The source's admissible distractors (:func:`passage_admissible`) are permuted by :func:`~sur_lab.data.text.source_rng`; the first is
     the inserted passage, the next ``lead`` and then ``tail`` frame the evidence. Missing ones are drawn uniformly
     from ``corpus`` by the same generator, skipping inadmissible passages and repeats (same title or text).
 
     Args:
-        example: an eligible example (:func:`is_eligible`).
+        example: an eligible example (:func:`~sur_lab.data.text.is_eligible`).
         config: panel configuration (``lead``, ``tail``, ``seed``).
-        corpus: fallback passages (default :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: fallback passages (default :func:`sur_lab.data.qa.load_corpus`).
 
     Returns:
         The :class:`Source`.
@@ -479,6 +434,34 @@ def build_cases(
 # Sweep glue (the shared runner is sur_lab.sweeps.run_sweep)
 
 
+#: The QA datasets of Table 20's four inputs, in table order.
+QA_DATASETS = ("2wikimultihopqa", "hotpotqa", "iirc", "musique")
+
+
+def qa_inputs(tokenizer, datasets: Sequence[str] = QA_DATASETS, *, placement: str = "before") -> list:
+    """Table 20's fixed inputs (appendix 13.4): per dataset, the lexicographically first source id among the eligible
+    development examples and its ``placement`` case (this study's construction, :func:`build_case`), chosen from the
+    files alone, independently of any output. Notebook 04 times recovery on them.
+
+    Returns:
+        :class:`PlacementCase` objects, one per dataset, in ``datasets`` order.
+
+    Raises:
+        ValueError: naming ``datasets`` (unknown or repeated) or ``placement`` (not a placement).
+    """
+    if not datasets or len(set(datasets)) != len(datasets) or not set(datasets) <= set(DATASETS):
+        raise ValueError(f"datasets={list(datasets)!r} must be distinct keys of {DATASETS}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r} is not one of {PLACEMENTS}")
+    config = PanelConfig()
+    out = []
+    for name in datasets:
+        pool = [ex for ex in load_qa(name, split="dev") if is_eligible(ex, config)]
+        first = min(pool, key=lambda ex: str(ex.id))
+        out.append(build_case(tokenizer, choose_passages(first, config), placement, instruction=config.instruction))
+    return out
+
+
 def trial_case_id(case_id: str, trial: int) -> str:
     """Sweep case id of a repeated timing trial: the case id itself for trial 0, ``"{case_id}#t{trial}"`` after."""
     return case_id if trial == 0 else f"{case_id}#t{trial}"
@@ -511,24 +494,6 @@ def sweep_cases(cases: Sequence[PlacementCase], trials: int = 1) -> list:
         for t in range(int(trials))
         for c in cases
     ]
-
-
-def make_scorer(cases: Sequence[PlacementCase]):
-    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.sweeps.run_sweep`.
-
-    It extracts the answer once (:func:`sur_lab.analysis.scoring.extract_answer`) and applies the example's dataset rule
-    (:func:`sur_lab.analysis.scoring.score_example`: HotpotQA string EM, 2Wiki and MuSiQue over aliases, IIRC with DROP
-    normalization and span matching, including "none" and yes/no answers).
-    """
-    from sur_lab.analysis.scoring import extract_answer, score_example
-
-    examples = {c.case_id: c.example for c in cases}
-
-    def scorer(sweep_case, text: str) -> bool:
-        base = re.sub(r"#t\d+$", "", sweep_case.case_id)
-        return score_example(extract_answer(text), examples[base])
-
-    return scorer
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -649,7 +614,7 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     Raises:
         ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
     """
-    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+    from sur_lab.sweeps import EVAL_BATCH, make_scorer, run_sweep
 
     p = params(preset, **overrides)
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch

@@ -34,6 +34,7 @@ import pandas as pd
 from sur_lab.analysis.decisions import Family
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
+from sur_lab.data.text import join_blocks
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.repair import REFERENCE_METHODS as REFERENCES
 
@@ -309,23 +310,6 @@ class NiahCase:
         return Case(self.case_id, self.edit, self.gold, self.meta(), answer_ids=self.answer_ids)
 
 
-def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
-    """Join text blocks with blank lines; block i's deletable span includes one separator.
-
-    Returns:
-        ``(documents, spans)``: ``spans[i]`` covers block i and the blank line after it (the last block: the blank line
-        before it), so deleting ``spans[i]`` leaves exactly ``join_blocks`` of the other blocks.
-    """
-    spans, pos = [], 0
-    for i, block in enumerate(blocks):
-        sep = 2 if i < len(blocks) - 1 else 0
-        spans.append((pos, pos + len(block) + sep))
-        pos += len(block) + sep
-    if len(blocks) > 1:
-        spans[-1] = (spans[-1][0] - 2, pos)
-    return "\n\n".join(blocks), spans
-
-
 def _char_to_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
     """Tokens that carry characters of ``[start, end)`` (the sentence's tokens; a token merged across its end, such as
     Qwen's ``".\n\n"``, is included)."""
@@ -349,7 +333,7 @@ def build_niah_case(
 
     Args:
         tokenizer: the target model's fast tokenizer (with a chat template).
-        corpus: filler paragraphs with ``title`` and ``text`` (e.g. :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs with ``title`` and ``text`` (e.g. :func:`sur_lab.data.qa.load_corpus`).
         context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded random
             order until the prompt reaches it (the result overshoots by less than one paragraph).
         depths: the two needles' depths, each in [0, 1], as fractions of the filler tokens before the needle; the
@@ -484,7 +468,7 @@ def build_niah_cases(
         depths: deleted-needle depths in [0, 1].
         num_cases: number of cases (>= 1).
         seed: roster seed.
-        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default: :func:`sur_lab.data.qa.load_corpus`).
 
     Raises:
         ValueError: naming ``num_cases``, ``context_lens`` or ``depths`` when empty or out of range (before any work).
@@ -496,7 +480,7 @@ def build_niah_cases(
     if not depths or any(not 0.0 <= float(x) <= 1.0 for x in depths):
         raise ValueError(f"depths must be non-empty fractions in [0, 1]; got {depths!r}")
     if corpus is None:
-        from sur_lab.studies.datasets import load_corpus
+        from sur_lab.data.qa import load_corpus
 
         corpus = load_corpus()
     cases = []
@@ -559,7 +543,7 @@ def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence
         tokenizer: the model's tokenizer.
         preset, overrides: as :func:`params`.
         seed: roster seed.
-        corpus: filler paragraphs (default :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default :func:`sur_lab.data.qa.load_corpus`).
 
     Raises:
         ValueError: as :func:`params` and :func:`build_niah_cases`.

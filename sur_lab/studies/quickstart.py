@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from sur_lab.edits import EditedContext, chat_edit, format_passages
-from sur_lab.studies.datasets import QAExample, load_qa
+from sur_lab.data.qa import QAExample, load_qa
 
 
 def quickstart_edit(tokenizer, example: QAExample, distractor_index: int = 0) -> EditedContext:

@@ -48,6 +48,7 @@ import pandas as pd
 import torch
 
 from sur_lab.analysis.decisions import Family
+from sur_lab.data.text import join_blocks
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -56,7 +57,6 @@ from sur_lab.edits import (
     replacement_edit,
     tokenize_segments,
 )
-from sur_lab.studies.niah import join_blocks
 
 #: Task families.
 FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
@@ -395,7 +395,7 @@ def build_stale_case(
 
     Args:
         tokenizer: the target model's fast byte-level tokenizer with a chat template.
-        corpus: filler paragraphs with ``title`` and ``text`` (:func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs with ``title`` and ``text`` (:func:`sur_lab.data.qa.load_corpus`).
         family: one of :data:`FAMILIES`.
         context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded order until
             the prompt reaches it, skipping those that would overshoot it by more than :data:`LENGTH_SLACK` (the
@@ -583,7 +583,7 @@ def build_stale_cases(
         num_keys: keys per ``multi_key`` case (>= 2).
         families: task families (a subset of :data:`FAMILIES`).
         seed: roster seed.
-        corpus: filler paragraphs (default: :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default: :func:`sur_lab.data.qa.load_corpus`).
         templates: the prompt wording.
 
     Raises:
@@ -601,7 +601,7 @@ def build_stale_cases(
     if not families or any(f not in FAMILIES for f in families):
         raise ValueError(f"families must be a non-empty subset of {FAMILIES}; got {families!r}")
     if corpus is None:
-        from sur_lab.studies.datasets import load_corpus
+        from sur_lab.data.qa import load_corpus
 
         corpus = load_corpus()
     F, D, R = len(families), len(edit_depths), len(distances)
@@ -713,7 +713,7 @@ def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence
         tokenizer: the model's tokenizer.
         preset, overrides: as :func:`params` (only the case sizes and ``families`` shape the cases).
         seed: roster seed.
-        corpus: filler paragraphs (default :func:`sur_lab.studies.datasets.load_corpus`).
+        corpus: filler paragraphs (default :func:`sur_lab.data.qa.load_corpus`).
 
     Raises:
         ValueError: as :func:`params` and :func:`build_stale_cases`.

@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from sur_lab.allocators import AllocationRequest, allocate, get_allocator, top_b
 from sur_lab.allocators.sur import sur_token_scores
+from sur_lab.analysis.endpoints import row_deviation
 from sur_lab.budget import Support, allowance
 from sur_lab.cache_ops import cache_length, num_layers, to_tensors
 from sur_lab.edits import EditedContext
@@ -244,39 +245,13 @@ def residual_by_budget(
     return pd.DataFrame(rows)
 
 
-def row_deviation(cache: DynamicCache, reference: DynamicCache) -> np.ndarray:
-    """Relative K/V deviation of ``cache`` from ``reference`` per row, over all layers, KV heads and head dimensions.
-
-    Row j: ``sqrt(Σ_l ‖K_l[j] − K_l^ref[j]‖² + ‖V_l[j] − V_l^ref[j]‖²) / sqrt(Σ_l ‖K_l^ref[j]‖² + ‖V_l^ref[j]‖²)``,
-    computed in float64; neither cache is modified.
-
-    Args:
-        cache: an ``n``-row cache (Shift, a repaired cache, a session's live cache).
-        reference: a cache of the same ``n`` rows (Re-prefill's: a clean prefill of the same tokens).
-
-    Returns:
-        float64 ``[n]``.
-
-    Raises:
-        ValueError: naming ``cache`` when its row or layer count differs from ``reference``'s.
-    """
-    if cache_length(cache) != cache_length(reference) or num_layers(cache) != num_layers(reference):
-        raise ValueError(f"cache has {cache_length(cache)} rows and {num_layers(cache)} layers; reference has "
-                         f"{cache_length(reference)} and {num_layers(reference)}")
-    num = den = 0.0
-    for (k, v), (kr, vr) in zip(to_tensors(cache), to_tensors(reference)):
-        k, v, kr, vr = (t[0].double() for t in (k, v, kr, vr))  # [H_kv, n, d_h]
-        num = num + ((k - kr).pow(2) + (v - vr).pow(2)).sum(dim=(0, 2))
-        den = den + (kr.pow(2) + vr.pow(2)).sum(dim=(0, 2))
-    return (num / den).sqrt().cpu().numpy()
-
-
 def repair_token_view(lm: LoadedModel, prepared, repairs, *, executor: str = "sequential", seed: int = 0,
                       title: str = ""):
     """The token view (:func:`sur_lab.analysis.plotting.token_view`) of one prepared edit under several repairs.
 
     Each repair's support is chosen as in :func:`method_support` (``"Shift"`` refreshes nothing) and recomputed by
-    ``executor``; each row's K/V deviation from Re-prefill's cache (:func:`row_deviation`) is the second shading.
+    ``executor``; each row's K/V deviation from Re-prefill's cache
+    (:func:`sur_lab.analysis.endpoints.row_deviation`) is the second shading.
     Relevance is SUR's token score (Eq. 7) and the units are the edit's semantic units, whatever the repairs.
 
     Args:
@@ -324,5 +299,4 @@ __all__ = [
     "pick_executor",
     "repair_token_view",
     "residual_by_budget",
-    "row_deviation",
 ]

@@ -19,6 +19,7 @@ from sur_lab.sweeps.case import (
     case_fingerprint,
     case_seed,
     grid_keys,
+    make_scorer,
     method_grid,
     run_case,
 )
@@ -39,7 +40,7 @@ from sur_lab.sweeps.store import FolderInUseError, SweepStore, read_records, swe
 __all__ = [
     "ANSWER_TIMING_FIELDS", "CONDITION_FIELDS", "EVAL_BATCH", "FIELD_NAMES", "TIMING_FIELDS", "Case", "FolderInUseError",
     "Method",
-    "Record", "SweepStore", "answer_target", "case_fingerprint", "case_seed", "comparable_fields", "grid_keys", "method_grid",
+    "Record", "SweepStore", "answer_target", "case_fingerprint", "case_seed", "comparable_fields", "grid_keys", "make_scorer", "method_grid",
     "parse_line", "read_records",
     "record_key", "records_frame", "run_case", "run_sweep", "seeded_subset", "sweep_folder", "timed_set",
 ]

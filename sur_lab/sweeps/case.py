@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from sur_lab.analysis.endpoints import (
     reference_continuation,
     sequence_agree,
 )
-from sur_lab.analysis.scoring import agreement, exact_match, extract_answer, first_token_tv
+from sur_lab.analysis.scoring import agreement, exact_match, extract_answer, first_token_tv, score_example
 from sur_lab.answer import Answer, AnswerBatch, check_cache_rows
 from sur_lab.budget import check_budget
 from sur_lab.cache_ops import cache_length, to_tensors
@@ -295,6 +296,25 @@ def answer_target(lm: LoadedModel, case: Case, parser: Callable[[str], Any] | No
         return ()
     query = lm.tokenizer.decode(case.edit.query_ids.tolist(), skip_special_tokens=False)
     return tuple(canonical_answer_ids(lm.tokenizer, str(case.gold[0]), query))
+
+
+def make_scorer(cases: Sequence[Any]):
+    """A ``scorer(sweep_case, answer_text) -> bool`` for :func:`sur_lab.sweeps.run_sweep`.
+
+    ``cases`` are a study's QA cases, each with a ``case_id`` and an ``example`` (a :class:`sur_lab.data.qa.QAExample`);
+    a sweep case's id may add a trial suffix ``"#t{trial}"``, which is dropped to find its example.
+
+    It extracts the answer once (:func:`sur_lab.analysis.scoring.extract_answer`) and applies the example's dataset rule
+    (:func:`sur_lab.analysis.scoring.score_example`: HotpotQA string EM, 2Wiki and MuSiQue over aliases, IIRC with DROP
+    normalization and span matching, including "none" and yes/no answers).
+    """
+    examples = {c.case_id: c.example for c in cases}
+
+    def scorer(sweep_case, text: str) -> bool:
+        base = re.sub(r"#t\d+$", "", sweep_case.case_id)
+        return score_example(extract_answer(text), examples[base])
+
+    return scorer
 
 
 def _targets(lm: LoadedModel, case: Case, refs: _References) -> dict[str, list[int]]:
@@ -558,4 +578,4 @@ def _record(base: dict, row: _Repaired, ans: Answer, timing: Mapping[str, float]
     )
 
 
-__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "answer_target", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "method_grid", "run_case", "shared_prefix"]
+__all__ = ["EVAL_BATCH", "EVAL_BATCH_BYTES", "Case", "Method", "answer_target", "grid_keys", "method_name", "method_protocol", "case_fingerprint", "case_seed", "check_run_args", "make_scorer", "method_grid", "run_case", "shared_prefix"]

@@ -30,7 +30,6 @@ repair paper.
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from collections.abc import Sequence
@@ -49,6 +48,7 @@ from sur_lab.cache_ops import (
     to_tensors,
 )
 from sur_lab.checks import as_token_ids
+from sur_lab.data.text import truncate_text
 from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel
@@ -225,50 +225,6 @@ def _passage_fields(p) -> tuple[str, str, bool]:
     return str(title), str(text), bool(p[2]) if len(p) > 2 else False
 
 
-@functools.lru_cache(maxsize=1)
-def _segmenter():
-    import pysbd
-
-    return pysbd.Segmenter(language="en", clean=False, char_span=False)
-
-
-def _sentences(text: str) -> list[str]:
-    """Sentences of ``text`` (pysbd, English), whitespace kept so that joining them restores the text."""
-    return _segmenter().segment(text)
-
-
-def truncate_text(tokenizer, title: str, text: str, max_tokens: int) -> str:
-    """Shorten ``text`` so that the block ``"Title: {title}\\n{text}"`` has at most ``max_tokens`` tokens.
-
-    Whole sentences (pysbd) are kept while they fit; if even the first sentence does not fit, it is cut at the last
-    token boundary that fits. Used to bound prompt length on CPU; the contract (full prefill of the same prompt is the
-    reference) is unaffected.
-
-    Raises:
-        ValueError: naming ``max_tokens`` when it is < 8.
-    """
-    if max_tokens < 8:
-        raise ValueError(f"max_tokens={max_tokens!r} must be >= 8")
-    head = f"Title: {title}\n"
-    count = lambda s: len(tokenizer(head + s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    text = text.strip()
-    if count(text) <= max_tokens:
-        return text
-    kept = ""
-    for sent in _sentences(text):
-        candidate = kept + sent
-        if count(candidate.strip()) > max_tokens:
-            break
-        kept = candidate
-    if kept.strip():
-        return kept.strip()
-    enc = tokenizer(head + text, add_special_tokens=False, return_offsets_mapping=True)
-    end = enc["offset_mapping"][max_tokens - 1][1]
-    cut = (head + text)[:end][len(head):]
-    # A cut inside the first token of the text leaves nothing: keep the first word rather than an empty document.
-    return cut.strip() or text.split()[0]
-
-
 def compose_prompt(tokenizer, passages: Sequence, question: str, *, instruction: str = DEFAULT_INSTRUCTION,
                    system: str | None = None, max_doc_tokens: int | None = None) -> ComposedPrompt:
     """Render a chat RAG prompt and split it into prefix, document and query segments.
@@ -284,7 +240,7 @@ def compose_prompt(tokenizer, passages: Sequence, question: str, *, instruction:
         question: the question (also the relevance query).
         instruction: text before the documents in the user message.
         system: optional system message (the template's default otherwise).
-        max_doc_tokens: optional per-block token cap (:func:`truncate_text`; the trailing blank line adds one token);
+        max_doc_tokens: optional per-block token cap (:func:`sur_lab.data.text.truncate_text`; the trailing blank line adds one token);
             ``None`` keeps passages whole.
 
     Returns:
@@ -549,5 +505,4 @@ __all__ = [
     "document_caches",
     "full_prefill_cache",
     "prefix_cache",
-    "truncate_text",
 ]

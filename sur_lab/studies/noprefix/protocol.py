@@ -178,7 +178,7 @@ def rag_passages(example, num_docs: int, *, seed: int = 0, filler: Sequence = ()
     example's own passages run out (a Noise16 analogue). The order is a seeded permutation per example.
 
     Args:
-        example: a :class:`~sur_lab.studies.datasets.QAExample`.
+        example: a :class:`~sur_lab.data.qa.QAExample`.
         num_docs: n, documents in the prompt (>= number of gold passages).
         seed: order and filler seed (combined with the example id).
         filler: candidate padding passages.

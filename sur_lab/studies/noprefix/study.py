@@ -288,7 +288,7 @@ def _check_design(design: str) -> None:
 def _requests(tokenizer, p: Mapping[str, Any], seed: int, design: str) -> list[tuple[str, Any, Any, int]]:
     """``(case_id, RagRequest, example, source rank)`` of the design, in the notebook's order (nested source
     selections; the rank is the source's place in its dataset's seeded selection)."""
-    from sur_lab.studies.datasets import load_qa, select_sources
+    from sur_lab.data.qa import load_qa, select_sources
 
     out = []
     for ds in p["datasets"]:

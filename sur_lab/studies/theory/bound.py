@@ -604,7 +604,7 @@ def theory_edit(
 
     The context is the example's supporting and distractor passages shuffled with ``seed`` (``source`` a development
     dataset key or file), or, for ``source="haystack"``, the HotpotQA example's supporting passages mixed with
-    ``haystack_passages`` filler paragraphs from :func:`sur_lab.studies.datasets.load_corpus` chosen with ``seed``. The first
+    ``haystack_passages`` filler paragraphs from :func:`sur_lab.data.qa.load_corpus` chosen with ``seed``. The first
     ``num_passages`` of the shuffled list are kept and ``deletion_width`` consecutive passages starting at index
     ``delete_at`` are deleted (never the last passage, which would leave no suffix).
 
@@ -617,12 +617,12 @@ def theory_edit(
         ValueError: before any file is read, naming ``example_index``, ``haystack_passages``, ``delete_at`` or
             ``seed`` when negative, ``deletion_width`` when < 1, ``num_passages`` when < 2; then naming ``delete_at`` /
             ``deletion_width`` / ``num_passages`` when the deletion does not fit, ``example_index`` when past the
-            last example (:func:`sur_lab.studies.datasets.load_example`), or ``source`` when it names a held-out
+            last example (:func:`sur_lab.data.qa.load_example`), or ``source`` when it names a held-out
             split.
     """
     from sur_lab.checks import as_count
     from sur_lab.edits import chat_edit, format_passages
-    from sur_lab.studies.datasets import is_held_out, load_corpus, load_example
+    from sur_lab.data.qa import is_held_out, load_corpus, load_example
 
     as_count(example_index, "example_index", minimum=0)
     as_count(num_passages, "num_passages", minimum=2)

@@ -1,0 +1,130 @@
+"""Text helpers the studies share: source generators, eligibility, block joining and sentence truncation.
+
+- :class:`PanelConfig` and :func:`is_eligible`: which QA sources can supply placement cases (annotations only, no model
+  output; section 4.3, appendix 7.5), and how their documents are framed.
+- :func:`source_rng`: the per-source generator, seeded by ``(seed, crc32("dataset/id"))``, so a source's draws do not
+  depend on the panel size.
+- :func:`join_blocks`: text blocks joined with blank lines, with each block's deletable span.
+- :func:`truncate_text`: a passage cut to whole sentences (pysbd) that fit a token cap.
+
+Part of the data layer: it imports the core and :mod:`sur_lab.data.qa` only (``tests/test_layout.py``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sur_lab.data.qa import QAExample
+from sur_lab.edits import DEFAULT_INSTRUCTION
+from sur_lab.units import _segmenter
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources: eligibility and the per-source generator
+
+
+@dataclass(frozen=True)
+class PanelConfig:
+    """How sources are chosen and how their documents are built (the natural-QA placement cases: section 4.3, appendix 7.5).
+
+    Attributes:
+        lead: framing non-supporting passages before the evidence in the clean document (>= 0).
+        tail: framing non-supporting passages after the evidence (>= 0; 0 gives an empty suffix after support).
+        min_supporting: sources need at least this many supporting passages (>= 2, so "between" exists).
+        include_unanswerable: keep IIRC questions whose answer type is "none".
+        seed: seeds the source selection (:func:`sur_lab.data.qa.select_sources`) and each source's passage draw.
+        instruction: text before the documents in the user message.
+
+    Raises:
+        ValueError: naming ``lead``/``tail`` when negative or ``min_supporting`` when below 2.
+    """
+
+    lead: int = 0
+    tail: int = 1
+    min_supporting: int = 2
+    include_unanswerable: bool = False
+    seed: int = 0
+    instruction: str = DEFAULT_INSTRUCTION
+
+    def __post_init__(self) -> None:
+        for name in ("lead", "tail"):
+            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 0")
+        if int(self.min_supporting) != self.min_supporting or self.min_supporting < 2:
+            raise ValueError(f"min_supporting={self.min_supporting!r} must be an integer >= 2 (placement 'between')")
+
+
+def is_eligible(example: QAExample, config: PanelConfig = PanelConfig()) -> bool:
+    """Whether ``example`` can supply three placement cases under ``config`` (annotations only, no model output)."""
+    if len(example.supporting) < config.min_supporting:
+        return False
+    return config.include_unanswerable or example.answer_type != "none"
+
+
+def source_rng(example: QAExample, seed: int) -> np.random.Generator:
+    """The per-source generator: PCG64 seeded by ``(seed, crc32("dataset/id"))``, independent of panel size."""
+    return np.random.default_rng([int(seed), zlib.crc32(f"{example.dataset}/{example.id}".encode())])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Text blocks and sentences
+
+
+def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Join text blocks with blank lines; block i's deletable span includes one separator.
+
+    Returns:
+        ``(documents, spans)``: ``spans[i]`` covers block i and the blank line after it (the last block: the blank line
+        before it), so deleting ``spans[i]`` leaves exactly ``join_blocks`` of the other blocks.
+    """
+    spans, pos = [], 0
+    for i, block in enumerate(blocks):
+        sep = 2 if i < len(blocks) - 1 else 0
+        spans.append((pos, pos + len(block) + sep))
+        pos += len(block) + sep
+    if len(blocks) > 1:
+        spans[-1] = (spans[-1][0] - 2, pos)
+    return "\n\n".join(blocks), spans
+
+
+def _sentences(text: str) -> list[str]:
+    """Sentences of ``text`` (pysbd, English), whitespace kept so that joining them restores the text."""
+    return _segmenter().segment(text)
+
+
+def truncate_text(tokenizer, title: str, text: str, max_tokens: int) -> str:
+    """Shorten ``text`` so that the block ``"Title: {title}\\n{text}"`` has at most ``max_tokens`` tokens.
+
+    Whole sentences (pysbd) are kept while they fit; if even the first sentence does not fit, it is cut at the last
+    token boundary that fits. Used to bound prompt length on CPU; the contract (full prefill of the same prompt is the
+    reference) is unaffected.
+
+    Raises:
+        ValueError: naming ``max_tokens`` when it is < 8.
+    """
+    if max_tokens < 8:
+        raise ValueError(f"max_tokens={max_tokens!r} must be >= 8")
+    head = f"Title: {title}\n"
+    count = lambda s: len(tokenizer(head + s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    text = text.strip()
+    if count(text) <= max_tokens:
+        return text
+    kept = ""
+    for sent in _sentences(text):
+        candidate = kept + sent
+        if count(candidate.strip()) > max_tokens:
+            break
+        kept = candidate
+    if kept.strip():
+        return kept.strip()
+    enc = tokenizer(head + text, add_special_tokens=False, return_offsets_mapping=True)
+    end = enc["offset_mapping"][max_tokens - 1][1]
+    cut = (head + text)[:end][len(head):]
+    # A cut inside the first token of the text leaves nothing: keep the first word rather than an empty document.
+    return cut.strip() or text.split()[0]
+
+
+__all__ = ["PanelConfig", "is_eligible", "join_blocks", "source_rng", "truncate_text"]
