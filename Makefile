@@ -3,7 +3,7 @@
 #   make test        run the test suite
 #   make docs        the documentation site: a smoke run of every notebook, then mkdocs build --strict -> build/site
 #   make release     every notebook at its default preset into results/ (committed; resumes; RELEASE_ARGS="--check")
-# After make install: .venv/bin/sur-lab --help (run / sweep / bench / models / lab), .venv/bin/jupyter lab
+# After make install: .venv/bin/sur-lab --help (run / sweep / bench / models / lab / data / release), .venv/bin/jupyter lab
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -3,7 +3,9 @@
 Vocabulary: the *budget* b is a percentage of the S retained suffix tokens; its *allowance* B = B(S, b) is a count of
 positions; a *support* is the sorted set of suffix positions to refresh; an *interval* is a maximal run of consecutive
 support positions (R of them). Support positions are suffix-local (0 .. S-1); ``absolute(prefix_len)`` maps them to
-positions in the edited context.
+positions in the edited context. A :class:`Selection` is a support as an allocator returns it (with its selection time
+and diagnostics); it lives here, beside :class:`Support`, so that modules that only carry one (``sync``, ``repair``'s
+results) need no allocator.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -207,6 +210,23 @@ class Support:
 
     def __hash__(self) -> int:
         return hash((self.suffix_len, self.positions.tobytes()))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A support as an allocator returns it (:data:`sur_lab.allocators.Allocator`; Algorithm 1 step 1).
+
+    Attributes:
+        support: exactly B sorted unique suffix positions and their intervals.
+        select_ms: wall time of the selection, ms (filled by :func:`sur_lab.allocators.allocate`).
+        extra_forward_tokens: token-forwards spent on selection signals (tokens; 0 for SUR).
+        diagnostics: arrays for plots (token scores, unit scores, ...), allocator-specific.
+    """
+
+    support: Support
+    select_ms: float = 0.0
+    extra_forward_tokens: int = 0
+    diagnostics: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 #: Budget conventions (appendix 9.3): b percent of the retained suffix (Eq. 3, the paper's main sweep) or of the whole

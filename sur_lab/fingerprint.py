@@ -224,13 +224,20 @@ def dtype_reason(lm: Any) -> str:
 
 
 def dtype_line(lm: Any) -> str:
-    """The dtype a run used and why, for its "This run" line: ``"bfloat16 (auto: the CPU computes bfloat16 natively
-    (avx512_bf16))"``, or ``"float32 (requested)"``.
+    """The dtype a run used and why, for its "This run" line: ``"bfloat16 (auto: CUDA computes bfloat16 natively)"``,
+    ``"float32 (auto: the CPU has no native bfloat16 arithmetic ...)"`` (the dtype named once), or ``"float32
+    (requested)"``.
 
     Args:
         lm: a :class:`sur_lab.models.LoadedModel`.
     """
-    return f"{str(lm.dtype).removeprefix('torch.')} ({dtype_reason(lm)})"
+    name = str(lm.dtype).removeprefix("torch.")
+    reason = dtype_reason(lm)
+    # "auto: float32; the CPU ..." -> "float32 (auto: the CPU ...)": the dtype is named once.
+    head = f"auto: {name}"
+    if reason.startswith(head):
+        reason = "auto: " + reason[len(head):].lstrip(",; ")
+    return f"{name} ({reason})"
 
 
 def describe(value: Any) -> Any:

@@ -6,8 +6,9 @@ breakdown (Eq. 20: select, shift, refresh). The prepared caches are never modifi
 inplace=True)`` is asked to consume them (a cache the caller gives up: no output clone).
 
 ``repair`` is the one Algorithm 1 dispatcher: the sweep's case runner (:func:`sur_lab.sweeps.run_case`) and every
-edit of an :class:`~sur_lab.session.EditSession` call it. Its rules: a reference operator by name
-(:data:`REFERENCE_OPERATORS`); otherwise an allocator at budget b, whose allowance B = B(S, b) (Eq. 3) picks the path
+edit and sync of an :class:`~sur_lab.session.EditSession` (through its :class:`~sur_lab.live_cache.LiveCache`) call
+it. Its rules: a reference operator by name (:data:`REFERENCE_OPERATORS`); otherwise an allocator at budget b, whose
+allowance B = B(S, b) (Eq. 3, or the base a variant binds: :func:`~sur_lab.allocators.allowance_for`) picks the path
 (:func:`algorithm1_path`): B = S > 0 is Replay from the valid prefix (step 2, no Shift), B = 0 is Shift, anything
 else is the allocator's support refreshed by the executor. ``recover`` follows the same path rule.
 
@@ -29,20 +30,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from sur_lab.allocators import (
-    ALLOCATORS,
-    AllocationRequest,
-    Selection,
-    allocate,
-    allowance_for,
-)
-from sur_lab.budget import Support, check_budget, fractions_expected, warn_if_fraction
+from sur_lab.allocators import ALLOCATORS, AllocationRequest, allocate, allowance_for
+from sur_lab.budget import Selection, Support, check_budget, fractions_expected, warn_if_fraction
 from sur_lab.cache_ops import clone_cache
 from sur_lab.checks import as_count, as_token_ids, check_vocab
 from sur_lab.edits import EditedContext
@@ -387,6 +382,7 @@ def repair(
     options: dict | None = None,
     inplace: bool = False,
     allowance: int | None = None,
+    forced=None,
 ) -> RepairResult:
     """Repair ``prepared.edit`` with ``method`` at budget ``budget_pct``: the one Algorithm 1 dispatcher.
 
@@ -416,6 +412,14 @@ def repair(
         allowance: an exact per-case B in [0, S] (suffix positions; e.g. the matched-token protocol or a fixed slot,
             ``AllocationRequest(..., allowance=B)``), used as given instead of ``B(S, b)``; ``budget_pct`` is then
             only the nominal budget the result carries (NaN when ``None``). Ignored by reference methods.
+        forced: suffix-local positions (int64, in ``[0, S)``, any order) recomputed whatever the method chooses: rows
+            the Shift cache holds no state for (the rows an :class:`~sur_lab.session.EditSession` sync inserts inside
+            the suffix). B is then a share of the ``S - len(forced)`` other positions
+            (:func:`~sur_lab.allocators.allowance_for` with ``selectable``) and picks the path on them: B = S -
+            len(forced) is Replay of the whole suffix, B = 0 refreshes the forced rows alone, anything else refreshes
+            the allocator's B positions and the forced ones in one executor call (the result's ``selection`` is the
+            allocator's). Shift refreshes them too; Replay and Re-prefill recompute them anyway (their allowance is
+            ``S - len(forced)``); Dirty and Erratum refuse them.
 
     Returns:
         RepairResult with a timing breakdown in ms.
@@ -423,7 +427,8 @@ def repair(
     Raises:
         ValueError: for a budget outside [0, 100], neither a budget nor an allowance, an allowance outside [0, S], an
             unknown method or executor, an executor without an in-place form (``inplace=True``), a prepared cache
-            already consumed by an in-place repair, or Dirty without a Dirty cache — before any model call.
+            already consumed by an in-place repair, Dirty without a Dirty cache, or ``forced`` positions outside
+            ``[0, S)`` or given to Dirty / Erratum — before any model call.
         TypeError: naming ``allowance`` when it is not an integer.
 
     Warns:
@@ -436,8 +441,20 @@ def repair(
     run = get_executor(executor)
     as_count(seed, "seed", minimum=0)  # numpy generators take non-negative integer seeds; 1.5 is not truncated
     options = dict(options or {})
+    S = edit.suffix_len
+    forced = _check_forced(forced, S)
     if method in REFERENCE_OPERATORS:
-        return REFERENCE_OPERATORS[method](lm, prepared, inplace=inplace, options=options)
+        if len(forced) and method not in ("Shift", "Replay", "Re-prefill"):
+            raise ValueError(f"forced={forced.tolist()[:8]} rows must be recomputed, but method={method!r} "
+                             "recomputes no row; forced rows need Shift, Replay, Re-prefill or an allocator")
+        result = REFERENCE_OPERATORS[method](lm, prepared, inplace=inplace, options=options)
+        if not len(forced):
+            return result
+        if method != "Shift":  # Replay and Re-prefill recompute every suffix row, the forced ones included
+            return replace(result, allowance=S - len(forced))
+        t0 = time.perf_counter()
+        cache = run(lm, result.cache, edit, Support(forced, S))
+        return replace(result, cache=cache, timings_ms={**result.timings_ms, "refresh": _ms(t0)})
 
     if method not in ALLOCATORS:
         raise ValueError(
@@ -445,39 +462,63 @@ def repair(
             f"({', '.join(sorted(ALLOCATORS))})"
         )
     run = get_executor(executor, inplace=inplace)
-    S = edit.suffix_len
     # Algorithm 1 starts from the Dirty cache: allocators that read it (Cache-Craft-Adapted takes the deleted span's
     # keys from it) must not re-run the span. A replacement's Dirty cache has the span elsewhere (N - m rows): the
     # allocator then rebuilds the span from the Shift cache's prefix.
     if prepared.dirty_cache is not None and not edit.inserted_len:
         options.setdefault("dirty_cache", prepared.dirty_cache)
     # Units are built inside the timed allocator call: selection time includes unit construction (appendix 13.1).
-    request, B = _request(lm, edit, method, budget_pct, allowance, prepared.shift_cache, seed, options)
+    request, B = _request(lm, edit, method, budget_pct, allowance, prepared.shift_cache, seed, options,
+                          S - len(forced))
     budget_pct = _nominal(request)
-    path = algorithm1_path(S, B)
+    path = algorithm1_path(S - len(forced), B)
     if path == "replay":
         cache, ms = _replay_path(lm, prepared)
-        return _result(method, cache, (0.0, 0.0, ms), S, Selection(Support.full(S)), budget_pct)
+        return _result(method, cache, (0.0, 0.0, ms), B, Selection(Support.full(S)), budget_pct)
     _owned(prepared, "shift_cache")
     if path == "shift":
         sel = Selection(Support(np.zeros(0, dtype=np.int64), S))
-        return _result(method, _take(prepared, "shift_cache", inplace), (0.0, prepared.shift_ms, 0.0), 0, sel,
-                       budget_pct)
-    selection = allocate(method, request)
-    if prepared.units is None and request.units is not None:
-        prepared.units = request.units
+        if not len(forced):
+            return _result(method, _take(prepared, "shift_cache", inplace), (0.0, prepared.shift_ms, 0.0), 0, sel,
+                           budget_pct)
+        positions, selection = forced, sel
+    else:
+        selection = allocate(method, request)
+        if prepared.units is None and request.units is not None:
+            prepared.units = request.units
+        positions = np.union1d(selection.support.positions, forced).astype(np.int64)
     t0 = time.perf_counter()
-    cache = run(lm, prepared.shift_cache, edit, selection.support)
+    cache = run(lm, prepared.shift_cache, edit, Support(positions, S) if len(forced) else selection.support)
     timings = (selection.select_ms, prepared.shift_ms, _ms(t0))
     if inplace:
         prepared.shift_cache = None  # consumed: it is now the output
     return _result(method, cache, timings, B, selection, budget_pct)
 
 
+def _check_forced(forced, suffix_len: int) -> np.ndarray:
+    """``forced`` as sorted unique int64 suffix positions (empty for ``None``).
+
+    Raises:
+        TypeError: naming ``forced`` when the positions are not integers.
+        ValueError: naming ``forced`` when a position lies outside ``[0, S)``.
+    """
+    if forced is None:
+        return np.zeros(0, dtype=np.int64)
+    raw = np.asarray(forced)
+    if raw.size and raw.dtype.kind not in "iu":
+        raise TypeError(f"forced must be integer suffix positions; got dtype {raw.dtype}")
+    out = np.unique(raw.astype(np.int64).reshape(-1))
+    if len(out) and (out[0] < 0 or out[-1] >= suffix_len):
+        raise ValueError(f"forced positions must lie in the suffix [0, S={suffix_len}); got {out[0]}..{out[-1]}")
+    return out
+
+
 def _request(lm: LoadedModel, edit: EditedContext, method: str, budget_pct: float | None, allowance: int | None,
-             shift_cache: DynamicCache | None, seed: int, options: dict) -> tuple[AllocationRequest, int]:
+             shift_cache: DynamicCache | None, seed: int, options: dict,
+             selectable: int | None = None) -> tuple[AllocationRequest, int]:
     """The allocation request of a repair and the B its method selects (:func:`sur_lab.allocators.allowance_for`),
-    checked before any work; warns once about a sub-1 % budget."""
+    checked before any work; warns once about a sub-1 % budget. With ``selectable`` below S (forced rows), B is a
+    share of those positions and the request asks the allocator for exactly B."""
     if budget_pct is None and allowance is None:
         raise ValueError("budget_pct is None and no allowance is given; give b in [0, 100] or an exact allowance in "
                          f"[0, S={edit.suffix_len}]")
@@ -487,7 +528,10 @@ def _request(lm: LoadedModel, edit: EditedContext, method: str, budget_pct: floa
     with fractions_expected():  # warned above, once per call
         request = AllocationRequest(lm, edit, budget_pct, shift_cache=shift_cache, units=None, seed=seed,
                                     options=options, allowance=allowance)
-    return request, allowance_for(method, request)
+    if selectable is None or selectable == edit.suffix_len:
+        return request, allowance_for(method, request)
+    B = allowance_for(method, request, selectable=selectable)
+    return request.with_allowance(B), B
 
 
 def _nominal(request: AllocationRequest) -> float:

@@ -1,9 +1,16 @@
 """Edit sessions: one live KV cache kept usable across many appends, deletions and replacements (evolving contexts).
 
 An agent's context keeps changing: turns are appended, obsolete tool outputs are deleted or replaced. An
-:class:`EditSession` owns the live transformers ``DynamicCache`` of the current context and, per row, the token id,
-the position the row's keys were computed at (its *recorded angle*) and its *staleness*: how many context tokens
-before it were deleted or inserted since its state was computed (directly, or through the stale rows it read: see
+:class:`EditSession` is the conversation: the current context's token ids, each row's text and message container,
+the pending query and the history of edits; it holds one :class:`~sur_lab.live_cache.LiveCache`, the owner of the
+cache state (the live transformers ``DynamicCache``'s tensors and, per row, the position its keys were computed at,
+its *recorded angle*, and its *staleness*: how many context tokens before it were deleted or inserted since its state
+was computed, directly or through the stale rows it read: see **Staleness debt** below). Each edit is the paper's
+repair (Algorithm 1) on an :class:`~sur_lab.edits.EditedContext` that the session builds for that edit (tokens, text,
+containers, query): the live cache drops the span and Shifts the suffix (Eq. 2, its one Shift), then hands it to the
+one dispatcher, :func:`sur_lab.repair.repair` (any allocator at budget b, B = ``allowance_for`` of it, with any
+executor, or a reference method: Shift, Replay, Re-prefill, Erratum).
+
 **Staleness debt** below). Each edit is the paper's repair (Algorithm 1) on an
 :class:`~sur_lab.edits.EditedContext` built for that edit: drop the span, Shift the suffix (Eq. 2), then refresh a
 support chosen by any allocator at budget b (Eq. 3) with any executor, or a reference method (Shift, Replay,
@@ -60,17 +67,18 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from sur_lab.allocators import ALLOCATORS, AllocationRequest, Selection, allocate
+from sur_lab.allocators import ALLOCATORS
 from sur_lab.answer import Answer, greedy_answer
-from sur_lab.budget import Support, allowance, check_budget, fractions_expected, warn_if_fraction
-from sur_lab.cache_ops import check_model_kv, from_tensors, held_kv, rerotate_rows, to_tensors
+from sur_lab.budget import Selection, Support, check_budget, warn_if_fraction
+from sur_lab.cache_ops import check_model_kv, held_kv
 from sur_lab.checks import as_count, user_stacklevel
 from sur_lab.edits import EditedContext, chat_segments, offset_pieces, splice_replacement, tokenize_segments
-from sur_lab.executors import get_executor, insert_rows, replay
+from sur_lab.executors import get_executor
 from sur_lab.fingerprint import weights_digest
-from sur_lab.forward import check_context_length, forward_tokens, one_context_warning, prefill
+from sur_lab.forward import one_context_warning
+from sur_lab.live_cache import LiveCache
 from sur_lab.models import LoadedModel, as_loaded_model
-from sur_lab.repair import PreparedEdit, erratum_note_for, repair
+from sur_lab.repair import erratum_note_for
 from sur_lab.sync import SyncPlan, SyncPolicy, SyncRecord, align_text, choose_path, diff_tokens
 
 #: Reference methods a session accepts (Dirty keeps the deleted rows, which a session cannot hold).
@@ -95,53 +103,6 @@ def register_model_check(fn: Callable[[LoadedModel], Any]) -> None:
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
-
-
-def _rerotate(keys: torch.Tensor, deltas: np.ndarray, inv_freq: torch.Tensor) -> torch.Tensor:
-    """The session's one rotation: rows of ``keys`` ``[1, H_kv, L, d_h]`` moved by ``deltas`` ``[L]`` positions
-    (the leading ``rotary_dim`` dimensions; partial rotary passes the rest through, :func:`rerotate_rows`)."""
-    return rerotate_rows(keys, torch.from_numpy(np.ascontiguousarray(deltas, dtype=np.int64)), inv_freq)
-
-
-def _budget_for(suffix_len: int, target: int) -> float:
-    """A budget b (%) whose allowance over ``suffix_len`` rows is exactly ``target`` (0 < target < suffix_len)."""
-    b = 100.0 * target / suffix_len
-    while allowance(suffix_len, b) > target:  # the decimal of b rounded up past the exact share
-        b = float(np.nextafter(b, 0.0))
-    while allowance(suffix_len, b) < target:
-        b = float(np.nextafter(b, 100.0))
-    return b
-
-
-def _before_max(stale: np.ndarray, upto: int) -> int:
-    """Staleness a row computed at position ``upto`` inherits: the largest of the rows before it (0 when fresh)."""
-    return int(stale[:upto].max()) if upto > 0 else 0
-
-
-def recomputed_staleness(stale: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Staleness after recomputing ``rows`` in causal order (any executor: all compute the sequential recurrence).
-
-    A recomputed row reads every row before it, so it inherits the largest staleness among them, where the rows
-    recomputed before it already carry their new value; by induction that is the largest staleness among the earlier
-    rows that were *not* recomputed. Rows not in ``rows`` keep theirs. Appendix 14 (stale causal predecessors).
-
-    Args:
-        stale: int64 ``[n]`` staleness before the refresh (tokens).
-        rows: int64 absolute rows recomputed (any order; duplicates allowed).
-
-    Returns:
-        int64 ``[n]``, a new array.
-    """
-    stale = np.asarray(stale, dtype=np.int64)
-    out = stale.copy()
-    if len(rows) == 0 or len(stale) == 0:
-        return out
-    recomputed = np.zeros(len(stale), dtype=bool)
-    recomputed[np.asarray(rows, dtype=np.int64)] = True
-    kept = np.where(recomputed, 0, stale)
-    before = np.concatenate(([0], np.maximum.accumulate(kept)[:-1]))  # max over kept rows strictly before j
-    out[recomputed] = before[recomputed]
-    return out
 
 
 def _is_id(x) -> bool:
@@ -277,18 +238,13 @@ class _Policy:
 class _State:
     """An immutable snapshot of the session; edits build a new one and commit it only when they succeed.
 
-    ``keys`` / ``values`` / ``anchors`` are per-layer ``[1, H_kv, n, d_h]`` (``None`` before the first append);
-    ``angle_pos`` the position each anchor was computed at; ``stale`` the tokens deleted or inserted before each row
-    since its state was computed; ``segment`` the append/insert call each row came from (its message container);
-    ``pieces`` each row's text (``None`` without a tokenizer).
+    The conversation: ``ids`` ``[n]`` int64 tokens, ``segment`` the append/insert call each row came from (its message
+    container), ``pieces`` each row's text (``None`` without a tokenizer); and ``live``, the
+    :class:`~sur_lab.live_cache.LiveCache` of those rows (tensors, anchors, recorded angles, staleness).
     """
 
     ids: torch.Tensor
-    keys: tuple[torch.Tensor, ...] | None
-    values: tuple[torch.Tensor, ...] | None
-    anchors: tuple[torch.Tensor, ...] | None
-    angle_pos: np.ndarray
-    stale: np.ndarray
+    live: LiveCache
     segment: np.ndarray
     pieces: tuple[str, ...] | None
 
@@ -297,7 +253,7 @@ class _State:
         return int(self.ids.numel())
 
     def cache(self) -> DynamicCache:
-        return from_tensors(list(zip(self.keys, self.values))) if self.keys is not None else DynamicCache()
+        return self.live.cache()
 
 
 class EditSession:
@@ -360,11 +316,8 @@ class EditSession:
             if _MODEL_CHECK is None:  # only when sur_lab.model_check was never imported (importing sur_lab does it)
                 raise RuntimeError("EditSession(check=True): no model check registered; import sur_lab.model_check")
             _MODEL_CHECK(lm)
-        self._state = _State(
-            ids=torch.zeros(0, dtype=torch.long), keys=None, values=None, anchors=None,
-            angle_pos=np.zeros(0, dtype=np.int64), stale=np.zeros(0, dtype=np.int64),
-            segment=np.zeros(0, dtype=np.int64), pieces=() if lm.tokenizer is not None else None,
-        )
+        self._state = _State(ids=torch.zeros(0, dtype=torch.long), live=LiveCache.empty(),
+                             segment=np.zeros(0, dtype=np.int64), pieces=() if lm.tokenizer is not None else None)
         self._next_segment = 0
         self._query: _Query | None = None
         self.history: list[EditRecord | SyncRecord] = []
@@ -407,12 +360,8 @@ class EditSession:
         n = int(ids.numel())
         if rows != n:
             raise ValueError(f"input_ids has {n} tokens; the cache holds {rows} rows")
-        keys = tuple(k for k, _ in kv)
-        session._state = _State(
-            ids=ids, keys=keys, values=tuple(v for _, v in kv), anchors=keys,
-            angle_pos=np.arange(n, dtype=np.int64), stale=np.zeros(n, dtype=np.int64),
-            segment=np.zeros(n, dtype=np.int64), pieces=session._decode_pieces(ids),
-        )
+        session._state = _State(ids=ids, live=LiveCache.clean(kv), segment=np.zeros(n, dtype=np.int64),
+                                pieces=session._decode_pieces(ids))
         session._next_segment = 1
         return session
 
@@ -468,20 +417,20 @@ class EditSession:
     @property
     def recorded_positions(self) -> np.ndarray:
         """int64 ``[n]``: the position each row's keys were computed at (its anchor's angle)."""
-        return self._state.angle_pos.copy()
+        return self._state.live.angle_pos.copy()
 
     @property
     def staleness(self) -> np.ndarray:
         """int64 ``[n]``: tokens deleted or inserted before each row since its K/V were computed, directly or through
         the stale rows it read when it was computed (0: fresh; module docstring)."""
-        return self._state.stale.copy()
+        return self._state.live.stale.copy()
 
     @property
     def debt(self) -> int:
         """Staleness debt (rows): rows whose K/V differ from a clean prefill of the current tokens because of a
         deleted, replaced or inserted span, including rows recomputed over stale predecessors (appendix 14). They are
         always the last ``debt`` rows; ``debt == 0`` means the cache equals a clean prefill up to rounding."""
-        return int((self._state.stale > 0).sum())
+        return self._state.live.debt
 
     # ------------------------------------------------------------------------------------------------------------
     # Validation helpers
@@ -525,10 +474,7 @@ class EditSession:
                 f"EditSession: the model's weights changed since the cache was computed (an in-place update); the "
                 f"context's {old.n} rows are prefilled again", RuntimeWarning, stacklevel=user_stacklevel(),
             )
-            kv = to_tensors(prefill(self.lm, old.ids)[0])
-            keys = tuple(k for k, _ in kv)
-            self._state = _State(old.ids, keys, tuple(v for _, v in kv), keys, np.arange(old.n, dtype=np.int64),
-                                 np.zeros(old.n, dtype=np.int64), old.segment, old.pieces)
+            self._state = dataclasses.replace(old, live=LiveCache.prefilled(self.lm, old.ids))
         self._weights = now
 
     def _as_ids(self, content, name: str) -> torch.Tensor:
@@ -696,7 +642,7 @@ class EditSession:
         record = EditRecord(
             "append", n, n + m, m, "", float("nan"), 0, 0, None, np.zeros(0, dtype=np.int64), m,
             {"prefill": prefill_ms, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0},
-            self.debt, int((new.stale > 0).sum()), 0, new.n,
+            self.debt, new.live.debt, 0, new.n,
         )
         self._commit(new, record)
         self._next_segment += 1
@@ -704,30 +650,15 @@ class EditSession:
 
     def _extended(self, old: _State, ids: torch.Tensor, pieces, segment: np.ndarray) -> tuple[_State, float]:
         """``old`` with ``ids`` prefilled after it at positions ``n .. n + m - 1``; returns the state and its ms."""
-        t0 = time.perf_counter()
-        work = old.cache()
-        forward_tokens(self.lm, ids, work, logits="none")
-        prefill_ms = _ms(t0)
-        return self._appended(old, ids, work, pieces, segment), prefill_ms
+        live, prefill_ms = old.live.extended(self.lm, ids)
+        return self._joined(old, ids, live, pieces, segment), prefill_ms
 
-    def _appended(self, old: _State, ids: torch.Tensor, cache: DynamicCache, pieces, segment: np.ndarray) -> _State:
-        """``old`` followed by ``ids``, whose rows ``n .. n + m - 1`` ``cache`` holds after ``old``'s own rows."""
-        n, m = old.n, int(ids.numel())
-        kv = to_tensors(cache)
-        keys = tuple(k for k, _ in kv)
-        if old.anchors is None:
-            anchors = keys
-        else:
-            anchors = tuple(torch.cat((a, k[:, :, n:]), dim=2) for a, k in zip(old.anchors, keys))
-        new = _State(
-            ids=torch.cat((old.ids, ids)), keys=keys, values=tuple(v for _, v in kv), anchors=anchors,
-            angle_pos=np.concatenate((old.angle_pos, np.arange(n, n + m, dtype=np.int64))),
-            # The new rows read every row before them: stale predecessors make them stale too (appendix 14).
-            stale=np.concatenate((old.stale, np.full(m, _before_max(old.stale, n), dtype=np.int64))),
-            segment=np.concatenate((old.segment, np.asarray(segment, dtype=np.int64))),
-            pieces=None if old.pieces is None else old.pieces + tuple(pieces),
-        )
-        return new
+    @staticmethod
+    def _joined(old: _State, ids: torch.Tensor, live: LiveCache, pieces, segment: np.ndarray) -> _State:
+        """``old``'s conversation followed by ``ids`` (their ``pieces`` and container labels), over ``live``."""
+        return _State(ids=torch.cat((old.ids, ids)), live=live,
+                      segment=np.concatenate((old.segment, np.asarray(segment, dtype=np.int64))),
+                      pieces=None if old.pieces is None else old.pieces + tuple(pieces))
 
     @one_context_warning
     def delete(
@@ -800,13 +731,16 @@ class EditSession:
         stale suffix):
 
         1. rows deleted from the prompt are dropped; every kept row after the first change is moved to its new
-           position and its key re-rotated once from its recorded angle (Eq. 2, :func:`rerotate_rows`);
+           position and its key re-rotated once from its recorded angle (Eq. 2, the live cache's one Shift,
+           :meth:`sur_lab.live_cache.LiveCache.shifted`);
         2. inserted text is prefilled at its positions: a run at the first change against the unchanged prefix,
            runs inside the stale region as forced rows of the refresh (they read the rows refreshed before them),
            and an append at the end after the repair;
-        3. one allocation chooses B = ⌈S · b / 100⌉ of the S kept rows after the first change (Eq. 3) under
-           ``method`` and ``budget_pct`` (Replay: all of them; Shift: none), refreshed in one executor call with
-           the inserted rows; then the debt pass (``debt_pct``) as for every edit.
+        3. one allocation chooses B of the S kept rows after the first change under ``method`` and ``budget_pct``:
+           the allocator's allowance (:func:`~sur_lab.allocators.allowance_for`: ⌈S · b / 100⌉, Eq. 3, or the
+           whole-prompt base a variant binds; Replay: all of them; Shift: none), refreshed in one executor call with
+           the inserted rows (the ``forced`` rows of :func:`sur_lab.repair.repair`, the one dispatcher); then the debt
+           pass (``debt_pct``) as for every edit.
 
         The allocator scores the suffix from the first stale row, inserted rows included; a multi-change sync whose
         allocation lands on inserted rows (recomputed anyway) refreshes fewer than B kept rows; the record tells.
@@ -878,15 +812,12 @@ class EditSession:
             state = old
         elif path == "re-prefill":
             t0 = time.perf_counter()
-            cache = prefill(self.lm, ids)[0]
+            state = _State(ids, LiveCache.prefilled(self.lm, ids), labels, pieces)
             timings["refresh"] = _ms(t0)
-            kv = to_tensors(cache)
-            keys = tuple(k for k, _ in kv)
-            state = _State(ids, keys, tuple(v for _, v in kv), keys, np.arange(m, dtype=np.int64),
-                           np.zeros(m, dtype=np.int64), labels, pieces)
             recomputed[:], B = True, plan.stale_rows
         elif path in ("tail", "prefix-reuse"):
-            state = self._prefix_state(old, f)
+            state = _State(old.ids[:f], old.live.prefix(f), old.segment[:f],
+                           None if old.pieces is None else old.pieces[:f])
             if f < m:
                 state, timings["prefill"] = self._extended(state, ids[f:], pieces[f:] if pieces else (), labels[f:])
             state = dataclasses.replace(state, segment=labels)
@@ -895,7 +826,7 @@ class EditSession:
             state, selection, B, refreshed, rerotated = self._sync_repair(old, plan, ids, pieces, labels, pol, timings)
             recomputed[plan.source < 0] = True
             recomputed[refreshed] = True
-        debt_before = int((state.stale > 0).sum())
+        debt_before = state.live.debt
         state, debt_rows = self._pay_debt(state, pol, timings)  # an unchanged prompt pays debt_pct too
         forwarded = int(recomputed.sum()) + len(debt_rows)
         recomputed[debt_rows] = True
@@ -908,7 +839,7 @@ class EditSession:
             reused=int((plan.kept & ~recomputed).sum()), rerotated=int(rerotated), recomputed=forwarded,
             stale_rows=plan.stale_rows, allowance=int(B), selection=selection,
             refreshed_rows=np.union1d(refreshed, debt_rows).astype(np.int64), debt_before=debt_before,
-            debt_after=int((state.stale > 0).sum()), debt_refreshed=len(debt_rows), timings_ms=timings,
+            debt_after=state.live.debt, debt_refreshed=len(debt_rows), timings_ms=timings,
         )
         self._commit(state, record)
         self._next_segment = next_segment
@@ -972,71 +903,26 @@ class EditSession:
                 out[j] = out[j - 1] if j else base
         return out, base + 1
 
-    @staticmethod
-    def _prefix_state(old: _State, f: int) -> _State:
-        """Rows ``[0, f)`` of ``old`` (views)."""
-        if old.keys is None:
-            return old
-        cut = lambda ts: tuple(t[:, :, :f] for t in ts)  # noqa: E731
-        return _State(old.ids[:f], cut(old.keys), cut(old.values), cut(old.anchors), old.angle_pos[:f],
-                      old.stale[:f], old.segment[:f], None if old.pieces is None else old.pieces[:f])
-
     def _sync_repair(self, old: _State, plan: SyncPlan, ids: torch.Tensor, pieces, labels, policy: _Policy,
                      timings: dict):
-        """The repair path of :meth:`sync`; returns ``(state, selection, B, refreshed kept rows, rows re-rotated)``."""
-        lm = self.lm
+        """The repair path of :meth:`sync`; returns ``(state, selection, B, refreshed kept rows, rows re-rotated)``.
+
+        The kept rows after the first change are moved by the live cache's one Shift (:meth:`LiveCache.shifted`):
+        the inserted run at the first change is prefilled against the unchanged prefix, inserted rows inside the
+        stale region are holes, forced rows of the one repair (:meth:`LiveCache.repaired`, B a share of the S kept
+        rows on the method's allowance base); an append at the end follows the repair (it reads the repaired rows).
+        """
         src, f, t, m = plan.source, plan.first_change, plan.tail_start, plan.new_len
         kept_rows = np.flatnonzero(src[:t] >= 0)
         e0 = int(kept_rows[kept_rows >= f][0])  # first stale row: the inserted run [f, e0) precedes it
         region = src[e0:t]
-        mid_local = np.flatnonzero(region < 0).astype(np.int64)  # inserted rows inside the stale region
-        S_alloc, S = t - e0, int((region >= 0).sum())
+        forced = np.flatnonzero(region < 0).astype(np.int64)  # inserted rows inside the stale region
 
-        # 1. The inserted run at the first change, against the unchanged prefix rows [0, f).
-        lead_kv: list = []
-        if e0 > f:
-            t0 = time.perf_counter()
-            work = from_tensors([(k[:, :, :f], v[:, :, :f]) for k, v in zip(old.keys, old.values)])
-            forward_tokens(lm, ids[f:e0], work, logits="none")
-            lead_kv = [(k[:, :, f:], v[:, :, f:]) for k, v in to_tensors(work)]
-            timings["prefill"] += _ms(t0)
-
-        # 2. Drop, move and re-rotate: each kept row once from its anchor to its new position; inserted rows inside
-        # the region hold zeros until the refresh computes them (they are always in the support).
-        check_context_length(lm, t)  # the kept rows are re-rotated up to position t - 1
-        t0 = time.perf_counter()
-        gather = np.where(region >= 0, region, 0)
-        index = torch.from_numpy(gather).to(old.keys[0].device)
-        new_pos = np.arange(e0, t, dtype=np.int64)
-        deltas = np.where(region >= 0, new_pos - old.angle_pos[gather], 0)
-        hole = torch.zeros(S_alloc, dtype=torch.bool)
-        hole[torch.from_numpy(mid_local)] = True
-        hole = hole.to(index.device)[None, None, :, None]
-        keys, values, anchors = [], [], []
-        for layer, (k, v, anc) in enumerate(zip(old.keys, old.values, old.anchors)):
-            a_reg = anc.index_select(2, index).masked_fill(hole, 0)
-            k_reg = _rerotate(a_reg, deltas, lm.inv_freq)
-            v_reg = v.index_select(2, index).masked_fill(hole, 0)
-            lead_k, lead_v = lead_kv[layer] if lead_kv else (k[:, :, :0], v[:, :, :0])
-            keys.append(torch.cat((k[:, :, :f], lead_k, k_reg), dim=2))
-            values.append(torch.cat((v[:, :, :f], lead_v, v_reg), dim=2))
-            anchors.append(torch.cat((anc[:, :, :f], lead_k, a_reg), dim=2))
-        timings["shift"] = _ms(t0)
-        # Staleness of a kept row: its own plus the tokens deleted (old rows before it) and inserted (new rows
-        # before it) since; inserted rows get theirs when the refresh recomputes them.
-        old_kept = np.zeros(plan.old_len, dtype=bool)
-        old_kept[src[src >= 0]] = True
-        deleted_before = np.concatenate(([0], np.cumsum(~old_kept)))[gather]
-        inserted_before = np.concatenate(([0], np.cumsum(src < 0)))[e0:t]
-        region_stale = np.where(region >= 0, old.stale[gather] + deleted_before + inserted_before, 1)
-        shifted = _State(
-            ids=ids[:t], keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
-            angle_pos=np.concatenate((old.angle_pos[:f], np.arange(f, e0, dtype=np.int64),
-                                      np.where(region >= 0, old.angle_pos[gather], new_pos))),
-            stale=np.concatenate((old.stale[:f], np.full(e0 - f, _before_max(old.stale, f), dtype=np.int64),
-                                  region_stale)),
-            segment=labels[:t], pieces=None if pieces is None else tuple(pieces[:t]),
-        )
+        # 1-2. Drop, insert, move and re-rotate: each kept row once from its anchor to its new position.
+        live, moved, rerotated = old.live.shifted(self.lm, f, ids[f:e0] if e0 > f else None, region)
+        timings["prefill"] += moved["prefill"]
+        timings["shift"] = moved["shift"]
+        shifted = _State(ids[:t], live, labels[:t], None if pieces is None else tuple(pieces[:t]))
 
         # 3. One allocation over the S kept rows after the first change, one refresh with the inserted rows.
         removed = old.ids[torch.from_numpy(plan.deleted_rows())]
@@ -1044,44 +930,18 @@ class EditSession:
             removed = ids[e0 : e0 + 1]
         original_ids = torch.cat((ids[:e0], removed, ids[e0:t]))
         edit = self._edited_context(original_ids, e0, int(removed.numel()), shifted)
-        shift_cache = shifted.cache()
-        method, selection = policy.method, None
-        if method == "Shift":
-            B, positions = 0, mid_local
-        elif method == "Replay":
-            B, positions = S, np.arange(S_alloc, dtype=np.int64)
-        else:
-            B = allowance(S, policy.budget_pct)
-            if B == S:
-                positions = np.arange(S_alloc, dtype=np.int64)
-                selection = Selection(Support.full(S_alloc))
-            elif B == 0:
-                positions = mid_local
-                selection = Selection(Support(np.zeros(0, dtype=np.int64), S_alloc))
-            else:
-                with fractions_expected():  # the session warned when the budget was given
-                    request = AllocationRequest(lm, edit, _budget_for(S_alloc, B), shift_cache=shift_cache,
-                                                seed=policy.seed, options=dict(policy.options))
-                selection = allocate(method, request)
-                timings["select"] = selection.select_ms
-                positions = np.union1d(selection.support.positions, mid_local).astype(np.int64)
-        t0 = time.perf_counter()
-        if len(positions) == S_alloc:
-            cache = replay(lm, shift_cache, edit)  # Algorithm 1, step 2: the whole suffix from the valid prefix
-        elif len(positions):
-            cache = get_executor(policy.executor)(lm, shift_cache, edit, Support(positions, S_alloc))
-        else:
-            cache = shift_cache
-        timings["refresh"] = _ms(t0)
-        state = self._with_rows(shifted, cache, e0 + positions) if len(positions) else shifted
-        refreshed = e0 + np.setdiff1d(positions, mid_local)
+        live, result, rows = live.repaired(self.lm, edit, policy.method, policy.budget_pct, executor=policy.executor,
+                                           seed=policy.seed, options=policy.options, forced=forced)
+        timings["select"] = result.timings_ms["select"]
+        timings["refresh"] = result.timings_ms["refresh"]
+        state = dataclasses.replace(shifted, live=live)
+        refreshed = np.setdiff1d(rows, e0 + forced).astype(np.int64)
 
         # 4. The append at the end, after the repair (it reads the repaired rows).
         if t < m:
             state, ms = self._extended(state, ids[t:], pieces[t:] if pieces else (), labels[t:])
             timings["prefill"] += ms
-        rerotated = int((deltas[region >= 0] != 0).sum())
-        return state, selection, B, refreshed.astype(np.int64), rerotated
+        return state, result.selection, result.allowance, refreshed, rerotated
 
     # ------------------------------------------------------------------------------------------------------------
     # The edit itself
@@ -1095,51 +955,37 @@ class EditSession:
         p = a + m  # the repair's prefix: kept rows before the span plus the inserted rows
         S = n - b
         timings = {"prefill": 0.0, "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
-        check_context_length(lm, n - d + m)  # the suffix is re-rotated up to position n - d + m - 1
 
-        # 1. Inserted rows: prefilled against the unchanged prefix rows [0, a), at positions a .. a + m - 1.
-        # The same rows as a replacement's Shift in a sweep (sur_lab.executors.shift, through insert_rows).
-        ins_kv: list = []
-        if m:
-            t0 = time.perf_counter()
-            ins_kv = insert_rows(lm, list(zip(old.keys, old.values)), a, ins)
-            timings["prefill"] = _ms(t0)
-
-        # 2. Shift: drop [a, b); re-rotate each suffix row once, from its anchor to its new position p + j.
-        t0 = time.perf_counter()
-        deltas = np.arange(p, p + S, dtype=np.int64) - old.angle_pos[b:]
-        keys, values, anchors = [], [], []
-        for layer, (k, v, anc) in enumerate(zip(old.keys, old.values, old.anchors)):
-            suffix_k = _rerotate(anc[:, :, b:], deltas, lm.inv_freq)
-            mid_k = [ins_kv[layer][0]] if m else []
-            mid_v = [ins_kv[layer][1]] if m else []
-            keys.append(torch.cat([k[:, :, :a], *mid_k, suffix_k], dim=2))
-            values.append(torch.cat([v[:, :, :a], *mid_v, v[:, :, b:]], dim=2))
-            anchors.append(torch.cat([anc[:, :, :a], *mid_k, anc[:, :, b:]], dim=2))
-        timings["shift"] = _ms(t0)
+        # 1-2. The live cache's Shift: the inserted rows prefilled against the unchanged prefix rows [0, a) at
+        # positions a .. a + m - 1 (as a replacement's Shift in a sweep, sur_lab.executors.shift), rows [a, b)
+        # dropped, each suffix row re-rotated once from its anchor to its new position p + j.
+        live, moved, _ = old.live.shifted(lm, a, ins, np.arange(b, n, dtype=np.int64))
+        timings.update(moved)
         new_ids = torch.cat([old.ids[:a]] + ([ins] if m else []) + [old.ids[b:]])
         seg_ins = old.segment[a] if a < n else self._next_segment
         pieces = None
         if old.pieces is not None:
             pieces = old.pieces[:a] + (tuple(ins_pieces) if m else ()) + old.pieces[b:]
         shifted = _State(
-            ids=new_ids, keys=tuple(keys), values=tuple(values), anchors=tuple(anchors),
-            angle_pos=np.concatenate((old.angle_pos[:a], np.arange(a, p, dtype=np.int64), old.angle_pos[b:])),
-            stale=np.concatenate((old.stale[:a], np.full(m, _before_max(old.stale, a), dtype=np.int64),
-                                  old.stale[b:] + d + m)),
+            ids=new_ids, live=live,
             segment=np.concatenate((old.segment[:a], np.full(m, seg_ins, dtype=np.int64), old.segment[b:])),
             pieces=pieces,
         )
-        debt_before = int((shifted.stale > 0).sum())
+        debt_before = live.debt
 
-        # 3. Repair through the allocator + executor machinery, on the EditedContext of this edit.
+        # 3. Repair through the one Algorithm 1 dispatcher, on the EditedContext of this edit.
         if shifted.n == 0:
             # The whole context was deleted: nothing is left to repair (an EditedContext must keep one token).
             state, selection, B, refreshed = shifted, None, 0, np.zeros(0, dtype=np.int64)
         else:
             original_ids = splice_replacement(old.ids, a, b, ins if m else old.ids[:0])[0]
             edit = self._edited_context(original_ids, p, d, shifted, m)
-            state, selection, B, refreshed = self._repair(shifted, edit, policy, timings)
+            live, result, refreshed = live.repaired(lm, edit, policy.method, policy.budget_pct,
+                                                    executor=policy.executor, seed=policy.seed,
+                                                    options=policy.options)
+            timings["select"] = result.timings_ms["select"]
+            timings["refresh"] = result.timings_ms["refresh"]
+            state, selection, B = dataclasses.replace(shifted, live=live), result.selection, result.allowance
 
         # 4. Staleness debt: refresh the stalest remaining stale rows with the same executor.
         state, debt_rows = self._pay_debt(state, policy, timings)
@@ -1149,7 +995,7 @@ class EditSession:
             "delete" if ins is None else "replace", a, b, m, policy.method,
             nan if policy.method in SESSION_REFERENCE_METHODS else policy.budget_pct, S, B, selection, rows,
             m + len(rows) if policy.method != "Re-prefill" else state.n + len(debt_rows), timings,
-            debt_before, int((state.stale > 0).sum()), len(debt_rows), state.n,
+            debt_before, state.live.debt, len(debt_rows), state.n,
         )
         self._commit(state, record)
         return record
@@ -1178,16 +1024,15 @@ class EditSession:
         edit = EditedContext(original_ids=original_ids, prefix_len=p, deleted_len=d, inserted_len=m,
                              **self._query_fields(old.ids, original_ids), **text)
         _, note_ids = erratum_note_for(self.lm, edit, dict(policy.options))
-        result = repair(self.lm, PreparedEdit(edit, old.cache(), None, 0.0, 0.0), "Erratum",
-                        executor=policy.executor, options=dict(policy.options))
+        live, result = old.live.noted(self.lm, edit, executor=policy.executor, options=policy.options)
         note_pieces = self._decode_pieces(note_ids) or ()
-        state = self._appended(old, note_ids, result.cache, note_pieces,
-                               np.full(int(note_ids.numel()), self._next_segment, dtype=np.int64))
+        state = self._joined(old, note_ids, live, note_pieces,
+                             np.full(int(note_ids.numel()), self._next_segment, dtype=np.int64))
         self._next_segment += 1
         timings = {"prefill": result.timings_ms["refresh"], "shift": 0.0, "select": 0.0, "refresh": 0.0, "debt": 0.0}
         record = EditRecord("delete" if ins is None else "replace", a, b, m, "Erratum", float("nan"), n - b, 0, None,
                             np.zeros(0, dtype=np.int64), int(note_ids.numel()), timings, self.debt,
-                            int((state.stale > 0).sum()), 0, state.n)
+                            state.live.debt, 0, state.n)
         self._commit(state, record)
         return record
 
@@ -1223,69 +1068,13 @@ class EditSession:
             **self._query_fields(shifted.ids, original_ids), **text,
         )
 
-    def _repair(self, shifted: _State, edit: EditedContext, policy: _Policy, timings: dict):
-        """Refresh ``shifted`` per ``policy`` through the one Algorithm 1 dispatcher (:func:`sur_lab.repair.repair`);
-        returns ``(state, selection, B, refreshed absolute rows)``."""
-        p, S, n = edit.prefix_len, edit.suffix_len, shifted.n
-        if policy.method == "Shift":  # the shifted state is the result; the dispatcher would only clone it
-            return shifted, None, 0, np.zeros(0, dtype=np.int64)
-        # A session holds no Dirty cache: Replay (and B = S) read the valid prefix rows from the Shift cache.
-        prepared = PreparedEdit(edit, None, shifted.cache(), 0.0, 0.0)
-        with fractions_expected():  # the session warned when the budget was given
-            result = repair(self.lm, prepared, policy.method, policy.budget_pct, executor=policy.executor,
-                            seed=policy.seed, options=dict(policy.options))
-        timings["select"] = result.timings_ms["select"]
-        timings["refresh"] = result.timings_ms["refresh"]
-        if policy.method == "Re-prefill":  # every row rebuilt, whatever S (stale rows before the edit included)
-            rows = np.arange(n, dtype=np.int64)
-        elif result.allowance == 0:  # B = 0 (or an empty suffix): Shift's cache, nothing recomputed
-            return shifted, result.selection, 0, np.zeros(0, dtype=np.int64)
-        elif result.selection is None:  # Replay
-            rows = np.arange(p, p + S, dtype=np.int64)
-        else:
-            rows = result.selection.support.absolute(p)
-        return self._with_rows(shifted, result.cache, rows), result.selection, result.allowance, rows
-
-    def _with_rows(self, state: _State, cache: DynamicCache, rows: np.ndarray) -> _State:
-        """``state`` with ``cache`` as its live tensors; ``rows`` were recomputed at their current positions."""
-        kv = to_tensors(cache)
-        keys = tuple(k for k, _ in kv)
-        if len(rows) == state.n:
-            anchors = keys
-        else:
-            mask = torch.zeros(state.n, dtype=torch.bool)
-            mask[torch.from_numpy(np.asarray(rows, dtype=np.int64))] = True
-            mask = mask.to(keys[0].device)[None, None, :, None]
-            anchors = tuple(torch.where(mask, k, a) for k, a in zip(keys, state.anchors))
-        angle_pos = state.angle_pos.copy()
-        angle_pos[rows] = rows
-        stale = recomputed_staleness(state.stale, rows)
-        return _State(state.ids, keys, tuple(v for _, v in kv), anchors, angle_pos, stale, state.segment, state.pieces)
-
     def _pay_debt(self, state: _State, policy: _Policy, timings: dict) -> tuple[_State, np.ndarray]:
-        """Refresh ``⌈D · debt_pct / 100⌉`` of the D stale rows, earliest first.
-
-        The stale rows are the suffix ``[n - D, n)``; a row refreshed after a stale row it reads stays stale
-        (appendix 14), so the earliest stale rows are the ones whose refresh pays the debt: D falls by exactly the
-        rows refreshed.
-        """
-        stale_rows = np.flatnonzero(state.stale > 0)
-        k = allowance(len(stale_rows), policy.debt_pct)
-        if k == 0:
-            return state, np.zeros(0, dtype=np.int64)
-        chosen = stale_rows[:k].astype(np.int64)
-        j0 = int(chosen[0])
-        # A refresh-only edit: executors read the edited ids, the prefix length and the suffix; the one "deleted"
-        # placeholder token (a copy of row j0) only makes the context an EditedContext.
-        ids = state.ids
-        edit = EditedContext(
-            original_ids=torch.cat((ids[:j0], ids[j0 : j0 + 1], ids[j0:])), prefix_len=j0, deleted_len=1,
-            **self._query_fields(ids, ids),
-        )
-        t0 = time.perf_counter()
-        cache = get_executor(policy.executor)(self.lm, state.cache(), edit, Support(chosen - j0, state.n - j0))
-        timings["debt"] = _ms(t0)
-        return self._with_rows(state, cache, chosen), chosen
+        """The debt pass of ``policy.debt_pct`` (:meth:`LiveCache.paid`): ``(state, rows refreshed)``."""
+        live, rows, ms = state.live.paid(self.lm, state.ids, self._query_fields(state.ids, state.ids),
+                                         policy.executor, policy.debt_pct)
+        if len(rows):
+            timings["debt"] = ms
+        return dataclasses.replace(state, live=live), rows
 
     def _commit(self, state: _State, record: EditRecord) -> None:
         self._state = state

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sur_lab.allocators import Selection
-from sur_lab.budget import Support
+from sur_lab.budget import Selection, Support
 from sur_lab.edits import common_prefix_len, offset_pieces
 
 #: Paths :meth:`EditSession.sync` can take.
@@ -320,8 +319,9 @@ class SyncRecord:
         recomputed: rows run through the model: inserted rows, refreshed rows and the debt pass (prefix reuse: every
             row from the first change; Re-prefill: every row).
         stale_rows: S, kept rows after the first change (stale before the repair).
-        allowance: B = ⌈S · b / 100⌉ of them refreshed by the allocation (Eq. 3 over the union of the stale suffix;
-            S for Replay, 0 for Shift and the paths without a repair).
+        allowance: B of them refreshed by the allocation: the allocator's allowance over the S kept rows
+            (:func:`~sur_lab.allocators.allowance_for`: Eq. 3's ⌈S · b / 100⌉, or the whole-prompt base a variant
+            binds); S for Replay, 0 for Shift and the paths without a repair.
         selection: the allocator's selection over the suffix from the first stale row (``None`` without one).
         refreshed_rows: int64 absolute rows of the new context recomputed by the repair and the debt pass (inserted
             rows excluded).

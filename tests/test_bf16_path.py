@@ -108,7 +108,9 @@ def test_load_model_auto_loads_the_chosen_dtype_and_says_why(tmp_path, monkeypat
         lm = models.load_model(str(tmp_path), dtype="auto")
         assert lm.dtype == dtype and lm.spec.dtype == dtype
         assert dtype_reason(lm) == resolve_dtype("auto")[1]
-        assert dtype_line(lm).startswith(str(dtype).removeprefix("torch.") + " (auto: ")
+        name = str(dtype).removeprefix("torch.")
+        line = dtype_line(lm)
+        assert line.startswith(name + " (auto: ") and not line.startswith(f"{name} (auto: {name}")  # named once
     assert dtype_reason(models.load_model(str(tmp_path), dtype="bfloat16")) == "requested"
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
-from sur_lab import EditSession, token_edit
+from sur_lab import EditSession, SyncPolicy, token_edit
 from sur_lab.budget import allowance
 from sur_lab.cache_ops import caches_equal
 from sur_lab.executors import reprefill
@@ -29,7 +29,8 @@ from sur_lab.repair import (
 
 # sur_lab's __init__ re-exports the functions repair and session's names, which shadow the submodules as attributes.
 repair_mod = importlib.import_module("sur_lab.repair")
-session_mod = importlib.import_module("sur_lab.session")
+# The session's live cache (sur_lab.live_cache.LiveCache) is the one caller of the dispatcher inside a session.
+live_mod = importlib.import_module("sur_lab.live_cache")
 
 
 @functools.cache
@@ -105,7 +106,7 @@ def test_session_edits_go_through_the_dispatcher(monkeypatch, method, budget):
         seen.append((m, b))
         return repair(lm, prepared, m, b, **kwargs)
 
-    monkeypatch.setattr(session_mod, "repair", counting)
+    monkeypatch.setattr(live_mod, "repair", counting)
     lm = tiny()
     ids = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(3))
     session = EditSession(lm, method=method, budget_pct=budget if budget is not None else 5.0)
@@ -119,11 +120,20 @@ def test_session_edits_go_through_the_dispatcher(monkeypatch, method, budget):
         assert len(record.refreshed_rows) == expected_b
 
 
-def test_shift_in_a_session_needs_no_dispatch(monkeypatch):
-    monkeypatch.setattr(session_mod, "repair", lambda *a, **k: pytest.fail("Shift must not dispatch"))
+def test_shift_in_a_session_is_dispatched_without_a_clone(monkeypatch):
+    """Shift goes through the one dispatcher like every method; the Shift cache handed over is the session's own
+    working copy, so the reference operator takes it as it is (no clone of the live cache per edit)."""
+    seen = []
+    real = repair_mod.repair
+    monkeypatch.setattr(live_mod, "repair", lambda lm, prepared, m, *a, **k: seen.append(m) or real(lm, prepared, m,
+                                                                                                   *a, **k))
+    monkeypatch.setattr(repair_mod, "clone_cache", lambda cache: pytest.fail("the Shift cache was cloned"))
     session = EditSession(tiny(), method="Shift")
     session.append(torch.arange(3, 43))
-    assert session.delete(5, 9).allowance == 0
+    assert session.delete(5, 9).allowance == 0 and seen == ["Shift"]
+    assert session.sync(torch.cat((session.tokens[:3], session.tokens[6:])), policy=SyncPolicy(min_stale_rows=0)
+                        ).allowance == 0
+    assert seen == ["Shift", "Shift"]
 
 
 def test_recover_and_repair_share_the_path_rule(monkeypatch):

@@ -193,6 +193,42 @@ def test_no_import_cycles():
     assert _cycles(GRAPH) == []
 
 
+#: Tiers inside the core, lowest first (ARCHITECTURE.md): the operators (models, edits, cache_ops, budget, forward,
+#: answer, repair, allocators/, executors/, ...) at 0; the session at 1 (``live_cache`` owns the live cache, ``sync``
+#: diffs prompts, ``session`` holds the conversation); the correctness gate at 2 (``model_check`` runs sessions and
+#: registers itself with ``session``, which never imports it); the package's public API (``sur_lab/__init__.py``) on
+#: top. A module imports its own tier and the ones below.
+CORE_TIERS = {"sur_lab.live_cache": 1, "sur_lab.sync": 1, "sur_lab.session": 1, "sur_lab.model_check": 2, "sur_lab": 3}
+
+
+def _tier(module: str) -> int:
+    return CORE_TIERS.get(module, 0)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in NAMES if _layer_of(n) == "core"), ids=lambda n: n.removeprefix(
+    "sur_lab.") or "sur_lab")
+def test_core_tiers(name):
+    bad = [m for m in GRAPH[name] if _layer_of(m) == "core" and _tier(m) > _tier(name)]
+    assert not bad, f"{name} (core tier {_tier(name)}) imports a higher tier: {bad}"
+
+
+def test_model_check_sits_above_the_session():
+    assert "sur_lab.session" in GRAPH["sur_lab.model_check"]
+    below = {"sur_lab.session", "sur_lab.live_cache", "sur_lab.sync"}
+    seen, todo = set(), list(below)
+    while todo:  # everything the session loads, transitively
+        for m in GRAPH[todo.pop()]:
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    assert "sur_lab.model_check" not in seen
+
+
+def test_sync_imports_no_allocator():
+    """``sync`` carries a :class:`sur_lab.budget.Selection` in its record; it needs no allocator for the type."""
+    assert not [m for m in GRAPH["sur_lab.sync"] if m.startswith("sur_lab.allocators")], GRAPH["sur_lab.sync"]
+
+
 def test_importing_the_core_loads_no_higher_layer():
     code = (
         "import json, sys, sur_lab\n"

@@ -28,6 +28,7 @@ import numpy as np
 
 from sur_lab.budget import (
     ALLOWANCE_BASES,
+    Selection,
     Support,
     allowance,
     check_allowance,
@@ -146,23 +147,8 @@ class AllocationRequest:
             return replace(self, allowance=count)
 
 
-@dataclass(frozen=True)
-class Selection:
-    """An allocator's output.
-
-    Attributes:
-        support: exactly B sorted unique suffix positions and their intervals.
-        select_ms: wall time of the selection, ms (filled by :func:`allocate`).
-        extra_forward_tokens: token-forwards spent on selection signals (0 for SUR).
-        diagnostics: arrays for plots (token scores, unit scores, ...), allocator-specific.
-    """
-
-    support: Support
-    select_ms: float = 0.0
-    extra_forward_tokens: int = 0
-    diagnostics: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-
+#: An allocator: ``fn(request) -> Selection`` (:class:`sur_lab.budget.Selection`, the allocators' return type, which
+#: this package re-exports) with exactly ``request.allowance`` positions.
 Allocator = Callable[[AllocationRequest], Selection]
 
 
@@ -403,16 +389,36 @@ def get_allocator(name: str) -> Allocator:
         raise ValueError(f"unknown allocator name={name!r}; registered: {', '.join(sorted(ALLOCATORS))}") from None
 
 
-def allowance_for(name: str, request: AllocationRequest) -> int:
+def allowance_for(name: str, request: AllocationRequest, *, selectable: int | None = None) -> int:
     """B that ``allocate(name, request)`` will select: ``request.allowance``, re-resolved when the method name binds
     ``allowance_base`` (``"SUR[allowance_base=prompt]"``). For dispatchers that apply Algorithm 1's B = 0 / B = S
-    endpoints and record B before allocating.
+    endpoints and record B before allocating (:func:`sur_lab.repair.repair`).
+
+    Args:
+        name: a registered allocator or variant name.
+        request: the request (its budget, exact allowance and allowance base).
+        selectable: the suffix positions B is a share of, when some of the S are recomputed whatever the allocator
+            picks (an edit session's inserted rows inside the suffix, ``repair(..., forced=...)``): Eq. 3 over
+            ``selectable`` positions (``min(selectable, ⌈N⁻·b/100⌉)`` on the whole-prompt base, N⁻ the edited
+            prompt's tokens). ``None``: all S. An exact ``allowance`` given to the request is used as given.
 
     Raises:
-        ValueError: for an unknown allocator name or a bad variant option.
+        ValueError: for an unknown allocator name or a bad variant option; naming ``selectable`` outside ``[0, S]``.
     """
     get_allocator(name)
     _, bound = resolve_method(name)
+    if selectable is not None:
+        S = request.suffix_len
+        if isinstance(selectable, (bool, np.bool_)) or not isinstance(selectable, (int, np.integer)) or not (
+            0 <= selectable <= S
+        ):
+            raise ValueError(f"selectable must be an integer in [0, S={S}]; got {selectable!r}")
+        if request._given_allowance is None:
+            base = bound.get("allowance_base", request.allowance_base)
+            if base == "prompt":
+                return prompt_allowance(int(selectable), request.edit.edited_len, request.budget_pct)
+            return allowance(int(selectable), request.budget_pct)
+        return request.allowance
     if "allowance_base" not in bound:
         return request.allowance
     return request.with_options({"allowance_base": bound["allowance_base"]}).allowance
