@@ -12,6 +12,13 @@ For a few cases per family it answers the query after each reference cache and c
   (:func:`sur_lab.executors.erratum`);
 - ``Before edit``: the context before the edit, unrepaired (answers V1 if the model reads the record at all).
 
+With ``--rates`` it runs the study's own sweep (:func:`sur_lab.studies.stale_facts.sweep`, the records notebook 09
+makes) with the references only (Dirty, Shift, Re-prefill, Erratum and the placement control's Shift and Re-prefill)
+on ``--cases`` cases per family at the ``default`` preset's depths and distances, and prints each family's stale-answer
+rate per reference with its exact interval (:func:`sur_lab.studies.stale_facts.stale_rates`) and the old value's pull
+against Re-prefill (:func:`sur_lab.studies.stale_facts.old_margin_differences`): issue 40's check that Shift answers
+the old value where the answer-bearing states are stale.
+
 With ``--time`` it also times one case with every method of the issue's list that is registered (references, and each
 allocator at each budget, one answer each), to size the presets.
 
@@ -20,6 +27,8 @@ Usage (development data only: the haystack corpus; no held-out file is read)::
     flock -s /work/cpu.lock python scripts/stale_facts_probe.py --model smollm2 --cases 4
     flock -s /work/cpu.lock python scripts/stale_facts_probe.py --model qwen2.5-coder-0.5b --cases 4
     flock -x /work/cpu.lock python scripts/stale_facts_probe.py --model qwen2.5-coder-0.5b --cases 0 --time
+    flock -x /work/model.lock python scripts/stale_facts_probe.py --model qwen2.5-coder-0.5b --cases 8 --rates \
+        --context-len 384 --families derived_record agent_note --out /tmp/stale-rates
 """
 
 from __future__ import annotations
@@ -141,6 +150,29 @@ def time_one_case(lm, case, budgets, max_new_tokens: int) -> None:
           f"{est[1]:.1f} s CPU per case")
 
 
+def stale_rates_of_the_sweep(lm, args, n: int) -> None:
+    """Issue 40's measurement: the study sweep with the references only, then the stale rates and the old-value pull
+    per family."""
+    import pandas as pd
+
+    from sur_lab.studies import stale_facts
+
+    t0 = time.perf_counter()
+    records, where = stale_facts.sweep(
+        lm, preset="default", seed=args.seed, out=args.out, threads=args.threads, num_cases=n,
+        context_lens=[args.context_len], families=list(args.families), allocators=[], budgets=[5],
+        references=["Dirty", "Shift", "Re-prefill", "Erratum"], max_new_tokens=args.max_new_tokens, progress=False)
+    print(f"{records.case_id.nunique()} cases, {len(records)} records in {where} "
+          f"({time.perf_counter() - t0:.0f} s wall)")
+    rates = stale_facts.stale_rates(records)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(rates.round(3).to_string(index=False))
+        print("\n".join(stale_facts.stale_rate_lines(rates)))
+        print(stale_facts.old_margin_differences(records, n_boot=2000).round(2).to_string(index=False))
+        counts = pd.crosstab([records["family"], stale_facts._arm(records).rename("arm")], records["answer_class"])
+        print(counts.to_string())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="embedded model name (default: SmolLM2)")
@@ -151,11 +183,16 @@ def main() -> None:
     ap.add_argument("--time", action="store_true", help="also time one case with the issue's method list")
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rates", action="store_true", help="the study sweep's stale rates per family (references only)")
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    ap.add_argument("--out", default=None, help="sweep folder for --rates (default: the study's folder)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)
-    n = args.cases * len(FAMILIES)
-    if n:
+    n = args.cases * len(args.families)
+    if args.rates:
+        stale_rates_of_the_sweep(lm, args, n)
+    elif n:
         cases = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=n, seed=args.seed)
         probe(lm, cases, args.max_new_tokens)
     if args.time:

@@ -174,7 +174,8 @@ class LiveCache:
             ``(state of keep + m + L rows, {"prefill": ms, "shift": ms}, rows whose keys moved)``.
 
         Warns:
-            when the new length exceeds the model's context (:func:`sur_lab.forward.check_context_length`).
+            UserWarning: when the new length exceeds the model's context
+                (:func:`sur_lab.forward.check_context_length`).
         """
         m = 0 if inserted is None else int(inserted.numel())
         source = np.asarray(source, dtype=np.int64)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from sur_lab.studies.noprefix import ROBUSTNESS_LABELS
@@ -335,9 +336,20 @@ def _stale_params(p: dict) -> dict:
     return stale_facts.params(p["preset"], **{k: p.get(k) for k in keys})
 
 
+def _stale_late_cases(p: dict) -> int:
+    """Cases that run the Erratum placement control (issue 40): the replacement cases (every family but
+    superseded_tool_output; the roster cycles the families), when Erratum is a reference."""
+    q = _stale_params(p)
+    fams = q["families"]
+    if "Erratum" not in q["references"]:
+        return 0
+    return sum(fams[i % len(fams)] != "superseded_tool_output" for i in range(q["num_cases"]))
+
+
 def _stale_records(p: dict) -> int:
     q = _stale_params(p)
-    return q["num_cases"] * (len(q["references"]) + len(q["allocators"]) * len(q["budgets"]))
+    return (q["num_cases"] * (len(q["references"]) + len(q["allocators"]) * len(q["budgets"]))
+            + 2 * _stale_late_cases(p))  # Shift (late) and Re-prefill (late)
 
 
 def _stale_pairs(p: dict) -> int:
@@ -350,7 +362,8 @@ def _stale_pairs(p: dict) -> int:
     u, n_b, shift = int("Erratum" in q["references"]), len(q["budgets"]), "Shift" in q["references"]
     primary = int("SUR" in budgeted and PRIMARY_BUDGET in q["budgets"] and shift)
     em = (len(budgeted) - 1 + u) * n_b if "SUR" in budgeted else 0
-    return primary + em + ((len(budgeted) * n_b + u) if shift else 0)
+    placement = 2 if _stale_late_cases(p) else 0  # Re-prefill (late) and Shift (late) minus Erratum
+    return primary + em + ((len(budgeted) * n_b + u) if shift else 0) + placement
 
 
 def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
@@ -367,6 +380,14 @@ def _stale_records_check(df: pd.DataFrame, params: dict) -> None:
     assert (df.loc[~err, "note_tokens"] == 0).all()
     assert set(df["answer_class"]) <= {"correct", "stale", "mixed", "distractor", "wrong"}
     assert (df["em"] == (df["answer_class"] == "correct")).all()
+    late = df["method"].str.endswith(" (late)")
+    assert set(df.loc[late, "method"]) <= {"Shift (late)", "Re-prefill (late)"}
+    assert df.loc[df["method"] == "Re-prefill (late)", "agree_reprefill"].all()
+    # The control's context is a permutation of the edit's: the same length.
+    shift = df[df["method"] == "Shift"].set_index("case_id")["cache_len"]
+    shift_late = df[df["method"] == "Shift (late)"].set_index("case_id")["cache_len"]
+    assert (shift_late == shift[shift_late.index]).all()
+    assert np.isfinite(df["old_margin"]).all()  # every stale-fact case declares its old token
 
 
 def _table20_checks(df: pd.DataFrame, params: dict) -> None:
@@ -723,18 +744,24 @@ EXPECTED: dict[str, Expected] = {
                                rows=lambda p: _stale_params(p)["num_cases"], not_null=("family", "num_tokens")),
             "09_records": Table(
                 columns=("case_id", "family", "method", "budget_pct", "answer", "answer_class", "em", "stale",
-                         "gold_margin", "margin_recovery", "cache_len", "note_tokens", "note_template", "allowance"),
-                rows=_stale_records, not_null=("answer_class", "gold_margin", "cache_len"),
+                         "gold_margin", "old_margin", "margin_recovery", "cache_len", "note_tokens", "note_template",
+                         "allowance"),
+                rows=_stale_records, not_null=("answer_class", "gold_margin", "old_margin", "cache_len"),
                 check=_stale_records_check),
             "09_summary": Table(
                 columns=("method", "budget_pct", "em_pct", "stale_pct", "agree_pct", "margin_recovery_median",
                          "n_margin_defined", "forward_tokens"),
                 rows=lambda p: len(_stale_params(p)["references"])
-                + len(_stale_params(p)["allocators"]) * len(_stale_params(p)["budgets"]),
+                + len(_stale_params(p)["allocators"]) * len(_stale_params(p)["budgets"])
+                + (2 if _stale_late_cases(p) else 0),
                 not_null=("em_pct", "agree_pct")),
             "09_paired_differences": Table(
                 columns=(*DECIDED, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"),
                 rows=_stale_pairs, not_null=("a", "b", "verdict"), check=_decided),
+            "09_stale_rates": Table(columns=("family", "arm", "k", "n", "rate", "ci_low", "ci_high", "claim"),
+                                    not_null=("family", "arm", "k", "n", "claim")),
+            "09_old_margin": Table(columns=("family", "a", "b", "mean_a", "mean_b", "diff_logit", "n_cases"),
+                                   not_null=("family", "a", "b", "diff_logit")),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
             "09_margin_differences": Table(

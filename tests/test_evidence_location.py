@@ -464,6 +464,8 @@ def test_a_small_em_stratum_decides_nothing():
     row = findings(t15, table16(t, ["Replay"], n_boot=200, seed=1)).set_index("finding").loc[
         "EM side contrast positive"]
     assert row.reproduced is None and row.verdict == "not separated at this size"
+    # the evidence says why: five sources allow a smallest Holm p of 5 * 2 ** -4; the family of five needs eight
+    assert "a stratum of 5 sources cannot separate (its smallest Holm p is 0.312): it needs >= 8" in row.evidence
 
 
 def test_a_planted_nll_side_effect_is_not_called_a_null():
@@ -504,3 +506,253 @@ def test_an_empty_em_stratum_gives_nan_rows_and_keeps_the_holm_family():
     assert verdicts["fixed-slot refresh carries the side effect"] is None
     with pytest.raises(ValueError, match="condition 'Fixed slot' has no records"):
         factorial_table(t[t.method != "Fixed slot"], n_boot=10)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Across models (issue 40, item 4): the common feasible panel, the pooled bootstrap, the refusals
+
+
+def _panel_file(folder, feasible, excluded=(), *, seed=0, **params):
+    """A panel file as :func:`panel_record` writes it (one dataset "d"), for folders swept on synthetic cases."""
+    import json
+
+    from sur_lab.studies.evidence_location import NAME, PANEL_FILE
+
+    p = {"datasets": ["d"], "geometry": "quarter", "budgets": [5], **params}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PANEL_FILE).write_text(json.dumps(
+        {"study": NAME, "params": p, "seed": seed,
+         "candidates": {"d": {"feasible": list(feasible), "excluded": list(excluded)}}}))
+    return folder
+
+
+def _location_cases(sources, seed: int = 0):
+    """Four cells per source on random tokens (p = 8, d = 4, S = 10 / 14), with the meta the report reads."""
+    from sur_lab.sweeps import Case
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in sources:
+        for side, tail in CELLS:
+            suffix = 10 if tail == "short" else 14
+            edit = token_edit(torch.randint(1, 96, (8 + 4 + suffix,), generator=g), 8, 4,
+                              torch.randint(1, 96, (4,), generator=g))
+            out.append(Case(f"d/{s}/{side}-{tail}", edit, gold=("x",), answer_ids=(5, 7),
+                            meta={"dataset": "d", "source_id": s, "side": side, "tail": tail, "cell": f"{side}/{tail}",
+                                  "geometry": "8/8/10/14/4"}))
+    return out
+
+
+def _run(lm, folder, sources, **kwargs):
+    from sur_lab.sweeps import run_sweep
+
+    run_sweep(lm, _location_cases(sources), ["Shift", "Replay", "Re-prefill"], [], folder, progress=False,
+              max_new_tokens=kwargs.pop("max_new_tokens", 2), **kwargs)
+    return folder
+
+
+def test_common_panel_is_the_intersection_of_feasible_sources():
+    from sur_lab.studies.evidence_location import EXCLUDED, FEASIBLE, NOT_EXAMINED, common_panel
+
+    a = {"candidates": {"x": {"feasible": ["s1", "s2", "s3", "s5"], "excluded": ["s4"]},
+                        "y": {"feasible": ["t1"], "excluded": []}}}
+    b = {"candidates": {"x": {"feasible": ["s2", "s3", "s4"], "excluded": ["s1"]},
+                        "y": {"feasible": ["t1", "t2"], "excluded": []}}}
+    c = {"candidates": {"x": {"feasible": ["s3", "s2"], "excluded": []}, "y": {"feasible": ["t1"], "excluded": []}}}
+    panel = common_panel({"A": a, "B": b})
+    assert panel[panel.common][["dataset", "source_id"]].values.tolist() == [["x", "s2"], ["x", "s3"], ["y", "t1"]]
+    status = panel.set_index("source_id")
+    assert status.loc["s1", ["A", "B"]].tolist() == [FEASIBLE, EXCLUDED]
+    assert status.loc["s4", ["A", "B"]].tolist() == [EXCLUDED, FEASIBLE]
+    assert status.loc["s5", ["A", "B"]].tolist() == [FEASIBLE, NOT_EXAMINED]  # B stopped before it: not common
+    assert status.loc["t2", ["A", "B"]].tolist() == [NOT_EXAMINED, FEASIBLE]
+    three = common_panel({"A": a, "B": b, "C": c})
+    assert set(three.loc[three.common, "source_id"]) == {"s2", "s3", "t1"}
+    assert common_panel({"A": a}).common.sum() == 5  # one run: its own feasible sources
+    with pytest.raises(ValueError, match="panels is empty"):
+        common_panel({})
+    with pytest.raises(ValueError, match="candidates"):
+        common_panel({"A": {"params": {}}})
+
+
+def test_panel_record_lists_every_examined_candidate(panel):
+    from sur_lab.studies.evidence_location import panel_record, params
+
+    p = params("default", datasets=["hotpotqa", "musique", "2wikimultihopqa"], sources_per_dataset=2)
+    rec = panel_record(panel, p, seed=0)
+    assert "n_boot" not in rec["params"] and rec["params"]["sources_per_dataset"] == 2 and rec["seed"] == 0
+    for d, n in panel.candidates.items():
+        outcome = rec["candidates"][d]
+        assert outcome["feasible"] == [s.example.id for s in panel.sources if s.example.dataset == d]
+        assert len(outcome["feasible"]) == 2 and len(outcome["feasible"]) + len(outcome["excluded"]) == n
+    with pytest.raises(ValueError, match="built holds sources"):
+        panel_record(panel, {**p, "datasets": ["hotpotqa"]}, seed=0)
+
+
+def test_combine_pools_runs_on_the_common_panel_and_refuses_other_differences(tmp_path):
+    import shutil
+
+    from conftest import make_tiny_model
+    from sur_lab.studies.evidence_location import combine, pooled_report, results_table
+
+    llama, qwen = make_tiny_model("llama"), make_tiny_model("qwen3", seed=1)
+    a = _panel_file(_run(llama, tmp_path / "a", ["s0", "s1", "s2"]), ["s0", "s1", "s2"], ["s3"])
+    b = _panel_file(_run(qwen, tmp_path / "b", ["s1", "s2", "s3"]), ["s1", "s2", "s3"], ["s0"])
+    pooled = combine([a, b])
+    assert pooled.models == ("tiny-llama", "tiny-qwen3")
+    per_model = pooled.records.groupby("model")["source_id"].unique()
+    assert {m: sorted(v) for m, v in per_model.items()} == {"tiny-llama": ["s1", "s2"], "tiny-qwen3": ["s1", "s2"]}
+    assert len(pooled.records) == 2 * 2 * 4 * 3  # models x common sources x cells x methods
+    summary = pooled.summary().iloc[0]
+    assert (summary["feasible: tiny-llama"], summary["feasible: tiny-qwen3"], summary["common"], summary["units"],
+            summary["dropped"], summary["built at another geometry"]) == (3, 3, 2, 4, 2, 0)
+    report = pooled_report(pooled, n_boot=200, seed=1)
+    side = report["table15"].set_index("hypothesis").loc["NLL side"]
+    assert (side["n_sources"], side["n_units"]) == (2, 4)
+    assert "(4 source-model units)" in report["findings"].set_index("finding").loc["NLL side contrast null",
+                                                                                   "evidence"]
+    from sur_lab.analysis.stats import factorial_contrasts
+    from sur_lab.studies.evidence_location import advantage
+
+    table = results_table(pooled.records)
+    assert side["estimate"] == factorial_contrasts(advantage(table, "Replay", "gold_nll", sign=-1.0), "g")["side"]
+    # Another study parameter, another seed: refused, naming the parameter and both folders.
+    c = tmp_path / "c"
+    shutil.copytree(b, c)
+    _panel_file(c, ["s1", "s2", "s3"], ["s0"], budgets=[2])
+    with pytest.raises(ValueError, match=r"folders: parameter 'budgets' differs between .*a \(\[5\]\) and .*c"):
+        combine([a, c])
+    _panel_file(c, ["s1", "s2", "s3"], ["s0"], seed=1)
+    with pytest.raises(ValueError, match="parameter 'seed' differs"):
+        combine([a, c])
+    # Another record fingerprint (the decoding limit), the same model twice, a repeated folder, one folder.
+    d = _panel_file(_run(qwen, tmp_path / "d", ["s1", "s2", "s3"], max_new_tokens=3), ["s1", "s2", "s3"])
+    with pytest.raises(ValueError, match="folders: 'max_new_tokens' differs"):
+        combine([a, d])
+    with pytest.raises(ValueError, match="same model"):
+        combine([b, d])
+    with pytest.raises(ValueError, match="repeat"):
+        combine([a, b, a])
+    with pytest.raises(ValueError, match=r"holds 1 folder\(s\): the pooled estimand needs the runs of >= 2 models"):
+        combine([a])
+    with pytest.raises(ValueError, match="list of sweep folders"):
+        combine(str(a))
+    # A panel file that does not match the records (an unfinished sweep), none in common, none at all.
+    _panel_file(c, ["s1", "s2", "s3", "s4"], seed=0)
+    with pytest.raises(ValueError, match="unfinished sweep"):
+        combine([a, c])
+    e = _panel_file(_run(qwen, tmp_path / "e", ["s3"]), ["s3"], ["s0", "s1", "s2"])
+    with pytest.raises(ValueError, match="no feasible source in common"):
+        combine([a, e])
+    (c / "panel.json").unlink()
+    with pytest.raises(FileNotFoundError, match="panel.json"):
+        combine([a, c])
+    with pytest.raises(FileNotFoundError, match="records.parquet"):
+        combine([a, tmp_path / "missing"])
+
+
+def _contrast_frame(model: str, values: np.ndarray, datasets=("a", "b")):
+    """Per-cell advantages whose side contrast is ``values[i]`` for source i (tail and interaction 0)."""
+    import pandas as pd
+
+    rows = []
+    n = len(values) // len(datasets)
+    for k, d in enumerate(datasets):
+        for i in range(n):
+            c = float(values[k * n + i])
+            for side, tail in CELLS:
+                rows.append({"model": model, "dataset": d, "source_id": f"{d}{i}", "side": side, "tail": tail,
+                             "g": c if side == "downstream" else 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_the_bootstrap_carries_a_sources_cells_of_every_model_together():
+    """Cluster = source across models. When two models' side contrasts agree source by source, pooling them adds no
+    information: the pooled replicates are the one-model replicates exactly. Treating each (model, source) unit as
+    its own cluster would double the sample and narrow the interval by about 1/sqrt(2); with models that disagree
+    source by source the direction reverses (the source averages vary less than the units)."""
+    import pandas as pd
+
+    from sur_lab.studies.evidence_location import contrast_table
+
+    rng = np.random.default_rng(3)
+    c = rng.normal(0.0, 0.3, 24)
+
+    def side(frame):
+        return contrast_table({"NLL": frame}, n_boot=4000, seed=7).set_index("contrast").loc["side"]
+
+    def by_unit(frame):  # every (model, source) its own resampling unit
+        return frame.assign(source_id=frame["model"] + "/" + frame["source_id"])
+
+    one = side(_contrast_frame("m1", c))
+    same = pd.concat([_contrast_frame("m1", c), _contrast_frame("m2", c)], ignore_index=True)
+    pooled = side(same)
+    assert (pooled["n_sources"], pooled["n_units"], one["n_units"]) == (24, 48, 24)
+    assert pooled["estimate"] == one["estimate"]
+    assert (pooled["low"], pooled["high"], pooled["tost_low"], pooled["tost_high"]) == \
+        (one["low"], one["high"], one["tost_low"], one["tost_high"])
+    unit = side(by_unit(same))
+    assert unit["n_sources"] == 48 and unit["estimate"] == pytest.approx(pooled["estimate"], abs=1e-15)
+    ratio = (unit["high"] - unit["low"]) / (pooled["high"] - pooled["low"])
+    assert 0.6 < ratio < 0.82  # about 1 / sqrt(2): the unit bootstrap overstates the sample
+    opposite = pd.concat([_contrast_frame("m1", c), _contrast_frame("m2", -0.5 * c)], ignore_index=True)
+    assert side(opposite)["high"] - side(opposite)["low"] < side(by_unit(opposite))["high"] - \
+        side(by_unit(opposite))["low"]
+
+
+def test_margin_sizing_says_how_wide_the_interval_is():
+    from sur_lab.studies.evidence_location import margin_sizing
+
+    text = margin_sizing(0.02, -0.08, 0.12, 24)
+    assert "half-width 0.1 nats" in text and "leaves 0.08" in text and "about 38 sources" in text  # 24 * 1.25 ** 2
+    assert "outside ±0.1 nats" in margin_sizing(-0.15, -0.3, 0.0, 24)
+    with pytest.raises(ValueError, match="n_sources"):
+        margin_sizing(0.0, -0.1, 0.1, 0)
+    with pytest.raises(ValueError, match="tost_high"):
+        margin_sizing(0.0, 0.1, -0.1, 5)
+    with pytest.raises(ValueError, match="margin"):
+        margin_sizing(0.0, -0.1, 0.1, 5, margin=0)
+
+
+def test_min_separable_sources_is_the_exact_floor_under_holm():
+    from sur_lab.analysis.decisions import p_floor
+    from sur_lab.studies.evidence_location import min_separable_sources
+
+    for size, alpha, want in ((5, 0.05, 8), (1, 0.05, 6), (1, 1 / 16, 6), (2, 0.05, 7), (5, 0.01, 10)):
+        n = min_separable_sources(size, alpha)
+        assert n == want and size * p_floor(n) < alpha <= size * p_floor(n - 1)
+    with pytest.raises(ValueError, match="family_size"):
+        min_separable_sources(0)
+    with pytest.raises(ValueError, match="alpha"):
+        min_separable_sources(5, 1.5)
+
+
+def test_a_joint_panel_is_the_same_whichever_model_runs_it(data_dir):
+    """``panel_models``: with early stopping each tokenizer alone stops at its own first feasible source (at the smoke
+    sizes SmolLM2's and Qwen2.5's HotpotQA sources differ, so their runs have no source in common); with the other
+    tokenizer as ``also`` both runs build the same panel, every source buildable by both."""
+    from conftest import QWEN_TOKENIZER_DIR
+    from transformers import AutoTokenizer
+
+    from sur_lab.models import embedded_tokenizer
+    from sur_lab.studies.evidence_location import LocationSource, panel_tokenizers
+
+    if not (QWEN_TOKENIZER_DIR / "tokenizer.json").is_file():
+        pytest.skip(f"Qwen2.5 tokenizer files not found at {QWEN_TOKENIZER_DIR}")
+    qwen, smol = AutoTokenizer.from_pretrained(QWEN_TOKENIZER_DIR), embedded_tokenizer()
+    kw = dict(datasets=["hotpotqa", "2wikimultihopqa"], geometries="smoke", candidates_per_dataset=100,
+              sources_per_dataset=1)
+
+    def ids(p):
+        return [(s.example.dataset, s.example.id) for s in p.sources]
+
+    assert ids(build_panel(qwen, **kw)) != ids(build_panel(smol, **kw))
+    a, b = build_panel(qwen, also=[smol], **kw), build_panel(smol, also=[qwen], **kw)
+    assert ids(a) == ids(b) and len(ids(a)) == 2 and a.candidates == b.candidates
+    for s in a.sources:
+        for tok in (qwen, smol):
+            assert isinstance(build_source(tok, s.example, "smoke"), LocationSource)
+    assert any(e.detail.startswith("panel tokenizer 1") for e in a.exclusions)
+    assert panel_tokenizers(["smollm2-135m"], smol) == [] and len(panel_tokenizers(["smollm2-135m"], qwen)) == 1
+    with pytest.raises(ValueError, match="names="):
+        panel_tokenizers("smollm2-135m")

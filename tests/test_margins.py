@@ -96,3 +96,44 @@ def test_table_reports_medians_of_defined_ratios_with_their_count():
     assert math.isnan(row["median"]) and row["n_defined"] == 0 and row["n_cases"] == 1
     with pytest.raises(ValueError, match="lack"):
         margin_recovery_table(only_undefined, by=("method", "family"))
+
+
+def test_old_margin_on_hand_made_logits():
+    from sur_lab.analysis.endpoints import old_margin
+
+    z = [0.5, 3.0, -1.25, 2.0]
+    assert old_margin(z, 1, 3) == 1.0 and old_margin(z, 3, 1) == -1.0 and old_margin(z, 2, 2) == 0.0
+    assert old_margin(torch.tensor([[0.5, 3.0, -1.25, 2.0]], dtype=torch.float32), 2, 0) == -1.75
+    for logits, old, gold, match in (([1.0, 2.0], 2, 0, "old_token=2"), ([1.0, 2.0], 0, -1, "gold_token=-1"),
+                                     ([1.0, 2.0], True, 0, "old_token"), ([1.0, 2.0], 0, 1.0, "gold_token"),
+                                     ([1.0, math.inf], 0, 1, "non-finite"), ([[1.0, 2.0], [3.0, 4.0]], 0, 1, "logits")):
+        with pytest.raises(ValueError, match=match):
+            old_margin(logits, old, gold)
+
+
+def test_old_margin_record_field_on_a_float64_tiny_model(tiny_lm):
+    """Each record's ``old_margin`` is its own first-token logit of ``meta["old_token"]`` minus that of
+    ``meta["gold_token"]``: checked against a plain transformers forward of the whole prompt (Dirty: the original
+    context; Re-prefill: the edited one), to float32 rounding of the stored logits; NaN without an old token."""
+    from conftest import hf_prefill
+
+    from sur_lab.edits import token_edit
+    from sur_lab.sweeps import Case, run_case
+
+    gen = torch.Generator().manual_seed(5)
+    original, query = torch.randint(0, 96, (30,), generator=gen), torch.randint(0, 96, (4,), generator=gen)
+    edit = token_edit(original, 9, 5, query)
+    old, gold = 17, 42
+    records = run_case(tiny_lm, Case("m0", edit, meta={"gold_token": gold, "old_token": old}),
+                       ["Dirty", "Shift", "Re-prefill"], [], max_new_tokens=1)
+    by = {r.method: r for r in records}
+    for method, ids in (("Dirty", edit.original_ids), ("Re-prefill", edit.edited_ids)):
+        _, logits = hf_prefill(tiny_lm, torch.cat((ids, query)))
+        z = logits[-1].to(torch.float32).double()  # the record reads float32 first-token logits
+        expected = (z[old] - z[gold]).item()
+        tol = 4 * torch.finfo(torch.float32).eps * max(1.0, z.abs().max().item())
+        assert abs(by[method].old_margin - expected) <= tol, method
+    assert math.isfinite(by["Shift"].old_margin)
+    assert by["Dirty"].old_margin != by["Re-prefill"].old_margin  # the edit moved the pull
+    plain = run_case(tiny_lm, Case("m1", edit, meta={"gold_token": gold}), ["Shift"], [], max_new_tokens=1)
+    assert math.isnan(plain[0].old_margin)

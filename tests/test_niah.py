@@ -208,6 +208,27 @@ def test_answer_target_is_the_retained_value_after_the_answer_prefix(tokenizer):
         assert case.sweep_case().answer_ids == ids
 
 
+def test_erratum_deletion_note_names_the_withdrawn_needle(tokenizer):
+    """Both needles share their first words ("One of the special magic numbers for KEY is:"), so a note quoting a
+    fixed six-word excerpt cannot say which one is withdrawn (issue 40). The note quotes the deleted needle up to its
+    value: it names the withdrawn value and not the kept one, whichever needle is deleted."""
+    from sur_lab.executors import ErratumTemplates, erratum_note
+
+    cases = build_niah_cases(tokenizer, context_lens=(256,), depths=(0.3, 0.7), num_cases=4, seed=0)
+    assert {c.deleted for c in cases} == {0, 1}
+    for case in cases:
+        withdrawn, kept = case.values[case.deleted], case.values[1 - case.deleted]
+        note = erratum_note(case.edit)
+        assert withdrawn in note and kept not in note, note
+        assert f"for {case.key} is: {withdrawn}" in note  # the needle's own words, up to its value
+        # The fixed excerpt (distinct=False) is the same for both needles: it names neither.
+        fixed = erratum_note(case.edit, templates=ErratumTemplates(distinct=False))
+        assert withdrawn not in fixed and kept not in fixed
+        assert " ".join(fixed.split('"')[1].removesuffix("...").split()) in " ".join(case.edit.edited_text.split())
+    with pytest.raises(ValueError, match="distinct"):
+        ErratumTemplates(distinct=1)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Paired differences (notebook 02)
 

@@ -27,7 +27,18 @@ def corpus(data_dir):
 @pytest.fixture(scope="module")
 def cases(tokenizer, corpus):
     # A full factorial block of 3 families x 2 asks x 2 depths x 2 distances at 256 tokens, and 6 cases at 512.
-    return sf.build_stale_cases(tokenizer, context_lens=[256, 512], num_cases=30, corpus=corpus, seed=3)
+    return sf.build_stale_cases(tokenizer, context_lens=[256, 512], num_cases=30, corpus=corpus, seed=3,
+                                families=sf.CONTROL_FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def derived(tokenizer, corpus):
+    # Both derived families over 2 depths x 2 distances at 256 tokens, with and without the inventory.
+    return [sf.build_stale_case(tokenizer, corpus, family=f, context_len=256, edit_depth=depth, distance=dist,
+                                seed=40 + i, inventory=inv)
+            for i, (f, depth, dist, inv) in enumerate(
+                (f, depth, dist, inv) for f in sf.DERIVED_FAMILIES for depth in (0.2, 0.5) for dist in (0.1, 0.4)
+                for inv in (True, False))]
 
 
 def _count(text: str, value: str) -> int:
@@ -124,7 +135,7 @@ def test_replacement_edit_text_layout(tokenizer):
 
 
 def test_families_depths_and_distances_are_controlled_and_recorded(cases):
-    assert {c.family for c in cases} == set(sf.FAMILIES)
+    assert {c.family for c in cases} == set(sf.CONTROL_FAMILIES)
     multi = [c for c in cases if c.family == "multi_key"]
     assert {c.key == c.edited_key for c in multi} == {True, False}
     for case in cases:
@@ -160,7 +171,8 @@ def test_families_depths_and_distances_are_controlled_and_recorded(cases):
 
 
 def test_cases_do_not_depend_on_the_roster_size(tokenizer, corpus, cases):
-    few = sf.build_stale_cases(tokenizer, context_lens=[256, 512], num_cases=5, corpus=corpus, seed=3)
+    few = sf.build_stale_cases(tokenizer, context_lens=[256, 512], num_cases=5, corpus=corpus, seed=3,
+                               families=sf.CONTROL_FAMILIES)
     for a, b in zip(few, cases):
         assert a.case_id == b.case_id and torch.equal(a.edit.original_ids, b.edit.original_ids)
 
@@ -220,3 +232,99 @@ def test_smoke_preset_roster(tokenizer, corpus):
         sf.stale_cases(tokenizer, "smoke", corpus=corpus, budgets=[2])
     with pytest.raises(ValueError, match="preset"):
         sf.stale_cases(tokenizer, "large", corpus=corpus)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stale facts v2 (issue 40): answer-bearing text downstream of the edit, the placement control
+
+
+def _value_of(text: str, family: str, key: str) -> list[str]:
+    """The values the text assigns to ``key``'s deploy target (a fact block, or a get_deploy_target tool output)."""
+    pattern = (rf"deploy target for service {re.escape(key)} is ([\w-]+)\." if family == "derived_record" else
+               rf"get_deploy_target for service {re.escape(key)} returned the deploy target ([\w-]+)\.")
+    return re.findall(pattern, text)
+
+
+def test_derived_answer_bearing_text_is_downstream_of_the_edit_and_refers_to_it(tokenizer, derived):
+    assert {c.family for c in derived} == set(sf.DERIVED_FAMILIES)
+    for case in derived:
+        edit, p = case.edit, case.edit.prefix_len
+        a, b = case.bearing_token_span
+        assert p <= a < b <= edit.edited_len, case.case_id  # in the suffix: computed after the edited block
+        assert case.answer_in == "suffix" and case.answer_distance_tokens == a - p >= 0
+        bearing = _decode(tokenizer, edit.edited_ids[a:b])
+        # It refers to the edited key without restating any value: its states carry the value only through attention.
+        assert case.edited_key in bearing
+        assert all(_count(bearing, v) == 0 for v in (case.old, case.new, *case.others))
+        # The question reaches it: it asks the derived service, or the note's plan.
+        query = _decode(tokenizer, edit.query_ids)
+        asked = case.key if case.family == "derived_record" else "release of service " + case.key
+        assert asked in query and asked in bearing
+        if case.family == "derived_record":
+            assert case.key != case.edited_key and _count(edit.edited_text, case.key) == 1
+        # The same block, with the same tokens, in the context before the edit (downstream of the old block there).
+        before = _decode(tokenizer, sf.pre_edit_context_ids(case))
+        assert before.find(bearing.strip()) > before.find(case.old)
+
+
+def test_derived_gold_value_changes_with_the_edit(tokenizer, derived):
+    for case in derived:
+        before = _decode(tokenizer, sf.pre_edit_context_ids(case))
+        after = _decode(tokenizer, case.edit.edited_ids)
+        assert case.gold == case.new != case.old and case.stale_value == case.old
+        # The edited key's value: the old one before the edit, the new one after it (the derived answer follows it).
+        assert _value_of(before, case.family, case.edited_key) == [case.old]
+        assert _value_of(after, case.family, case.edited_key) == [case.gold]
+        # Outside the inventory (the old value in another role), the old value is gone after the edit.
+        listed = re.findall(r"list_deploy_targets returned ([^\n]*)\.", after)
+        assert _count(after, case.old) == len(listed) and _count(before, case.old) == 1 + len(listed)
+        if listed:
+            assert sorted(listed[0].split(", ")) == sorted([case.old, case.new, *case.others])
+        # The answer and stale spans are whole tokens: the new value ends the prefix, the old one is deleted.
+        p, m, d = case.edit.prefix_len, case.inserted_len, case.edit.deleted_len
+        ga, gb = case.answer_token_span
+        assert p - m <= ga < gb <= p and _decode(tokenizer, case.edit.edited_ids[ga:gb]) == " " + case.gold
+        oa, ob = case.old_token_span
+        assert p <= oa < ob <= p + d and _decode(tokenizer, case.edit.original_ids[oa:ob]) == " " + case.old
+        assert case.old_token != case.gold_token
+        meta = case.meta()
+        assert meta["stale_value"] == case.old and case.old not in meta["distractor_values"].split(",")
+        assert sf.answer_class(case, f" {case.old}.") == "stale" and sf.answer_class(case, f" {case.gold}") == "correct"
+        assert all(sf.answer_class(case, f" {v}") == "distractor" for v in case.others)
+
+
+def test_placement_control_moves_the_inserted_block_before_the_question(tokenizer, derived, cases):
+    from collections import Counter
+
+    replaced = [c for c in [*derived, *cases] if c.inserted_len]
+    assert {c.family for c in replaced} == {"value_update", "multi_key", *sf.DERIVED_FAMILIES}
+    for case in replaced:
+        edit, ctl, m, p = case.edit, case.control_edit, case.inserted_len, case.edit.prefix_len
+        inserted = edit.edited_ids[p - m : p]
+        # The same token multiset as the edit's context: a permutation that puts the inserted block last.
+        assert Counter(ctl.edited_ids.tolist()) == Counter(edit.edited_ids.tolist())
+        assert torch.equal(ctl.edited_ids, torch.cat((edit.edited_ids[: p - m], edit.edited_ids[p:], inserted)))
+        # A deletion of the old block from the context before the edit, with the inserted block appended.
+        assert ctl.inserted_len == 0 and (ctl.prefix_len, ctl.deleted_len) == (p - m, edit.deleted_len)
+        assert torch.equal(ctl.original_ids, torch.cat((sf.pre_edit_context_ids(case), inserted)))
+        assert torch.equal(ctl.query_ids, edit.query_ids)
+        # Erratum's note carries the same inserted text at the same place: right before the question.
+        from sur_lab.executors import erratum_note
+
+        assert ctl.edited_text.endswith(erratum_note(edit).split(": ", 1)[1].strip() + "\n\n")
+        swept = case.control_case()
+        assert swept.case_id == case.case_id + "-late" and swept.meta["layout"] == "late"
+        assert case.sweep_case().meta["layout"] == "edit" and swept.edit is ctl
+    deletions = [c for c in cases if not c.inserted_len]
+    assert deletions and all(c.control_edit is None and c.control_case() is None for c in deletions)
+    with pytest.raises(ValueError, match="inserted"):
+        sf.placement_control(tokenizer, ["a"], "b", "", ["c"], "q")
+
+
+def test_late_records_pair_with_the_case(tokenizer):
+    import pandas as pd
+
+    late = pd.DataFrame({"case_id": ["stale-256-003-late", "stale-256-003-late"], "method": ["Shift", "Re-prefill"]})
+    out = sf.late_records(late)
+    assert out["case_id"].tolist() == ["stale-256-003"] * 2
+    assert out["method"].tolist() == ["Shift (late)", "Re-prefill (late)"] and late["method"][0] == "Shift"

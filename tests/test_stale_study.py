@@ -133,3 +133,90 @@ def test_stale_endpoints_summary_and_paired_differences():
 def test_add_stale_endpoints_refuses_records_without_the_case_values():
     with pytest.raises(ValueError, match="gold_value"):
         sf.add_stale_endpoints(pd.DataFrame({"answer": ["x"]}))
+
+
+def test_stale_rates_old_value_pull_and_the_placement_family():
+    """Issue 40's report: Shift's stale rate per family with its exact interval and the STALE_REACH claim; the old
+    value's pull against Re-prefill per family (case-paired); Erratum against the placement control at equal recency."""
+    from sur_lab.analysis.decisions import proportion_interval
+
+    every = set(range(6))
+    em = {"Re-prefill": every, "Erratum": {0, 1, 2, 3}, "SUR 5%": every}
+    stale = {"Shift": {0}, "Dirty": every}
+    recs = _records(em, stale)
+    # Old-value pull: Shift's old logit leads by 2 (case 0) or trails by 1; Re-prefill's trails by 3 everywhere.
+    pull = {"Shift": lambda i: 2.0 if i == 0 else -1.0, "Re-prefill": lambda i: -3.0}
+    recs["old_margin"] = [pull.get(m, lambda i: 0.0)(int(c[1:])) for m, c in zip(recs.method, recs.case_id)]
+    late = recs[recs.method.isin(["Shift", "Re-prefill"])].assign(
+        case_id=lambda d: d.case_id + "-late", em=True, answer="v2-new", old_margin=-3.0)
+    recs = sf.add_stale_endpoints(pd.concat([recs, sf.late_records(late)], ignore_index=True))
+
+    rates = sf.stale_rates(recs).set_index(["family", "arm"])
+    # value_update: cases 0, 2, 4 (all stale-eligible); multi_key: 1, 3 (case 5 asks an untouched key).
+    shift = rates.loc[("value_update", "Shift")]
+    assert (shift.k, shift.n) == (1, 3) and (shift.rate, shift.ci_low, shift.ci_high) == proportion_interval(1, 3)
+    assert shift.claim == "not shown"  # 1 of 3: lower bound 0.8 %, below 5 %
+    assert (rates.loc[("multi_key", "Shift"), "k"], rates.loc[("multi_key", "Shift"), "n"]) == (0, 2)
+    assert rates.loc[("multi_key", "Dirty"), "k"] == 2 and rates.loc[("value_update", "Shift (late)"), "k"] == 0
+    assert sf.stale_rates(recs, decide=False)["claim"].eq("not decided").all()
+    lines = sf.stale_rate_lines(sf.stale_rates(recs))
+    assert lines[0].startswith("value_update: Shift answers the old value in 1 of 3 stale-eligible cases (33 %, 95 % CI")
+    assert lines[0].endswith("at least 5 % not shown")
+
+    pulls = sf.old_margin_differences(recs, n_boot=500).set_index(["family", "a"])
+    row = pulls.loc[("value_update", "Shift")]
+    # Shift minus Re-prefill on cases 0, 2, 4: (5, 2, 2), mean 3; the stale-ineligible case 5 is left out.
+    assert row.b == "Re-prefill" and row.diff_logit == pytest.approx(3.0) and row.n_cases == 3
+    assert row.mean_a == pytest.approx(0.0) and row.mean_b == -3.0
+    assert pulls.loc[("multi_key", "Shift"), "n_cases"] == 2
+    assert pulls.loc[("value_update", "Shift (late)"), "b"] == "Re-prefill (late)"
+    assert pulls.loc[("value_update", "Shift (late)"), "diff_logit"] == 0.0
+    with pytest.raises(ValueError, match="old_margin"):
+        sf.old_margin_differences(recs.drop(columns=["old_margin"]))
+
+    diffs = sf.paired_differences(recs, n_boot=200)
+    placement = diffs[diffs.family == sf.PLACEMENT_FAMILY.name].set_index("comparison")
+    assert list(placement.index) == ["Re-prefill (late) vs Erratum", "Shift (late) vs Erratum"]
+    # The late arms answer every case, Erratum 4 of 6: +33 pp on 2 discordant cases (not separated).
+    assert placement.loc["Shift (late) vs Erratum", "diff_pp"] == pytest.approx(100 / 3)
+    assert placement.loc["Shift (late) vs Erratum", "n_cases"] == 6
+    text = "\n".join(sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, records=recs,
+                                   rates=sf.stale_rates(recs), pulls=sf.old_margin_differences(recs, n_boot=200)))
+    assert "Stale answers under Shift, per family (exact intervals): value_update: Shift answers" in text
+    assert "Old-value pull (old minus gold first-token logit, descriptive intervals), value_update: Shift minus " \
+           "Re-prefill +3" in text
+    assert sf.PLACEMENT_FAMILY.name in text
+
+
+def test_sweep_runs_the_placement_control_on_replacement_cases(tmp_path):
+    """The sweep adds Shift and Re-prefill on each replacement case's placement control, in their own folder,
+    relabelled to pair with the case; deletion cases have none. A tiny float64 model with the real tokenizer."""
+    import dataclasses
+
+    from conftest import make_tiny_model
+
+    from sur_lab.models import embedded_tokenizer
+
+    smol_tokenizer = embedded_tokenizer()
+    lm = make_tiny_model("llama", vocab_size=len(smol_tokenizer), layers=1, hidden=16, heads=2, kv_heads=1,
+                         head_dim=8)
+    lm = dataclasses.replace(lm, tokenizer=smol_tokenizer)
+    kw = dict(num_cases=3, context_lens=[256], allocators=[], budgets=[5], max_new_tokens=1,
+              references=["Shift", "Re-prefill", "Erratum"], families=["superseded_tool_output", "derived_record",
+                                                                         "agent_note"])
+    records, where = sf.sweep(lm, preset="smoke", out=tmp_path / "main", progress=False, **kw)
+    assert (tmp_path / "main_late" / "records.parquet").is_file() and sf.control_folder(where) == tmp_path / "main_late"
+    late = records[records.method.str.endswith(sf.LATE)]
+    fam = dict(zip(records.case_id, records.family))
+    # Two replacement cases (derived_record, agent_note) x (Shift, Re-prefill) on the control; none for the deletion.
+    assert sorted(late.method) == ["Re-prefill (late)"] * 2 + ["Shift (late)"] * 2
+    assert {fam[c] for c in late.case_id} == {"derived_record", "agent_note"}
+    assert set(late.case_id) <= set(records.loc[records.method == "Erratum", "case_id"])
+    assert (late.layout == "late").all() and (records.loc[~records.method.str.endswith(sf.LATE), "layout"] == "edit").all()
+    shift = records[records.method == "Shift"].set_index("case_id")
+    for r in late.itertuples():
+        assert r.cache_len == shift.loc[r.case_id, "cache_len"]  # a permutation of the edited context
+    assert np.isfinite(records["old_margin"]).all()
+    assert records.loc[records.method == "Re-prefill (late)", "agree_reprefill"].all()
+    diffs = sf.paired_differences(records, n_boot=200, decide=False)
+    assert set(diffs.loc[diffs.family == sf.PLACEMENT_FAMILY.name, "n_cases"]) == {2}

@@ -18,8 +18,8 @@ definition, function):
 The gold answer's ids come from :func:`canonical_answer_ids`, which follows the leading-space convention of the
 text that precedes the answer. The NLL of Re-prefill's own greedy continuation (a summed, different endpoint) is
 :func:`sur_lab.answer.continuation_nll`. The answer-margin endpoints of issue 26 (:func:`gold_margin`,
-:func:`margin_recovery`) and the per-row K/V deviation of a cache from a reference cache (:func:`row_deviation`, the
-token view's second shading) close the module.
+:func:`margin_recovery`), the old value's pull of issue 40 (:func:`old_margin`) and the per-row K/V deviation of a
+cache from a reference cache (:func:`row_deviation`, the token view's second shading) close the module.
 """
 
 from __future__ import annotations
@@ -328,6 +328,38 @@ def gold_margin(logits, gold_token: int) -> float:
     g = int(gold_token)
     others = np.delete(z, g)
     return float(z[g] - others.max())
+
+
+def old_margin(logits, old_token: int, gold_token: int) -> float:
+    """The superseded value's pull at the first answer step: ``z[o] - z[g]``, the logit of the old value's first
+    token minus the gold value's (issue 40).
+
+    Positive when the greedy first step prefers the old value to the gold one (a stale first token when ``o`` is the
+    argmax), negative when the gold leads; continuous where the stale-answer rate is 0, so it shows whether a
+    repair's states pull toward the old value even when the greedy answer is right. Computed in float64.
+
+    Args:
+        logits: ``(vocab,)`` first-token logits after the query (leading size-1 dims allowed), a numpy array, torch
+            tensor (any device and dtype) or sequence; every entry finite.
+        old_token: the superseded value's first token id, an integer in ``[0, vocab)``.
+        gold_token: the gold value's first token id, an integer in ``[0, vocab)``.
+
+    Returns:
+        The difference in logit units (the log-odds of the old first token against the gold one).
+
+    Raises:
+        ValueError: naming ``logits`` when its shape is not ``(vocab,)`` or it has a non-finite entry; naming
+            ``old_token`` / ``gold_token`` when it is not an integer in ``[0, vocab)``.
+    """
+    z = _as_float64(logits, "logits")
+    if not np.isfinite(z).all():
+        raise ValueError("logits has a non-finite entry (inf or NaN); a margin needs finite logits")
+    for name, tok in (("old_token", old_token), ("gold_token", gold_token)):
+        if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer token id; got {tok!r}")
+        if not 0 <= int(tok) < z.size:
+            raise ValueError(f"{name}={int(tok)} is outside [0, {z.size}) (the vocabulary of logits)")
+    return float(z[int(old_token)] - z[int(gold_token)])
 
 
 def margin_recovery(m_method: float, m_shift: float, m_reprefill: float) -> float:

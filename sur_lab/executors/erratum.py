@@ -8,7 +8,8 @@ aligned. Erratum is a reference operator beside Dirty, Shift, Replay and Re-pref
 
 The note is text built from :class:`ErratumTemplates` (documented, parameterised, one default):
 
-- a *deletion* (``inserted_len = 0``): the note says that the passage is withdrawn, naming it by its first words;
+- a *deletion* (``inserted_len = 0``): the note says that the passage is withdrawn, naming it by its first words, as
+  many as it takes to tell it from the text that stays (:attr:`ErratumTemplates.distinct`);
 - a *replacement* (``inserted_len = m > 0``; the :func:`sur_lab.edits.splice_replacement` layout, whose prefix ends
   with the m inserted tokens): the note gives the new text, and so the new value.
 
@@ -46,22 +47,29 @@ class ErratumTemplates:
             the old value.
         excerpt_words: words of the deleted text quoted in ``{excerpt}`` (>= 1). Keep it short enough that the
             excerpt does not reach the old value.
+        distinct: a deletion's excerpt grows word by word past ``excerpt_words`` until it no longer occurs in the
+            edited text (whitespace collapsed), so the note says *which* passage is withdrawn: of two needles that
+            share their first words, the note quotes the withdrawn one up to its value (issue 40). A replacement's
+            excerpt keeps ``excerpt_words``.
 
     Both templates start with a blank line: the note continues the user message after the documents, before
     ``"\\n\\nQuestion: ..."`` (:func:`sur_lab.edits.render_chat`).
 
     Raises:
-        ValueError: naming ``excerpt_words`` when it is not an integer >= 1, or ``deletion``/``update`` when a
-            template is empty or uses a field other than the ones above.
+        ValueError: naming ``excerpt_words`` when it is not an integer >= 1, ``distinct`` when not a bool, or
+            ``deletion``/``update`` when a template is empty or uses a field other than the ones above.
     """
 
     deletion: str = '\n\nCorrection: the passage above that begins "{excerpt}" is withdrawn. Disregard it.'
     update: str = "\n\nCorrection, this supersedes the notes above: {inserted}"
     excerpt_words: int = 6
+    distinct: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.excerpt_words, bool) or not isinstance(self.excerpt_words, int) or self.excerpt_words < 1:
             raise ValueError(f"excerpt_words must be an integer >= 1; got {self.excerpt_words!r}")
+        if not isinstance(self.distinct, bool):
+            raise ValueError(f"distinct must be a bool; got {self.distinct!r}")
         for name in ("deletion", "update"):
             template = getattr(self, name)
             if not isinstance(template, str) or not template.strip():
@@ -97,8 +105,14 @@ def erratum_templates(name: str) -> ErratumTemplates:
     return ERRATUM_TEMPLATES[name]
 
 
-def _excerpt(text: str, words: int) -> str:
+def _excerpt(text: str, words: int, distinct_from: str | None = None) -> str:
+    """The first ``words`` words of ``text`` (``"..."`` appended when cut); with ``distinct_from``, as many more words
+    as it takes for the excerpt not to occur in it (whitespace collapsed; the whole text at most)."""
     parts = text.split()
+    if distinct_from is not None:
+        other = " ".join(distinct_from.split())
+        while words < len(parts) and " ".join(parts[:words]) in other:
+            words += 1
     head = " ".join(parts[:words])
     return head + "..." if len(parts) > words else head
 
@@ -136,9 +150,12 @@ def erratum_note(
         raise ValueError("edit has no text (a token-level edit); build the note text yourself and pass its ids")
     m = _check_inserted(edit, inserted_len)
     start, end = edit.deleted_char_span
-    excerpt = _excerpt(edit.original_text[start:end], templates.excerpt_words)
     if m == 0:
+        kept = edit.original_text[:start] + edit.original_text[end:]
+        excerpt = _excerpt(edit.original_text[start:end], templates.excerpt_words,
+                           kept if templates.distinct else None)
         return templates.deletion.format(excerpt=excerpt, inserted="")
+    excerpt = _excerpt(edit.original_text[start:end], templates.excerpt_words)
     ins_start = edit.original_offsets[edit.prefix_len - m][0]
     inserted = edit.original_text[ins_start:start].strip()
     return templates.update.format(excerpt=excerpt, inserted=inserted)

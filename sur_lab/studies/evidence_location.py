@@ -45,6 +45,7 @@ design, geometry and exclusion rules.
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -839,6 +840,7 @@ def build_panel(
     split: str = "dev",
     corpus: Sequence[Passage] | None = None,
     instruction: str = DEFAULT_INSTRUCTION,
+    also: Sequence = (),
 ) -> Panel:
     """Build the panel from the natural-QA candidate pool, by tokenization alone (appendix 10.1).
 
@@ -858,6 +860,10 @@ def build_panel(
         split: ``"dev"`` (default); ``"test"`` reads held-out files (never tune on them).
         corpus: filler paragraphs (default: the shipped 2WikiMultiHopQA corpus).
         instruction: text before the documents.
+        also: other models' tokenizers that must build a candidate too (their own geometry, checks and cells) for it
+            to be feasible: the **common panel** of a pooled run (appendix 10.1), identical whichever of these
+            models runs it, so every model's run holds the same sources even when ``sources_per_dataset`` stops the
+            scan early. The cases are ``tokenizer``'s. An exclusion by one of them says so in its ``detail``.
 
     Returns:
         The :class:`Panel`.
@@ -876,6 +882,7 @@ def build_panel(
             raise ValueError(f"{name}={value!r} must be an integer >= 1 or None")
     candidates = _geometries(geometries)
     builder = _Builder(tokenizer, corpus if corpus is not None else _default_corpus())
+    others = [_Builder(t, builder.corpus) for t in also]
     config = PanelConfig(seed=seed)
     sources: list[LocationSource] = []
     cases: list[LocationCase] = []
@@ -899,6 +906,10 @@ def build_panel(
             except ValueError as err:  # segment_edit refusing a segment is a tokenization failure of this source
                 exclusions.append(Exclusion(d, ex.id, REASONS[6], str(err), (REASONS[6],)))
                 continue
+            refused = _refused_by_others(others, ex, candidates, seed, instruction)
+            if refused is not None:
+                exclusions.append(refused)
+                continue
             sources.append(built)
             cases.extend(cells)
             feasible += 1
@@ -907,6 +918,47 @@ def build_panel(
             raise ValueError(f"sources_per_dataset={sources_per_dataset}: {d} has only {feasible} feasible sources "
                              f"among {examined[d]} candidates (exclusions: {dict(counts)})")
     return Panel(cases, sources, exclusions, examined)
+
+
+def _refused_by_others(others: Sequence[_Builder], example: QAExample, candidates: tuple[Geometry, ...], seed: int,
+                       instruction: str) -> Exclusion | None:
+    """The exclusion of ``example`` by the first panel tokenizer of ``others`` that cannot build it, else ``None``."""
+    for k, other in enumerate(others, start=1):
+        label = f"panel tokenizer {k} ({getattr(other.tok, 'name_or_path', '') or type(other.tok).__name__})"
+        built = _build_source(other, example, candidates, seed, instruction)
+        if isinstance(built, Exclusion):
+            return Exclusion(example.dataset, example.id, built.reason, f"{label}: {built.detail}", built.reasons)
+        try:
+            build_cells(other.tok, built)
+        except ValueError as err:
+            return Exclusion(example.dataset, example.id, REASONS[6], f"{label}: {err}", (REASONS[6],))
+    return None
+
+
+def panel_tokenizers(names: Sequence[str], tokenizer=None) -> list:
+    """The tokenizers of ``names`` (``params["panel_models"]``), without those equal to ``tokenizer`` (the run's own):
+    an embedded model's from its package (:func:`sur_lab.models.embedded_tokenizer`), else ``AutoTokenizer`` on the
+    hub id or local path. No weights are loaded.
+
+    Raises:
+        ValueError: naming ``names`` when it is not a list of non-empty strings.
+    """
+    from sur_lab.models import embedded_model, embedded_tokenizer
+
+    if isinstance(names, str) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"names={names!r} must be a list of model names (embedded names, hub ids or local paths)")
+    out = []
+    for name in names:
+        if embedded_model(name) is not None:
+            tok = embedded_tokenizer(name)
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(name)
+        if tokenizer is not None and type(tok) is type(tokenizer) and tok.get_vocab() == tokenizer.get_vocab():
+            continue  # the run's own tokenizer: its panel checks it already
+        out.append(tok)
+    return out
 
 
 def sweep_cases(cases: Sequence[LocationCase]) -> list:
@@ -972,8 +1024,10 @@ def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g",
         One row per (label, contrast): ``endpoint``, ``contrast``, ``estimate``, ``low``, ``high`` (95 %),
         ``tost_low``, ``tost_high`` (90 %: the equivalence test's interval), ``p`` (two-sided bootstrap p, never
         below :func:`sur_lab.analysis.decisions.p_floor` of the sources: no exact test on n sources goes lower),
-        ``n_sources``, ``undefined_replicates``. A degenerate bootstrap (every replicate equal) has no interval (NaN:
-        never a zero-width one). A frame without rows (e.g. an empty EM stratum) gives NaN rows with ``n_sources`` 0.
+        ``n_sources`` (the resampled (dataset, source) units: a source carries its cells of every model), ``n_units``
+        (the (model, dataset, source) units, e.g. 825 for the paper's three models on 275 sources),
+        ``undefined_replicates``. A degenerate bootstrap (every replicate equal) has no interval (NaN: never a
+        zero-width one). A frame without rows (e.g. an empty EM stratum) gives NaN rows with ``n_sources`` 0.
     """
     from sur_lab.analysis.decisions import ALPHA, bootstrap_p
     from sur_lab.analysis.stats import BOOTSTRAP_SEED, CONTRASTS, factorial_bootstrap
@@ -984,9 +1038,11 @@ def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g",
         k = (scale or {}).get(label, 1.0)
         if len(frame) == 0:
             rows.extend({"endpoint": label, "contrast": c, "estimate": nan, "low": nan, "high": nan, "tost_low": nan,
-                         "tost_high": nan, "p": nan, "n_sources": 0, "undefined_replicates": 0} for c in CONTRASTS)
+                         "tost_high": nan, "p": nan, "n_sources": 0, "n_units": 0, "undefined_replicates": 0}
+                        for c in CONTRASTS)
             continue
         res = factorial_bootstrap(frame, value_col, n_boot=n_boot, seed=BOOTSTRAP_SEED if seed is None else seed)
+        n_units = len(frame[list(UNIT_KEYS)].drop_duplicates())
         for contrast, r in res.items():
             finite = r.replicates[~np.isnan(r.replicates)]
             degenerate = finite.size == 0 or np.ptp(finite) == 0
@@ -996,7 +1052,7 @@ def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g",
                          "low": nan if degenerate else k * r.low, "high": nan if degenerate else k * r.high,
                          "tost_low": k * t_low, "tost_high": k * t_high,
                          "p": bootstrap_p(finite, r.n_sources) if finite.size else nan, "n_sources": r.n_sources,
-                         "undefined_replicates": int(np.isnan(r.replicates).sum())})
+                         "n_units": n_units, "undefined_replicates": int(np.isnan(r.replicates).sum())})
     return pd.DataFrame(rows)
 
 
@@ -1032,7 +1088,7 @@ NAME = "evidence-location"
 NOTEBOOK = "08_evidence_location"
 FOLDER = "08_evidence_location"
 #: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
-FIXED = {"boot_seed": 20260928}
+FIXED = {"boot_seed": 20260928, "panel_models": []}
 #: The record ``method`` of the fixed-slot refresh (:class:`FixedSlotRefresh`).
 FIXED_SLOT_LABEL = "Fixed slot"
 #: The complete suffix replay, the method Table 15's advantages are about.
@@ -1096,6 +1152,8 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
 
 def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> Panel:
     """The study's :class:`Panel` at ``preset`` (:func:`build_panel`; by tokenization alone, before any model runs).
+    With ``panel_models`` (a parameter) every listed model's tokenizer must build a source too: the common panel that
+    several models' runs share (:func:`combine` pools them).
 
     Raises:
         ValueError: as :func:`params` and :func:`build_panel`.
@@ -1103,7 +1161,8 @@ def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any
     p = params(preset, **overrides)
     return build_panel(tokenizer, p["datasets"], geometries=p["geometry"],
                        candidates_per_dataset=p["candidates_per_dataset"],
-                       sources_per_dataset=p["sources_per_dataset"], seed=seed)
+                       sources_per_dataset=p["sources_per_dataset"], seed=seed,
+                       also=panel_tokenizers(p["panel_models"], tokenizer))
 
 
 def sweep_cases_of(location_cases: Sequence[LocationCase]) -> list:
@@ -1139,6 +1198,8 @@ def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = 
     from sur_lab.sweeps import EVAL_BATCH, sweep_folder
 
     extra = {} if executor == "sequential" else {"ex": executor}
+    if p.get("panel_models"):
+        extra["pm"] = sorted(p["panel_models"])
     return sweep_folder(FOLDER, lm, outputs=outputs, data=list(p["datasets"]), cand=p["candidates_per_dataset"],
                         n=p["sources_per_dataset"], geom=p["geometry"], fs=p["fixed_slot"], b=p["budgets"],
                         tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
@@ -1184,7 +1245,263 @@ def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int 
                         max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,
                         scorer=make_scorer(built.cases), seed=seed, workers=workers, threads=threads, address=address,
                         progress=progress)
+    write_panel_file(where, built, p, seed=seed)
     return records, where
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Across models: finished per-model runs pooled on the common feasible panel (appendix 10.1)
+
+#: The file :func:`sweep` writes into its folder beside ``records.parquet`` (:func:`write_panel_file`): the run's
+#: parameters and seed, and the outcome of every candidate it examined, so that :func:`combine` can form the common
+#: panel of several models' runs.
+PANEL_FILE = "panel.json"
+#: Parameters that change no record (the analysis's own): pooled runs may differ in them.
+ANALYSIS_PARAMS = ("n_boot", "boot_seed")
+#: Record fingerprint fields that say which model ran, the only ones pooled runs may differ in (the rule of
+#: ``niah.combine``'s cross-model assembly).
+MODEL_FIELDS = ("model", "model_weights", "dtype", "device")
+#: A candidate's outcome for one model's run in :func:`common_panel`: built at some candidate geometry.
+FEASIBLE = "feasible"
+#: ... excluded with its reason (:class:`Exclusion`).
+EXCLUDED = "excluded"
+#: ... never examined (the run stopped at its ``sources_per_dataset``-th feasible source before it).
+NOT_EXAMINED = "not examined"
+
+
+def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
+    """What :data:`PANEL_FILE` holds for one run: ``{"study", "params", "seed", "candidates"}``.
+
+    ``params`` are the run's parameters (:func:`params`) without :data:`ANALYSIS_PARAMS` (``panel_models`` sorted: the
+    panel does not depend on their order); ``candidates`` maps each
+    dataset of ``p["datasets"]`` to ``{"feasible": [source ids], "excluded": [source ids]}``, in draw order: every
+    candidate the run examined, with its outcome (decided by tokenization alone, :func:`build_panel`).
+
+    Raises:
+        ValueError: naming ``built`` when it holds a dataset outside ``p["datasets"]``.
+    """
+    datasets = list(p["datasets"])
+    extra = sorted({s.example.dataset for s in built.sources} - set(datasets))
+    if extra:
+        raise ValueError(f"built holds sources of {extra}, not in the parameters' datasets {datasets}")
+    return {
+        "study": NAME,
+        "params": {k: (sorted(v) if k == "panel_models" else v) for k, v in p.items() if k not in ANALYSIS_PARAMS},
+        "seed": int(seed),
+        "candidates": {d: {FEASIBLE: [s.example.id for s in built.sources if s.example.dataset == d],
+                           EXCLUDED: [e.source_id for e in built.exclusions if e.dataset == d]} for d in datasets},
+    }
+
+
+def write_panel_file(folder, built: Panel, p: Mapping[str, Any], *, seed: int) -> None:
+    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; :func:`sweep` calls it after its records)."""
+    import json
+    from pathlib import Path
+
+    from sur_lab.paths import atomic_path
+
+    path = Path(folder) / PANEL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(panel_record(built, p, seed=seed), indent=1, default=str), encoding="utf-8")
+
+
+def read_panel_file(folder) -> dict[str, Any]:
+    """``folder/panel.json`` (:func:`write_panel_file`).
+
+    Raises:
+        FileNotFoundError: naming the file when it is missing (a folder swept before the file existed: rerun the
+            notebook or ``sur-lab sweep evidence-location`` with the same parameters, which resumes every record and
+            writes it).
+        ValueError: naming the file when it is not an evidence-location panel record.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / PANEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: rerun the sweep of {path.parent} with its parameters (it "
+                                "resumes every record and writes the panel file)")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if (not isinstance(record, dict) or record.get("study") != NAME
+            or not {"params", "seed", "candidates"} <= set(record)):
+        raise ValueError(f"{path} is not an {NAME} panel file")
+    return record
+
+
+def common_panel(panels: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Every candidate any run examined, with each run's outcome, and the **common feasible panel**: the sources
+    every run's tokenizer could build (appendix 10.1's common panel; by tokenization alone).
+
+    A candidate one run did not examine (a run with ``sources_per_dataset`` stops at its own n-th feasible source)
+    is not in the common panel: with early stopping the panel is the common feasible sources among the candidates
+    every run examined; without it (the ``paper`` preset) every run examines the same pool.
+
+    Args:
+        panels: model label -> its :func:`panel_record` (at least one).
+
+    Returns:
+        One row per examined candidate, datasets in the first record's order and candidates in order of first
+        appearance: ``dataset``, ``source_id``, one column per model with :data:`FEASIBLE`, :data:`EXCLUDED` or
+        :data:`NOT_EXAMINED`, and ``common`` (bool: feasible for every model).
+
+    Raises:
+        ValueError: naming ``panels`` when empty or when a record lacks ``candidates``.
+    """
+    if not panels:
+        raise ValueError("panels is empty: give one panel record per model")
+    order: dict[tuple[str, str], None] = {}
+    status: dict[str, dict[tuple[str, str], str]] = {}
+    for model, record in panels.items():
+        candidates = record.get("candidates") if isinstance(record, Mapping) else None
+        if not isinstance(candidates, Mapping):
+            raise ValueError(f"panels[{model!r}] has no 'candidates' (not a panel_record)")
+        status[model] = {}
+        for d, outcome in candidates.items():
+            for kind in (FEASIBLE, EXCLUDED):
+                for sid in outcome.get(kind, ()):
+                    order.setdefault((str(d), str(sid)), None)
+                    status[model][str(d), str(sid)] = kind
+    first = [str(d) for d in next(iter(panels.values()))["candidates"]]
+    rank = {d: i for i, d in enumerate(first)}
+    keys = sorted(order, key=lambda k: rank.get(k[0], len(rank)))  # stable: draw order within a dataset
+    rows = []
+    for d, sid in keys:
+        row = {"dataset": d, "source_id": sid}
+        row.update({m: status[m].get((d, sid), NOT_EXAMINED) for m in panels})
+        row["common"] = all(row[m] == FEASIBLE for m in panels)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["dataset", "source_id", *panels, "common"])
+
+
+@dataclass(frozen=True)
+class PooledRuns:
+    """Several models' finished runs on their common feasible panel (:func:`combine`).
+
+    Attributes:
+        records: every run's records on the common panel, in folder order (``model`` tells the runs apart); the
+            report functions (:func:`results_table`, :func:`factorial_table`, :func:`table16`, :func:`findings`)
+            read it as they read one run's, and their source bootstrap carries a source's cells of every model
+            together (:func:`sur_lab.analysis.stats.factorial_bootstrap`).
+        panel: :func:`common_panel` of the runs.
+        folders: the sweep folders, in order.
+        models: the model of each folder.
+        params: the runs' common parameters (:func:`panel_record`'s ``params``) and ``seed``.
+    """
+
+    records: pd.DataFrame = field(repr=False)
+    panel: pd.DataFrame = field(repr=False)
+    folders: tuple
+    models: tuple[str, ...]
+    params: dict = field(repr=False)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per dataset: the feasible sources of each model's run (``feasible: MODEL``), the ``common`` panel,
+        the ``units`` it gives (sources x models), the sources ``dropped`` (feasible for some run but not all), and
+        the common sources ``built at another geometry`` by some model (each tokenizer picks its own, appendix
+        10.1)."""
+        geometry = self.records.groupby(["dataset", "source_id"])["geometry"].nunique()
+        rows = []
+        for d, g in self.panel.groupby("dataset", sort=False):
+            row = {"dataset": d}
+            row.update({f"feasible: {m}": int((g[m] == FEASIBLE).sum()) for m in self.models})
+            common = g[g["common"]]
+            row["common"] = len(common)
+            row["units"] = len(common) * len(self.models)
+            row["dropped"] = int(((g[list(self.models)] == FEASIBLE).any(axis=1) & ~g["common"]).sum())
+            row["built at another geometry"] = int(sum(geometry.get((d, s), 1) > 1 for s in common["source_id"]))
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def combine(folders: Sequence) -> PooledRuns:
+    """Pool finished per-model runs of this study on their common feasible panel (appendix 10.1: three models on 275
+    common sources, 825 source-model units).
+
+    Each folder is one model's finished sweep (notebook 08 or ``sur-lab sweep evidence-location``): its
+    ``records.parquet`` and :data:`PANEL_FILE`. The runs must differ only in the model: the same study parameters
+    (:func:`panel_record`; :data:`ANALYSIS_PARAMS` aside) and seed, and the same value of every record fingerprint
+    field outside :data:`MODEL_FIELDS` (executor, decoding limit and rule, evaluation batch, options, versions). The
+    pooled records keep the sources every run's tokenizer could build (:func:`common_panel`); a source one model
+    could not build is dropped for every model, so the models' cells stay paired by source.
+
+    Args:
+        folders: two or more sweep folders, one per model.
+
+    Returns:
+        :class:`PooledRuns`.
+
+    Raises:
+        ValueError: naming ``folders`` when fewer than two are given or one repeats; when a folder holds several
+            models, or two hold the same model (name or weights); when a parameter, the seed or a fingerprint field
+            differs (naming it and both folders); when a folder's records and panel file disagree on its sources, or
+            the method grids differ; when the common panel is empty.
+        FileNotFoundError: for a folder without ``records.parquet`` (its sweep has not finished) or without
+            :data:`PANEL_FILE`.
+    """
+    from pathlib import Path
+
+    from sur_lab.sweeps.record import CONFIG_FIELDS
+    from sur_lab.sweeps.store import read_records
+
+    if isinstance(folders, (str, Path)) or not isinstance(folders, Sequence):
+        raise ValueError(f"folders={folders!r} must be a list of sweep folders, one per model")
+    paths = [Path(f) for f in folders]
+    if len(paths) < 2:
+        raise ValueError(f"folders holds {len(paths)} folder(s): the pooled estimand needs the runs of >= 2 models")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ValueError(f"folders repeat a folder: {[str(p) for p in paths]}")
+    frames = [read_records(p) for p in paths]
+    records = [read_panel_file(p) for p in paths]
+    shared = [f for f in CONFIG_FIELDS if f not in MODEL_FIELDS]
+    models: list[str] = []
+    seen: dict[str, Path] = {}
+    for path, df, rec in zip(paths, frames, records):
+        weights = sorted(set(df["model_weights"]))
+        if len(weights) != 1 or df["model"].nunique() != 1:
+            raise ValueError(f"folders: {path} holds {len(weights)} models ({sorted(set(df['model']))}); one per "
+                             "folder")
+        name = str(df["model"].iloc[0])
+        for key in (weights[0], name):
+            if key in seen:
+                raise ValueError(f"folders: {path} and {seen[key]} hold the same model ({name})")
+            seen[key] = path
+        models.append(name)
+        for label, a, b in (("parameter", rec["params"], records[0]["params"]),
+                            ("parameter", {"seed": rec["seed"]}, {"seed": records[0]["seed"]})):
+            for k in sorted(set(a) | set(b)):
+                if a.get(k) != b.get(k):
+                    raise ValueError(f"folders: {label} {k!r} differs between {paths[0]} ({b.get(k)!r}) and {path} "
+                                     f"({a.get(k)!r}); pooled runs differ only in the model")
+        for f in shared:
+            values = sorted(set(map(str, df[f])))
+            if len(values) != 1:
+                raise ValueError(f"folders: {path} holds several values of {f!r} ({values})")
+            ref = str(frames[0][f].iloc[0])
+            if values[0] != ref:
+                raise ValueError(f"folders: {f!r} differs between {paths[0]} ({ref!r}) and {path} ({values[0]!r}); "
+                                 f"only the model ({', '.join(MODEL_FIELDS)}) may differ")
+        ran = set(zip(df["dataset"].astype(str), df["source_id"].astype(str)))
+        listed = {(d, str(s)) for d, c in rec["candidates"].items() for s in c.get(FEASIBLE, ())}
+        if ran != listed:
+            raise ValueError(f"folders: {path}'s records cover {len(ran)} sources and its {PANEL_FILE} lists "
+                             f"{len(listed)} feasible ones ({len(ran ^ listed)} differ): an unfinished sweep or a "
+                             "panel file of another call")
+        grid = {(m, "ref" if pd.isna(b) else float(b)) for m, b in zip(df["method"], df["budget_pct"])}
+        first = {(m, "ref" if pd.isna(b) else float(b)) for m, b in zip(frames[0]["method"], frames[0]["budget_pct"])}
+        if grid != first:
+            raise ValueError(f"folders: {paths[0]} and {path} hold different (method, budget) grids: "
+                             f"{sorted(map(str, grid ^ first))[:6]}")
+    panel = common_panel(dict(zip(models, records)))
+    common = set(zip(panel.loc[panel["common"], "dataset"], panel.loc[panel["common"], "source_id"]))
+    if not common:
+        raise ValueError(f"folders: the runs of {models} have no feasible source in common")
+    pooled = []
+    for df in frames:
+        keys = zip(df["dataset"].astype(str), df["source_id"].astype(str))
+        pooled.append(df[[k in common for k in keys]])
+    return PooledRuns(pd.concat(pooled, ignore_index=True), panel, tuple(paths), tuple(models),
+                      {**records[0]["params"], "seed": records[0]["seed"]})
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1372,6 +1689,78 @@ def plot_cells(means: pd.DataFrame, endpoints: Sequence[str] = ("gold_nll", "em"
     return fig
 
 
+def pooled_report(pooled: PooledRuns, *, n_boot: int = 10_000, seed: int = 20260928,
+                  decide: bool = True) -> dict[str, pd.DataFrame]:
+    """Tables 15-16 and the findings of the pooled estimand (appendix 10.2): every model's cells on the common panel,
+    averaged within source, dataset and model with equal weights, intervals from the source bootstrap that carries a
+    source's cells of every model together.
+
+    Args:
+        pooled: :func:`combine`'s result.
+        n_boot: bootstrap replicates; seed: generator seed.
+        decide: ``False`` at a plumbing-check size (:func:`sur_lab.analysis.decisions.decides`).
+
+    Returns:
+        ``{"panel": pooled.summary(), "table15": factorial_table, "table16": table16, "findings": findings}``; the
+        fixed-slot rows and finding only when the runs ran the fixed slot.
+    """
+    table = results_table(pooled.records)
+    conditions = [COMPLETE_REPLAY] + ([FIXED_SLOT_LABEL] if FIXED_SLOT_LABEL in set(table["condition"]) else [])
+    t15 = factorial_table(table, conditions, n_boot=n_boot, seed=seed)
+    t16 = table16(table, conditions, n_boot=n_boot, seed=seed)
+    gaps = slot_gap_table(table, n_boot=n_boot, seed=seed) if FIXED_SLOT_LABEL in conditions else None
+    return {"panel": pooled.summary(), "table15": t15, "table16": t16,
+            "findings": findings(t15, t16, gaps, decide=decide)}
+
+
+def min_separable_sources(family_size: int = len(SECONDARY_FAMILY), alpha: float = 0.05) -> int:
+    """The fewest sources whose bootstrap p can separate a member of a Holm family: the smallest n with
+    ``family_size * p_floor(n) < alpha`` (:func:`sur_lab.analysis.decisions.p_floor`, ``2 ** (1 - n)``: every
+    source on one side). E.g. 8 for the secondary family of five at 5 %: an EM stratum of fewer sources decides
+    nothing, whatever its estimate.
+
+    Raises:
+        ValueError: naming ``family_size`` when < 1 or ``alpha`` outside (0, 1).
+    """
+    if isinstance(family_size, bool) or int(family_size) != family_size or family_size < 1:
+        raise ValueError(f"family_size={family_size!r} must be an integer >= 1")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1)")
+    return 1 + math.floor(math.log2(family_size / alpha)) + 1
+
+
+def margin_sizing(estimate: float, tost_low: float, tost_high: float, n_sources: int,
+                  margin: float | None = None) -> str:
+    """Why the NLL side contrast's equivalence test did not decide, in words with the numbers: the 90 % interval's
+    half-width against the room the margin leaves around the estimate, and about how many sources would close the
+    gap if the estimate and the spread per source held (the half-width shrinks as 1/sqrt(sources)).
+
+    Args:
+        estimate: the contrast's estimate, nats.
+        tost_low, tost_high: its ``1 - 2 alpha`` interval, nats.
+        n_sources: the bootstrap's sources (>= 1).
+        margin: the equivalence margin, nats (default :data:`NLL_SIDE_MARGIN`).
+
+    Raises:
+        ValueError: naming ``n_sources`` when < 1, ``tost_high`` when below ``tost_low``, or ``margin`` when not > 0.
+    """
+    m = NLL_SIDE_MARGIN.value if margin is None else float(margin)
+    if not m > 0:
+        raise ValueError(f"margin={margin!r} must be > 0")
+    if isinstance(n_sources, bool) or int(n_sources) != n_sources or n_sources < 1:
+        raise ValueError(f"n_sources={n_sources!r} must be an integer >= 1")
+    if not tost_high >= tost_low:
+        raise ValueError(f"tost_high={tost_high!r} must be >= tost_low={tost_low!r}")
+    half = (tost_high - tost_low) / 2
+    room = m - abs(estimate)
+    head = f"the 90 % interval is too wide for the margin: half-width {half:.3g} nats"
+    if room <= 0:
+        return f"{head}, and the estimate itself lies outside ±{m:g} nats"
+    need = math.ceil(n_sources * (half / room) ** 2)
+    return (f"{head} where ±{m:g} leaves {room:.3g} around the estimate; about {need} sources would fit it if the "
+            "estimate and the spread per source held")
+
+
 def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = None, *, alpha: float = 0.05,
              decide: bool = True) -> pd.DataFrame:
     """The paper's three findings (appendix 10.2-10.3), each judged on this run's tables by a rule declared here
@@ -1398,7 +1787,7 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         One row per finding: ``finding``, ``rule``, ``verdict`` (the decision's words), ``evidence`` (the numbers it
         read), ``reproduced`` (True / False; None when undecided: not separated, an empty EM stratum, or a smoke run).
     """
-    from sur_lab.analysis.decisions import BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, judge
+    from sur_lab.analysis.decisions import BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, NOT_SEPARATED, judge, p_floor
     from sur_lab.analysis.stats import holm
 
     def pick(df, cond, **kw):
@@ -1413,6 +1802,13 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         interval = "no interval" if pd.isna(r.low) else f"95 % CI {r.low:+.4g} to {r.high:+.4g}"
         return f"{r.estimate:+.4g}{unit} ({interval})"
 
+    def sources(n):
+        return f"{int(n)} source{'' if int(n) == 1 else 's'}"
+
+    def over(r):
+        units = int(getattr(r, "n_units", r.n_sources) or r.n_sources)
+        return sources(r.n_sources) + (f" ({units} source-model units)" if units != r.n_sources else "")
+
     out = []
     r = pick(t15, COMPLETE_REPLAY, hypothesis="NLL side")
     m = NLL_SIDE_MARGIN.value
@@ -1423,7 +1819,9 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
                   n=int(r.n_sources), decide=decide)
         tost = ("no 90 % interval" if pd.isna(r.tost_low) else
                 f"90 % CI {r.tost_low:+.4g} to {r.tost_high:+.4g} against ±{m:g} nats")
-        evidence = f"{ci(r, ' nats')}, {tost}, p {r.p:.3g}, over {r.n_sources} sources"
+        evidence = f"{ci(r, ' nats')}, {tost}, p {r.p:.3g}, over {over(r)}"
+        if v == NOT_SEPARATED and not pd.isna(r.tost_low):
+            evidence += "; " + margin_sizing(r.estimate, r.tost_low, r.tost_high, int(r.n_sources))
     words = {EQUIVALENT: f"equivalent within ±{m:g} nats", BEATS: "separated from 0 (above)",
              LOSES: "separated from 0 (below)", NA: "n/a", NOT_DECIDED: "not decided at this size"}
     out.append({"finding": "NLL side contrast null",
@@ -1437,7 +1835,11 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         v, evidence = (NA if decide else NOT_DECIDED), "empty EM stratum"
     else:
         v = judge(r.estimate, r.low, r.high, p_adj=r.holm_p, alpha=alpha, n=int(r.n_sources), decide=decide)
-        evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {r.n_sources} sources"
+        evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {over(r)}"
+        need = min_separable_sources(len(SECONDARY_FAMILY), alpha)
+        if decide and v not in (BEATS, LOSES) and r.n_sources < need:
+            evidence += (f"; a stratum of {sources(r.n_sources)} cannot separate (its smallest Holm p is "
+                         f"{min(1.0, len(SECONDARY_FAMILY) * p_floor(int(r.n_sources))):.3g}): it needs >= {need}")
     out.append({"finding": "EM side contrast positive",
                 "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g} over the secondary family",
                 "verdict": {BEATS: "positive", LOSES: "negative", NA: "n/a (empty EM stratum)",

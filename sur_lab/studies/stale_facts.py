@@ -1,10 +1,11 @@
-"""Stale facts: agent-style edits that supersede a value, on real haystack text (issue 26; cases only).
+"""Stale facts: agent-style edits that supersede a value, on real haystack text (issues 26 and 40).
 
 The edits agents make supersede a fact: a setting is updated, a tool output is replaced by a newer one. The retained
 suffix then carries the *old* fact in its states ("Models Take Notes at Prefill", arXiv 2606.17107), and an answer
-that gives the old value is *stale*, not merely wrong. Three task families, each a chat prompt whose documents are
+that gives the old value is *stale*, not merely wrong. Five task families, each a chat prompt whose documents are
 shuffled 2WikiMultiHopQA corpus paragraphs (``Title: ...`` blocks separated by blank lines, as in
-:mod:`sur_lab.studies.niah`) with record blocks placed at controlled depths:
+:mod:`sur_lab.studies.niah`) with record blocks placed at controlled depths. The three families of issue 26 are kept as
+controls (:data:`CONTROL_FAMILIES`):
 
 - ``value_update``: a fact block ``"The deploy target for service KEY is V1."`` is replaced by the same sentence with
   V2. The edit is the replacement layout of :meth:`sur_lab.session.EditSession.replace`
@@ -17,10 +18,28 @@ shuffled 2WikiMultiHopQA corpus paragraphs (``Title: ...`` blocks separated by b
   others are distractors. The query asks for the updated key (answer-bearing text: the inserted block) or for an
   untouched key whose block sits a controlled distance downstream of the edit.
 
+In those three, every arm but Dirty sees the answer in clean states and the old value is physically gone, so a stale
+answer can come only from residual notes in suffix states. The two families of issue 40 (:data:`DERIVED_FAMILIES`)
+put the answer-bearing text downstream of the edit, dependent on it, as in "Models Take Notes at Prefill":
+
+- ``derived_record``: the fact block of ``value_update``, and downstream a derived record ("service D is the canary
+  of service KEY and always uses the same deploy target as service KEY"); the query asks D. The derived record names
+  no value: its states took note of V1 when they were computed.
+- ``agent_note``: a tool output holding V1 is replaced by the same call's output holding V2 (a re-run), and
+  downstream an agent note plans the rollout to "the deploy target that get_deploy_target returned"; the query asks
+  the plan.
+
+Both list every case value in an earlier inventory tool output (the old value in another role, so a stale answer can
+be copied; ``inventory=False`` leaves it out). The answer-bearing span (:attr:`StaleCase.bearing_token_span`) is the
+derived block, in the suffix. Each replacement case also carries its Erratum placement control
+(:func:`placement_control`): the same inserted block right before the question, where Erratum's note sits, so Erratum
+and the repairs can be compared at equal recency.
+
 Every block holding the key or a value is its own passage segment; the key (``" " + KEY``) and every value
 (``" " + V``) are whole token spans in the prompt, tokenized exactly as on their own (checked at construction, with
 values redrawn until they are; tested on the SmolLM2 and Qwen tokenizers). The old value appears exactly once in the
-context before the edit (in the deleted span) and never in the edited context. The query ends with an answer prefix
+context before the edit (in the deleted span) and never in the edited context (the derived families: besides the
+inventory). The query ends with an answer prefix
 (``"The current deploy target for service KEY is"``, as RULER's NIAH prefix), so the first answer step predicts the
 value's first token: :func:`sur_lab.analysis.endpoints.gold_margin` reads it (``gold_token``).
 
@@ -31,7 +50,8 @@ Importance" (arXiv 2609.17983: a window right after the edit recovers the answer
 answer-bearing text sits far downstream) can be tested where it is said to fade.
 
 Scoring (:func:`classify_answer`): every case value is searched in the answer as a whole word (case-insensitive).
-``correct`` (the gold value alone: EM), ``stale`` (the old value of the asked key, without the gold one), ``mixed``
+``correct`` (the gold value alone: EM), ``stale`` (the old value of the asked key, or of the edited key a derived block refers
+to, without the gold one), ``mixed``
 (the gold value and another case value), ``distractor`` (another key's value only) or ``wrong`` (none).
 """
 
@@ -55,11 +75,20 @@ from sur_lab.edits import (
     chat_cuts,
     render_chat,
     replacement_edit,
+    segment_edit,
     tokenize_segments,
 )
 
-#: Task families.
-FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
+#: Task families: the three controls of issue 26, then the two of issue 40 whose answer-bearing text lies downstream
+#: of the edit and depends on the edited value (:data:`DERIVED_FAMILIES`).
+FAMILIES = ("value_update", "superseded_tool_output", "multi_key", "derived_record", "agent_note")
+#: Families whose answer-bearing text is a later block that refers to the edited value without restating it (a
+#: derived record, an agent note written after the tool output): their states were computed while the old value was
+#: visible, so they are the states that can carry a stale answer (issue 40).
+DERIVED_FAMILIES = ("derived_record", "agent_note")
+#: The three families of issue 26, kept as controls: their answer-bearing text is the inserted block or an untouched
+#: block, so every arm but Dirty sees the answer in clean states.
+CONTROL_FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
 #: Answer classes of :func:`classify_answer`.
 ANSWER_CLASSES = ("correct", "stale", "mixed", "distractor", "wrong")
 #: Reference operators of the study (issue 26): the four of the paper and Erratum.
@@ -82,6 +111,13 @@ class StaleTemplates:
         question: the question (SUR's relevance query); field ``{key}``.
         answer_prefix: appended after the chat template's generation prompt; field ``{key}``. The value follows it
             after one space, so the first answer token is the first token of ``" " + value``.
+        derived: the derived record (``derived_record``): a later line that refers to the edited key's value without
+            restating it; fields ``{derived}`` (the derived service, the asked key) and ``{key}`` (the edited one).
+        note: the agent note (``agent_note``) written after the tool output, naming no value; field ``{key}``.
+        note_question, note_answer_prefix: the ``agent_note`` question and answer prefix (about the note's plan);
+            field ``{key}``.
+        inventory: an earlier tool output listing the case's values (the old one among them, in another role) in
+            the two derived families; field ``{values}`` (comma-separated).
     """
 
     instruction: str = (
@@ -92,6 +128,13 @@ class StaleTemplates:
     tool_output: str = "Tool output ({call}): get_deploy_target for service {key} returned the deploy target {value}."
     question: str = "What is the current deploy target for service {key}?"
     answer_prefix: str = "The current deploy target for service {key} is"
+    derived: str = ("Service record: service {derived} is the canary of service {key} and always uses the same deploy "
+                    "target as service {key}.")
+    note: str = ("Agent note: I read the tool output for service {key} and planned the rollout: the release of service "
+                 "{key} goes to the deploy target that get_deploy_target returned.")
+    note_question: str = "Which deploy target does the release of service {key} go to?"
+    note_answer_prefix: str = "The release of service {key} goes to the deploy target"
+    inventory: str = "Tool output (call 0): list_deploy_targets returned {values}."
 
 
 #: The default wording.
@@ -114,15 +157,16 @@ TOOL_CALLS = ("call 1", "call 2")
 #: Filler paragraphs that would take the prompt past ``context_len · (1 + LENGTH_SLACK)`` are skipped.
 LENGTH_SLACK = 0.05
 
-#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``smoke`` exercises every compared arm on
-#: SmolLM2 (plumbing only). ``default`` runs the Qwen study model on 48 cases (16 per family, two full factorial
-#: blocks) at 2 % and 5 % with the issue's method list; its context length is sized from the CPU time of one case
+#: Study sizes by preset (:func:`sur_lab.studies.presets.resolve_preset`). ``smoke`` exercises every compared arm and
+#: every family on SmolLM2 (plumbing only). ``default`` runs the Qwen study model on 48 cases (9 or 10 per family of
+#: the five; the sizes of issue 26, not yet resized for issue 40's families) at 2 % and 5 % with the issue's method
+#: list; its context length is sized from the CPU time of one case
 #: (``scripts/stale_facts_probe.py --time`` measured about 54 s of CPU per 524-token case; 384 tokens keeps 48 cases
 #: within 40 min by an estimate that scales that time with the context length, with a fifth of it held fixed for
 #: decoding and overheads). ``paper`` is 432 cases (two
 #: replicates of the 3 x 2 x 3 x 3 x 4 factorial) over 1K-8K at 2, 5 and 10 %, on Ray or a GPU.
 PRESETS = {
-    "smoke": {"context_lens": [256], "num_cases": 3, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
+    "smoke": {"context_lens": [256], "num_cases": 5, "edit_depths": [0.3], "distances": [0.3], "num_keys": 3,
               "budgets": [5], "max_new_tokens": 6,
               "allocators": ["SUR", "SUR-IDF", "Edit-local window", "Edit-local + SUR"]},
     "default": {"context_lens": [384], "num_cases": 48, "edit_depths": [0.2, 0.5], "distances": [0.1, 0.4],
@@ -163,6 +207,12 @@ class StaleCase:
         old_token: the first token of ``" " + old``.
         seed: the case's own seed.
         edit: the edit (deletion or replacement layout), with the question as relevance query.
+        others: values the case names besides the keys' values (the inventory of the derived families), distractors.
+        bearing_token_span: the answer-bearing text's token span in ``edit.edited_ids``: the gold value's span, or
+            for :data:`DERIVED_FAMILIES` the derived record / agent note (in the suffix, downstream of the edit).
+        control_edit: the Erratum placement control (issue 40; :func:`placement_control`) for a replacement: the
+            same inserted block placed right before the question (a deletion of the old block from the context
+            before the edit with the inserted block appended); ``None`` for a deletion.
     """
 
     case_id: str
@@ -186,6 +236,9 @@ class StaleCase:
     old_token: int
     seed: int
     edit: EditedContext = field(repr=False)
+    others: tuple[str, ...] = ()
+    bearing_token_span: tuple[int, int] | None = None
+    control_edit: EditedContext | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -199,15 +252,17 @@ class StaleCase:
 
     @property
     def answer_distance_tokens(self) -> int:
-        """Tokens from the end of the edit (the suffix start ``p``) to the answer-bearing value in the edited ids;
-        negative when the value is in the prefix (the inserted block)."""
-        return self.answer_token_span[0] - self.edit.prefix_len
+        """Tokens from the end of the edit (the suffix start ``p``) to the answer-bearing text in the edited ids
+        (:attr:`bearing_token_span`; the gold value when unset); negative when it is in the prefix (the inserted
+        block)."""
+        span = self.bearing_token_span or self.answer_token_span
+        return span[0] - self.edit.prefix_len
 
     @property
     def distractors(self) -> tuple[str, ...]:
         """Every case value other than the gold and the stale one (other keys' values; for an untouched-key query,
         the edited key's old and new values)."""
-        every = [*self.values.values(), self.new]
+        every = [*self.values.values(), self.new, *self.others]
         return tuple(dict.fromkeys(v for v in every if v not in (self.gold, self.stale_value)))
 
     def meta(self) -> dict[str, Any]:
@@ -232,6 +287,7 @@ class StaleCase:
             "gold_token": self.gold_token,
             "old_token": self.old_token,
             "inserted_len": self.inserted_len,
+            "layout": "edit",
         }
 
     def sweep_case(self):
@@ -239,6 +295,16 @@ class StaleCase:
         from sur_lab.sweeps import Case
 
         return Case(self.case_id, self.edit, (self.gold,), self.meta())
+
+    def control_case(self):
+        """The Erratum placement control (:attr:`control_edit`) as a sweep ``Case``: case id ``{case_id}-late``,
+        the case's meta with ``layout = "late"`` (the inserted block right before the question); ``None`` for a
+        deletion case (no inserted block)."""
+        from sur_lab.sweeps import Case
+
+        if self.control_edit is None:
+            return None
+        return Case(f"{self.case_id}-late", self.control_edit, (self.gold,), {**self.meta(), "layout": "late"})
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -336,7 +402,7 @@ def _first_token(tokenizer, text: str) -> int:
 
 def _draw_values(tokenizer, rng: np.random.Generator, n: int, templates: StaleTemplates, key: str) -> list[str]:
     """``n`` values ``"{stem}-{NN}"`` with distinct stems and distinct first tokens of ``" " + value``, each a whole
-    token span in a fact block and a tool-output block."""
+    token span in a fact block, a tool-output block and an inventory list (before a comma and before the period)."""
     out: list[str] = []
     firsts: set[int] = set()
     for stem in rng.permutation(TARGET_STEMS):
@@ -345,7 +411,8 @@ def _draw_values(tokenizer, rng: np.random.Generator, n: int, templates: StaleTe
         if first in firsts:
             continue
         blocks = (templates.fact.format(key=key, value=value),
-                  templates.tool_output.format(key=key, value=value, call=TOOL_CALLS[0]))
+                  templates.tool_output.format(key=key, value=value, call=TOOL_CALLS[0]),
+                  templates.inventory.format(values=f"{value}, {value}"))
         if all(_aligned(tokenizer, b, " " + value) for b in blocks):
             out.append(value)
             firsts.add(first)
@@ -390,6 +457,7 @@ def build_stale_case(
     seed: int,
     case_id: str | None = None,
     templates: StaleTemplates = DEFAULT_TEMPLATES,
+    inventory: bool = True,
 ) -> StaleCase:
     """Build one stale-fact case.
 
@@ -403,17 +471,21 @@ def build_stale_case(
         edit_depth: depth of the edited block, a fraction in [0, 1] of the filler tokens before it; the block goes to
             the paragraph boundary nearest to it.
         distance: the answer-bearing block's depth minus ``edit_depth`` (fraction of the filler tokens, > 0, with
-            ``edit_depth + distance <= 1``) for ``superseded_tool_output`` and for a ``multi_key`` case that asks an
-            untouched key; ignored (recorded as 0) when the answer-bearing text is the inserted block.
-        num_keys: keys of a ``multi_key`` case (>= 2); other families have one key.
+            ``edit_depth + distance <= 1``) for ``superseded_tool_output``, the derived families (the derived record
+            or agent note) and a ``multi_key`` case that asks an untouched key; ignored (recorded as 0) when the
+            answer-bearing text is the inserted block.
+        num_keys: keys of a ``multi_key`` case (>= 2); ``derived_record`` has two (the edited and the derived
+            service), other families one.
         ask_edited: for ``multi_key``, ask the updated key (True) or an untouched one (False).
         seed: seed for keys, values and filler order.
         case_id: identifier (default ``stale-{family}-{context_len}-s{seed}``).
         templates: the prompt wording.
+        inventory: for :data:`DERIVED_FAMILIES`, place the inventory tool output (every case value, shuffled) at
+            half the edit's depth, upstream of it (default); ignored by the other families.
 
     Returns:
         StaleCase whose ``edit`` deletes the superseded block (``superseded_tool_output``) or replaces it by the new one
-        (``value_update``, ``multi_key``; :func:`sur_lab.edits.replacement_edit`).
+        (the other families; :func:`sur_lab.edits.replacement_edit`), with its placement control for a replacement.
 
     Raises:
         ValueError: naming ``family``, ``context_len``, ``edit_depth``, ``distance``, ``num_keys`` or ``corpus`` (too
@@ -425,7 +497,8 @@ def build_stale_case(
         raise ValueError(f"context_len must be an integer >= 128 tokens; got {context_len!r}")
     if not 0.0 <= float(edit_depth) <= 1.0:
         raise ValueError(f"edit_depth must be a fraction in [0, 1]; got {edit_depth!r}")
-    downstream = family == "superseded_tool_output" or (family == "multi_key" and not ask_edited)
+    derived = family in DERIVED_FAMILIES
+    downstream = family == "superseded_tool_output" or derived or (family == "multi_key" and not ask_edited)
     if downstream and not (0.0 < float(distance) and float(edit_depth) + float(distance) <= 1.0):
         raise ValueError(
             f"distance must be > 0 with edit_depth + distance <= 1 for an answer-bearing block downstream of the "
@@ -436,33 +509,51 @@ def build_stale_case(
     if len(corpus) == 0:
         raise ValueError("corpus is empty")
     rng = np.random.default_rng(seed)
-    k = int(num_keys) if family == "multi_key" else 1
+    k = int(num_keys) if family == "multi_key" else 2 if family == "derived_record" else 1
     keys = [f"{s}-api" for s in rng.choice(SERVICES, size=k, replace=False)]
     edited_key = keys[0]
-    values = _draw_values(tokenizer, rng, k + 1, templates, edited_key)
+    # The derived families draw one more value: the inventory's third entry (neither old nor new).
+    values = _draw_values(tokenizer, rng, (k + 1) if not derived else 3, templates, edited_key)
     old, new = values[0], values[1]
-    key_values = dict(zip(keys, [old, *values[2:]]))
-    asked = edited_key if (family != "multi_key" or ask_edited) else keys[1]
+    others = tuple(values[2:]) if derived else ()
+    key_values = dict(zip(keys, [old, *values[2:]])) if not derived else {edited_key: old}
+    asked = keys[1] if family == "derived_record" or (family == "multi_key" and not ask_edited) else edited_key
 
-    # Record blocks and their depths (fractions of the filler tokens).
-    if family == "superseded_tool_output":
+    # Record blocks and their depths (fractions of the filler tokens); the edited block first.
+    bearing_block = None
+    if family in ("superseded_tool_output", "agent_note"):
         old_block = templates.tool_output.format(key=edited_key, value=old, call=TOOL_CALLS[0])
-        new_block = templates.tool_output.format(key=edited_key, value=new, call=TOOL_CALLS[1])
-        records = [(float(edit_depth), old_block), (float(edit_depth) + float(distance), new_block)]
+        new_block = templates.tool_output.format(
+            key=edited_key, value=new, call=TOOL_CALLS[1] if family == "superseded_tool_output" else TOOL_CALLS[0])
     else:
         old_block = templates.fact.format(key=edited_key, value=old)
         new_block = templates.fact.format(key=edited_key, value=new)
-        records = [(float(edit_depth), old_block)]
-        if family == "multi_key":
-            others = [(key, key_values[key]) for key in keys[1:]]
-            depths = []
-            for j in range(len(others)):
-                if j == 0 and not ask_edited:
-                    depths.append(float(edit_depth) + float(distance))
-                else:
-                    depths.append(float(np.round(rng.uniform(0.0, 1.0), 3)))
-            records += [(d, templates.fact.format(key=key, value=v)) for d, (key, v) in zip(depths, others)]
-    question = templates.question.format(key=asked)
+    records = [(float(edit_depth), old_block)]
+    if family == "superseded_tool_output":
+        records.append((float(edit_depth) + float(distance), new_block))
+    elif derived:
+        bearing_block = (templates.derived.format(derived=asked, key=edited_key) if family == "derived_record"
+                         else templates.note.format(key=edited_key))
+        listed = [old, new, *others]
+        listed = [listed[int(j)] for j in rng.permutation(len(listed))]
+        records.append((float(edit_depth) + float(distance), bearing_block))
+        if inventory:
+            records.append((float(edit_depth) / 2, templates.inventory.format(values=", ".join(listed))))
+    elif family == "multi_key":
+        others_kv = [(key, key_values[key]) for key in keys[1:]]
+        depths = []
+        for j in range(len(others_kv)):
+            if j == 0 and not ask_edited:
+                depths.append(float(edit_depth) + float(distance))
+            else:
+                depths.append(float(np.round(rng.uniform(0.0, 1.0), 3)))
+        records += [(d, templates.fact.format(key=key, value=v)) for d, (key, v) in zip(depths, others_kv)]
+    if family == "agent_note":
+        question = templates.note_question.format(key=asked)
+        answer_prefix = templates.note_answer_prefix.format(key=asked)
+    else:
+        question = templates.question.format(key=asked)
+        answer_prefix = templates.answer_prefix.format(key=asked)
     overhead = sum(len(tokenizer(b, add_special_tokens=False)["input_ids"]) + 1 for _, b in records)
     overhead += len(tokenizer(templates.instruction, add_special_tokens=False)["input_ids"]) + 40
     banned = [*keys, *values]
@@ -471,7 +562,7 @@ def build_stale_case(
     slots = [int(np.argmin(np.abs(bounds - d))) for d, _ in records]
     # A passage follows the edited block, so its span is one whole passage segment (block and blank line).
     slots[0] = min(slots[0], len(filler) - 1)
-    # Records at the same boundary keep their order in ``records`` (the edited block first).
+    # Records at the same boundary keep their depth order (ties: their order in ``records``, the edited block first).
     order = sorted(range(len(records)), key=lambda i: (slots[i], records[i][0], i))
     blocks = list(filler)
     for i in reversed(order):
@@ -482,10 +573,11 @@ def build_stale_case(
     text, query_text, doc_start, containers = render_chat(
         tokenizer, documents, question, instruction=templates.instruction
     )
-    query_text = query_text + templates.answer_prefix.format(key=asked)
+    query_text = query_text + answer_prefix
     cuts = chat_cuts(text, doc_start, documents)
     a, b = spans[position[0]]
     start, end = doc_start + a, doc_start + b
+    control = None
     if family == "superseded_tool_output":
         edit = build_edit(tokenizer, text, query_text, (start, end), question=question, containers=containers,
                           cuts=cuts)
@@ -493,20 +585,32 @@ def build_stale_case(
     else:
         old_text = text[start:end]
         inserted = old_text.replace(old_block, new_block)
-        edit = replacement_edit(tokenizer, _pieces(text, cuts, 0, start), old_text, inserted,
-                                _pieces(text, cuts, end, len(text)), query_text, question=question,
+        before, after = _pieces(text, cuts, 0, start), _pieces(text, cuts, end, len(text))
+        edit = replacement_edit(tokenizer, before, old_text, inserted, after, query_text, question=question,
                                 containers=containers)
+        control = placement_control(tokenizer, before, old_text, inserted, after, query_text, question=question,
+                                    containers=containers)
     m = len(tokenize_segments(tokenizer, [inserted])[0][0]) if inserted else 0
 
-    # Token spans of the values and keys.
-    gold = new if asked == edited_key else key_values[asked]
+    # Token spans of the values and keys. A derived family names the gold and old values in its inventory too: the
+    # answer's span is then the one in the inserted block, the old value's the one in the deleted span.
+    gold = new if asked == edited_key or derived else key_values[asked]
     edited_text = edit.edited_text
+    p, d = edit.prefix_len, edit.deleted_len
     gold_spans = _find_spans(edited_text, edit.edited_offsets, " " + gold)
     old_spans = _find_spans(edit.original_text, edit.original_offsets, " " + old)
     key_spans = _find_spans(edited_text, edit.edited_offsets, " " + asked)
+    if derived:
+        gold_spans = [sp for sp in gold_spans if p - m <= sp[0] and sp[1] <= p]
+        old_spans = [sp for sp in old_spans if p <= sp[0] and sp[1] <= p + d]
     if len(gold_spans) != 1 or len(old_spans) != 1:
         raise ValueError(f"gold {gold!r} or old {old!r} value is not exactly one whole token span (seed={seed})")
-    answer_in = "suffix" if gold_spans[0][0] >= edit.prefix_len else "inserted"
+    answer_in = "suffix" if gold_spans[0][0] >= p else "inserted"
+    bearing = gold_spans[0]
+    if derived:
+        at = edited_text.find(bearing_block)
+        bearing = _char_token_span(edit.edited_offsets, at, at + len(bearing_block))
+        answer_in = "suffix"
     if answer_in == "inserted" and asked == edited_key:
         distance = 0.0
     return StaleCase(
@@ -517,7 +621,7 @@ def build_stale_case(
         gold=gold,
         old=old,
         new=new,
-        stale_value=old if asked == edited_key else None,
+        stale_value=old if asked == edited_key or derived else None,
         values=key_values,
         inserted_len=m,
         context_len=int(context_len),
@@ -531,7 +635,54 @@ def build_stale_case(
         old_token=_first_token(tokenizer, " " + old),
         seed=int(seed),
         edit=edit,
+        others=others,
+        bearing_token_span=bearing,
+        control_edit=control,
     )
+
+
+def _char_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """The tokens carrying characters of ``[start, end)`` (a token merged across either end included)."""
+    if start < 0:
+        raise ValueError("the block is not in the text")
+    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
+    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
+    return first, last + 1
+
+
+def placement_control(tokenizer, before: Sequence[str], old: str, inserted: str, after: Sequence[str],
+                      query_text: str, *, question: str | None = None,
+                      containers: tuple[tuple[int, int, str], ...] = ()) -> EditedContext:
+    """The Erratum placement control of a replacement (issue 40): the same inserted block, placed right before the
+    question instead of at the edit's depth.
+
+    Erratum keeps the context before the edit and appends a note carrying the inserted text right before the
+    question; a repair carries it at the edit's depth. The control puts the repairs at Erratum's recency: a deletion
+    of ``old`` from ``before ⊕ old ⊕ after ⊕ inserted`` (:func:`sur_lab.edits.segment_edit`, each segment tokenized on
+    its own), so Re-prefill of it prefills ``before ⊕ after ⊕ inserted`` and its Shift is what an agent holds after
+    appending the inserted block to the context before the edit (its rows computed with the old value visible, as
+    Erratum's note rows are) and deleting the old block. Its edited ids are a permutation of the replacement's
+    (``tok(before) ⊕ tok(inserted) ⊕ tok(after)``): the same token multiset (tested).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        before, old, inserted, after, query_text, question: as :func:`sur_lab.edits.replacement_edit` (``inserted``
+            is its ``new``).
+        containers: ``(start, end, kind)`` spans of ``before + old + after``; a container that ends at the end of
+            that text (the user message) is extended over the appended block.
+
+    Returns:
+        The deletion edit (``inserted_len`` 0).
+
+    Raises:
+        ValueError: naming ``inserted`` when it is empty; otherwise as :func:`sur_lab.edits.segment_edit`.
+    """
+    if not isinstance(inserted, str) or not inserted:
+        raise ValueError("inserted must be a non-empty str (the placement control moves an inserted block)")
+    before, after = ([x] if isinstance(x, str) else list(x) for x in (before, after))
+    length = sum(map(len, before)) + len(old) + sum(map(len, after))
+    grown = tuple((a, b + len(inserted) if b == length else b, kind) for a, b, kind in containers)
+    return segment_edit(tokenizer, before, old, [*after, inserted], query_text, question=question, containers=grown)
 
 
 def _pieces(text: str, cuts: Sequence[int], lo: int, hi: int) -> list[str]:
@@ -679,6 +830,20 @@ STALE_FAMILY = Family("stale-answer rate against Shift", "binary",
                       "Erratum) minus Shift on the stale-answer rate, over the cases that ask the edited key (lower is "
                       "better)",
                       higher_is_better=False)
+#: The Erratum placement control (issue 40): on each replacement case, Shift and Re-prefill also run on
+#: :attr:`StaleCase.control_edit` (the inserted block right before the question, where Erratum's note sits); their
+#: records carry these method labels and the case's own ``case_id``, so they pair with Erratum case by case.
+LATE = " (late)"
+PLACEMENT_METHODS = ("Shift", "Re-prefill")
+PLACEMENT_FAMILY = Family("Erratum at equal recency", "binary",
+                          "Re-prefill and Shift with the inserted block right before the question (the placement "
+                          "control) minus Erratum, on EM, over the replacement cases")
+#: The design requirement of issue 40 checked per family (:func:`stale_rates`): Shift answers the old value in at
+#: least this fraction of the family's stale-eligible cases, by the exact (Clopper-Pearson) lower bound.
+STALE_REACH = 0.05
+#: Arms whose old-value pull (``old_margin``) is compared with Re-prefill's per family (:func:`old_margin_differences`;
+#: descriptive intervals).
+PULL_ARMS = ("Shift", "Dirty", "Erratum", f"SUR {PRIMARY_BUDGET:g}%", "Shift" + LATE)
 #: The gold-margin differences by answer location (:func:`margin_differences`) are descriptive: intervals only, no
 #: verdict (they are not a declared family).
 MARGIN_ARMS = ("Edit-local window", "Edit-local + SUR")
@@ -749,7 +914,10 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
           eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
           **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the study's sweep: every case x (references + allocators x budgets), scored by
-    :func:`stale_fact_scorer` (EM), with ``gold_margin`` in every record (:func:`sur_lab.sweeps.run_case`).
+    :func:`stale_fact_scorer` (EM), with ``gold_margin`` and ``old_margin`` in every record
+    (:func:`sur_lab.sweeps.run_case`). When Erratum is a reference, every replacement case's placement control
+    (:meth:`StaleCase.control_case`) also runs :data:`PLACEMENT_METHODS`, in :func:`control_folder`; those records
+    join the others relabelled by :func:`late_records` (``"Shift (late)"``, ``"Re-prefill (late)"``).
 
     Args:
         lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
@@ -764,8 +932,9 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
         share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
 
     Returns:
-        ``(records, folder)``: the records with :func:`add_stale_endpoints` columns (``answer_class``, ``stale``,
-        ``margin_recovery``) and the folder holding ``parts/`` and ``records.parquet``.
+        ``(records, folder)``: the records (the placement control's included) with :func:`add_stale_endpoints`
+        columns (``answer_class``, ``stale``, ``margin_recovery``) and the study's folder holding ``parts/`` and
+        ``records.parquet`` (the control's: :func:`control_folder` of it).
 
     Raises:
         ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
@@ -776,13 +945,35 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     p = params(preset, **overrides)
     erratum_templates(p["erratum_template"])  # refused before any work
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
+    built = stale_cases(lm.tokenizer, preset, seed=seed, families=p["families"], **{k: p[k] for k in CASE_SIZES})
+    the_cases = [c.sweep_case() for c in built]
     where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
     records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=stale_fact_scorer, seed=seed,
                         options=_options(p), workers=workers, threads=threads, address=address, progress=progress,
                         share_prefix=share_prefix)
+    controls = [c.control_case() for c in built if c.control_edit is not None]
+    if "Erratum" in p["references"] and controls:
+        late = run_sweep(lm, controls, list(PLACEMENT_METHODS), p["budgets"], control_folder(where),
+                         max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,
+                         scorer=stale_fact_scorer, seed=seed, workers=workers, threads=threads, address=address,
+                         progress=progress, share_prefix=share_prefix)
+        records = pd.concat([records, late_records(late)], ignore_index=True)
     return add_stale_endpoints(records), where
+
+
+def control_folder(where: Path) -> Path:
+    """The sweep folder of the Erratum placement control beside the study's folder ``where`` (``{name}_late``)."""
+    where = Path(where)
+    return where.with_name(where.name + "_late")
+
+
+def late_records(records: pd.DataFrame) -> pd.DataFrame:
+    """Placement-control records (:meth:`StaleCase.control_case`) relabelled to pair with the study's arms: the
+    method gets :data:`LATE` appended (``"Shift (late)"``) and ``case_id`` loses its ``-late`` suffix (a new
+    DataFrame)."""
+    return records.assign(method=records["method"] + LATE,
+                          case_id=records["case_id"].str.removesuffix("-late"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -851,19 +1042,23 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_pairs(records: pd.DataFrame, family: Family) -> list[tuple[str, str]]:
-    """The comparisons ``(a, b)`` (arm labels: ``"SUR 5%"``, ``"Erratum"``) that ``family`` (:data:`PRIMARY`,
-    :data:`EM_FAMILY` or :data:`STALE_FAMILY`) holds among the arms of ``records``.
+    """The comparisons ``(a, b)`` (arm labels: ``"SUR 5%"``, ``"Erratum"``, ``"Shift (late)"``) that ``family``
+    (:data:`PRIMARY`, :data:`EM_FAMILY`, :data:`STALE_FAMILY` or :data:`PLACEMENT_FAMILY`) holds among the arms of
+    ``records``.
 
     Raises:
         ValueError: naming ``family`` when it is not one of the three.
     """
-    if family not in (PRIMARY, EM_FAMILY, STALE_FAMILY):
-        raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, EM_FAMILY and STALE_FAMILY")
+    if family not in (PRIMARY, EM_FAMILY, STALE_FAMILY, PLACEMENT_FAMILY):
+        raise ValueError(f"family={family.name!r}: family_pairs knows PRIMARY, EM_FAMILY, STALE_FAMILY and "
+                         "PLACEMENT_FAMILY")
     arms = set(_arm(records))
     budgets = sorted(records.loc[records["budget_pct"].notna(), "budget_pct"].unique())
     budgeted = [m for m in COMPARED if m != "Erratum"]
     if family == PRIMARY:
         candidates = [(f"SUR {PRIMARY_BUDGET:g}%", "Shift")]
+    elif family == PLACEMENT_FAMILY:
+        candidates = [(m + LATE, "Erratum") for m in ("Re-prefill", "Shift")]
     elif family == EM_FAMILY:
         candidates = [(f"{m} {b:g}%", f"SUR {b:g}%") for b in budgets for m in budgeted if m != "SUR"]
         candidates += [("Erratum", f"SUR {b:g}%") for b in budgets]
@@ -875,7 +1070,8 @@ def family_pairs(records: pd.DataFrame, family: Family) -> list[tuple[str, str]]
 def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 20260928,
                        decide: bool = True) -> pd.DataFrame:
     """The study's declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family`): the primary
-    (SUR at 5 % minus Shift on EM, tested alone), :data:`EM_FAMILY` and :data:`STALE_FAMILY` (Holm within each).
+    (SUR at 5 % minus Shift on EM, tested alone), :data:`EM_FAMILY`, :data:`STALE_FAMILY` and, where the placement
+    control ran, :data:`PLACEMENT_FAMILY` (Holm within each; its pairs cover the replacement cases).
     ``stale`` is compared on the cases that ask the edited key (the others have no stale value: NaN, left out); a
     lower stale rate is better, so a negative difference favours ``a``.
 
@@ -898,7 +1094,7 @@ def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int
     df = records.assign(arm=_arm(records), _em=records["em"].astype(float), _stale=records["stale"].astype(float))
     budget_of = dict(zip(df["arm"], df["budget_pct"]))
     parts = []
-    for fam, metric in ((PRIMARY, "em"), (EM_FAMILY, "em"), (STALE_FAMILY, "stale")):
+    for fam, metric in ((PRIMARY, "em"), (EM_FAMILY, "em"), (STALE_FAMILY, "stale"), (PLACEMENT_FAMILY, "em")):
         pairs = family_pairs(df, fam)
         if not pairs:
             continue
@@ -960,6 +1156,97 @@ def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_AR
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
+def stale_rates(records: pd.DataFrame, *, arms: Sequence[str] = ("Shift", "Re-prefill", "Dirty", "Erratum",
+                                                                "Shift" + LATE),
+                decide: bool = True) -> pd.DataFrame:
+    """Each arm's stale-answer rate per family with its exact interval, and whether the family shows stale answers:
+    the design requirement of issue 40 (Shift must answer the old value where the answer-bearing states are stale).
+
+    Args:
+        records: :func:`add_stale_endpoints` records (``stale`` NaN where the query has no stale value).
+        arms: arm labels (:func:`_arm`) to tabulate; absent ones are skipped.
+        decide: ``False`` at a plumbing-check size (the claim column then reads "not decided").
+
+    Returns:
+        One row per (family, arm): ``k`` stale answers of ``n`` stale-eligible cases, ``rate``, ``ci_low``,
+        ``ci_high`` (Clopper-Pearson 95 %, :func:`sur_lab.analysis.decisions.proportion_interval`) and ``claim``:
+        :func:`sur_lab.analysis.decisions.bound_claim` of "at least :data:`STALE_REACH`" (its verdict word).
+    """
+    from sur_lab.analysis.decisions import bound_claim, proportion_interval
+
+    df = records.assign(arm=_arm(records))
+    rows = []
+    for family, sub in df.groupby("family", sort=False):
+        for arm in arms:
+            st = sub.loc[sub["arm"] == arm, "stale"].dropna()
+            if st.empty:
+                continue
+            k, n = int(st.sum()), int(st.size)
+            rate, low, high = proportion_interval(k, n)
+            rows.append({"family": family, "arm": arm, "k": k, "n": n, "rate": rate, "ci_low": low, "ci_high": high,
+                         "claim": bound_claim(k, n, at_least=STALE_REACH, decide=decide)})
+    cols = ["family", "arm", "k", "n", "rate", "ci_low", "ci_high", "claim"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def stale_rate_lines(rates: pd.DataFrame, *, arm: str = "Shift") -> list[str]:
+    """:func:`stale_rates` of ``arm`` in words, one line per family: ``"derived_record: Shift answers the old value
+    in 0 of 16 stale-eligible cases (0 %, 95 % CI 0 % to 21 %): at least 5 % not shown"``."""
+    out = []
+    for r in rates[rates["arm"] == arm].itertuples():
+        out.append(f"{r.family}: {arm} answers the old value in {r.k} of {r.n} stale-eligible case"
+                   f"{'s' if r.n != 1 else ''} ({100 * r.rate:.0f} %, 95 % CI {100 * r.ci_low:.0f} % to "
+                   f"{100 * r.ci_high:.0f} %): at least {100 * STALE_REACH:g} % {r.claim}")
+    return out
+
+
+def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_ARMS, n_boot: int = 10_000,
+                           seed: int = 20260928) -> pd.DataFrame:
+    """The old value's pull (``old_margin``: the old value's first-token logit minus the gold one's, logits) of each
+    of ``arms`` minus Re-prefill's, case-paired within each family, over the stale-eligible cases. Descriptive:
+    percentile bootstrap intervals (:func:`sur_lab.analysis.decisions.paired_family`, continuous) without a verdict.
+
+    A positive difference means the arm's states pull toward the superseded value more than a clean prefill does,
+    even where its greedy answer is right (the stale rate can be 0 while the pull is not). A placement-control arm
+    (``"Shift (late)"``) is compared with its own layout's Re-prefill (``"Re-prefill (late)"``).
+
+    Args:
+        records: :func:`add_stale_endpoints` records with ``old_margin``.
+        arms: arm labels; absent ones are skipped.
+        n_boot, seed: bootstrap replicates and generator seed.
+
+    Returns:
+        One row per (family, a): ``b``, ``mean_a``, ``mean_b`` (mean pulls), ``diff_logit``, ``ci_low_logit``,
+        ``ci_high_logit`` (a minus b, 95 %), ``n_cases``.
+
+    Raises:
+        ValueError: naming ``records`` when it has no ``old_margin`` column.
+    """
+    from sur_lab.analysis.conclusions import paired_outcomes
+    from sur_lab.analysis.decisions import paired_family
+
+    if "old_margin" not in records.columns:
+        raise ValueError("records lack the column 'old_margin' (sweep records carry it since issue 40)")
+    cols = ["family", "a", "b", "mean_a", "mean_b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
+    eligible = records["stale_value"].fillna("").astype(str) != ""
+    df = records[eligible].assign(arm=lambda d: _arm(d), _m=lambda d: d["old_margin"].astype(float))
+    parts = []
+    for family, sub in df.groupby("family", sort=False):
+        present = set(sub["arm"])
+        pairs = [(a, "Re-prefill" + LATE if a.endswith(LATE) else "Re-prefill") for a in arms]
+        outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in present and p[1] in present], "_m")
+        if not outcomes:
+            continue
+        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
+        means = {pair: (float(np.nanmean(x)), float(np.nanmean(y))) for pair, (x, y) in outcomes.items()}
+        parts.append(pd.DataFrame({"family": family, "a": res["a"], "b": res["b"],
+                                   "mean_a": [means[(a, b)][0] for a, b in zip(res["a"], res["b"])],
+                                   "mean_b": [means[(a, b)][1] for a, b in zip(res["a"], res["b"])],
+                                   "diff_logit": res["estimate"], "ci_low_logit": res["ci_low"],
+                                   "ci_high_logit": res["ci_high"], "n_cases": res["n"]}))
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
 def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em") -> pd.DataFrame:
     """Mean ``value`` (x100 for 0/1 columns) per arm (rows) and ``by`` stratum (columns): e.g. EM by family, or the
     stale rate by ``answer_in`` / ``distance`` (where the edit-local claim is said to fade)."""
@@ -970,7 +1257,8 @@ def stratified_table(records: pd.DataFrame, by: str = "family", value: str = "em
 
 def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_cases: int,
                records: pd.DataFrame | None = None, margins: pd.DataFrame | None = None, by: str = "answer_in",
-               decide: bool = True) -> list[str]:
+               decide: bool = True, rates: pd.DataFrame | None = None,
+               pulls: pd.DataFrame | None = None) -> list[str]:
     """The generated conclusion, from this run's tables: the references' EM and stale rates, at each budget the
     compared arm with the highest EM (ties are ties, the selection named: :func:`sur_lab.analysis.decisions.best_of`
     on ``records``), the primary comparison and each declared family's comparisons in words
@@ -985,6 +1273,9 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
             left out).
         margins: :func:`margin_differences` of the run (optional); by: its split column.
         decide: as :func:`paired_differences` (the best-arm lines' comparisons).
+        rates: :func:`stale_rates` of the run (optional): Shift's stale rate per family with its exact interval
+            and the :data:`STALE_REACH` claim.
+        pulls: :func:`old_margin_differences` of the run (optional): the old value's pull against Re-prefill.
     """
     from sur_lab.analysis.decisions import BEATS, LOSES, best_of, family_lines
 
@@ -1017,6 +1308,16 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
     lines.append("Where SUR loses (a separated verdict against it): "
                  + ("; ".join(losses) if losses else "nowhere in this run" if decide else
                     "not decided at this size (a plumbing check)") + ".")
+    if rates is not None and len(rates):
+        lines.append("Stale answers under Shift, per family (exact intervals): " + "; ".join(stale_rate_lines(rates))
+                     + ".")
+    if pulls is not None and len(pulls):
+        for family, block in pulls.groupby("family", sort=False):
+            lines.append(f"Old-value pull (old minus gold first-token logit, descriptive intervals), {family}: " + "; ".join(
+                f"{r.a} minus {r.b} {r.diff_logit:+.3g}" + (
+                    f" (95 % CI {r.ci_low_logit:+.3g} to {r.ci_high_logit:+.3g}" if not pd.isna(r.ci_low_logit)
+                    else " (no interval") + f"; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
+                for r in block.itertuples()) + ".")
     if margins is not None and len(margins):
         for value, block in margins.groupby(by, sort=True):
             lines.append(f"Gold margin (logits, descriptive intervals, not a declared family), answer in the {value} "

@@ -22,7 +22,8 @@ Adding an endpoint (a record field computed from each answer):
 
 Endpoints against the case's Re-prefill answer (:mod:`sur_lab.analysis.endpoints`): ``tv_reprefill``, ``nr_tv``,
 ``jsd_reprefill``, ``argmax_agree``, ``logits_identical`` (and the row's own ``logits_digest``), ``sequence_agree``,
-``agree_reprefill``, ``nll_reprefill``; against the gold answer: ``em``, ``gold_nll``, ``gold_margin``.
+``agree_reprefill``, ``nll_reprefill``; against the gold answer: ``em``, ``gold_nll``, ``gold_margin``; against a
+superseded value the case declares (``meta["old_token"]``): ``old_margin``.
 
 Nothing else changes: the store, the schedulers and the tables take the new field as it comes.
 """
@@ -48,6 +49,7 @@ from sur_lab.analysis.endpoints import (
     first_token_jsd,
     gold_margin,
     logits_digest,
+    old_margin,
     logits_identical,
     nr_tv,
     reference_continuation,
@@ -347,6 +349,9 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
     if gold_token is None and refs.gold_ids:
         gold_token = refs.gold_ids[0]
     margin = gold_margin(ans.first_token_logits, int(gold_token)) if gold_token is not None else float("nan")
+    old_token = case.meta.get("old_token")
+    pull = (old_margin(ans.first_token_logits, int(old_token), int(gold_token))
+            if old_token is not None and gold_token is not None else float("nan"))
     return {
         "prediction": _as_text(parsed),
         "em": em,
@@ -365,6 +370,7 @@ def _endpoints(case: Case, ans: Answer, logprobs: Mapping[str, np.ndarray], refs
         "gold_nll": float(-gold.mean()) if gold.size else float("nan"),
         "gold_tokens": int(gold.size),
         "gold_margin": margin,
+        "old_margin": pull,
     }
 
 

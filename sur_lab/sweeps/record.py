@@ -145,6 +145,12 @@ class Record:
             predicts it), else the first token of the case's answer target; NaN without either. Its recovery between
             Shift and Re-prefill is computed over a case's records
             (:func:`sur_lab.analysis.endpoints.add_margin_recovery`).
+        old_margin: the superseded value's pull at the first answer step, ``z[o] - z[g]``: the logit of the old
+            value's first token minus the gold answer's first token, logit units
+            (:func:`sur_lab.analysis.endpoints.old_margin`; issue 40). ``o`` is ``meta["old_token"]`` and ``g`` the
+            token of ``gold_margin``; NaN when the case declares no old token (a study without a superseded value).
+            Unbounded in both directions (no :data:`FIELD_RANGES` entry): positive means the old value's first token
+            leads the gold one.
 
     Case columns:
         meta: the case's flat scalar columns (dataset, placement, context length...), flattened beside the fields.
@@ -212,6 +218,7 @@ class Record:
     gold_nll: float
     gold_tokens: int
     gold_margin: float
+    old_margin: float
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -286,6 +293,7 @@ FIELD_TYPES: dict[str, str] = {
     "tv_dirty_reprefill": _FLOAT, "nr_tv": _FLOAT, "nll_reprefill": _FLOAT, "nll_tokens": _INT,
     "jsd_reprefill": _FLOAT, "argmax_agree": _BOOL, "logits_identical": _BOOL, "logits_digest": _STR,
     "gold_nll": _FLOAT, "gold_tokens": _INT, "gold_margin": _FLOAT,
+    "old_margin": _FLOAT,
 }
 assert set(FIELD_TYPES) == set(FIELD_NAMES), set(FIELD_TYPES) ^ set(FIELD_NAMES)  # one entry per field
 #: Slack of the float ranges: values a few float64 ulps outside a bound are rounding (a TV summed over a vocabulary),
