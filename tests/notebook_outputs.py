@@ -417,7 +417,7 @@ def _niah_params(params: dict) -> dict:
     """Notebook 02's study parameters for a run's parameter values (the preset's lists where the notebook gave None)."""
     from sur_lab.studies import niah
 
-    keys = ("ablation", "matched_allocators", "budgets", "matched_budgets")
+    keys = ("ablation", "matched_allocators", "budgets", "matched_budgets", "context_lens")
     return niah.params(params["preset"], **{k: params.get(k) for k in keys})
 
 
@@ -433,8 +433,24 @@ def _ablation_matched(df: pd.DataFrame, params: dict) -> None:
 
 
 def _table14_rows(params: dict) -> int:
+    """Pooled rows, then one block per context length (issue 40)."""
     p = _niah_params(params)
-    return len(p["matched_allocators"]) * len(p["matched_budgets"])
+    return (1 + len(p["context_lens"])) * len(p["matched_allocators"]) * len(p["matched_budgets"])
+
+
+def _table14_counts_rows(params: dict) -> int:
+    p = _niah_params(params)
+    return (1 + len(p["context_lens"])) * len(p["matched_budgets"])
+
+
+def _table14(df: pd.DataFrame, params: dict) -> None:
+    """Every pooled row is the matched family's and every per-length row the by-length family's; each row's matched
+    count is at least its mean B (SUR's whole units reach B)."""
+    from sur_lab.studies import niah
+
+    assert set(df.loc[df["length"] == "all", "family"]) == {niah.MATCHED.name}
+    assert set(df.loc[df["length"] != "all", "family"]) == {niah.MATCHED_BY_LENGTH.name}
+    assert (df["mean_tokens"] >= df["mean_b"]).all()
 
 
 def _noprefix(params: dict) -> dict:
@@ -519,7 +535,7 @@ EXPECTED: dict[str, Expected] = {
     ),
     "02_allocation_geometry": Expected(
         figures=("02_budget_curves", "02_budget_heatmap", "02_paired_differences", "02_intervals",
-                 "02_fidelity_curves", "02_ablation"),
+                 "02_fidelity_curves", "02_ablation", "02_table14_counts"),
         tables={
             "02_ablation": Table(
                 columns=("method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "value",
@@ -527,11 +543,17 @@ EXPECTED: dict[str, Expected] = {
                 not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"),
                 check=lambda df, p: (_ablation_matched(df, p), _decided(df, p))),
             "02_table14": Table(
-                columns=("budget_pct", "allocator", "mean_tokens", "n_cases", "em_region", "em_token", "em_diff_pp",
-                         "em_ci_low_pp", "em_ci_high_pp", "agree_reprefill_region", "agree_reprefill_token",
-                         "agree_reprefill_diff_pp", "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp",
-                         "em_verdict", "agree_reprefill_verdict"),
-                rows=_table14_rows, not_null=("mean_tokens", "em_diff_pp", "agree_reprefill_diff_pp", "em_verdict")),
+                columns=("length", "family", "budget_pct", "allocator", "mean_tokens", "mean_b", "n_cases",
+                         "em_region", "em_token", "em_diff_pp", "em_ci_low_pp", "em_ci_high_pp",
+                         "agree_reprefill_region", "agree_reprefill_token", "agree_reprefill_diff_pp",
+                         "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp", "em_verdict",
+                         "agree_reprefill_verdict", "em_mde_pp"),
+                rows=_table14_rows, not_null=("mean_tokens", "mean_b", "em_diff_pp", "agree_reprefill_diff_pp",
+                                              "em_verdict"), check=_table14),
+            "02_table14_counts": Table(
+                columns=("length", "budget_pct", "cases", "mean_b", "min_count", "median_count", "mean_count",
+                         "max_count", "distinct_counts", "share_at_b"),
+                rows=_table14_counts_rows, not_null=("mean_b", "mean_count")),
             "02_niah_cases": Table(columns=("case_id", "N", "p", "d", "S"),
                                    rows=lambda p: study_params("niah", p)["num_cases"], not_null=("S",)),
             "02_niah_records": Table(

@@ -27,12 +27,13 @@ from sur_lab.allocators import (
     allowance_for,
     get_allocator,
     matched_token_selections,
+    region_count,
     register_allocator,
     resolve_method,
     variant_name,
 )
 from sur_lab.allocators import controls
-from sur_lab.allocators.sur import context_idf_weights, sur_token_scores
+from sur_lab.allocators.sur import context_idf_weights, sur_token_scores, whole_unit_count
 from sur_lab.budget import allowance, fractions_expected, prompt_allowance
 from sur_lab.edits import token_edit
 from sur_lab.repair import prepare, repair
@@ -457,6 +458,60 @@ def test_matched_tokens_with_a_variant_region_and_refusals(llama):
         matched_token_selections(request, "SUR", ["Dense tokens", "Nope"])
     with pytest.raises(ValueError, match="also in token_level"):
         matched_token_selections(request, "SUR", ["SUR"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SUR's whole-unit stopping point: the matched count of Table 14 (issue 40)
+
+
+def test_whole_unit_count_admits_ranked_units_whole_until_b_is_reached():
+    units = _units([5, 3, 8, 4])
+    scores = np.array([0.1, 0.9, 0.5, 0.9])  # rank: unit 1 (tie with 3, earlier), unit 3, unit 2, unit 0
+    expected = {0: 0, 1: 3, 3: 3, 4: 7, 7: 7, 8: 15, 15: 15, 16: 20, 20: 20}
+    assert {b: whole_unit_count(units, scores, b) for b in expected} == expected
+    for bad in (-1, 21, 2.5):
+        with pytest.raises(ValueError, match="budget"):
+            whole_unit_count(units, scores, bad)
+    with pytest.raises(ValueError, match="unit_score"):
+        whole_unit_count(units, scores[:3], 4)
+
+
+@pytest.mark.parametrize("region", ["SUR", "SUR-IDF", "SUR[aggregation=mean]", "SUR[allowance_base=prompt]"])
+@pytest.mark.parametrize("budget", [3, 10, 25])
+def test_region_count_whole_units_is_surs_stopping_point_and_sur_selects_those_units(llama, region, budget):
+    edit = random_edit(4, 50, 3, 90)
+    units = _units([7, 13, 9, 21, 5, 11, 16, 8])  # 90 positions
+    request = AllocationRequest(llama, edit, budget, units=units)
+    base_b = allowance_for(region, request)
+    n = region_count(region, request, "whole_units")
+    assert region_count(region, request, "selected") == base_b
+    # Oracle: SUR's own diagnostics at B (unit scores, tie rule), units added whole in rank order until B is covered.
+    diag = allocate(region, request).diagnostics
+    rank = np.lexsort(([u.start for u in units], -np.round(diag["unit_scores"], 5)))
+    total, chosen = 0, []
+    for i in rank:
+        if total >= base_b:
+            break
+        total += len(units[i])
+        chosen.append(int(i))
+    assert n == total and base_b <= n < base_b + max(len(u) for u in units)
+    whole = allocate(region, request.with_allowance(n))
+    assert whole.diagnostics["partial"] is None and sorted(whole.diagnostics["admitted"]) == sorted(chosen)
+    assert whole.support.positions.tolist() == sorted(p for i in chosen for p in range(units[i].start, units[i].end))
+    out = matched_token_selections(request, region, ["Dense tokens", "Dense tokens[bonus=off]"], count="whole_units")
+    assert {k: v.support.size for k, v in out.items()} == dict.fromkeys(out, n)
+
+
+def test_region_count_refuses_a_non_sur_region_and_an_unknown_rule(llama):
+    request = AllocationRequest(llama, random_edit(2, 30, 3, 40), 5)
+    with pytest.raises(ValueError, match="SUR variant"):
+        region_count("Fixed blocks", request, "whole_units")
+    with pytest.raises(ValueError, match="count"):
+        region_count("SUR", request, "all")
+    with pytest.raises(ValueError, match="count"):
+        matched_token_selections(request, "SUR", ["Dense tokens"], count="all")
+    assert region_count("Fixed blocks", request, "selected") == allowance(40, 5)
+    assert region_count("SUR", AllocationRequest(llama, random_edit(2, 30, 3, 40), 0), "whole_units") == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -37,11 +37,17 @@ from sur_lab.allocators.sur import (
 
 # Importing these registers the matched controls, the Table 1 allocators and the edit-local allocators.
 from sur_lab.allocators import controls, edit_local, prior  # noqa: E402,F401,I001  # isort: skip
-from sur_lab.allocators.matched import TOKEN_LEVEL_ALLOCATORS, matched_token_selections  # noqa: E402
+from sur_lab.allocators.matched import (  # noqa: E402
+    COUNT_RULES,
+    TOKEN_LEVEL_ALLOCATORS,
+    matched_token_selections,
+    region_count,
+)
 
 __all__ = [
     "ALLOCATORS",
     "ALLOCATOR_OPTIONS",
+    "COUNT_RULES",
     "REQUEST_OPTIONS",
     "TOKEN_LEVEL_ALLOCATORS",
     "VARIANTS",
@@ -59,6 +65,7 @@ __all__ = [
     "get_allocator",
     "matched_token_selections",
     "read_options",
+    "region_count",
     "register_allocator",
     "register_variant",
     "resolve_method",

@@ -238,6 +238,42 @@ def allocate_units(
     return positions.astype(np.int64), admitted, partial
 
 
+def whole_unit_count(units: list[Unit], unit_score: np.ndarray, budget: int) -> int:
+    """SUR's natural stopping point at allowance ``budget``: the total length of the units admitted *whole* in SUR's
+    ranked order (:func:`rank_units`, the tie rule included) until that total first reaches ``budget``; the unit that
+    crosses ``budget`` is admitted whole instead of windowed (our reading of the "SUR V1" of appendix 9.3 / Table 14,
+    whose count is not fixed by the budget: it ends on a unit boundary).
+
+    Given this count n as an exact allowance, :func:`allocate_units` admits exactly the same units and no partial
+    window (each fits, and the allowance is used up after the last), so SUR at allowance n *is* the whole-unit
+    selection, and the matched-token protocol can hand n to token-level allocators (issue 40).
+
+    Args:
+        units: disjoint non-empty units (SUR's, partitioning the suffix).
+        unit_score: ``[U]`` unit scores used for ranking (:func:`aggregate_units`).
+        budget: B, an integer in ``[0, total units length]``.
+
+    Returns:
+        n, an integer with ``budget <= n <= total units length`` (0 when ``budget`` is 0; ``n - budget`` is less than
+        the crossing unit's length).
+
+    Raises:
+        ValueError: naming ``budget`` when it is negative or exceeds the units' total length, or ``unit_score`` when
+            its length differs from ``units``'.
+    """
+    total = sum(len(u) for u in units)
+    if isinstance(budget, bool) or int(budget) != budget or not 0 <= budget <= total:
+        raise ValueError(f"budget={budget!r} must be an integer in [0, {total}] (the units' total length)")
+    if len(unit_score) != len(units):
+        raise ValueError(f"unit_score has {len(unit_score)} entries for {len(units)} units")
+    count = 0
+    for idx in rank_units(unit_score, units):
+        if count >= budget:
+            break
+        count += len(units[idx])
+    return int(count)
+
+
 def sur_token_scores(request: AllocationRequest, bonus_weights: np.ndarray | None = None) -> np.ndarray:
     """SUR's token scores for the request's suffix (Eq. 7), float32 ``[S]``; ``bonus_weights`` as in
     :func:`token_relevance` (``None``: the paper's bonus)."""

@@ -113,8 +113,10 @@ BEYOND = Family("beyond the paper", "binary",
 ABLATION_FAMILY = Family("SUR's design factors", "binary",
                          "each one-factor variant and boundary control minus SUR at the same budget, per endpoint")
 MATCHED = Family("matched tokens (holdout roster)", "binary",
-                 "the region allocator minus each token-level allocator at its exact count, at each matched budget, "
-                 "per endpoint")
+                 "the region arm (SUR's whole units up to its stopping point) minus each token-level allocator at "
+                 "the same per-case count, at each matched budget, every length pooled, per endpoint")
+MATCHED_BY_LENGTH = Family("matched tokens by context length (holdout roster)", "binary",
+                           "the same comparisons within each context length (1K, 2K, ...), per endpoint")
 #: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate, from the paper's
 #: Table 2 (Qwen3-8B, 96 cases): SUR at 5 % has 98.96 % EM and Shift 0 %, so every case SUR answers is discordant.
 PRIMARY_POWER = PowerBasis(discordance_from_marginals(0.9896, 0.0),
@@ -122,16 +124,25 @@ PRIMARY_POWER = PowerBasis(discordance_from_marginals(0.9896, 0.0),
 ALL_AGAINST_REFERENCES = Family("every allocator against Shift and Re-prefill (the figure)", "binary",
                                 "each allocator at each budget minus Shift and minus Re-prefill, on one endpoint")
 
+#: Holdout cases of the matched-token sweep at ``default``. Issue 40 asks 120 (at 80 % power, two-sided 5 %, paired
+#: binary outcomes, about 120 cases separate the paper's +9.85 pp at the smaller support of Table 14; 600 its +1.84 pp
+#: at the larger one), but a matched case costs one to two minutes on 2 cores (Dense tokens' scattered refresh
+#: dominates), so 120 cases alone would overrun the suite's 3 hours: ``default`` holds 24 (12 at each of 1K and 2K
+#: tokens), which separates only large differences (its printed smallest separable difference says how large), and
+#: ``paper`` holds the issue's size and beyond (600, the paper's holdout of 599).
+MATCHED_DEFAULT_CASES = 24
 #: Study sizes by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``default`` is sized so that a
 #: paired bootstrap can separate SUR-5 % from Shift on the Qwen study model if the paper's effect exists there (48
 #: cases, 24 at each of 1K and 2K tokens: issue 23 spent the time batched answering saves on more cases and a second
 #: length), and compares SUR with its tie-robust variant SUR-IDF beside the matched controls, the edit-local
 #: baselines and Erratum (:data:`BEYOND_PAPER`, issue 26's paired tables come from this run).
 #: ``ablation`` (SUR's variants and the boundary controls, run with the allocators on the same cases) and
-#: ``matched_allocators`` (token-level allocators given SUR's exact count on the holdout roster; ``[]``: no
-#: matched-token sweep; ``matched_cases``: the holdout roster's size, cases alternating over ``context_lens``) are the
-#: design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in
-#: ``default`` (the bonus factor is SUR-IDF, already among its allocators).
+#: ``matched_allocators`` (token-level allocators given the region arm's per-case count on the holdout roster; ``[]``:
+#: no matched-token sweep; ``matched_cases``: the holdout roster's size, cases alternating over ``context_lens``) are
+#: the design-evidence lists of issue 28: the full ones in ``paper``, reduced ones in ``default`` (the bonus factor is
+#: SUR-IDF, already among its allocators). The matched-token sweep's sizes are issue 40's: :data:`MATCHED_DEFAULT_CASES`
+#: holdout cases at ``default`` against Dense tokens alone (the paper's Table 14 compares SUR V1 with token selection
+#: by the query score, which is SUR's own token score: Dense tokens), 600 at ``paper`` (the paper's holdout: 599).
 PRESETS = {
     "smoke": {"context_lens": [256], "num_cases": 1, "budgets": [2, 5], "max_new_tokens": 4,
               "allocators": ["SUR", "Dense tokens", "Max-relevance contiguous", "BM25 (same units)",
@@ -143,13 +154,13 @@ PRESETS = {
                                "Random semantic units", "Edit-local window", "Edit-local + SUR", "Erratum"],
                 "ablation": ["SUR[aggregation=mean]", "SUR[partial_unit=prefix]", "Fixed blocks",
                              "Multiple local windows"],
-                "matched_allocators": ["Dense tokens", "ProphetKV-Adapted"], "matched_cases": 16},
+                "matched_allocators": ["Dense tokens"], "matched_cases": MATCHED_DEFAULT_CASES},
     "paper": {"context_lens": [1024, 2048, 4096, 8192, 16384, 32768], "num_cases": 96,
               "budgets": [2, 5, 10, 20, 40, 80], "max_new_tokens": 32, "allocators": [*PAPER_ALLOCATORS, *BEYOND_PAPER],
               "ablation": list(ABLATION),
               "matched_allocators": ["Dense tokens", "ProphetKV-Adapted", "InfoFlow-Motivated", "Cache-Craft-Adapted",
                                      "CacheBlend-Adapted", "A3-Adapted", "Clean-state oracle"],
-              "matched_cases": 96},
+              "matched_cases": 600},
 }
 #: The study's name in the registry (``sur-lab sweep niah``), its notebook, and its sweep folders' prefix.
 NAME = "niah"
@@ -157,7 +168,8 @@ NOTEBOOK = "02_allocation_geometry"
 FOLDER = "02_niah"
 #: Parameters that are not preset sizes, at the notebook's defaults (the literals of its ``parameters`` cell).
 FIXED = {"depths": [0.25, 0.5, 0.75], "references": ["Dirty", "Shift", "Replay", "Re-prefill"],
-         "matched_region": "SUR", "matched_budgets": [2, 5], "holdout_seed": HOLDOUT_SEED}
+         "matched_region": "SUR", "matched_count": "whole_units", "matched_budgets": [2, 5],
+         "holdout_seed": HOLDOUT_SEED}
 
 _ADJECTIVES = (
     "amber", "bold", "brave", "calm", "clever", "crisp", "dusty", "eager", "faint", "fancy", "gentle", "gleaming",
@@ -615,35 +627,109 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The matched-token protocol on a holdout roster (appendix 9.3, Table 14; issue 28)
+# The matched-token protocol on a holdout roster (appendix 9.3, Table 14; issues 28 and 40)
+
+
+def region_label(region: str = "SUR", count: str = "whole_units") -> str:
+    """The record method of the region arm under count rule ``count`` (:data:`sur_lab.allocators.COUNT_RULES`):
+    ``"SUR (whole units)"`` for ``"whole_units"``, the region's own name for ``"selected"``.
+
+    Raises:
+        ValueError: naming ``count`` when it is not a count rule.
+    """
+    from sur_lab.allocators import COUNT_RULES
+
+    if count not in COUNT_RULES:
+        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
+    return region if count == "selected" else f"{region} (whole units)"
+
+
+def matched_label(allocator: str, region: str = "SUR", count: str = "whole_units") -> str:
+    """The record method of ``allocator`` at the region arm's count: ``"Dense tokens (matched to SUR (whole
+    units))"`` (``count="selected"``: ``"Dense tokens (matched to SUR)"``).
+
+    Raises:
+        ValueError: as :func:`region_label`.
+    """
+    return f"{allocator} (matched to {region_label(region, count)})"
+
+
+@dataclass(frozen=True)
+class MatchedRegion:
+    """A sweep method: the region arm of the matched-token protocol, SUR at the case's matched count n.
+
+    n is :func:`sur_lab.allocators.region_count` ``(region, request, count)`` on the case's request at b. With
+    ``count="whole_units"`` (the default, issue 40) n is SUR's natural stopping point: whole units in its ranked
+    order until B = B(S, b) is reached (our reading of the paper's "SUR V1", whose count is not fixed by the budget),
+    and SUR at the exact allowance n selects exactly those units (:func:`sur_lab.allocators.sur.whole_unit_count`);
+    n differs between cases and from B. With ``"selected"`` n is the region's own count (B for SUR at the suffix
+    budget: the Table 12 comparison again).
+
+    Attributes:
+        region: SUR or a SUR variant name (any region allocator with ``count="selected"``).
+        budget_pct: b, % of the suffix, from which B and n follow (the record's budget).
+        count: the count rule (:data:`sur_lab.allocators.COUNT_RULES`).
+        protocol: ``"forward"`` (the rows are recomputed).
+
+    Raises:
+        ValueError: (at construction) naming ``region`` when unknown (or, for ``"whole_units"``, not SUR or a SUR
+            variant), ``count`` when not a rule, or ``budget_pct`` outside [0, 100].
+    """
+
+    region: str
+    budget_pct: float
+    count: str = "whole_units"
+    protocol: str = "forward"
+
+    def __post_init__(self) -> None:
+        _check_region(self.region, self.count)
+        from sur_lab.budget import check_budget
+
+        object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
+
+    @property
+    def name(self) -> str:
+        """The record's method: :func:`region_label` ``(region, count)``."""
+        return region_label(self.region, self.count)
+
+    def repair(self, lm, prepared, *, executor: str, seed: int, options: Mapping[str, Any] | None):
+        """The region's repair at exactly n positions on this case (a new cache; ``prepared`` is kept)."""
+        from sur_lab.repair import repair
+
+        n = _matched_count(lm, prepared, self.region, self.budget_pct, self.count, seed, options)
+        return repair(lm, prepared, self.region, self.budget_pct, executor=executor, seed=seed, options=options,
+                      allowance=n)
 
 
 @dataclass(frozen=True)
 class MatchedTokens:
-    """A sweep method: the token-level ``allocator`` given exactly the ``region`` allocator's count on each case.
+    """A sweep method: the token-level ``allocator`` given exactly the region arm's count n on each case.
 
     The matched-token protocol of appendix 9.3 (Table 14; :func:`sur_lab.allocators.matched_token_selections`): on a
-    case's request at budget b, the region allocator runs first; its selected count n becomes the exact allowance of
-    the token-level allocator's repair (:func:`sur_lab.repair.repair` with ``allowance=n``), so the two supports differ
-    only in which positions they hold. With the paper's suffix budget SUR selects exactly B = B(S, b) (Eq. 3) and n = B;
-    a region variant with another count convention (``"SUR[allowance_base=prompt]"``) gives another n. The record's
-    ``allowance`` is n and its ``select_ms`` the token-level allocator's own selection (the region's run that fixes n
-    is protocol bookkeeping, untimed).
+    case's request at budget b, n is :func:`sur_lab.allocators.region_count` ``(region, request, count)``, the count
+    :class:`MatchedRegion` refreshes, and it becomes the exact allowance of the token-level allocator's repair
+    (:func:`sur_lab.repair.repair` with ``allowance=n``), so the two supports differ only in which positions they
+    hold. The record's ``allowance`` is n and its ``select_ms`` the token-level allocator's own selection (the count's
+    computation is protocol bookkeeping, untimed).
 
     Attributes:
         allocator: a token-level allocator (:data:`sur_lab.allocators.TOKEN_LEVEL_ALLOCATORS`) or variant name.
         region: the region allocator or variant name whose count is matched (``"SUR"``).
-        budget_pct: b, % of the suffix, at which the region allocator runs (the record's budget).
+        budget_pct: b, % of the suffix, at which the region's count is taken (the record's budget).
+        count: the count rule (:data:`sur_lab.allocators.COUNT_RULES`; ``"whole_units"``: SUR's whole-unit stopping
+            point, ``"selected"``: the region's own count).
         protocol: ``"forward"`` (the rows are recomputed).
 
     Raises:
-        ValueError: (at construction) naming ``allocator`` or ``region`` when unknown or equal, or ``budget_pct``
-            outside [0, 100].
+        ValueError: (at construction) naming ``allocator`` or ``region`` when unknown or equal (``region`` also when
+            ``count="whole_units"`` and it is not SUR or a SUR variant), ``count`` when not a rule, or
+            ``budget_pct`` outside [0, 100].
     """
 
     allocator: str
     region: str
     budget_pct: float
+    count: str = "whole_units"
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
@@ -651,58 +737,75 @@ class MatchedTokens:
         from sur_lab.budget import check_budget
 
         get_allocator(self.allocator)
-        get_allocator(self.region)
+        _check_region(self.region, self.count)
         if self.allocator == self.region:
             raise ValueError(f"allocator={self.allocator!r} must differ from region")
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
 
     @property
     def name(self) -> str:
-        """The record's method: :func:`matched_label` ``(allocator, region)``."""
-        return matched_label(self.allocator, self.region)
+        """The record's method: :func:`matched_label` ``(allocator, region, count)``."""
+        return matched_label(self.allocator, self.region, self.count)
 
     def repair(self, lm, prepared, *, executor: str, seed: int, options: Mapping[str, Any] | None):
-        """The token-level repair at the region allocator's count on this case (a new cache; ``prepared`` is kept)."""
-        from sur_lab.allocators import AllocationRequest, allocate
+        """The token-level repair at the region arm's count on this case (a new cache; ``prepared`` is kept)."""
         from sur_lab.repair import repair
 
-        opts = dict(options or {})
-        if prepared.dirty_cache is not None:
-            opts.setdefault("dirty_cache", prepared.dirty_cache)
-        request = AllocationRequest(lm, prepared.edit, self.budget_pct, shift_cache=prepared.shift_cache,
-                                    units=prepared.units, seed=seed, options=opts)
-        n = allocate(self.region, request).support.size
-        if prepared.units is None and request.units is not None:
-            prepared.units = request.units
+        n = _matched_count(lm, prepared, self.region, self.budget_pct, self.count, seed, options)
         return repair(lm, prepared, self.allocator, self.budget_pct, executor=executor, seed=seed, options=options,
                       allowance=n)
 
 
-def matched_label(allocator: str, region: str = "SUR") -> str:
-    """The record method of ``allocator`` at ``region``'s count: ``"Dense tokens (matched to SUR)"``."""
-    return f"{allocator} (matched to {region})"
+def _check_region(region: str, count: str) -> None:
+    """Refuse an unknown region or count rule, or a non-SUR region under ``"whole_units"``, before any work."""
+    from sur_lab.allocators import COUNT_RULES, get_allocator, resolve_method
+
+    get_allocator(region)
+    if count not in COUNT_RULES:
+        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
+    if count == "whole_units" and resolve_method(region)[0] != "SUR":
+        raise ValueError(f"region={region!r}: count='whole_units' ranks SUR's units; give SUR or a SUR variant")
+
+
+def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, seed: int,
+                   options: Mapping[str, Any] | None) -> int:
+    """n of :func:`sur_lab.allocators.region_count` on the case's request at ``budget_pct`` (units kept on
+    ``prepared``)."""
+    from sur_lab.allocators import AllocationRequest, region_count
+
+    opts = dict(options or {})
+    if prepared.dirty_cache is not None:
+        opts.setdefault("dirty_cache", prepared.dirty_cache)
+    request = AllocationRequest(lm, prepared.edit, budget_pct, shift_cache=prepared.shift_cache,
+                                units=prepared.units, seed=seed, options=opts)
+    n = region_count(region, request, count)
+    if prepared.units is None and request.units is not None:
+        prepared.units = request.units
+    return n
 
 
 def matched_methods(p: Mapping[str, Any]) -> list:
     """The matched-token sweep's methods for parameters ``p``: Shift and Re-prefill (when among ``p["references"]``),
-    the region allocator ``p["matched_region"]`` (crossed with ``p["matched_budgets"]`` by the sweep), then one
-    :class:`MatchedTokens` per token-level allocator of ``p["matched_allocators"]`` and matched budget."""
+    then per matched budget of ``p["matched_budgets"]`` the region arm (:class:`MatchedRegion` of
+    ``p["matched_region"]`` under ``p["matched_count"]``) and one :class:`MatchedTokens` per token-level allocator of
+    ``p["matched_allocators"]``."""
     refs = [r for r in p["references"] if r in ("Shift", "Re-prefill")]
-    region = p["matched_region"]
-    return [*refs, region, *(MatchedTokens(a, region, b) for a in p["matched_allocators"]
-                             for b in p["matched_budgets"])]
+    region, count = p["matched_region"], p["matched_count"]
+    budgets = p["matched_budgets"]
+    return [*refs, *(MatchedRegion(region, b, count) for b in budgets),
+            *(MatchedTokens(a, region, b, count) for a in p["matched_allocators"] for b in budgets)]
 
 
 def matched_folder(lm, p: Mapping[str, Any], *, eval_batch: int | None = None, executor: str = "sequential",
                    outputs: Path | None = None) -> Path:
-    """The matched-token sweep's folder (``02_niah_matched_...``: sizes, matched budgets, the holdout seed, the
-    evaluation batch, the executor when not sequential, the model's fingerprint)."""
+    """The matched-token sweep's folder (``02_niah_matched_...``: sizes, matched budgets, the count rule, the holdout
+    seed, the evaluation batch, the executor when not sequential, the model's fingerprint)."""
     from sur_lab.sweeps import EVAL_BATCH, sweep_folder
 
     extra = {} if executor == "sequential" else {"ex": executor}
     return sweep_folder(f"{FOLDER}_matched", lm, outputs=outputs, ctx=p["context_lens"], n=p["matched_cases"],
-                        b=p["matched_budgets"], tok=p["max_new_tokens"], seed=p["holdout_seed"],
-                        eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
+                        b=p["matched_budgets"], count=p["matched_count"], tok=p["max_new_tokens"],
+                        seed=p["holdout_seed"], eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
 
 
 def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None, workers: int = 1,
@@ -711,27 +814,30 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
                   **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the matched-token study (Table 14 analogue) on the frozen holdout roster.
 
-    The roster is :func:`cases` at the preset's sizes, ``p["matched_cases"]`` of them, with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never
-    used for design); the methods are :func:`matched_methods`: the region allocator at each matched budget, and each
-    token-level allocator at the region's exact count on the same case (:class:`MatchedTokens`). Records come from
-    :func:`sur_lab.sweeps.run_sweep`, strictly scored like :func:`sweep`'s.
+    The roster is :func:`cases` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
+    ``context_lens``), with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never used for design); the methods are
+    :func:`matched_methods`: the region arm at each matched budget (:class:`MatchedRegion`: SUR's whole units up to
+    its stopping point by default), and each token-level allocator at that exact count on the same case
+    (:class:`MatchedTokens`). Records come from :func:`sur_lab.sweeps.run_sweep`, strictly scored like
+    :func:`sweep`'s.
 
     Args:
         lm, out, workers, threads, address, executor, eval_batch, progress: as :func:`sweep`.
         preset, overrides: the parameters (:func:`params`; e.g. ``matched_allocators=["Dense tokens"]``,
-            ``matched_budgets=[2, 5]``, ``holdout_seed=...``).
+            ``matched_budgets=[2, 5]``, ``matched_count="whole_units"``, ``holdout_seed=...``).
 
     Returns:
         ``(records, folder)``; ``records`` is empty (and nothing runs) when ``matched_allocators`` is empty.
 
     Raises:
-        ValueError: naming a bad parameter (an unknown allocator, a budget outside [0, 100]), before any model call.
+        ValueError: naming a bad parameter (an unknown allocator or count rule, a budget outside [0, 100]), before
+            any model call.
     """
     from sur_lab.sweeps import EVAL_BATCH, records_frame, run_sweep
 
     p = params(preset, **overrides)
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    the_methods = matched_methods(p)  # MatchedTokens checks its names and budgets here
+    the_methods = matched_methods(p)  # MatchedRegion / MatchedTokens check names, counts and budgets here
     where = Path(out) if out is not None else matched_folder(lm, p, eval_batch=eval_batch, executor=executor)
     if not p["matched_allocators"]:
         return records_frame([]), where
@@ -768,69 +874,200 @@ def _decided(records: pd.DataFrame, pairs: Sequence[tuple[str, str]], metric: st
                       ci_high_pp=scale * out["ci_high"], n_cases=out["n"])
 
 
-def table14(records: pd.DataFrame, *, region: str = "SUR", metrics: Sequence[str] = ("em", "agree_reprefill"),
-            n_boot: int = 10_000, seed: int = 20260928, decide: bool = True) -> pd.DataFrame:
-    """Our Table 14: region against token-level selection at matched selected-token counts, case-paired.
+def length_label(context_len: float) -> str:
+    """A context length's row label: ``"1K"`` for 1024 tokens, ``"32K"`` for 32768, the number otherwise
+    (``"256"``)."""
+    c = int(context_len)
+    return f"{c // 1024}K" if c % 1024 == 0 else str(c)
 
-    For each matched budget (one support size each) and each token-level allocator of ``records`` (methods named
-    :func:`matched_label` ``(allocator, region)``): the mean selected tokens, then for each metric the region's and the
-    token-level allocator's mean (×100) and the region minus token difference in pp, decided per metric as the
-    :data:`MATCHED` family (:func:`sur_lab.analysis.decisions.paired_family`: exact sign test, Newcombe interval,
-    Holm over the family's budgets and allocators).
+
+def _region_allowance(records: pd.DataFrame, region: str) -> np.ndarray:
+    """B per record: Eq. 3's ``B(S, b)`` of the record's suffix at its budget, on the whole-prompt base when
+    ``region`` binds ``allowance_base=prompt`` (the B from which the region's count starts); int64."""
+    from sur_lab.allocators import resolve_method
+    from sur_lab.budget import allowance, prompt_allowance
+
+    prompt = resolve_method(region)[1].get("allowance_base") == "prompt"
+    return np.array([prompt_allowance(int(s), int(p) + int(s), float(b)) if prompt else allowance(int(s), float(b))
+                     for s, p, b in zip(records["suffix_len"], records["prefix_len"], records["budget_pct"])],
+                    dtype=np.int64)
+
+
+def matched_counts(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_units") -> pd.DataFrame:
+    """The matched count of every case and budget: the region arm's n beside the suffix allowance B it started from.
 
     Args:
         records: :func:`matched_sweep` records (``case_id``, ``context_len``, ``method``, ``budget_pct``,
-            ``allowance`` and the metrics).
-        region: the region allocator whose count was matched.
+            ``allowance``, ``prefix_len``, ``suffix_len``).
+        region, count: the region arm (:func:`region_label`).
+
+    Returns:
+        One row per (case, budget), sorted by length, budget and case: ``case_id``, ``context_len``, ``length``
+        (:func:`length_label`), ``budget_pct``, ``suffix_len``, ``allowance_b`` (B, positions), ``matched_count``
+        (n, positions), ``extra`` (n - B) and ``ratio`` (n / B; NaN when B = 0).
+
+    Raises:
+        ValueError: naming ``records`` when it holds no region-arm row.
+    """
+    label = region_label(region, count)
+    reg = records[records["method"] == label]
+    if reg.empty:
+        raise ValueError(f"records hold no {label!r} row (the region arm of the matched-token sweep)")
+    b = _region_allowance(reg, region)
+    n = reg["allowance"].to_numpy(np.int64)
+    out = pd.DataFrame({"case_id": reg["case_id"].to_numpy(), "context_len": reg["context_len"].astype(int).to_numpy(),
+                        "length": [length_label(c) for c in reg["context_len"]],
+                        "budget_pct": reg["budget_pct"].astype(float).to_numpy(),
+                        "suffix_len": reg["suffix_len"].astype(int).to_numpy(), "allowance_b": b,
+                        "matched_count": n, "extra": n - b,
+                        "ratio": np.where(b > 0, n / np.maximum(b, 1), np.nan)})
+    return out.sort_values(["context_len", "budget_pct", "case_id"], ignore_index=True)
+
+
+def count_summary(counts: pd.DataFrame) -> pd.DataFrame:
+    """The count distribution of :func:`matched_counts`, per length and budget, then every length pooled
+    (``length`` ``"all"``): ``cases``, ``mean_b``, ``min_count``, ``median_count``, ``mean_count``, ``max_count``,
+    ``distinct_counts`` and ``share_at_b`` (% of cases whose n equals B).
+
+    Raises:
+        ValueError: if ``counts`` is empty.
+    """
+    if counts.empty:
+        raise ValueError("counts is empty: no region-arm row")
+    rows = []
+    for (ctx, budget), g in [*counts.groupby(["context_len", "budget_pct"], sort=True),
+                             *(((None, b), g) for b, g in counts.groupby("budget_pct", sort=True))]:
+        n = g["matched_count"]
+        rows.append({"length": "all" if ctx is None else length_label(ctx), "budget_pct": float(budget),
+                     "cases": len(g), "mean_b": float(g["allowance_b"].mean()), "min_count": int(n.min()),
+                     "median_count": float(n.median()), "mean_count": float(n.mean()), "max_count": int(n.max()),
+                     "distinct_counts": int(n.nunique()),
+                     "share_at_b": 100.0 * float((n == g["allowance_b"]).mean())})
+    return pd.DataFrame(rows)
+
+
+def plot_matched_counts(counts: pd.DataFrame):
+    """The count distribution: per matched budget a panel of every case's matched count n against its suffix
+    allowance B (one colour per context length), with the line n = B (the degenerate protocol's counts).
+
+    Returns:
+        The matplotlib figure.
+
+    Raises:
+        ValueError: if ``counts`` is empty.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    if counts.empty:
+        raise ValueError("counts is empty: no region-arm row")
+    budgets = sorted(counts["budget_pct"].unique())
+    lengths = list(dict.fromkeys(counts.sort_values("context_len")["length"]))
+    palette = dict(zip(lengths, sns.color_palette("crest", len(lengths))))
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.4 * len(budgets) + 1.2, 4.0), squeeze=False)
+    for ax, budget in zip(axes[0], budgets):
+        sub = counts[counts["budget_pct"] == budget]
+        for length in lengths:
+            at = sub[sub["length"] == length]
+            ax.scatter(at["allowance_b"], at["matched_count"], s=18, alpha=0.8, color=palette[length], label=length)
+        hi = float(max(sub["allowance_b"].max(), sub["matched_count"].max(), 1))
+        ax.plot([0, hi], [0, hi], color="0.3", lw=0.9, ls="--", label="n = B")
+        ax.set_xlabel("suffix allowance B (positions)")
+        ax.set_ylabel("matched count n (positions)")
+        ax.set_title(f"b = {budget:g} %")
+    axes[0][-1].legend(title="context", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_units",
+            metrics: Sequence[str] = ("em", "agree_reprefill"), n_boot: int = 10_000, seed: int = 20260928,
+            decide: bool = True) -> pd.DataFrame:
+    """Our Table 14: region against token-level selection at matched per-case counts, case-paired, every length
+    pooled and per context length.
+
+    For each matched budget and each token-level allocator of ``records`` (methods named :func:`matched_label`
+    ``(allocator, region, count)``): the mean matched count n and the mean suffix allowance B it started from, then
+    for each metric the region arm's and the token-level allocator's mean (×100) and the region minus token difference
+    in pp. The pooled rows (``length`` ``"all"``) are the :data:`MATCHED` family and the per-length rows (``"1K"``,
+    ``"2K"``, ...) the :data:`MATCHED_BY_LENGTH` family, each decided per metric by
+    :func:`sur_lab.analysis.decisions.paired_family` (exact sign test, Newcombe interval, Holm over the family's
+    rows).
+
+    Args:
+        records: :func:`matched_sweep` records (``case_id``, ``context_len``, ``method``, ``budget_pct``,
+            ``allowance``, ``prefix_len``, ``suffix_len`` and the metrics).
+        region, count: the region arm (:func:`region_label`).
         metrics: 0/1 record fields (``"em"``, ``"agree_reprefill"``).
         n_boot, seed, decide: as :func:`paired_differences`.
 
     Returns:
-        One row per (budget, allocator): ``budget_pct``, ``allocator``, ``mean_tokens``, ``n_cases``, and per metric
-        ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``, ``{metric}_ci_high_pp``,
-        ``{metric}_p_adj`` and ``{metric}_verdict``.
+        One row per (length, budget, allocator), pooled rows first: ``length``, ``context_len`` (NaN when pooled),
+        ``family``, ``budget_pct``, ``allocator``, ``mean_tokens`` (mean n), ``mean_b`` (mean B), ``n_cases``, and
+        per metric ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``,
+        ``{metric}_ci_high_pp``, ``{metric}_p_adj``, ``{metric}_mde_pp`` (the smallest difference the family's size
+        could separate) and ``{metric}_verdict``.
 
     Raises:
-        ValueError: naming ``records`` when it holds no matched method or no ``region`` row at a matched budget, or
-            when a token-level record's count differs from the region's on its case (the protocol was broken);
-            naming ``metrics`` when one is not a record field.
+        ValueError: naming ``records`` when it holds no matched method or no region-arm row at a matched budget, or
+            when a token-level record's count differs from the region arm's on its case (the protocol was broken);
+            naming ``metrics`` when one is not a record field; naming ``count`` when it is not a count rule.
     """
     missing = [m for m in metrics if m not in records.columns]
     if missing:
         raise ValueError(f"metrics {missing} are not record fields")
-    suffix = f" (matched to {region})"
+    label = region_label(region, count)
+    suffix = f" (matched to {label})"
     token_methods = [m for m in dict.fromkeys(records["method"]) if str(m).endswith(suffix)]
     if not token_methods:
-        raise ValueError(f"records hold no method matched to {region!r} (names ending in {suffix!r})")
-    rows, pairs = [], []
-    for budget in sorted(records.loc[records["method"].isin(token_methods), "budget_pct"].unique()):
+        raise ValueError(f"records hold no method matched to {label!r} (names ending in {suffix!r})")
+    budgets = sorted(records.loc[records["method"].isin(token_methods), "budget_pct"].unique())
+    for budget in budgets:
         at_b = records[records["budget_pct"] == budget]
-        reg = at_b[at_b["method"] == region]
-        if reg.empty:
-            raise ValueError(f"records hold no {region!r} row at {budget:g} %")
-        counts = reg.set_index("case_id")["allowance"]
+        counts = at_b[at_b["method"] == label].set_index("case_id")["allowance"]
+        if counts.empty:
+            raise ValueError(f"records hold no {label!r} row at {budget:g} %")
         for method in token_methods:
-            tok = at_b[at_b["method"] == method]
-            if tok.empty:
-                continue
-            mine = tok.set_index("case_id")["allowance"]
+            mine = at_b[at_b["method"] == method].set_index("case_id")["allowance"]
             if not mine.index.isin(counts.index).all() or (mine != counts.reindex(mine.index)).any():
-                raise ValueError(f"records: {method!r} at {budget:g} % does not select {region!r}'s count on every "
+                raise ValueError(f"records: {method!r} at {budget:g} % does not select {label!r}'s count on every "
                                  "case")
-            row = {"budget_pct": float(budget), "allocator": method.removesuffix(suffix),
-                   "mean_tokens": float(mine.mean()), "n_cases": int(len(tok))}
-            for metric in metrics:
-                row.update({f"{metric}_region": 100 * float(reg.loc[reg["case_id"].isin(tok["case_id"]), metric]
-                                                            .astype(float).mean()),
-                            f"{metric}_token": 100 * float(tok[metric].astype(float).mean())})
-            rows.append(row)
-            pairs.append((f"{region} {budget:g}%", f"{method} {budget:g}%"))
-    table = pd.DataFrame(rows)
-    for metric in metrics:
-        res = _decided(records, pairs, metric, MATCHED, decide=decide, n_boot=n_boot, seed=seed)
-        for col in ("diff_pp", "ci_low_pp", "ci_high_pp", "p_adj", "verdict"):
-            table[f"{metric}_{col}"] = res[col].to_numpy()
-    return table
+    # The per-length family pairs arms within one length: its arm labels carry the length ("... @1K 2%").
+    tagged = records.assign(method=[f"{m} @{length_label(c)}" for m, c in zip(records["method"],
+                                                                             records["context_len"])])
+    lengths = [None, *sorted(records["context_len"].dropna().unique())]
+    tables = []
+    for family, frame, ctxs in ((MATCHED, records, lengths[:1]), (MATCHED_BY_LENGTH, tagged, lengths[1:])):
+        rows, pairs = [], []
+        for ctx in ctxs:
+            sub = records if ctx is None else records[records["context_len"] == ctx]
+            tag = "" if ctx is None else f" @{length_label(ctx)}"
+            for budget in budgets:
+                at_b = sub[sub["budget_pct"] == budget]
+                reg = at_b[at_b["method"] == label]
+                for method in token_methods:
+                    tok = at_b[at_b["method"] == method]
+                    if tok.empty:
+                        continue
+                    reg_t = reg[reg["case_id"].isin(tok["case_id"])]
+                    row = {"length": "all" if ctx is None else length_label(ctx),
+                           "context_len": float("nan") if ctx is None else float(ctx), "family": family.name,
+                           "budget_pct": float(budget), "allocator": method.removesuffix(suffix),
+                           "mean_tokens": float(tok["allowance"].mean()),
+                           "mean_b": float(_region_allowance(reg_t, region).mean()), "n_cases": int(len(tok))}
+                    for metric in metrics:
+                        row.update({f"{metric}_region": 100 * float(reg_t[metric].astype(float).mean()),
+                                    f"{metric}_token": 100 * float(tok[metric].astype(float).mean())})
+                    rows.append(row)
+                    pairs.append((f"{label}{tag} {budget:g}%", f"{method}{tag} {budget:g}%"))
+        table = pd.DataFrame(rows)
+        for metric in metrics:
+            res = _decided(frame, pairs, metric, family, decide=decide, n_boot=n_boot, seed=seed)
+            for col in ("diff_pp", "ci_low_pp", "ci_high_pp", "p_adj", "verdict"):
+                table[f"{metric}_{col}"] = res[col].to_numpy()
+            table[f"{metric}_mde_pp"] = 100 * res["mde"].to_numpy(np.float64)
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
