@@ -1292,9 +1292,6 @@ def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int 
 PANEL_FILE = "panel.json"
 #: Parameters that change no record (the analysis's own): pooled runs may differ in them.
 ANALYSIS_PARAMS = ("n_boot", "boot_seed")
-#: Record fingerprint fields that say which model ran, the only ones pooled runs may differ in (the rule of
-#: ``niah.combine``'s cross-model assembly).
-MODEL_FIELDS = ("model", "model_weights", "dtype", "device")
 #: A candidate's outcome for one model's run in :func:`common_panel`: built at some candidate geometry.
 FEASIBLE = "feasible"
 #: ... excluded with its reason (:class:`Exclusion`).
@@ -1455,7 +1452,7 @@ def combine(folders: Sequence) -> PooledRuns:
     Each folder is one model's finished sweep (notebook 08 or ``sur-lab sweep evidence-location``): its
     ``records.parquet`` and :data:`PANEL_FILE`. The runs must differ only in the model: the same study parameters
     (:func:`panel_record`; :data:`ANALYSIS_PARAMS` aside) and seed, and the same value of every record fingerprint
-    field outside :data:`MODEL_FIELDS` (executor, decoding limit and rule, evaluation batch, options, versions). The
+    field outside :data:`~sur_lab.sweeps.record.MODEL_FIELDS` (executor, decoding limit and rule, evaluation batch, options, versions). The
     pooled records keep the sources every run's tokenizer could build (:func:`common_panel`); a source one model
     could not build is dropped for every model, so the models' cells stay paired by source.
 
@@ -1475,7 +1472,7 @@ def combine(folders: Sequence) -> PooledRuns:
     """
     from pathlib import Path
 
-    from sur_lab.sweeps.record import CONFIG_FIELDS
+    from sur_lab.sweeps.record import CONFIG_FIELDS, MODEL_FIELDS
     from sur_lab.sweeps.store import read_records
 
     if isinstance(folders, (str, Path)) or not isinstance(folders, Sequence):

@@ -1516,16 +1516,13 @@ def plot_intervals(records: pd.DataFrame):
 # ---------------------------------------------------------------------------------------------------------------------
 # Across models: Figure 3 one panel per model, Tables 2-6 stacked (issue 28)
 
-#: Fingerprint fields that name the model (:func:`sur_lab.fingerprint.model_fingerprint`): they may differ between the
-#: folders :func:`combine` reads; every other configuration field must not.
-MODEL_FIELDS = ("model", "model_weights", "dtype", "device")
 
 
 def combine(folders: Sequence[Path | str]) -> pd.DataFrame:
     """The records of several NIAH sweep folders, one model each, as one table for the cross-model figure and tables.
 
     Each folder is read from its ``records.parquet`` (:func:`sur_lab.sweeps.store.read_records`). The folders must
-    differ only in the model: every configuration fingerprint field outside :data:`MODEL_FIELDS` (seed, executor,
+    differ only in the model: every configuration fingerprint field outside :data:`~sur_lab.sweeps.record.MODEL_FIELDS` (seed, executor,
     decoding limit and rule, evaluation batch, allocator options, versions) must hold one value, the same in every
     folder, and the folders must hold the same case ids (the same roster, tokenized by each model: the case
     fingerprints differ) and the same (method, budget) grid, as every panel of Figure 3 uses the same cases and
@@ -1543,7 +1540,7 @@ def combine(folders: Sequence[Path | str]) -> pd.DataFrame:
             field and the two folders), a case roster or method grid that differs.
         FileNotFoundError: for a folder without ``records.parquet`` (its sweep has not finished).
     """
-    from sur_lab.sweeps.record import CONFIG_FIELDS
+    from sur_lab.sweeps.record import CONFIG_FIELDS, MODEL_FIELDS
     from sur_lab.sweeps.store import read_records
 
     paths = [Path(f) for f in folders]

@@ -48,6 +48,9 @@ CONFIG_FIELDS = (
     "model", "model_weights", "dtype", "device", "seed", "executor", "max_new_tokens", "decoding", "eval_batch",
     "options", "versions",
 )
+#: The configuration fields that name the model (:func:`sur_lab.fingerprint.model_fingerprint`): the only ones in which
+#: the per-model runs a cross-model assembly pools (``niah.combine``, ``evidence_location.combine``) may differ.
+MODEL_FIELDS = ("model", "model_weights", "dtype", "device")
 #: Every fingerprint field: the configuration, then the case's content.
 FINGERPRINT_FIELDS = (*CONFIG_FIELDS, "case_fingerprint")
 #: Methods that are not budgeted carry this budget (NaN), so a table can tell them apart.
