@@ -103,16 +103,13 @@ def test_computed_rows_need_a_finished_notebook(tmp_path):
 
 
 def test_paired_claim_goes_through_the_decisions_module(monkeypatch):
-    import types
-
     seen = {}
 
     def paired_family(diffs, *, kind, margin=None, **options):
         seen.update(kind=kind, margin=margin, names=list(diffs))
         return [_family_row("beats", comparison=name) for name in diffs]
 
-    monkeypatch.setitem(sys.modules, "sur_lab.analysis.decisions",
-                        types.SimpleNamespace(paired_family=paired_family))
+    monkeypatch.setattr(cl, "paired_family", paired_family)
     family = {"SUR 2% - Dense tokens 2%": [1, 0, 1], "SUR 2% - Shift": [1, 1, 0]}
     est = cl.paired_claim(family, comparison="SUR 2% - Shift", expect="greater", unit="pp EM")
     assert est.verdict == "holds" and seen == {"kind": "binary", "margin": None, "names": list(family)}

@@ -65,6 +65,10 @@ VERDICTS = (BEATS, LOSES, EQUIVALENT, NOT_SEPARATED, NOT_DECIDED, NA)
 HOLDS = "holds"
 FAILS = "fails"
 NOT_SHOWN = "not shown"
+#: The verdicts of a paper's claim read from one comparison (:func:`claim_verdict`; the claims table of the release).
+CLAIM_VERDICTS = (HOLDS, "does not hold", "undecided at this size")
+#: What a claim says of its comparison: A exceeds B, A falls below B, or A and B agree within a declared margin.
+CLAIM_EXPECTATIONS = ("greater", "less", "equivalent")
 #: Presets that check the plumbing only: their verdicts are "not decided at this size" (:func:`decides`).
 PLUMBING_PRESETS = ("smoke",)
 
@@ -1177,6 +1181,28 @@ def bound_claim(k: int, n: int, *, at_least: float | None = None, at_most: float
     if at_least is not None:
         return HOLDS if low >= at_least else (FAILS if high < at_least else NOT_SHOWN)
     return HOLDS if high <= at_most else (FAILS if low > at_most else NOT_SHOWN)
+
+
+def claim_verdict(verdict: str, expect: str) -> str:
+    """A paper's claim judged by one decided comparison: one of :data:`CLAIM_VERDICTS`.
+
+    ``expect="greater"`` (the claim says A exceeds B) holds on "beats" and does not hold on "loses to"; ``"less"``
+    the reverse; ``"equivalent"`` (a claim of no difference, which needs the comparison's declared margin) holds on
+    "equivalent" and does not hold on a separation either way. Anything else ("not separated", "not decided", "n/a")
+    is "undecided at this size".
+
+    Args:
+        verdict: a comparison's verdict (:data:`VERDICTS`, from :func:`paired_family` or :func:`judge`).
+        expect: one of :data:`CLAIM_EXPECTATIONS`.
+
+    Raises:
+        ValueError: naming ``expect`` when it is not one of :data:`CLAIM_EXPECTATIONS`.
+    """
+    if expect not in CLAIM_EXPECTATIONS:
+        raise ValueError(f"expect must be one of {CLAIM_EXPECTATIONS}; got {expect!r}")
+    holds = {"greater": BEATS, "less": LOSES, "equivalent": EQUIVALENT}[expect]
+    fails = {"greater": (LOSES,), "less": (BEATS,), "equivalent": (BEATS, LOSES)}[expect]
+    return CLAIM_VERDICTS[0] if verdict == holds else CLAIM_VERDICTS[1] if verdict in fails else CLAIM_VERDICTS[2]
 
 
 def bound_sentence(what: str, k: int, n: int, *, at_least: float | None = None, at_most: float | None = None,

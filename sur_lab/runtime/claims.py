@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sur_lab.analysis.decisions import CLAIM_EXPECTATIONS as EXPECTATIONS
+from sur_lab.analysis.decisions import CLAIM_VERDICTS as VERDICTS
+from sur_lab.analysis.decisions import claim_verdict, paired_family
 from sur_lab.paths import atomic_path
 
-#: The verdict words of a computed row, and the word of a row that is not computed.
-VERDICTS = ("holds", "does not hold", "undecided at this size")
+#: The verdict words of a computed row (:data:`VERDICTS`, the decisions module's), and the word of a row that is not
+#: computed. What each kind of claim needs from a decisions row to hold: :data:`EXPECTATIONS` (see :func:`decide`).
 NOT_COMPUTED = "not yet computed"
-#: What each kind of claim needs from a decisions row to hold (see :func:`decide`).
-EXPECTATIONS = ("greater", "less", "equivalent")
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,9 @@ def decide(row: Mapping[str, Any], *, expect: str, unit: str, note: str = "") ->
     """The verdict of one claim from one comparison row of ``sur_lab.analysis.decisions.paired_family``.
 
     Every computed row of the table goes through here, so that the table's words are the decisions module's:
-    ``expect="greater"`` (the claim says A exceeds B) holds on ``"beats"`` and does not hold on ``"loses to"``;
-    ``"less"`` the reverse; ``"equivalent"`` (a claim of no difference, e.g. "within 0.1 pp of Re-prefill", which
-    needs the comparison's declared margin) holds on ``"equivalent"`` and does not hold on a separation. Anything else
-    ("not separated") is "undecided at this size", with the row's ``mde`` when it has one.
+    the verdict is :func:`sur_lab.analysis.decisions.claim_verdict` of the row's verdict and ``expect`` (an
+    ``"equivalent"`` claim, e.g. "within 0.1 pp of Re-prefill", needs the comparison's declared margin); an
+    undecided row carries its ``mde`` when it has one.
 
     Args:
         row: ``estimate, ci_low, ci_high, n, verdict`` and optionally ``mde``.
@@ -105,15 +105,11 @@ def decide(row: Mapping[str, Any], *, expect: str, unit: str, note: str = "") ->
     Raises:
         ValueError: naming ``expect`` when it is not one of :data:`EXPECTATIONS`, or ``row`` when it lacks a field.
     """
-    if expect not in EXPECTATIONS:
-        raise ValueError(f"expect must be one of {EXPECTATIONS}; got {expect!r}")
+    claim_verdict("", expect)  # refuses an unknown expect before any work
     missing = [k for k in ("estimate", "ci_low", "ci_high", "verdict") if k not in row]
     if missing:
         raise ValueError(f"row lacks {missing}: pass a row of sur_lab.analysis.decisions.paired_family")
-    word = row["verdict"]
-    holds = {"greater": "beats", "less": "loses to", "equivalent": "equivalent"}[expect]
-    fails = {"greater": ("loses to",), "less": ("beats",), "equivalent": ("beats", "loses to")}[expect]
-    verdict = "holds" if word == holds else "does not hold" if word in fails else "undecided at this size"
+    verdict = claim_verdict(row["verdict"], expect)
     n = row.get("n")
     return Estimate(float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"]), unit, verdict,
                     mde=row.get("mde"), n=None if n is None else int(n), note=note)
@@ -125,11 +121,8 @@ def paired_claim(family: Mapping[str, Any], *, comparison: str, expect: str, uni
     ``family`` (comparison name -> per-unit paired differences), then :func:`decide` on the row ``comparison``.
 
     Raises:
-        ImportError: while the decisions module does not exist (the row then renders as "not yet computed").
         KeyError: naming ``comparison`` when the family has no such row.
     """
-    from sur_lab.analysis.decisions import paired_family  # noqa: PLC0415 - the decisions issue adds it
-
     rows = paired_family(family, kind=kind, margin=margin, **options)
     rows = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
     match = [r for r in rows if r.get("comparison") == comparison]
