@@ -310,3 +310,14 @@ def test_no_study_uses_the_old_verdict_helpers():
              *sorted((root / "scripts").glob("*.py"))]
     found = [f"{p.relative_to(root)}: {m.group(0)}" for p in files for m in OLD_HELPERS.finditer(p.read_text())]
     assert not found, found
+
+
+def test_a_claim_is_judged_by_its_comparisons_verdict():
+    assert [d.claim_verdict(v, "greater") for v in (d.BEATS, d.LOSES, d.NOT_SEPARATED, d.EQUIVALENT)] == [
+        "holds", "does not hold", "undecided at this size", "undecided at this size"]
+    assert [d.claim_verdict(v, "less") for v in (d.LOSES, d.BEATS, d.NOT_DECIDED)] == [
+        "holds", "does not hold", "undecided at this size"]
+    assert [d.claim_verdict(v, "equivalent") for v in (d.EQUIVALENT, d.BEATS, d.LOSES, d.NA)] == [
+        "holds", "does not hold", "does not hold", "undecided at this size"]
+    with pytest.raises(ValueError, match="expect must be one of"):
+        d.claim_verdict(d.BEATS, "more")
