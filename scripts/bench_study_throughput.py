@@ -285,13 +285,13 @@ def _paired(df: pd.DataFrame, a: str, b: str, metric: str, strata: str, label_co
     by :func:`sur_lab.analysis.decisions.paired_family` (exact sign test on the discordant cases, Newcombe's paired
     interval; issue 36); rows whose metric is NaN are left out on both sides. ``strata`` names the records' stratum
     column (kept in the rows' layout; the exact test pairs cases and needs no strata)."""
-    from sur_lab.analysis.decisions import paired_family
+    from sur_lab.analysis.decisions import NA, paired_family
 
     sub = df[df[label_col].isin([a, b])].dropna(subset=[metric])
     wide = sub.pivot_table(index="case_id", columns=label_col, values=metric, aggfunc="mean")
     if a not in wide.columns or b not in wide.columns or wide[[a, b]].dropna().empty:
         return {"diff_pp": float("nan"), "ci_low_pp": float("nan"), "ci_high_pp": float("nan"), "n_cases": 0,
-                "verdict": "no paired cases"}
+                "verdict": NA}
     wide = wide[[a, b]].dropna()
     kind = "binary" if set(np.unique(wide.to_numpy())) <= {0.0, 1.0} else "continuous"
     res = paired_family({(a, b): (wide[a].to_numpy(), wide[b].to_numpy())}, kind=kind, adjust="none",
@@ -360,19 +360,19 @@ def ordering_flips(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A
                      f"ci_{b}": (pb["ci_low_pp"], pb["ci_high_pp"]), f"verdict_{b}": pb["verdict"]})
     out = pd.DataFrame(rows, columns=["x", "y", f"diff_{a}", f"ci_{a}", f"verdict_{a}", f"diff_{b}", f"ci_{b}",
                                       f"verdict_{b}"])
-    from sur_lab.analysis.decisions import BEATS, LOSES
+    from sur_lab.analysis.decisions import SEPARATED
 
-    out["separated"] = out[f"verdict_{a}"].isin([BEATS, LOSES]) | out[f"verdict_{b}"].isin([BEATS, LOSES])
+    out["separated"] = out[f"verdict_{a}"].isin(SEPARATED) | out[f"verdict_{b}"].isin(SEPARATED)
     return out
 
 
 def parity_holds(em: pd.DataFrame, changes: pd.DataFrame, flips: pd.DataFrame) -> tuple[bool, list[str]]:
     """The parity condition of issue 37 and the reasons it fails: every arm's EM difference interval contains 0, no
     primary-comparison verdict changed, no flipped pair of arms separates in either run."""
-    from sur_lab.analysis.decisions import BEATS, LOSES
+    from sur_lab.analysis.decisions import SEPARATED
 
     reasons = [f"EM of {r.arm} differs: {r.diff_pp:+.1f} pp [{r.ci_low_pp:+.1f}, {r.ci_high_pp:+.1f}]"
-               for r in em.itertuples() if r.verdict in (BEATS, LOSES)]
+               for r in em.itertuples() if r.verdict in SEPARATED]
     verdict_cols = [c for c in changes.columns if c.startswith("verdict_")]
     reasons += [f"primary {r['metric']} {r['a']} vs {r['b']} at {r['budget_pct']}: {r[verdict_cols[0]]} -> "
                 f"{r[verdict_cols[1]]}" for _, r in changes[changes["changed"]].iterrows()]

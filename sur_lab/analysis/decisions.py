@@ -61,6 +61,8 @@ NOT_SEPARATED = "not separated"
 NOT_DECIDED = "not decided"
 NA = "n/a"
 VERDICTS = (BEATS, LOSES, EQUIVALENT, NOT_SEPARATED, NOT_DECIDED, NA)
+#: The verdicts that separate the two arms (either direction).
+SEPARATED = (BEATS, LOSES)
 #: The verdicts of :func:`bound_claim` (a claim about one proportion).
 HOLDS = "holds"
 FAILS = "fails"

@@ -90,6 +90,24 @@ def join_blocks(blocks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
     return "\n\n".join(blocks), spans
 
 
+def char_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """The tokens that carry characters of ``[start, end)``: ``(first, last + 1)``, a token merged across either end
+    (such as Qwen's ``".\n\n"``) included, empty tokens (offsets ``(a, a)``) skipped.
+
+    Args:
+        offsets: per-token ``(start, end)`` character offsets of the text (a tokenizer's offset mapping).
+        start, end: the character range; ``start`` is ``-1`` when a ``str.find`` missed.
+
+    Raises:
+        ValueError: naming ``start`` when it is negative (the block is not in the text).
+    """
+    if start < 0:
+        raise ValueError(f"start={start}: the block is not in the text")
+    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
+    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
+    return first, last + 1
+
+
 def _sentences(text: str) -> list[str]:
     """Sentences of ``text`` (pysbd, English), whitespace kept so that joining them restores the text."""
     return _segmenter().segment(text)
@@ -127,4 +145,4 @@ def truncate_text(tokenizer, title: str, text: str, max_tokens: int) -> str:
     return cut.strip() or text.split()[0]
 
 
-__all__ = ["PanelConfig", "is_eligible", "join_blocks", "source_rng", "truncate_text"]
+__all__ = ["PanelConfig", "char_token_span", "is_eligible", "join_blocks", "source_rng", "truncate_text"]

@@ -1818,7 +1818,8 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         One row per finding: ``finding``, ``rule``, ``verdict`` (the decision's words), ``evidence`` (the numbers it
         read), ``reproduced`` (True / False; None when undecided: not separated, an empty EM stratum, or a smoke run).
     """
-    from sur_lab.analysis.decisions import BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, NOT_SEPARATED, judge, p_floor
+    from sur_lab.analysis.decisions import (BEATS, EQUIVALENT, LOSES, NA, NOT_DECIDED, NOT_SEPARATED, SEPARATED,
+                                            judge, p_floor)
     from sur_lab.analysis.stats import holm
 
     def pick(df, cond, **kw):
@@ -1868,7 +1869,7 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         v = judge(r.estimate, r.low, r.high, p_adj=r.holm_p, alpha=alpha, n=int(r.n_sources), decide=decide)
         evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {over(r)}"
         need = min_separable_sources(len(SECONDARY_FAMILY), alpha)
-        if decide and v not in (BEATS, LOSES) and r.n_sources < need:
+        if decide and v not in SEPARATED and r.n_sources < need:
             evidence += (f"; a stratum of {sources(r.n_sources)} cannot separate (its smallest Holm p is "
                          f"{min(1.0, len(SECONDARY_FAMILY) * p_floor(int(r.n_sources))):.3g}): it needs >= {need}")
     out.append({"finding": "EM side contrast positive",
@@ -1904,7 +1905,7 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         v, ok = "n/a (a condition or the paired difference is missing)", None
     elif all(side == BEATS and same == EQUIVALENT for side, same in calls):
         v, ok = f"carried (within {FIXED_SLOT_SHARE:.0%} of replay on every endpoint)", True
-    elif any(same in (BEATS, LOSES) or side == LOSES for side, same in calls):
+    elif any(same in SEPARATED or side == LOSES for side, same in calls):
         v, ok = "not carried (replay and the fixed slot separate on some endpoint)", False
     else:
         v, ok = "not separated at this size", None

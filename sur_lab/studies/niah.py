@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import Family, PowerBasis, discordance_from_marginals
+from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, discordance_from_marginals
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
-from sur_lab.data.text import join_blocks
+from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.repair import REFERENCE_METHODS as REFERENCES
 
@@ -315,14 +315,6 @@ class NiahCase:
         return Case(self.case_id, self.edit, self.gold, self.meta(), answer_ids=self.answer_ids)
 
 
-def _char_to_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
-    """Tokens that carry characters of ``[start, end)`` (the sentence's tokens; a token merged across its end, such as
-    Qwen's ``".\n\n"``, is included)."""
-    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
-    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
-    return first, last + 1
-
-
 def build_niah_case(
     tokenizer,
     corpus: Sequence[Any],
@@ -418,7 +410,7 @@ def build_niah_case(
         start = doc_start + int(block_starts[b])
         end = start + len(blocks[b])
         needle_chars.append((start, end))
-        needle_tokens.append(_char_to_token_span(offsets, start, end))
+        needle_tokens.append(char_token_span(offsets, start, end))
     kept = 1 - order.index(delete)
     ks, ke = needle_chars[kept]
     width = span[1] - span[0]
@@ -1472,7 +1464,7 @@ def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict 
         y = [labels.index(f"{m} {b:g}%") for m, b in zip(sub["method"], sub["budget_pct"])]
         err = [sub["diff_pp"] - sub["ci_low_pp"], sub["ci_high_pp"] - sub["diff_pp"]]
         ax.errorbar(sub["diff_pp"], y, xerr=err, fmt="none", ecolor="0.4", capsize=3)
-        sep = sub["verdict"].isin(["beats", "loses to"]).to_numpy(bool)
+        sep = sub["verdict"].isin(SEPARATED).to_numpy(bool)
         ax.scatter(sub["diff_pp"][sep], [v for v, k in zip(y, sep) if k], color="tab:blue", zorder=3,
                    label="separated (Holm over the family)")
         ax.scatter(sub["diff_pp"][~sep], [v for v, k in zip(y, sep) if not k], facecolor="white",

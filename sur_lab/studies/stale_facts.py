@@ -68,7 +68,7 @@ import pandas as pd
 import torch
 
 from sur_lab.analysis.decisions import Family, PowerBasis
-from sur_lab.data.text import join_blocks
+from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -609,7 +609,7 @@ def build_stale_case(
     bearing = gold_spans[0]
     if derived:
         at = edited_text.find(bearing_block)
-        bearing = _char_token_span(edit.edited_offsets, at, at + len(bearing_block))
+        bearing = char_token_span(edit.edited_offsets, at, at + len(bearing_block))
         answer_in = "suffix"
     if answer_in == "inserted" and asked == edited_key:
         distance = 0.0
@@ -639,15 +639,6 @@ def build_stale_case(
         bearing_token_span=bearing,
         control_edit=control,
     )
-
-
-def _char_token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
-    """The tokens carrying characters of ``[start, end)`` (a token merged across either end included)."""
-    if start < 0:
-        raise ValueError("the block is not in the text")
-    first = next(i for i, (a, b) in enumerate(offsets) if b > start and b > a)
-    last = max(i for i, (a, b) in enumerate(offsets) if a < end and b > a)
-    return first, last + 1
 
 
 def placement_control(tokenizer, before: Sequence[str], old: str, inserted: str, after: Sequence[str],
