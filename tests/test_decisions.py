@@ -321,3 +321,12 @@ def test_a_claim_is_judged_by_its_comparisons_verdict():
         "holds", "does not hold", "does not hold", "undecided at this size"]
     with pytest.raises(ValueError, match="expect must be one of"):
         d.claim_verdict(d.BEATS, "more")
+
+
+@pytest.mark.parametrize("alpha_first", [0.05, 0.025, 0.01, 0.05 / 22, 2 ** -6, 0.3])
+def test_the_fewest_separating_units_is_the_smallest_k_whose_floor_is_below_alpha(alpha_first):
+    k = d.min_separating_units(alpha_first)
+    assert d.p_floor(k) < alpha_first <= d.p_floor(k - 1)
+    assert binomtest(k, k, 0.5).pvalue < alpha_first <= binomtest(k - 1, k - 1, 0.5).pvalue
+    with pytest.raises(ValueError, match="alpha_first"):
+        d.min_separating_units(1.5)

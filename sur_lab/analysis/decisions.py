@@ -407,9 +407,22 @@ def _sign_flip_p(sums: np.ndarray, n_boot: int, rng: np.random.Generator) -> flo
     return float(min(1.0, res.pvalue))
 
 
+def min_separating_units(alpha_first: float) -> int:
+    """The fewest units, all on one side, whose exact two-sided sign test (or sign-flip test: its floor
+    :func:`p_floor` is the same ``2 ** (1 - k)``) reaches ``p < alpha_first``: the smallest ``k`` with
+    ``2 ** (1 - k) < alpha_first``. E.g. 8 at the first Holm step of a family of five at 5 % (``alpha_first = 0.01``).
+
+    Raises:
+        ValueError: naming ``alpha_first`` when outside (0, 1).
+    """
+    if not 0 < alpha_first < 1:
+        raise ValueError(f"alpha_first={alpha_first!r} must lie in (0, 1)")
+    return int(math.floor(math.log2(2.0 / alpha_first))) + 1
+
+
 def _mde_units(n: int, alpha_first: float) -> tuple[int, float]:
     """``(k, k / n)``: the fewest same-direction units whose exact sign test reaches ``p < alpha_first``."""
-    k = int(math.floor(math.log2(2.0 / alpha_first))) + 1
+    k = min_separating_units(alpha_first)
     return k, (k / n if n else float("nan"))
 
 

@@ -1757,7 +1757,9 @@ def min_separable_sources(family_size: int = len(SECONDARY_FAMILY), alpha: float
         raise ValueError(f"family_size={family_size!r} must be an integer >= 1")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1)")
-    return 1 + math.floor(math.log2(family_size / alpha)) + 1
+    from sur_lab.analysis.decisions import min_separating_units
+
+    return min_separating_units(alpha / family_size)
 
 
 def margin_sizing(estimate: float, tost_low: float, tost_high: float, n_sources: int,
