@@ -145,4 +145,17 @@ def truncate_text(tokenizer, title: str, text: str, max_tokens: int) -> str:
     return cut.strip() or text.split()[0]
 
 
-__all__ = ["PanelConfig", "char_token_span", "is_eligible", "join_blocks", "source_rng", "truncate_text"]
+def passage_block(tokenizer, passages: Sequence, max_tokens: int) -> str:
+    """Passages as one tool-output block: each a ``Title: <title>`` line, then its text cut to whole sentences within
+    ``max_tokens`` (:func:`truncate_text`); blocks separated by a blank line.
+
+    Args:
+        tokenizer: the model's tokenizer (token counts).
+        passages: objects with ``title`` and ``text`` (:class:`sur_lab.data.qa.Passage`).
+        max_tokens: the per-passage token cap (as :func:`truncate_text`).
+    """
+    return "\n\n".join(f"Title: {p.title}\n{truncate_text(tokenizer, p.title, p.text, max_tokens)}" for p in passages)
+
+
+__all__ = ["PanelConfig", "char_token_span", "is_eligible", "join_blocks", "passage_block", "source_rng",
+           "truncate_text"]

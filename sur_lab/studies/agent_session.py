@@ -27,7 +27,7 @@ from sur_lab.cache_ops import to_tensors
 from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
 from sur_lab.data.qa import QAExample, select_sources
-from sur_lab.data.text import truncate_text
+from sur_lab.data.text import passage_block
 
 TASK = ("You are a research agent. Search results arrive as tool outputs; outdated results are removed when a newer "
         "one supersedes them. Answer each question with a short answer only.")
@@ -149,12 +149,6 @@ def _query_text(tokenizer, messages: list[dict], question: str, context: str) ->
     return full[len(context):]
 
 
-def _passage_block(tokenizer, passages, max_doc_tokens: int) -> str:
-    return "\n\n".join(
-        f"Title: {p.title}\n{truncate_text(tokenizer, p.title, p.text, max_doc_tokens)}" for p in passages
-    )
-
-
 def build_episode(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int = 32,
                   outdated_passages: int = 1) -> Episode:
     """Render one episode: task turn, then per question an outdated result and the result that supersedes it.
@@ -177,8 +171,8 @@ def build_episode(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: i
     for i, ex in enumerate(examples):
         if len(ex.distractors) < outdated_passages:
             raise ValueError(f"examples[{i}] has {len(ex.distractors)} distractors; need {outdated_passages}")
-        old = _passage_block(tokenizer, ex.distractors[:outdated_passages], max_doc_tokens)
-        new = _passage_block(tokenizer, ex.supporting, max_doc_tokens)
+        old = passage_block(tokenizer, ex.distractors[:outdated_passages], max_doc_tokens)
+        new = passage_block(tokenizer, ex.supporting, max_doc_tokens)
         messages.append({"role": "user", "content": f"Tool output (search {i + 1}, outdated):\n{old}"})
         kinds.append(("outdated", i))
         messages.append({"role": "user", "content": f"Tool output (search {i + 1}, current):\n{new}"})

@@ -73,7 +73,7 @@ from sur_lab.edits import chat_segments
 from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
 from sur_lab.data.qa import QAExample, load_qa, select_sources
-from sur_lab.data.text import truncate_text
+from sur_lab.data.text import passage_block
 from sur_lab.sync import SyncPolicy
 
 #: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
@@ -228,11 +228,6 @@ def question_kinds(turns: int) -> list[str]:
     return kinds
 
 
-def _passages(tokenizer, passages, max_doc_tokens: int) -> str:
-    return "\n\n".join(f"Title: {p.title}\n{truncate_text(tokenizer, p.title, p.text, max_doc_tokens)}"
-                       for p in passages)
-
-
 def reachable(answers: Sequence[str], text: str, *, full: bool) -> bool:
     """Whether a question's answer can be read from ``text``: some gold answer, normalized
     (:func:`~sur_lab.analysis.scoring.normalize_answer`), occurs in the normalized text as whole words. A yes/no answer
@@ -310,7 +305,7 @@ def build_trace(tokenizer, examples: Sequence[QAExample], *, max_doc_tokens: int
             blocks.append({"kind": kind, "turn": t, "full": True,
                            "call": {"role": "assistant", "content": f"{kind}({ex.question!r})"},
                            "output": {"role": "tool", "content": f"{kind.capitalize()} {t + 1}:\n"
-                                      + _passages(tokenizer, passages, max_doc_tokens)}})
+                                      + passage_block(tokenizer, passages, max_doc_tokens)}})
         edits.append("append" if t else "prefill")
         kind = kinds[t]
         asks = {"reask-removed": [t - 1], "reask-compacted": [compacted["turn"] if compacted else -1],
