@@ -236,17 +236,17 @@ def run_child(args) -> int:
 
     spec: RunSpec = args.child
     torch.set_num_threads(args.threads)
-    study = _study(args.study)
+    study = _study(args.study).STUDY
     lm = load_model(args.model, dtype=spec.dtype)
-    study.cases(lm.tokenizer, preset=args.preset, seed=args.seed, **_overrides(args))  # warm the corpus, untimed
+    study.cases(lm.tokenizer, study.params(args.preset, **_overrides(args)), args.seed)  # warm the corpus, untimed
     timer = _AnswerTimer()
     case_module.AnswerBatch = timer.cls  # this process runs nothing else
     loaded_mb = _rss_mb("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()
-    records, folder = study.sweep(lm, preset=args.preset, out=args.out, seed=args.seed, executor=spec.executor,
-                                  eval_batch=spec.eval_batch, progress=False, share_prefix=spec.shared,
-                                  **_overrides(args))
+    records, folder, _ = study.sweep(lm, preset=args.preset, out=args.out, seed=args.seed, executor=spec.executor,
+                                     eval_batch=spec.eval_batch, progress=False, share_prefix=spec.shared,
+                                     **_overrides(args))
     wall = time.perf_counter() - t0
     result = {"run": spec.label, "eval_batch": spec.eval_batch, "executor": spec.executor,
               "dtype": str(lm.dtype).removeprefix("torch."), "dtype_reason": dtype_reason(lm),
@@ -482,13 +482,12 @@ def main(argv=None) -> int:
     if args.margins and disagreements:
         from sur_lab.models import load_model
 
-        study = _study(args.study)
+        study = _study(args.study).STUDY
         spec = args.runs[0]
         lm = load_model(args.model, dtype=spec.dtype)
-        cases = {c.case_id: c for c in study.cases(lm.tokenizer, preset=args.preset, seed=args.seed,
-                                                   **_overrides(args))}
         sizes = study.params(args.preset, **_overrides(args))
-        options = study._options(sizes) if hasattr(study, "_options") else None
+        cases = {c.case_id: c for c in study.sweep_cases(study.cases(lm.tokenizer, sizes, args.seed), sizes)}
+        options = study.options(sizes)
         torch.set_num_threads(args.threads)
         for d in disagreements:
             step, margin = _margin_where_answers_part(lm, cases[d["case_id"]], d["method"], d["budget_pct"],

@@ -107,7 +107,7 @@ def _trace_sizes(params: dict) -> dict:
     """Notebook 10's resolved sizes (its size parameters default to None: the preset's)."""
     from sur_lab.studies import agent_traces
 
-    return agent_traces.params(params["preset"], **{k: params.get(k) for k in ("n_traces", "turns")})
+    return agent_traces.STUDY.params(params["preset"], **{k: params.get(k) for k in ("n_traces", "turns")})
 
 
 def _trace_paths(params: dict) -> int:
@@ -149,11 +149,11 @@ def _agent_reference(df: pd.DataFrame, params: dict) -> None:
 
 def study_params(study: str, p: dict) -> dict:
     """A study notebook's resolved parameters: its preset's sizes with the run's non-None overrides
-    (``sur_lab.studies.<study>.params``), so row counts follow the presets wherever they are edited."""
+    (the study's ``params``), so row counts follow the presets wherever they are edited."""
     from sur_lab.studies import get_study
 
     s = get_study(study)
-    known = {**s.FIXED, **s.PRESETS[p["preset"]]}
+    known = {**s.fixed, **s.presets[p["preset"]]}
     return s.params(p["preset"], **{k: v for k, v in p.items() if k in known})
 
 
@@ -164,7 +164,7 @@ def _niah_arms(p: dict) -> tuple[int, int, int]:
 
     from sur_lab.repair import REFERENCE_OPERATORS
 
-    methods = niah.methods(q)
+    methods = niah.STUDY.methods(q)
     refs = [m for m in methods if m in REFERENCE_OPERATORS]  # Erratum has no budget, listed among the allocators
     return len(refs), len(methods) - len(refs), len(q["budgets"])
 
@@ -284,7 +284,7 @@ def _evidence_params(params: dict) -> dict:
     from sur_lab.studies import evidence_location
 
     sizes = evidence_location.PRESETS["default"]
-    return evidence_location.params(params["preset"], **{k: params.get(k) for k in sizes})
+    return evidence_location.STUDY.params(params["preset"], **{k: params.get(k) for k in sizes})
 
 
 def _evidence_cells(params: dict) -> int:
@@ -344,7 +344,7 @@ def _stale_params(p: dict) -> dict:
 
     keys = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys", "budgets", "allocators",
             "max_new_tokens", "families", "references", "erratum_template")
-    return stale_facts.params(p["preset"], **{k: p.get(k) for k in keys})
+    return stale_facts.STUDY.params(p["preset"], **{k: p.get(k) for k in keys})
 
 
 def _stale_late_cases(p: dict) -> int:
@@ -418,7 +418,7 @@ def _niah_params(params: dict) -> dict:
     from sur_lab.studies import niah
 
     keys = ("ablation", "matched_allocators", "budgets", "matched_budgets", "context_lens")
-    return niah.params(params["preset"], **{k: params.get(k) for k in keys})
+    return niah.STUDY.params(params["preset"], **{k: params.get(k) for k in keys})
 
 
 def _ablation_matched(df: pd.DataFrame, params: dict) -> None:
@@ -457,8 +457,8 @@ def _noprefix(params: dict) -> dict:
     """Notebook 06's study parameters: its preset's sizes with the run's non-None parameters."""
     from sur_lab.studies import noprefix
 
-    known = set(noprefix.params(params["preset"]))
-    return noprefix.params(params["preset"], **{k: v for k, v in params.items() if k in known})
+    known = set(noprefix.STUDY.params(params["preset"]))
+    return noprefix.STUDY.params(params["preset"], **{k: v for k, v in params.items() if k in known})
 
 
 def _noprefix_rows(params: dict) -> int:

@@ -135,7 +135,7 @@ def test_traces_read_development_files_only(monkeypatch):
         return _examples(20)
 
     monkeypatch.setattr(at, "load_qa", fake_load)
-    p = at.params("smoke", n_traces=3, turns=2, datasets=["hotpotqa", "musique"])
+    p = at.STUDY.params("smoke", n_traces=3, turns=2, datasets=["hotpotqa", "musique"])
     traces = at.build_traces(tok, p, seed=0)
     assert splits == [("hotpotqa", "dev"), ("musique", "dev")]
     assert len(traces) == 3 and all(len(t["turns"]) == 2 for t in traces)
@@ -154,16 +154,16 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="budgets"):
         at.default_paths([0])
     with pytest.raises(ValueError, match="workers"):
-        at.sweep(None, workers=2)
+        at.STUDY.sweep(None, workers=2)
     with pytest.raises(ValueError, match="turns"):
-        at.build_traces(tok, at.params("smoke", turns=1))
+        at.build_traces(tok, at.STUDY.params("smoke", turns=1))
     with pytest.raises(ValueError, match="datasets"):
-        at.build_traces(tok, at.params("smoke", datasets=["hotpotqa", "iirc"]))
+        at.build_traces(tok, at.STUDY.params("smoke", datasets=["hotpotqa", "iirc"]))
     with pytest.raises(ValueError, match="by"):
         at.comparison_table(_runs(), "turn")
     with pytest.raises(ValueError, match="sync"):
         at.primary_table(_runs(), sync="sync 7%")
-    assert get_study("agent-traces") is at
+    assert get_study("agent-traces") is at.STUDY
 
 
 def test_run_trace_on_a_tiny_model():
@@ -219,17 +219,17 @@ def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
     monkeypatch.setattr(at, "run_trace", counting)
     kw = dict(preset="smoke", out=tmp_path, executor="sequential", budgets=[5], max_new_tokens=2, progress=False)
     with pytest.raises(_Stopped):
-        at.sweep(lm, **kw)
+        at.STUDY.sweep(lm, **kw)
     assert not (tmp_path / at.TABLE_FILE).exists()
     assert len(list((tmp_path / "parts").glob("*.parquet"))) == 1  # trace-0 kept
-    runs, where = at.sweep(lm, **kw)
+    runs, where, _ = at.STUDY.sweep(lm, **kw)
     assert calls == ["trace-0", "trace-1", "trace-1", "trace-2"]  # trace-0 read back, not rerun
     assert list(runs.trace.unique()) == ["trace-0", "trace-1", "trace-2"]
-    fresh, _ = at.sweep(lm, **{**kw, "out": tmp_path / "fresh"})
+    fresh, *_ = at.STUDY.sweep(lm, **{**kw, "out": tmp_path / "fresh"})
     pd.testing.assert_frame_equal(runs.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]),
                                   fresh.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]))
     calls.clear()
-    at.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: no part of the first run is reused
+    at.STUDY.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: no part of the first run is reused
     assert calls == ["trace-0", "trace-1", "trace-2"]
     assert len(list((tmp_path / "parts").glob("*.parquet"))) == 6
 
@@ -380,7 +380,7 @@ def test_traces_are_split_by_the_pools_capacity():
     assert at.split_traces(5, [1, 0, 9]) == [1, 0, 4]
     with pytest.raises(ValueError, match="n_traces"):
         at.split_traces(10, [3, 3, 3])
-    paper, default = at.params("paper"), at.params("default")
+    paper, default = at.STUDY.params("paper"), at.STUDY.params("default")
     assert paper["n_traces"] >= 48 and paper["turns"] >= 8
     assert paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
     try:

@@ -115,7 +115,7 @@ def matched_records(niah_lm):
 
     cases = niah.build_niah_cases(niah_lm.tokenizer, context_lens=(400, 700), num_cases=6, seed=3, corpus=CORPUS)
     assert min(c.edit.suffix_len for c in cases) > 0
-    p = niah.params("smoke", context_lens=[400, 700], matched_budgets=[5, 20],
+    p = niah.STUDY.params("smoke", context_lens=[400, 700], matched_budgets=[5, 20],
                     matched_allocators=["Dense tokens", "ProphetKV-Adapted"])
     records = []
     for case in cases:
@@ -221,7 +221,7 @@ def test_table14_pools_and_splits_by_length_and_decides_declared_families(matche
 def test_table14_with_the_selected_rule_and_the_joint_arms_prompt_allowance(niah_lm, matched_records):
     region = "SUR[allowance_base=prompt]"  # the region's own count: B on the whole prompt, not the suffix's B
     cases = [c for c in matched_records[0] if c.context_len == 400]
-    p = niah.params("smoke", matched_region=region, matched_count="selected", matched_budgets=[5])
+    p = niah.STUDY.params("smoke", matched_region=region, matched_count="selected", matched_budgets=[5])
     records = []
     for case in cases:
         records += run_case(niah_lm, case.sweep_case(), niah.matched_methods(p), [5], max_new_tokens=2)
@@ -240,7 +240,7 @@ def test_table14_with_the_selected_rule_and_the_joint_arms_prompt_allowance(niah
 
 def test_matched_methods_and_presets():
     for preset in ("smoke", "default", "paper"):
-        p = niah.params(preset)
+        p = niah.STUDY.params(preset)
         ms = niah.matched_methods(p)
         nb = len(p["matched_budgets"])
         assert ms[:2] == ["Shift", "Re-prefill"]
@@ -248,11 +248,11 @@ def test_matched_methods_and_presets():
         assert len(ms) == 2 + nb + len(p["matched_allocators"]) * nb
         assert all(m.region == "SUR" and m.count == "whole_units" for m in ms[2:])
         # The ablation runs with the allocators, on the same cases, once each.
-        names = niah.methods(p)
+        names = niah.STUDY.methods(p)
         assert len(names) == len(set(names)) and set(p["ablation"]) <= set(names)
     # issue 40's >= 120 holdout cases overrun the suite's 3 hours on 2 cores: paper holds them, default a suite share
-    assert niah.params("default")["matched_cases"] == niah.MATCHED_DEFAULT_CASES == 24
-    assert niah.params("paper")["matched_cases"] >= 120
+    assert niah.STUDY.params("default")["matched_cases"] == niah.MATCHED_DEFAULT_CASES == 24
+    assert niah.STUDY.params("paper")["matched_cases"] >= 120
     assert set(niah.PRESETS["paper"]["ablation"]) == set(niah.ABLATION)
     assert niah.HOLDOUT_SEED != 0 and niah.FIXED["holdout_seed"] == niah.HOLDOUT_SEED
 

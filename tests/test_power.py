@@ -223,7 +223,7 @@ def test_every_power_study_prints_its_statement_in_this_run():
 
     root = Path(__file__).resolve().parents[1] / "notebooks"
     for name in [*POWER_STUDIES, "agent_session"]:
-        stem = get_study(name).NOTEBOOK if name != "agent_session" else "07_agent_session"
+        stem = get_study(name).notebook if name != "agent_session" else "07_agent_session"
         cells = [c for c in json.loads((root / f"{stem}.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
         assert "power_line(" in "".join(cells[-1]["source"]), stem
 
@@ -231,9 +231,9 @@ def test_every_power_study_prints_its_statement_in_this_run():
 def test_study_mde_at_default_matches_the_generic_computation():
     from sur_lab.studies import niah, stale_facts
 
-    p = niah.params("default")
-    assert niah.mde(p) == (pytest.approx(100 * binary_mde(p["num_cases"], 0.9896), abs=1e-9), "pp")
-    assert stale_facts.mde(stale_facts.params("smoke"))[1] == "pp"
-    assert math.isnan(stale_facts.mde(stale_facts.params("smoke"))[0])  # 3 cases never reach p < 0.05
-    assert niah.power_line(p).startswith(f"Power: SUR 5% vs Shift on the lead endpoint (tested alone) on "
-                                         f"{p['num_cases']} cases detects")
+    p = niah.STUDY.params("default")
+    assert niah.STUDY.mde(p) == (pytest.approx(100 * binary_mde(p["num_cases"], 0.9896), abs=1e-9), "pp")
+    assert stale_facts.STUDY.mde(stale_facts.STUDY.params("smoke"))[1] == "pp"
+    assert math.isnan(stale_facts.STUDY.mde(stale_facts.STUDY.params("smoke"))[0])  # 3 cases never reach p < 0.05
+    assert niah.STUDY.power_line(p).startswith(f"Power: SUR 5% vs Shift on the lead endpoint (tested alone) on "
+                                               f"{p['num_cases']} cases detects")

@@ -14,15 +14,15 @@ from sur_lab.studies import stale_facts as sf
 
 
 def test_the_study_is_registered_with_its_api():
-    assert STUDIES["stale-facts"] == "sur_lab.studies.stale_facts" and get_study("stale-facts") is sf
-    p = sf.params("default")
+    assert STUDIES["stale-facts"] is sf.STUDY and get_study("stale-facts") is sf.STUDY
+    p = sf.STUDY.params("default")
     assert p["references"] == ["Dirty", "Shift", "Replay", "Re-prefill", "Erratum"]
-    assert sf.methods(p)[:5] == p["references"] and sf.methods(p)[5:] == list(sf.STUDY_ALLOCATORS)
-    assert sf.params("smoke", erratum_template="terse")["erratum_template"] == "terse"
-    assert sf._options(sf.params("smoke")) == {} and sf._options(sf.params("smoke", erratum_template="terse")) == {
-        "erratum_template": "terse"}
+    assert sf.STUDY.methods(p)[:5] == p["references"] and sf.STUDY.methods(p)[5:] == list(sf.STUDY_ALLOCATORS)
+    assert sf.STUDY.params("smoke", erratum_template="terse")["erratum_template"] == "terse"
+    assert sf.STUDY.options(sf.STUDY.params("smoke")) == {}
+    assert sf.STUDY.options(sf.STUDY.params("smoke", erratum_template="terse")) == {"erratum_template": "terse"}
     with pytest.raises(ValueError, match="budget is not a parameter"):
-        sf.params("smoke", budget=[2])
+        sf.STUDY.params("smoke", budget=[2])
 
 
 def test_presets_of_notebooks_02_and_03_hold_the_new_methods():
@@ -219,7 +219,7 @@ def test_sweep_runs_the_placement_control_on_replacement_cases(tmp_path):
     kw = dict(num_cases=3, context_lens=[256], allocators=[], budgets=[5], max_new_tokens=1,
               references=["Shift", "Re-prefill", "Erratum"], families=["superseded_tool_output", "derived_record",
                                                                          "agent_note"])
-    records, where = sf.sweep(lm, preset="smoke", out=tmp_path / "main", progress=False, **kw)
+    records, where, _ = sf.STUDY.sweep(lm, preset="smoke", out=tmp_path / "main", progress=False, **kw)
     assert (tmp_path / "main_late" / "records.parquet").is_file() and sf.control_folder(where) == tmp_path / "main_late"
     late = records[records.method.str.endswith(sf.LATE)]
     fam = dict(zip(records.case_id, records.family))

@@ -74,6 +74,7 @@ from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
 from sur_lab.data.qa import QAExample, load_qa, select_sources
 from sur_lab.data.text import passage_block
+from sur_lab.studies.base import Report, Study
 from sur_lab.sync import SyncPolicy
 
 #: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
@@ -511,35 +512,6 @@ def add_cumulative(df: pd.DataFrame) -> pd.DataFrame:
 # Study API: parameters, cases, the sweep
 
 
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset`` (:data:`PRESETS`) with :data:`FIXED`, overrides applied (``None`` keeps
-    the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
-
-
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`, a TTFT ratio) minimal detectable effect at 80 % power, two-sided
-    5 %, at the size of ``p`` (:func:`params`: ``n_traces``, the resampled clusters) and the stated SD
-    :data:`PRIMARY_POWER` of a trace's mean log ratio: ``(ratio, "x")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
-    below the 6 traces the exact sign-flip test needs)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_traces"])
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 10's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, p["n_traces"],
-                          what="traces")
-
 def check_params(p: Mapping[str, Any]) -> None:
     """Refuse bad parameters before any model call (``sur-lab sweep`` calls it: the study's paths are not sweep
     methods).
@@ -559,29 +531,6 @@ def check_params(p: Mapping[str, Any]) -> None:
     get_executor(p["executor"])
 
 
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[dict]:
-    """The study's cases: its traces (:func:`build_traces`), one per case. They are traces, not
-    :class:`sur_lab.sweeps.Case` objects: each path's turn depends on its own earlier turns (module docstring)."""
-    return build_traces(tokenizer, params(preset, **overrides), seed=seed)
-
-
-def methods(p: Mapping[str, Any]) -> list[TracePath]:
-    """The study's paths: :func:`default_paths` ``(p["budgets"])``."""
-    return default_paths(p["budgets"])
-
-
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str | None = None,
-           outputs: Path | None = None) -> Path:
-    """The study's folder for parameters ``p`` and ``lm`` (:func:`sur_lab.sweeps.sweep_folder`: named by the
-    parameters and the model's fingerprint). ``eval_batch`` is accepted for the study API and ignored: the query
-    forward is per request (TTFT) and a turn's answers are decoded together (:func:`run_trace`)."""
-    from sur_lab.sweeps import sweep_folder
-
-    ex = executor or p["executor"]
-    return sweep_folder(FOLDER, lm, outputs=outputs, data=p["datasets"], tr=p["n_traces"], turns=p["turns"],
-                        cap=p["max_doc_tokens"], b=p["budgets"], tok=p["max_new_tokens"], ex=ex, seed=seed)
-
-
 def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str, traces: Sequence[dict]) -> dict:
     from sur_lab.fingerprint import digest, model_fingerprint, versions
 
@@ -598,80 +547,105 @@ def trace_part(where: Path | str, trace_id: str, fp: Mapping[str, Any]) -> Path:
     return Path(where) / "parts" / f"{part_name(str(trace_id))}-{digest(json.loads(json.dumps(fp)))[:8]}.parquet"
 
 
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str | None = None,
-          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run the study, resuming finished traces (or read its stored table when the parameters, traces and model
-    fingerprint match).
+class AgentTracesStudy(Study):
+    """Agent traces (notebook 10): whole agent prompts synced against prefix reuse. Its cases are traces
+    (:func:`build_traces`), not :class:`sur_lab.sweeps.Case` objects (each path's turn depends on its own earlier
+    turns), its methods are :class:`TracePath` objects, and its records are per-(trace, turn, path) rows in
+    :data:`TABLE_FILE` (:meth:`run`). One process, one request at a time: the per-turn TTFT is a per-request latency,
+    so Ray workers are refused; ``eval_batch`` is accepted for the study API and ignored (the query forward is per
+    request; a turn's answers are decoded together, :func:`run_trace`)."""
 
-    One process, one request at a time: the per-turn TTFT is a per-request latency, so ``workers`` must be 1 and
-    ``address`` None (refused otherwise); ``eval_batch`` is ignored (the query forward is per request; the rest of a
-    turn's answers is decoded for its paths together, :func:`run_trace`). Each finished trace's rows
-    are written at once (atomically) to a part file named by the fingerprint (:func:`trace_part`), so an interrupted
-    run loses at most the trace in flight and the next call with the same fingerprint resumes after it; a part made
-    with other parameters, traces, model or versions is never read. The folder is locked for the call
-    (:meth:`sur_lab.sweeps.SweepStore.lock`).
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"data": "datasets", "tr": "n_traces", "turns": "turns", "cap": "max_doc_tokens", "b": "budgets",
+                   "tok": "max_new_tokens", "ex": "executor", "seed": "seed"}
+    primary, primary_power = PRIMARY, PRIMARY_POWER
+    primary_label = "the lead sync path vs prefix reuse, TTFT"
+    power_what = "traces"
+    table_file = TABLE_FILE
+    distributed = False
 
-    Args:
-        lm: the model. preset, overrides: the parameters (:func:`params`). out: the folder (default :func:`folder`).
-        seed: source selection and randomized allocators. threads: torch threads (None keeps the current setting).
-        executor: the sync paths' refresh executor (default ``FIXED["executor"]``). progress: a progress bar.
+    def power_units(self, p: Mapping[str, Any]) -> tuple[int, int]:
+        """``n_traces``, the resampled clusters (NaN below the 6 traces the exact sign-flip test needs)."""
+        return p["n_traces"], 1
 
-    Returns:
-        ``(runs, folder)``: the per-(trace, turn, path) table (:func:`run_traces` columns, plus ``model``, ``seed`` and
-        the ``threads`` each trace ran with) and the folder holding ``turns.parquet``, ``traces.json``, ``study.json``
-        and ``parts/``.
+    def check(self, p: Mapping[str, Any]) -> None:
+        """:func:`check_params` (the study's paths are not sweep methods)."""
+        check_params(p)
 
-    Raises:
-        ValueError: naming ``workers``/``address`` for a distributed run, or a bad parameter, before any model call.
-        RuntimeError: when another process is running a sweep in the same folder.
-    """
-    import torch
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> list[dict]:
+        """The study's traces (:func:`build_traces`), one per case."""
+        return build_traces(tokenizer, p, seed=seed)
 
-    from sur_lab.paths import atomic_path
-    from sur_lab.sweeps.store import SweepStore
+    def methods(self, p: Mapping[str, Any]) -> list[TracePath]:
+        """The study's paths: :func:`default_paths` ``(p["budgets"])``."""
+        return default_paths(p["budgets"])
 
-    if workers != 1 or address is not None:
-        raise ValueError(f"workers={workers}, address={address!r}: the agent-trace study times requests one at a time "
-                         "in one process; use workers=1 and no address")
-    p = params(preset, **overrides)
-    check_params(p)
-    executor = executor or p["executor"]
-    paths = methods(p)
-    traces = build_traces(lm.tokenizer, p, seed=seed)
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, executor=executor)
-    fp = _fingerprint(lm, p, seed, executor, traces)
-    table, meta = where / TABLE_FILE, where / "study.json"
-    if table.exists() and meta.exists() and json.loads(meta.read_text()) == json.loads(json.dumps(fp)):
-        return pd.read_parquet(table), where
-    if threads:
-        torch.set_num_threads(threads)
-    with SweepStore(where).lock():
-        files = [trace_part(where, trace["id"], fp) for trace in traces]
-        done = sum(f.exists() for f in files)
-        if done and progress:
-            print(f"{done} of {len(traces)} traces read back from {where / 'parts'}", flush=True)
-        parts = []
-        with tqdm(total=len(traces) - done, desc="traces", disable=not progress) as bar:
-            for trace, part in zip(traces, files):
-                if part.exists():
-                    parts.append(pd.read_parquet(part))
-                    continue
-                rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
-                df = pd.DataFrame(rows).assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
-                part.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_path(part) as tmp:
-                    df.to_parquet(tmp, index=False)
-                parts.append(df)
-                bar.update(1)
-        runs = add_cumulative(pd.concat(parts, ignore_index=True))
-        with atomic_path(table) as tmp:
-            runs.to_parquet(tmp, index=False)
-        with atomic_path(where / "traces.json") as tmp:
-            Path(tmp).write_text(json.dumps(traces))
-        with atomic_path(meta) as tmp:
-            Path(tmp).write_text(json.dumps(fp, indent=1))
-    return runs, where
+    def report(self, runs: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True) -> Report:
+        """The per-turn summary (:func:`summary_table`), the region and question-kind tables (:func:`region_table`,
+        :func:`kind_table`) and the conclusion lines (:func:`conclusion`, on the 5 % sync path when it ran, else the
+        first budget's)."""
+        budgets = p["budgets"]
+        lead = f"sync {5 if 5 in budgets else budgets[0]:g}%"
+        summary, regions, kinds = summary_table(runs), region_table(runs), kind_table(runs)
+        return Report(tables={"summary": summary, "regions": regions, "kinds": kinds},
+                      conclusion=conclusion(regions, summary, runs, sync=lead, kinds=kinds, decide=decide))
+
+    def run(self, lm, traces: Sequence[dict], p: Mapping[str, Any], where: Path, *, seed: int = 0,
+            executor: str = "packed", threads: int | None = None, progress: bool = True, **_: Any) -> pd.DataFrame:
+        """Run the traces, resuming finished ones (or read the stored table when the parameters, traces and model
+        fingerprint match). Each finished trace's rows are written at once (atomically) to a part file named by the
+        fingerprint (:func:`trace_part`), so an interrupted run loses at most the trace in flight and the next call
+        with the same fingerprint resumes after it; a part made with other parameters, traces, model or versions is
+        never read. The folder is locked for the call (:meth:`sur_lab.sweeps.SweepStore.lock`).
+
+        Returns:
+            The per-(trace, turn, path) table (:func:`run_traces` columns, plus ``model``, ``seed`` and the ``threads``
+            each trace ran with); the folder holds ``turns.parquet``, ``traces.json``, ``study.json`` and ``parts/``.
+
+        Raises:
+            RuntimeError: when another process is running a sweep in the same folder.
+        """
+        from sur_lab.paths import atomic_path
+        from sur_lab.sweeps.store import SweepStore
+
+        paths = self.methods(p)
+        fp = _fingerprint(lm, p, seed, executor, traces)
+        table, meta = where / TABLE_FILE, where / "study.json"
+        if table.exists() and meta.exists() and json.loads(meta.read_text()) == json.loads(json.dumps(fp)):
+            return pd.read_parquet(table)
+        if threads:
+            torch.set_num_threads(threads)
+        with SweepStore(where).lock():
+            files = [trace_part(where, trace["id"], fp) for trace in traces]
+            done = sum(f.exists() for f in files)
+            if done and progress:
+                print(f"{done} of {len(traces)} traces read back from {where / 'parts'}", flush=True)
+            parts = []
+            with tqdm(total=len(traces) - done, desc="traces", disable=not progress) as bar:
+                for trace, part in zip(traces, files):
+                    if part.exists():
+                        parts.append(pd.read_parquet(part))
+                        continue
+                    rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"],
+                                     seed=seed)
+                    df = pd.DataFrame(rows).assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
+                    part.parent.mkdir(parents=True, exist_ok=True)
+                    with atomic_path(part) as tmp:
+                        df.to_parquet(tmp, index=False)
+                    parts.append(df)
+                    bar.update(1)
+            runs = add_cumulative(pd.concat(parts, ignore_index=True))
+            with atomic_path(table) as tmp:
+                runs.to_parquet(tmp, index=False)
+            with atomic_path(where / "traces.json") as tmp:
+                Path(tmp).write_text(json.dumps(traces))
+            with atomic_path(meta) as tmp:
+                Path(tmp).write_text(json.dumps(fp, indent=1))
+            return runs
+
+
+STUDY = AgentTracesStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

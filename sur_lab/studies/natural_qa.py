@@ -82,6 +82,7 @@ from sur_lab.data.qa import (
     select_sources,
 )
 from sur_lab.data.text import PanelConfig, is_eligible, source_rng
+from sur_lab.studies.base import Report, Study
 
 #: Placement of the inserted passage relative to the supporting evidence (section 4.3).
 PLACEMENTS = ("before", "between", "after")
@@ -525,57 +526,7 @@ def available_methods(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
-
-
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
-
-
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
-    of ``p`` (:func:`params`: ``n_per_dataset`` sources per dataset, each a cluster of its ``placements``) and the
-    stated discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
-    when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, len(p["datasets"]) * p["n_per_dataset"],
-                       cluster_size=len(p["placements"]))
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 03's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
-                          len(p["datasets"]) * p["n_per_dataset"], cluster_size=len(p["placements"]),
-                          clusters="sources")
-
-def placement_cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[PlacementCase]:
-    """The study's placement cases at ``preset`` (sources by :func:`select_panel`, cases by :func:`build_cases`).
-
-    Raises:
-        ValueError: as :func:`params`, :func:`select_panel` and :func:`build_cases`.
-    """
-    p = params(preset, **overrides)
-    config = PanelConfig(lead=p["lead"], tail=p["tail"], include_unanswerable=p["include_unanswerable"], seed=seed)
-    sources = select_panel(p["datasets"], p["n_per_dataset"], config)
-    return build_cases(tokenizer, sources, p["placements"], instruction=config.instruction)
-
-
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list:
-    """The study's sweep cases at ``preset``: :func:`placement_cases` as :class:`sur_lab.sweeps.Case` objects, one per
-    timed trial (:func:`sweep_cases`)."""
-    p = params(preset, **overrides)
-    return sweep_cases(placement_cases(tokenizer, preset=preset, seed=seed, **overrides), p["trials"])
+# The study (issue 39: declarations on the Study base; params, folder, sweep, mde and conclusion are the base's)
 
 
 def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trials: int = 1) -> list[str]:
@@ -597,60 +548,70 @@ def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trial
             if (c.example.dataset, c.example.id) in timed]
 
 
-def methods(p: Mapping[str, Any]) -> list[str]:
-    """The sweep's methods for parameters ``p``: the registered allocators, then the references
-    (:func:`available_methods`; unregistered allocators are left out)."""
-    return available_methods(p["allocators"], p["references"])[0]
+class NaturalQAStudy(Study):
+    """Natural multi-hop QA (notebook 03): every placement case x methods x budgets, scored by the dataset rules
+    (:func:`sur_lab.sweeps.make_scorer`). Cases of the first ``timed_sources`` sources per dataset are answered one
+    record at a time and timed (Eq. 20; :func:`timed_case_ids`); the others are answered ``eval_batch`` at a time, for
+    quality only. Keep ``workers=1`` for latency."""
+
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"data": lambda p: [DATASET_LABELS.get(d, d) for d in p["datasets"]], "n": "n_per_dataset",
+                   "timed": "timed_sources", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
+                   "trials": "trials", "eb": "eval_batch"}
+    primary, primary_power = PRIMARY, PRIMARY_POWER
+    primary_label = f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint"
+    power_clusters = "sources"
+
+    def power_units(self, p: Mapping[str, Any]) -> tuple[int, int]:
+        """``n_per_dataset`` sources per dataset, each a cluster of its ``placements``."""
+        return len(p["datasets"]) * p["n_per_dataset"], len(p["placements"])
+
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> list[PlacementCase]:
+        """The study's placement cases (sources by :func:`select_panel`, cases by :func:`build_cases`).
+
+        Raises:
+            ValueError: as :func:`select_panel` and :func:`build_cases`.
+        """
+        config = PanelConfig(lead=p["lead"], tail=p["tail"], include_unanswerable=p["include_unanswerable"],
+                             seed=seed)
+        sources = select_panel(p["datasets"], p["n_per_dataset"], config)
+        return build_cases(tokenizer, sources, p["placements"], instruction=config.instruction)
+
+    def methods(self, p: Mapping[str, Any]) -> list[str]:
+        """The sweep's methods for parameters ``p``: the registered allocators, then the references
+        (:func:`available_methods`; unregistered allocators are left out)."""
+        return available_methods(p["allocators"], p["references"])[0]
+
+    def sweep_cases(self, cases: Sequence[PlacementCase], p: Mapping[str, Any]) -> list:
+        """One :class:`sur_lab.sweeps.Case` per placement case and timed trial (:func:`sweep_cases`)."""
+        return sweep_cases(cases, p["trials"])
+
+    def timed(self, cases: Sequence[PlacementCase], p: Mapping[str, Any]) -> list[str]:
+        """:func:`timed_case_ids` of the first ``timed_sources`` sources per dataset."""
+        return timed_case_ids(cases, p["timed_sources"], p["trials"])
+
+    def scorer_for(self, cases: Sequence[PlacementCase]):
+        """The dataset rules of each case's example (:func:`sur_lab.sweeps.make_scorer`)."""
+        from sur_lab.sweeps import make_scorer
+
+        return make_scorer(cases)
+
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True,
+               seed: int = BOOTSTRAP_SEED) -> Report:
+        """The long table (:func:`results_table` after :func:`aggregate_trials`), the declared families
+        (:func:`decide_families` on the lead endpoint, EM when Re-prefill's EM allows) and their conclusion lines
+        (:func:`conclusion`). ``decide``: ``False`` at a plumbing-check size; ``seed``: the bootstrap's."""
+        from sur_lab.studies.presets import lead_endpoint
+
+        table = aggregate_trials(results_table(records))
+        reprefill_em = float(table.loc[table["condition"] == "Re-prefill", "correct"].mean())
+        lead = lead_endpoint(reprefill_em, em="EM", agreement="agreement")
+        decided = decide_families(table, lead=lead, decide=decide, n_boot=p["n_boot"], seed=seed)
+        return Report(tables={"results": table, "decided": decided}, conclusion=conclusion(decided))
 
 
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           outputs: Path | None = None) -> Path:
-    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`); :func:`sweep` uses it, so
-    notebook 03 and ``sur-lab sweep natural-qa`` with the same parameters share a folder."""
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
-
-    extra = {} if executor == "sequential" else {"ex": executor}
-    return sweep_folder(FOLDER, lm, outputs=outputs, data=[DATASET_LABELS.get(d, d) for d in p["datasets"]],
-                        n=p["n_per_dataset"], timed=p["timed_sources"], b=p["budgets"], tok=p["max_new_tokens"],
-                        seed=seed, trials=p["trials"], eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
-
-
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run (or resume) the study's sweep: every placement case x methods x budgets, scored by the dataset rules.
-
-    Cases of the first ``timed_sources`` sources per dataset are answered one record at a time and timed (Eq. 20);
-    the others are answered ``eval_batch`` at a time, for quality only.
-
-    Args:
-        lm: the model (a :class:`sur_lab.models.LoadedModel`).
-        preset, overrides: the parameters (:func:`params`; e.g. ``n_per_dataset=24``, ``timed_sources=6``).
-        out: the sweep folder (default :func:`folder`).
-        seed: source selection and passage draw (fixed before any model output), allocator seed.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); keep ``workers=1`` for latency.
-        executor: sparse-refresh executor.
-        eval_batch: records answered together in untimed cases (default :data:`sur_lab.sweeps.EVAL_BATCH`).
-        progress: show a progress bar.
-
-    Returns:
-        ``(records, folder)``.
-
-    Raises:
-        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
-    """
-    from sur_lab.sweeps import EVAL_BATCH, make_scorer, run_sweep
-
-    p = params(preset, **overrides)
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    placement = placement_cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
-    timed = timed_case_ids(placement, p["timed_sources"], p["trials"])
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
-    records = run_sweep(lm, sweep_cases(placement, p["trials"]), methods(p), p["budgets"], where,
-                        max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch, timed=timed,
-                        scorer=make_scorer(placement), seed=seed, workers=workers, threads=threads, address=address,
-                        progress=progress)
-    return records, where
+STUDY = NaturalQAStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

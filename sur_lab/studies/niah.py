@@ -37,6 +37,7 @@ from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.repair import REFERENCE_METHODS as REFERENCES
+from sur_lab.studies.base import Report, Study
 
 #: RULER's multi-value NIAH instruction, placed before the documents.
 NIAH_INSTRUCTION = (
@@ -502,120 +503,66 @@ def build_niah_cases(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
+# The study (issue 39: declarations on the Study base; params, folder, sweep, mde and conclusion are the base's)
 
 
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
+class NiahStudy(Study):
+    """Erasing-NIAH (notebook 02): every case x (references + allocators x budgets), strictly scored
+    (:func:`niah_scorer`). NIAH has no latency endpoint: its answers are never timed."""
 
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"ctx": "context_lens", "n": "num_cases", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
+                   "eb": "eval_batch"}
+    scorer, parser = staticmethod(niah_scorer), staticmethod(parse_niah_answer)
+    primary, primary_power = PRIMARY, PRIMARY_POWER
+    primary_label = f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint"
 
-    return study_params(PRESETS, FIXED, preset, **overrides)
+    def methods(self, p: Mapping[str, Any]) -> list[str]:
+        """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
+        after, in the given order), then the ``ablation`` methods not already listed (SUR's variants and the boundary
+        controls, on the same cases and budgets). A reference operator named among the allocators (the ``paper``
+        preset's ``"Erratum"``) is listed after the references."""
+        from sur_lab.repair import REFERENCE_OPERATORS
 
+        refs = list(p["references"])
+        refs += [a for a in p["allocators"] if a in REFERENCE_OPERATORS and a not in refs]
+        allocators = [a for a in p["allocators"] if a not in REFERENCE_OPERATORS]
+        ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators
+                                                                      if a not in PAPER_ALLOCATORS]
+        ordered += [a for a in dict.fromkeys(p.get("ablation", ())) if a not in ordered]
+        return refs + ordered
 
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
-    of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
-    ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0, *,
+              corpus: Sequence[Any] | None = None) -> list:
+        """The study's cases for parameters ``p``: :func:`build_niah_cases` as :class:`sur_lab.sweeps.Case` objects
+        (``corpus``: filler paragraphs, default :func:`sur_lab.data.qa.load_corpus`).
 
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+        Raises:
+            ValueError: as :func:`build_niah_cases`.
+        """
+        built = build_niah_cases(tokenizer, context_lens=p["context_lens"], depths=p["depths"],
+                                 num_cases=p["num_cases"], seed=seed, corpus=corpus)
+        return [c.sweep_case() for c in built]
 
+    def sweep_cases(self, cases: Any, p: Mapping[str, Any]) -> list:
+        """:meth:`cases` are sweep cases already."""
+        return list(cases)
 
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 02's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True) -> Report:
+        """The lead endpoint's budget table (:func:`budget_table`), the declared families (:func:`decide_families`)
+        and their conclusion lines (:func:`conclusion`); the lead endpoint is EM when Re-prefill's EM allows
+        (:func:`sur_lab.studies.presets.lead_endpoint`). ``decide``: ``False`` at a plumbing-check size."""
+        from sur_lab.studies.presets import lead_endpoint
 
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
-                          p["num_cases"])
-
-def methods(p: Mapping[str, Any]) -> list[str]:
-    """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
-    after, in the given order), then the ``ablation`` methods not already listed (SUR's variants and the boundary
-    controls, on the same cases and budgets). A reference operator named among the allocators (the ``paper`` preset's
-    ``"Erratum"``) is listed after the references."""
-    from sur_lab.repair import REFERENCE_OPERATORS
-
-    refs = list(p["references"])
-    refs += [a for a in p["allocators"] if a in REFERENCE_OPERATORS and a not in refs]
-    allocators = [a for a in p["allocators"] if a not in REFERENCE_OPERATORS]
-    ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators if a not in PAPER_ALLOCATORS]
-    ordered += [a for a in dict.fromkeys(p.get("ablation", ())) if a not in ordered]
-    return refs + ordered
-
-
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence[Any] | None = None,
-          **overrides: Any) -> list:
-    """The study's cases at ``preset``: :func:`build_niah_cases` as :class:`sur_lab.sweeps.Case` objects.
-
-    Args:
-        tokenizer: the model's tokenizer.
-        preset, overrides: as :func:`params`.
-        seed: roster seed.
-        corpus: filler paragraphs (default :func:`sur_lab.data.qa.load_corpus`).
-
-    Raises:
-        ValueError: as :func:`params` and :func:`build_niah_cases`.
-    """
-    p = params(preset, **overrides)
-    built = build_niah_cases(tokenizer, context_lens=p["context_lens"], depths=p["depths"], num_cases=p["num_cases"],
-                             seed=seed, corpus=corpus)
-    return [c.sweep_case() for c in built]
+        metric = lead_endpoint(float(records.loc[records["method"] == "Re-prefill", "em"].mean()))
+        allocators = [m for m in self.methods(p) if m in set(records["method"]) and m not in p["references"]]
+        decided = decide_families(records, metric=metric, decide=decide)
+        return Report(tables={"budget": budget_table(records, metric), "decided": decided},
+                      conclusion=conclusion(records, decided, metric=metric, allocators=allocators, decide=decide))
 
 
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           outputs: Path | None = None) -> Path:
-    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`: study, sizes, seed, evaluation
-    batch, executor when not the sequential one, and the model's fingerprint). :func:`sweep` uses it, so notebook 02
-    and ``sur-lab sweep niah`` with the same parameters share a folder."""
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
-
-    extra = {} if executor == "sequential" else {"ex": executor}
-    return sweep_folder(FOLDER, lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"], b=p["budgets"],
-                        tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
-                        **extra)
-
-
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
-          **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run (or resume) the study's sweep: every case x (references + allocators x budgets), strictly scored.
-
-    Args:
-        lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
-        preset, overrides: the parameters (:func:`params`; e.g. ``num_cases=48``, ``context_lens=[1024, 2048]``).
-        out: the sweep folder (default :func:`folder`).
-        seed: roster and allocator seed.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); ``workers=1``: this process.
-        executor: sparse-refresh executor.
-        eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`). NIAH has no latency
-            endpoint: its answers are never timed.
-        progress: show a progress bar.
-        share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
-
-    Returns:
-        ``(records, folder)``: the records (:func:`sur_lab.sweeps.records_frame` columns plus the case meta) and the
-        folder holding ``parts/`` and ``records.parquet``.
-
-    Raises:
-        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
-    """
-    from sur_lab.sweeps import EVAL_BATCH, run_sweep
-
-    p = params(preset, **overrides)
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
-    records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
-                        executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
-                        seed=seed, workers=workers, threads=threads, address=address, progress=progress,
-                        share_prefix=share_prefix)
-    return records, where
+STUDY = NiahStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -827,15 +774,14 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
     """
     from sur_lab.sweeps import EVAL_BATCH, records_frame, run_sweep
 
-    p = params(preset, **overrides)
+    p = STUDY.params(preset, **overrides)
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
     the_methods = matched_methods(p)  # MatchedRegion / MatchedTokens check names, counts and budgets here
     where = Path(out) if out is not None else matched_folder(lm, p, eval_batch=eval_batch, executor=executor)
     if not p["matched_allocators"]:
         return records_frame([]), where
     seed = int(p["holdout_seed"])
-    overrides = {k: v for k, v in overrides.items() if k not in ("holdout_seed", "matched_cases", "num_cases")}
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, num_cases=p["matched_cases"], **overrides)
+    the_cases = STUDY.cases(lm.tokenizer, {**p, "num_cases": p["matched_cases"]}, seed)
     records = run_sweep(lm, the_cases, the_methods, p["matched_budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
                         seed=seed, workers=workers, threads=threads, address=address, progress=progress)
