@@ -103,7 +103,7 @@ FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa", "musique"], "budgets": [2, 
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
 REGIONS = ("append", "first half", "second half")
-#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. The SD over traces of a
+#: The power statement's basis (issue 40; :meth:`STUDY.mde`): a planning value, not a measurement. The SD over traces of a
 #: trace's mean log TTFT ratio (prefix reuse over sync, turns after the first) is taken as 0.2 (a trace's speed-up
 #: within about ±20 %), for CPU timings on a shared 2-core machine; a measured default run replaces it.
 PRIMARY_POWER = PowerBasis(0.2, "a planning value (no published spread): 0.2 per trace, timings on a shared CPU",
@@ -509,7 +509,7 @@ def add_cumulative(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
+# The study: declarations on the Study base (issue 39); the parameters' checks, the trace part files
 
 
 def check_params(p: Mapping[str, Any]) -> None:

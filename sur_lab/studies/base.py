@@ -244,7 +244,8 @@ class Study(ABC):
         return mde(self.primary, self.primary_power, n, cluster_size=per)
 
     def power_line(self, params: Mapping[str, Any]) -> str:
-        """:meth:`mde` in words, for the notebook's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
+        """:meth:`mde` in words, for the notebook's "This run" cell
+        (:func:`sur_lab.analysis.decisions.power_sentence`)."""
         from sur_lab.analysis.decisions import power_sentence
 
         n, per = self.power_units(params)

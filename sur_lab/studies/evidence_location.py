@@ -79,7 +79,7 @@ NLL_SIDE_MARGIN = Margin(0.1, "±0.1 nats holds the paper's own Table 15 interva
 PRIMARY_FAMILY = Family("primary: NLL side (preregistered)", "continuous",
                         "complete replay's gold-NLL side contrast (Eq. 10), sources resampled; a null result needs "
                         "equivalence within the margin", primary=True, margin=NLL_SIDE_MARGIN)
-#: The power statement's basis (issue 40; :func:`mde`): the SD of one source's NLL side contrast, from the paper's
+#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the SD of one source's NLL side contrast, from the paper's
 #: Table 15 interval (-0.039 nats, -0.099 to 0.021, over 275 sources with three models averaged per source;
 #: :func:`~sur_lab.analysis.decisions.sd_from_interval`). One model's per-source contrast varies more, so the stated
 #: MDE of a one-model run errs small.
@@ -1092,7 +1092,7 @@ def table15(nll: pd.DataFrame, em: pd.DataFrame, *, value_col: str = "g", n_boot
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, methods, the sweep (``sur-lab sweep evidence-location``, notebook 08)
+# The study (``sur-lab sweep evidence-location``, notebook 08): declarations on the Study base (issue 39)
 
 NAME = "evidence-location"
 NOTEBOOK = "08_evidence_location"
@@ -1254,7 +1254,7 @@ STUDY = EvidenceLocationStudy()
 # ---------------------------------------------------------------------------------------------------------------------
 # Across models: finished per-model runs pooled on the common feasible panel (appendix 10.1)
 
-#: The file :func:`sweep` writes into its folder beside ``records.parquet`` (:func:`write_panel_file`): the run's
+#: The file :meth:`STUDY.sweep` writes into its folder beside ``records.parquet`` (:func:`write_panel_file`): the run's
 #: parameters and seed, and the outcome of every candidate it examined, so that :func:`combine` can form the common
 #: panel of several models' runs.
 PANEL_FILE = "panel.json"
@@ -1271,7 +1271,7 @@ NOT_EXAMINED = "not examined"
 def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
     """What :data:`PANEL_FILE` holds for one run: ``{"study", "params", "seed", "candidates"}``.
 
-    ``params`` are the run's parameters (:func:`params`) without :data:`ANALYSIS_PARAMS` (``panel_models`` sorted: the
+    ``params`` are the run's parameters (:meth:`STUDY.params`) without :data:`ANALYSIS_PARAMS` (``panel_models`` sorted: the
     panel does not depend on their order); ``candidates`` maps each
     dataset of ``p["datasets"]`` to ``{"feasible": [source ids], "excluded": [source ids]}``, in draw order: every
     candidate the run examined, with its outcome (decided by tokenization alone, :func:`build_panel`).
@@ -1293,7 +1293,7 @@ def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, 
 
 
 def write_panel_file(folder, built: Panel, p: Mapping[str, Any], *, seed: int) -> None:
-    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; :func:`sweep` calls it after its records)."""
+    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; :meth:`STUDY.sweep` calls it after its records)."""
     import json
     from pathlib import Path
 

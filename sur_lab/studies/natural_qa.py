@@ -36,8 +36,9 @@ fixed by the panel's seed) are answered one record at a time and timed, once per
 ``trials > 1`` adds repeated trials that :func:`aggregate_trials` averages. The other cases are answered in batches
 for quality only (their records carry no latency; :func:`quality_latency_table` takes latency from the timed ones).
 
-Study API (notebook 03 and ``sur-lab sweep natural-qa`` call the same functions): :data:`PRESETS` and :data:`FIXED`,
-:func:`params`, :func:`cases` (:func:`placement_cases` for the roster), :func:`folder`, :func:`sweep`, and the report
+The study (notebook 03 and ``sur-lab sweep natural-qa`` call the same methods): :data:`STUDY`, a
+:class:`~sur_lab.studies.base.Study` declaring :data:`PRESETS`, :data:`FIXED`, its placement cases
+(:meth:`STUDY.cases`), methods, timed cases and scorer; ``params``, ``folder`` and ``sweep`` are the base's. The report
 functions (:func:`results_table`, :func:`quality_latency_table`, :func:`dataset_em_table`,
 :func:`paired_difference_table`, :func:`transition_table`, the figures).
 """
@@ -131,7 +132,7 @@ PRIMARY_BUDGET = 5.0
 #: :data:`sur_lab.studies.presets.EM_LEAD_MIN`.
 PRIMARY = Family("primary", "binary",
                  f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered", primary=True)
-#: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate per case, from the
+#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the primary comparison's discordance rate per case, from the
 #: paper's Table 9 (Qwen3-30B-A3B, 1,200 cases of 400 sources): SUR 5 % minus Shift +1.75 pp [+1.12, +2.24]. The
 #: interval is too narrow for more discordant cases than the difference itself (the source-stratified bootstrap), so
 #: the rate is |d|: nearly every discordant case favours SUR

@@ -14,9 +14,10 @@ with marked thinking blocks removed; ordinary newlines do not truncate; nothing 
 gold list. Strict exact match (:func:`niah_exact_match`) requires the parsed list to equal the gold list in order and
 multiplicity.
 
-Study API (notebook 02 and ``sur-lab sweep niah`` call the same functions): :data:`PRESETS` (sizes) and
-:data:`FIXED` (the other parameters' defaults), :func:`cases`, :func:`sweep` (records and the sweep folder, named the
-same way for both, so each resumes the other's records), and the report functions in the last section
+The study (notebook 02 and ``sur-lab sweep niah`` call the same methods): :data:`STUDY`, a
+:class:`~sur_lab.studies.base.Study` declaring :data:`PRESETS` (sizes), :data:`FIXED` (the other parameters' defaults),
+its cases and methods; the base's :meth:`STUDY.sweep` returns the records, the sweep folder (named the same way for
+both, so each resumes the other's records) and the cases. The report functions are in the last section
 (:func:`budget_table`, :func:`paired_differences`, :func:`table12`, the figures).
 """
 
@@ -74,7 +75,7 @@ PAPER_ALLOCATORS = (
 )
 
 #: Methods beyond the paper in the ``paper`` and ``default`` presets (issue 26): SUR's tie-robust variant, the edit-local baselines
-#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :func:`methods`).
+#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :meth:`STUDY.methods`).
 BEYOND_PAPER = ("SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
 #: SUR's design factors (appendix 9.3), one at a time: ``(factor, the paper's setting, the changed setting, method)``.
 #: Each method is SUR with exactly one option changed (``docs/allocators.md``); the bonus factor has two changes.
@@ -118,7 +119,7 @@ MATCHED = Family("matched tokens (holdout roster)", "binary",
                  "the same per-case count, at each matched budget, every length pooled, per endpoint")
 MATCHED_BY_LENGTH = Family("matched tokens by context length (holdout roster)", "binary",
                            "the same comparisons within each context length (1K, 2K, ...), per endpoint")
-#: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate, from the paper's
+#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the primary comparison's discordance rate, from the paper's
 #: Table 2 (Qwen3-8B, 96 cases): SUR at 5 % has 98.96 % EM and Shift 0 %, so every case SUR answers is discordant.
 PRIMARY_POWER = PowerBasis(discordance_from_marginals(0.9896, 0.0),
                            "the paper's Table 2 (Qwen3-8B): SUR 5 % 98.96 % EM against Shift's 0 %")
@@ -753,16 +754,16 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
                   **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the matched-token study (Table 14 analogue) on the frozen holdout roster.
 
-    The roster is :func:`cases` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
+    The roster is :meth:`STUDY.cases` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
     ``context_lens``), with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never used for design); the methods are
     :func:`matched_methods`: the region arm at each matched budget (:class:`MatchedRegion`: SUR's whole units up to
     its stopping point by default), and each token-level allocator at that exact count on the same case
     (:class:`MatchedTokens`). Records come from :func:`sur_lab.sweeps.run_sweep`, strictly scored like
-    :func:`sweep`'s.
+    :meth:`STUDY.sweep`'s.
 
     Args:
-        lm, out, workers, threads, address, executor, eval_batch, progress: as :func:`sweep`.
-        preset, overrides: the parameters (:func:`params`; e.g. ``matched_allocators=["Dense tokens"]``,
+        lm, out, workers, threads, address, executor, eval_batch, progress: as :meth:`STUDY.sweep`.
+        preset, overrides: the parameters (:meth:`STUDY.params`; e.g. ``matched_allocators=["Dense tokens"]``,
             ``matched_budgets=[2, 5]``, ``matched_count="whole_units"``, ``holdout_seed=...``).
 
     Returns:
@@ -1039,7 +1040,7 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
     Holm over every (method, budget) row).
 
     Args:
-        records: :func:`sweep` records holding ``reference`` and the methods.
+        records: :meth:`STUDY.sweep` records holding ``reference`` and the methods.
         metric: a 0/1 or numeric record field (differences of a 0/1 field ×100, pp).
         reference: the method every row is compared with (the paper's SUR).
         methods: the methods to compare (default: those of :data:`ABLATION` present, in that order).
@@ -1291,7 +1292,7 @@ def decide_families(records: pd.DataFrame, *, metric: str, decide: bool = True, 
     family is :func:`ablation_table`'s).
 
     Args:
-        records: :func:`sweep` records.
+        records: :meth:`STUDY.sweep` records.
         metric: the lead endpoint (a 0/1 record field).
         decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
         n_boot, seed: as :func:`paired_differences`.
@@ -1312,7 +1313,7 @@ def conclusion(records: pd.DataFrame, decided: pd.DataFrame, *, metric: str, all
     and every comparison of the secondary families (:func:`decide_families`), each naming its family and size.
 
     Args:
-        records: :func:`sweep` records.
+        records: :meth:`STUDY.sweep` records.
         decided: :func:`decide_families` of the same records.
         metric: the lead endpoint; allocators: the budgeted methods ranked (those that ran).
         decide, n_boot, seed: as :func:`decide_families`.

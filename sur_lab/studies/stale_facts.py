@@ -779,7 +779,7 @@ CASE_SIZES = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys
 def stale_cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence[Any] | None = None,
                 families: Sequence[str] = FAMILIES, **overrides: Any) -> list[StaleCase]:
     """The :class:`StaleCase` roster of ``preset`` (:data:`PRESETS`; sizes overridden by any non-``None`` keyword of
-    :data:`CASE_SIZES`), built by :func:`build_stale_cases`. :func:`cases` gives them as sweep cases.
+    :data:`CASE_SIZES`), built by :func:`build_stale_cases`. :meth:`STUDY.cases` gives them as sweep cases.
 
     Raises:
         ValueError: naming ``preset`` when unknown or an override that is not a case size; as
@@ -796,7 +796,7 @@ def stale_cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Se
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API (notebook 09 and ``sur-lab sweep stale-facts`` call the same functions)
+# The study (notebook 09 and ``sur-lab sweep stale-facts`` call the same methods): declarations on the Study base
 
 #: The study's name in the registry (``sur-lab sweep stale-facts``), its notebook, and its sweep folders' prefix.
 NAME = "stale-facts"
@@ -814,7 +814,7 @@ PRIMARY_BUDGET = 5.0
 #: primary comparison and two small families (the all-pairs table they replace held 38 comparisons per endpoint).
 #: Cases are the paired units (independent constructions).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
-#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. No paper reports this
+#: The power statement's basis (issue 40; :meth:`STUDY.mde`): a planning value, not a measurement. No paper reports this
 #: comparison; SUR and Shift are taken to disagree on half the cases (two arms each right about half the time,
 #: independently), the rate that a measured default run replaces.
 PRIMARY_POWER = PowerBasis(0.5, "a planning value (no published rate): SUR and Shift disagree on half the cases")

@@ -29,7 +29,7 @@ LEDGER = Family("design ledger", "binary",
 #: :data:`LEDGER_MARGIN` (paired over requests, sources clustered; tested alone).
 DONOR_PROXY = Family("donor-copy as a proxy", "binary", "donor-copy minus actual forwarding of suffix K1 (risk), "
                      "preservation", primary=True, margin=LEDGER_MARGIN)
-#: The power statement's basis (issue 40; :func:`mde`): the donor-proxy comparison's discordance rate per request,
+#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the donor-proxy comparison's discordance rate per request,
 #: from SAFE-KV's Table 20 (Noise64, 50 requests): donor-copy minus forwarding +0.20 [0.06, 0.34] in preservation
 #: (:func:`~sur_lab.analysis.decisions.discordance_from_interval`).
 PRIMARY_POWER = PowerBasis(discordance_from_interval(0.20, 0.06, 0.34, 50),

@@ -255,9 +255,9 @@ class ExampleScorer:
 
 
 def robustness_overrides(p: Mapping[str, Any]) -> dict[str, Any]:
-    """Overrides of :meth:`NoprefixStudy.sweep` for the robustness model (SAFE-KV Figure 4, right): the main design's workloads with
-    at most :data:`ROBUSTNESS_MAX_DOCS` documents, at most ``p["robustness_sources"]`` sources per dataset each, and
-    no timed request (the check is about answers; its records are answered in batches).
+    """Overrides of :meth:`NoprefixStudy.sweep` for the robustness model (SAFE-KV Figure 4, right): the main design's
+    workloads with at most :data:`ROBUSTNESS_MAX_DOCS` documents, at most ``p["robustness_sources"]`` sources per
+    dataset each, and no timed request (the check is about answers; its records are answered in batches).
 
     Args:
         p: the study's parameters (:meth:`NoprefixStudy.params`).
