@@ -349,3 +349,16 @@ def test_threshold_claim_and_all_of():
     assert cl.all_of({"x": holds}).verdict == "holds"
     with pytest.raises(cl.NotComputed, match="none of the comparisons ran"):
         cl.all_of({})
+
+
+def test_an_empty_em_stratum_is_not_computed(tmp_path):
+    t15 = pd.DataFrame([_t15_row("Replay", "EM side", np.nan, np.nan, np.nan, p=np.nan, holm_p=np.nan, n=0),
+                        _t15_row("Replay", "EM tail", np.nan, np.nan, np.nan, p=np.nan, holm_p=np.nan, n=0),
+                        _t15_row("Replay", "NLL tail", -0.03, -0.07, 0.004),
+                        _t15_row("Replay", "NLL interaction", 0.01, -0.02, 0.04)])
+    results = _results(tmp_path, {"08_table15": t15})
+    a2 = _row_of(results, "A10-2")
+    assert a2["verdict"] == cl.NOT_COMPUTED and "the EM stratum" in a2["note"] and "is empty" in a2["note"]
+    a3 = _row_of(results, "A10-3")  # the two NLL parts are decided; the EM tail has no source, EM interaction no row
+    assert a3["verdict"] == "undecided at this size" and a3["note"].startswith("all of 2 must hold")
+    assert "Not run here: Replay's EM tail contrast has no source" in a3["note"]
