@@ -362,3 +362,29 @@ def test_an_empty_em_stratum_is_not_computed(tmp_path):
     a3 = _row_of(results, "A10-3")  # the two NLL parts are decided; the EM tail has no source, EM interaction no row
     assert a3["verdict"] == "undecided at this size" and a3["note"].startswith("all of 2 must hold")
     assert "Not run here: Replay's EM tail contrast has no source" in a3["note"]
+
+
+def test_agent_trace_rows_decide_the_saved_runs_with_the_study_declared_families(tmp_path):
+    from sur_lab.studies import agent_traces as at
+
+    rows = []
+    for trace in range(12):
+        for turn in range(4):
+            region = "first half" if turn % 2 else "append"
+            kind = "new" if turn == 0 else "combine"
+            for path, ms in (("sync 5%", 10.0 + trace), (at.PREFIX, 40.0 + trace), (at.REFERENCE, 50.0)):
+                rows.append({"trace": trace, "turn": turn, "path": path, "ttft_ms": ms if region != "append" else 5.0,
+                             "agree": True, "em": True, "region": region, "kind": kind})
+    runs = pd.DataFrame(rows)
+    results = _results(tmp_path, {"10_agent_traces_runs": runs})
+    b7 = _row_of(results, "B7")
+    assert b7["verdict"] == "holds" and b7["unit"] == "x" and b7["ci_low"] > 1
+    expected = at.primary_table(runs, sync="sync 5%", seed=0)
+    region = expected[expected.comparison == "sync 5% (first half) vs prefix reuse (first half)"].iloc[0]
+    assert (b7["estimate"], b7["ci_low"], b7["ci_high"]) == (region.estimate, region.ci_low, region.ci_high)
+    b6 = _row_of(results, "B6")  # every answer agrees: 0 pp, and 24 units do not fit a ±5 pp 90 % interval
+    agree = expected[expected.family == at.AGREEMENT_FAMILY.name].iloc[0]
+    assert b6["estimate"] == 0.0 and b6["unit"] == "pp agreement with re-prefill"
+    assert b6["verdict"] == {"equivalent": "holds"}.get(agree.verdict, "undecided at this size")
+    assert _row_of(_results(tmp_path, {"10_agent_traces_runs": runs[runs.path != "sync 5%"]}), "B6")["note"] == (
+        "10_agent_traces_runs has no budgeted sync path")

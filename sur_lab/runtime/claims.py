@@ -660,6 +660,56 @@ def b5_stale_rate(results: Path) -> Estimate:
     return _stale(results, STALE_FAMILY.name, "SUR 5% vs Shift", "stale")
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 10 (agent traces): its declared comparisons, decided from the saved per-turn runs
+
+
+def _traces_decided(results: Path) -> tuple[Any, str]:
+    """``(agent_traces.primary_table(runs), sync)``: notebook 10's declared comparisons (the primary, the agreement
+    family, per kind and per region), decided from ``10_agent_traces_runs`` by the study's own function, with the
+    notebook's lead sync path (``sync 5%`` when it ran, else the first budgeted sync) and the seed of its
+    parameters (the notebook saves the runs, not the decided rows)."""
+    from sur_lab.studies.agent_traces import SHIFT, primary_table
+
+    runs = read_table(results, "10_agent_traces_runs")
+    syncs = [p for p in dict.fromkeys(runs["path"]) if str(p).startswith("sync ") and p != SHIFT]
+    if not syncs:
+        raise NotComputed("10_agent_traces_runs has no budgeted sync path")
+    sync = "sync 5%" if "sync 5%" in syncs else syncs[0]
+    entry = _manifest_entry(results, "10_agent_traces")
+    seed = int((entry.get("parameters") or {}).get("seed", 0))
+    return primary_table(runs, sync=sync, decide=_decides(results, "10_agent_traces"), seed=seed), sync
+
+
+def _traces_row(table, family: str, comparison: str, *, expect: str, endpoint: str, note: str) -> Estimate:
+    row = _row(table, "10_agent_traces (decided)", repr(comparison), family=family, comparison=comparison)
+    scale, unit = _scale_unit(row, endpoint)
+    return decide(_scaled(row, scale), expect=expect, unit=unit, note=f"{comparison}: {note}")
+
+
+def b6_sync_answers_alike(results: Path) -> Estimate:
+    """B6: the lead sync path minus prefix reuse (which recomputes every row after the first change: re-prefill's
+    answers up to rounding) on agreement with re-prefill over the reaching questions, equivalent within the study's
+    declared margin (``agent_traces.AGREEMENT_MARGIN``)."""
+    from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX
+
+    table, sync = _traces_decided(results)
+    return _traces_row(table, AGREEMENT_FAMILY.name, f"{sync} (reaching questions) vs {PREFIX} (reaching questions)",
+                       expect="equivalent", endpoint="agreement with re-prefill",
+                       note="traces clustered; equivalent only when the 90 % interval lies within the declared margin")
+
+
+def b7_sync_faster_early(results: Path) -> Estimate:
+    """B7: prefix reuse's TTFT over the lead sync path's on the turns whose first change lands in the first half of
+    the prompt (``REGION_FAMILY``, Holm over the regions); "holds" when the speed-up's interval lies above 1. The
+    tokens recomputed are not decided (the notebook's region table shows them)."""
+    from sur_lab.studies.agent_traces import PREFIX, REGION_FAMILY
+
+    table, sync = _traces_decided(results)
+    return _traces_row(table, REGION_FAMILY.name, f"{sync} (first half) vs {PREFIX} (first half)", expect="greater",
+                       endpoint="x", note="how many times faster sync is, traces clustered; tokens not decided")
+
+
 def _p(id, section, text, paper, notebook, table, compute=None):
     return Claim(id, "paper", section, text, paper, notebook, table, compute)
 
@@ -888,6 +938,22 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "B3": (b3_edit_local_sur, None),
     "B4": (b4_erratum, None),
     "B5": (b5_stale_rate, "09_paired_differences"),
+    "B6": (b6_sync_answers_alike, "10_agent_traces_runs"),
+    "B7": (b7_sync_faster_early, "10_agent_traces_runs"),
+    "B8": (_unavailable("notebook 07 prints its decided comparisons but saves no decided table (07_agent_session_summary "
+                        "holds means only); re-deciding them needs its arms, rebuilt from the notebook's parameters"),
+           None),
+    "P15": (_unavailable("a GPU measurement (H100, B = 64); notebook 04 times a CPU analogue, medians without an "
+                         "interval or a declared comparison"), None),
+    "P16": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
+                         "comparison"), None),
+    "P17": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
+                         "comparison"), None),
+    "A11-1": (_unavailable("05_table17 saves percentages averaged over cells, with no per-cell rows or declared "
+                           "comparison to decide 'every cell' from"), None),
+    "A11-2": (_unavailable("05_table17 is descriptive (cell means, no interval or declared comparison)"), None),
+    "A11-3": (_unavailable("05_table17_nll saves the mean over cells only; the excess needs per-cell differences "
+                           "and a declared comparison"), None),
 }
 
 
