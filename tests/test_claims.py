@@ -388,3 +388,37 @@ def test_agent_trace_rows_decide_the_saved_runs_with_the_study_declared_families
     assert b6["verdict"] == {"equivalent": "holds"}.get(agree.verdict, "undecided at this size")
     assert _row_of(_results(tmp_path, {"10_agent_traces_runs": runs[runs.path != "sync 5%"]}), "B6")["note"] == (
         "10_agent_traces_runs has no budgeted sync path")
+
+
+def test_noprefix_rows(tmp_path):
+    endpoints = pd.DataFrame([
+        {"workload": w, "label": label, "protocol": proto, "n": n, "preservation": pres}
+        for w, n in (("Noise4", 12), ("Noise16", 12))
+        for label, proto, pres in (("Prefix composition", "forward", 0.5), ("Prefix composition", "donor", 1.0),
+                                   ("Suffix K2 · risk", "forward", 1.0), ("Doc K2 · oracle", "forward", 11 / 12))])
+    ledger = pd.DataFrame([
+        {"experiment": "Downstream window w4 vs suffix K1 (risk, same start)", "key_result": "w4 ... ",
+         "verdict": "did not", "criterion": "c"},
+        {"experiment": "Linked intervals vs suffix (oracle)", "key_result": "k", "verdict": "worked", "criterion": "c"},
+        {"experiment": "Adaptive suffix 50% vs suffix K2 (risk)", "key_result": "k", "verdict": "not separated",
+         "criterion": "c"}])
+    rule = pd.DataFrame([{"workload": "Noise4", "serve": "full prefill", "label": "Full prefill", "reason": "r4"},
+                         {"workload": "Noise16", "serve": "repair", "label": "Suffix K1 · risk", "reason": "r16"}])
+    results = _results(tmp_path, {"06_noprefix_endpoints": endpoints, "06_noprefix_design_ledger": ledger,
+                                  "06_noprefix_operating_rule": rule})
+    s1 = _row_of(results, "S1")  # 12 of 24 preserved: upper bound 71 % < 95 %, so composition loses answers
+    _, low, high = proportion_interval(12, 24)
+    assert s1["verdict"] == "holds" and (s1["estimate"], s1["ci_low"], s1["ci_high"], s1["n"]) == (50.0, 100 * low,
+                                                                                                   100 * high, 24)
+    s2 = _row_of(results, "S2")  # 24 of 24: lower bound 86 % < 95 %, not shown at this size
+    assert s2["verdict"] == "undecided at this size" and s2["estimate"] == 100.0
+    assert _row_of(results, "S3")["verdict"] == "undecided at this size"  # 22 of 24: neither bound decides
+    assert [_row_of(results, i)["verdict"] for i in ("S4", "S5", "S6")] == [
+        "holds", "does not hold", "undecided at this size"]
+    assert _row_of(results, "S4")["note"] == "ledger: did not (c): w4 ... "
+    s9 = _row_of(results, "S9")
+    assert s9["verdict"] == "does not hold" and s9["n"] == 2 and "Noise16: repair (r16)" in s9["note"]
+    rule["serve"] = "full prefill"
+    results = _results(tmp_path, {"06_noprefix_operating_rule": rule})
+    assert _row_of(results, "S9")["verdict"] == "undecided at this size"
+    assert _row_of(results, "S7")["note"].startswith("three parts")
