@@ -7,9 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from sur_lab.analysis.decisions import paired_family, proportion_interval
 from sur_lab.runtime import claims as cl
 from sur_lab.runtime.run_notebooks import notebooks
 
@@ -120,13 +124,6 @@ def test_paired_claim_goes_through_the_decisions_module(monkeypatch):
 # The compute functions, on small synthetic results folders whose tables have the notebooks' columns (the decided
 # tables are written by the decisions module itself, as the notebooks write them; no notebook runs here)
 
-import math  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from sur_lab.analysis.decisions import paired_family, proportion_interval  # noqa: E402
-
 TAG = "model-m_dtype-float32_device-cpu_n-48_seed-0"
 
 
@@ -185,7 +182,8 @@ def test_p1_reads_the_interval_against_80_pp(tmp_path):
     dense = rivals.iloc[0]
     assert row["verdict"] == "holds" and row["unit"] == "pp EM" and row["n"] == 48
     assert (row["estimate"], row["ci_low"], row["ci_high"]) == (100.0, 100 * dense.ci_low, 100.0)
-    assert row["ci_low"] > 80 and math.isclose(row["mde"], 100 * 7 / 48)  # 7 units separate at Holm's first step (0.05 / 2)
+    # 7 units on one side separate at Holm's first step of a family of two (0.05 / 2)
+    assert row["ci_low"] > 80 and math.isclose(row["mde"], 100 * 7 / 48)
     # P3 is the same table's SUR 2 % minus Shift: +50 pp, separated (holds: SUR above Shift)
     p3 = _row_of(results, "P3")
     assert p3["verdict"] == "holds" and p3["estimate"] == 50.0 and p3["ci_high"] < 80
@@ -295,7 +293,8 @@ def test_evidence_location_rows(tmp_path):
                               "verdict": "not carried", "evidence": "TV: ...", "reproduced": False}])
     results = _results(tmp_path, {"08_table15": t15, "08_findings": findings})
     a1 = _row_of(results, "A10-1")  # 90 % interval inside ±0.1 nats: equivalent
-    assert a1["verdict"] == "holds" and (a1["estimate"], a1["ci_low"], a1["ci_high"], a1["n"]) == (-0.01, -0.05, 0.03, 40)
+    assert a1["verdict"] == "holds"
+    assert (a1["estimate"], a1["ci_low"], a1["ci_high"], a1["n"]) == (-0.01, -0.05, 0.03, 40)
     assert a1["unit"] == "nats"
     a2 = _row_of(results, "A10-2")
     assert a2["verdict"] == "holds" and a2["unit"] == "pp EM" and a2["estimate"] == 6.0

@@ -5,9 +5,15 @@ appendix 9.1-9.2 allocation controls (which section 5 summarises), ``A9.3`` / ``
 ``S`` SAFE-KV's rules (its abstract and design ledger, Table 27), ``B`` the questions beyond both papers. A row names
 the paper's own figure, the notebook and table of this suite it is read from, and a ``compute`` function from the
 results folder to an :class:`Estimate`: this suite's estimate with its interval and the verdict, "holds", "does not
-hold" or "undecided at this size" with the minimal detectable effect. Verdicts come only from :func:`decide`, the one
-place that calls the decisions module (``sur_lab.analysis.decisions``); a row without a ``compute`` function, or
-whose notebook has not finished in the release, renders as "not yet computed", never as a verdict.
+hold" or "undecided at this size" with the minimal detectable effect. Verdicts come only from the decisions module
+(``sur_lab.analysis.decisions``): a decided row that a notebook saved (``paired_family``'s, e.g.
+``02_sur_vs_allocators``, ``03_decisions``, ``09_paired_differences``) through :func:`decide`; a contrast judged by
+``decisions.judge`` as its study declares (:func:`threshold_claim` for a magnitude, "by over 80 pp"); a proportion
+by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. A row without a ``compute`` function,
+whose notebook has not finished in the release, or whose quantity the run cannot produce (:class:`NotComputed`: a
+paper model, a GPU measurement, an arm or budget the preset does not run, a table not written) renders as "not yet
+computed" with the reason, never as a verdict. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv``
+(:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
 release (:mod:`sur_lab.runtime.release`) calls it after every run. Sources: "Budgeted KV-Cache Repair for Evolving
@@ -254,15 +260,6 @@ def _scale_unit(row: Mapping[str, Any], endpoint: str) -> tuple[float, str]:
     return {"binary": (100.0, f"pp {endpoint}"), "ratio": (1.0, "x")}.get(kind, (1.0, endpoint))
 
 
-def _comparison(df, table: str, comparison: str, *, expect: str, endpoint: str, note: str = "",
-                **equal: Any) -> Estimate:
-    """:func:`decide` on the decided row ``comparison`` ("a vs b") of a saved ``paired_family`` table."""
-    row = _row(df, table, f"{comparison!r}", comparison=comparison, **equal)
-    scale, unit = _scale_unit(row, endpoint)
-    return decide(_scaled(row, scale), expect=expect, unit=unit,
-                  note=note or f"{comparison} ({row.get('family') or 'decided'}, {row.get('verdict')})")
-
-
 def threshold_claim(row: Mapping[str, Any], threshold: float, *, expect: str, unit: str, scale: float = 100.0,
                     decide_: bool = True, note: str = "") -> Estimate:
     """A claim about a difference's magnitude ("by over 80 pp"): ``sur_lab.analysis.decisions.judge`` of the
@@ -499,7 +496,8 @@ def _qa(results: Path, family: str, comparison: str, *, expect: str, endpoint: s
     row = _row(df, "03_decisions", f"{comparison!r} in {family!r}", family=family, comparison=comparison)
     endpoint = endpoint or _qa_lead(results)
     scale, unit = _scale_unit(row, endpoint if endpoint != "agreement" else "agreement with Re-prefill")
-    note = f"{comparison} ({family}; {'tested alone' if row.get('adjust') == 'none' else 'Holm over ' + str(row.get('family_size'))})"
+    how = "tested alone" if row.get("adjust") == "none" else f"Holm over {row.get('family_size')}"
+    note = f"{comparison} ({family}; {how})"
     if row.get("kind") == "ratio":
         note += ": how many times faster SUR is, case-paired on the timed cases, sources clustered"
     return decide(_scaled(row, scale), expect=expect, unit=unit, note=note)
@@ -824,7 +822,7 @@ _NIAH, _QA, _BENCH, _NUM, _EVID = ("02_allocation_geometry", "03_natural_qa_late
                                    "05_kernel_numerical_validation", "08_evidence_location")
 
 #: Every row of the claims table, in order. Appending a row here is all a new claim needs; its ``compute`` function
-#: reads ``results/`` and returns :func:`decide`'s :class:`Estimate`.
+#: (listed in :data:`_COMPUTED` below, by id) reads ``results/`` and returns :func:`decide`'s :class:`Estimate`.
 CLAIMS: tuple[Claim, ...] = (
     # ---- the paper: main text (sections 1, 4, 5) and the allocation controls of appendix 9.1-9.2
     _p("P1", "§1, §5, Table 12",
@@ -1044,15 +1042,16 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "S6": (s6_adaptive_drifts, None),
     "S7": (_unavailable("three parts (exact at <= 4 documents, degraded at 16, recovered by suffix repair) with no "
                         "declared comparison between workloads in notebook 06"), None),
-    "S8": (_unavailable("the position sweep (06_noprefix_position_sweep) is descriptive: no declared comparison "
-                        "across evidence positions"), None),
+    "S8": (_unavailable("the position sweep (06_noprefix_position_sweep) is descriptive: no declared "
+                        "comparison across evidence positions"), None),
     "S9": (s9_full_prefill_everywhere, None),
-    "S10": (_unavailable("the ledger's donor-copy row decides equivalence within ±5 points: its 'did not' does not say "
-                         "in which direction donor copy errs, and the paired row is not saved"), None),
+    "S10": (_unavailable("the ledger's donor-copy row decides equivalence within ±5 points: its 'did not' does not "
+                         "say in which direction donor copy errs, and the paired row is not saved"), None),
     "B6": (b6_sync_answers_alike, "10_agent_traces_runs"),
     "B7": (b7_sync_faster_early, "10_agent_traces_runs"),
-    "B8": (_unavailable("notebook 07 prints its decided comparisons but saves no decided table (07_agent_session_summary "
-                        "holds means only); re-deciding them needs its arms, rebuilt from the notebook's parameters"),
+    "B8": (_unavailable("notebook 07 prints its decided comparisons but saves no decided table "
+                        "(07_agent_session_summary holds means only); re-deciding them needs its arms, rebuilt from "
+                        "the notebook's parameters"),
            None),
     "P15": (_unavailable("a GPU measurement (H100, B = 64); notebook 04 times a CPU analogue, medians without an "
                          "interval or a declared comparison"), None),
@@ -1208,5 +1207,6 @@ def write_claims(results: Path, claims: Sequence[Claim] = CLAIMS) -> list[Path]:
     return paths
 
 
-__all__ = ["CLAIMS", "Claim", "Estimate", "NOT_COMPUTED", "VERDICTS", "claim_row", "claim_rows", "claims_csv",
-           "claims_markdown", "decide", "format_estimate", "paired_claim", "write_claims"]
+__all__ = ["CLAIMS", "Claim", "Estimate", "NOT_COMPUTED", "NotComputed", "VERDICTS", "all_of", "claim_row",
+           "claim_rows", "claims_csv", "claims_markdown", "decide", "format_estimate", "paired_claim", "read_table",
+           "table_path", "threshold_claim", "write_claims"]
