@@ -822,7 +822,7 @@ _NIAH, _QA, _BENCH, _NUM, _EVID = ("02_allocation_geometry", "03_natural_qa_late
                                    "05_kernel_numerical_validation", "08_evidence_location")
 
 #: Every row of the claims table, in order. Appending a row here is all a new claim needs; its ``compute`` function
-#: (listed in :data:`_COMPUTED` below, by id) reads ``results/`` and returns :func:`decide`'s :class:`Estimate`.
+#: (listed in ``_COMPUTED`` below, by id) reads ``results/`` and returns :func:`decide`'s :class:`Estimate`.
 CLAIMS: tuple[Claim, ...] = (
     # ---- the paper: main text (sections 1, 4, 5) and the allocation controls of appendix 9.1-9.2
     _p("P1", "§1, §5, Table 12",
