@@ -369,7 +369,7 @@ def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
 
 
 def test_the_command_names_its_folder_as_the_study_does(capsys, tmp_path, data_dir, monkeypatch):
-    """Without --out, the command's folder is the study's own (niah.STUDY.folder): its sweep() in a notebook resumes it."""
+    """Without --out, the command's folder is the study's own (niah.STUDY.folder): a notebook's sweep() resumes it."""
     from sur_lab.models import load_model
     from sur_lab.studies import niah
 

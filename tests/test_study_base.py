@@ -13,7 +13,7 @@ import types
 import pytest
 
 from conftest import make_tiny_model
-from sur_lab.analysis.decisions import Family, PowerBasis
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
 from sur_lab.edits import build_edit
 from sur_lab.studies import STUDIES, StudyRegistry, get_study
 from sur_lab.studies.base import Report, Study, SweepResult
@@ -32,9 +32,9 @@ class TinyStudy(Study):
     fixed = {"references": ["Shift", "Re-prefill"], "allocators": ["SUR"]}
     folder_keys = {"n": "num_cases", "b": "budgets", "seed": "seed", "eb": "eval_batch"}
     scorer = staticmethod(lambda case, text: text.strip() == case.gold[0])
-    primary = Family("primary", "binary", "SUR at 20 % minus Shift on EM", primary=True)
-    primary_power = PowerBasis(0.5, "a planning value")
-    primary_label = "SUR 20% vs Shift on EM"
+    power = PowerDesign("SUR 20% vs Shift on EM", Family("primary", "binary", "SUR at 20 % minus Shift on EM",
+                                                         primary=True), PowerBasis(0.5, "a planning value"),
+                        lambda p: p["num_cases"])
 
     def cases(self, tokenizer, p, seed=0):
         edit = build_edit(tokenizer, TEXT, "What is the code?", SPAN)

@@ -124,20 +124,17 @@ def power_table(presets=("smoke", "default", "paper")):
     Raises:
         ValueError: naming a preset a study does not define.
     """
-    import math
-
     import pandas as pd
+
+    from sur_lab.analysis.decisions import effect_text
 
     rows = []
     for name in POWER_STUDIES:
         study = get_study(name)
         row = {"notebook": study.notebook, "study": name}
         for preset in presets:
-            effect, unit = study.mde(study.params(preset))
-            row[preset] = ("none" if math.isnan(effect) else
-                           f"{effect:.1f} pp" if unit == "pp" else f"{effect:.2f}x" if unit == "x"
-                           else f"{effect:.3g} {unit}")
-        basis = study.primary_power
+            row[preset] = effect_text(*study.mde(study.params(preset)))
+        basis = study.power.basis
         row["basis"] = (f"{'discordance' if basis.unit == 'pp' else 'SD'} {basis.value:.3g}: {basis.source}")
         rows.append(row)
     return pd.DataFrame(rows, columns=["notebook", "study", *presets, "basis"])

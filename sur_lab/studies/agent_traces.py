@@ -66,7 +66,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign
 from sur_lab.analysis.scoring import NONE_PREDICTIONS, agreement, exact_match, extract_answer, normalize_answer
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
@@ -103,7 +103,7 @@ FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa", "musique"], "budgets": [2, 
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
 REGIONS = ("append", "first half", "second half")
-#: The power statement's basis (issue 40; :meth:`STUDY.mde`): a planning value, not a measurement. The SD over traces of a
+#: The power statement's basis (issue 40; :data:`POWER`): a planning value, not a measurement. The SD over traces of a
 #: trace's mean log TTFT ratio (prefix reuse over sync, turns after the first) is taken as 0.2 (a trace's speed-up
 #: within about ±20 %), for CPU timings on a shared 2-core machine; a measured default run replaces it.
 PRIMARY_POWER = PowerBasis(0.2, "a planning value (no published spread): 0.2 per trace, timings on a shared CPU",
@@ -547,6 +547,12 @@ def trace_part(where: Path | str, trace_id: str, fp: Mapping[str, Any]) -> Path:
     return Path(where) / "parts" / f"{part_name(str(trace_id))}-{digest(json.loads(json.dumps(fp)))[:8]}.parquet"
 
 
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, lambda p: p["n_traces"],
+                    what="traces")
+
+
 class AgentTracesStudy(Study):
     """Agent traces (notebook 10): whole agent prompts synced against prefix reuse. Its cases are traces
     (:func:`build_traces`), not :class:`sur_lab.sweeps.Case` objects (each path's turn depends on its own earlier
@@ -559,15 +565,9 @@ class AgentTracesStudy(Study):
     presets, fixed = PRESETS, FIXED
     folder_keys = {"data": "datasets", "tr": "n_traces", "turns": "turns", "cap": "max_doc_tokens", "b": "budgets",
                    "tok": "max_new_tokens", "ex": "executor", "seed": "seed"}
-    primary, primary_power = PRIMARY, PRIMARY_POWER
-    primary_label = "the lead sync path vs prefix reuse, TTFT"
-    power_what = "traces"
+    power, families = POWER, (PRIMARY, AGREEMENT_FAMILY, KIND_FAMILY, REGION_FAMILY)
     table_file = TABLE_FILE
     distributed = False
-
-    def power_units(self, p: Mapping[str, Any]) -> tuple[int, int]:
-        """``n_traces``, the resampled clusters (NaN below the 6 traces the exact sign-flip test needs)."""
-        return p["n_traces"], 1
 
     def check(self, p: Mapping[str, Any]) -> None:
         """:func:`check_params` (the study's paths are not sweep methods)."""

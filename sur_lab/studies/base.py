@@ -2,8 +2,8 @@
 
 A study declares what it is (``name``, ``notebook``, ``folder_prefix``), its parameters (``presets``: sizes by preset,
 ``fixed``: the other parameters' defaults, the literals of its notebook's ``parameters`` cell), how its folder is named
-(``folder_keys``), how its answers are scored (``scorer``, ``parser``) and its primary comparison (``primary``,
-``primary_power``, ``primary_label``; :mod:`sur_lab.analysis.decisions`). It implements three things:
+(``folder_keys``), how its answers are scored (``scorer``, ``parser``), its declared families and its primary
+comparison's power design (``power``, a :class:`sur_lab.analysis.decisions.PowerDesign`). It implements three things:
 :meth:`Study.cases` (its cases from a tokenizer, its parameters and a seed), :meth:`Study.methods` (its sweep's
 methods) and :meth:`Study.report` (its tables, figures and conclusion lines, a :class:`Report`).
 
@@ -62,9 +62,10 @@ class Study(ABC):
             callable of the merged parameters and run arguments. ``ex`` (the executor) is appended when it is not
             ``"sequential"`` unless listed.
         scorer: ``(case, text) -> bool`` (EM), or ``None`` for the sweep's default; parser: the answer parser.
-        primary, primary_power, primary_label: the primary comparison (a :class:`~sur_lab.analysis.decisions.Family`),
-            its stated :class:`~sur_lab.analysis.decisions.PowerBasis` and its words for :meth:`power_line`.
-        power_what, power_clusters: what a paired unit is ("cases"), and what a cluster is (``None``: unclustered).
+        power: the primary comparison's :class:`~sur_lab.analysis.decisions.PowerDesign` (its words, its
+            :class:`~sur_lab.analysis.decisions.Family`, its stated :class:`~sur_lab.analysis.decisions.PowerBasis` and
+            its size at the study's parameters); :attr:`primary` and :attr:`primary_power` read it.
+        families: the study's declared families (:class:`~sur_lab.analysis.decisions.Family`), the primary first.
         table_file: the table the sweep writes in its folder. distributed: whether Ray workers may run it.
     """
 
@@ -76,11 +77,8 @@ class Study(ABC):
     folder_keys: ClassVar[Mapping[str, str | Callable[[Mapping[str, Any]], Any]]]
     scorer: ClassVar[Callable[[Any, str], bool] | None] = None
     parser: ClassVar[Callable[[str], Any] | None] = None
-    primary: ClassVar[Any]
-    primary_power: ClassVar[Any]
-    primary_label: ClassVar[str]
-    power_what: ClassVar[str] = "cases"
-    power_clusters: ClassVar[str | None] = None
+    power: ClassVar[Any]
+    families: ClassVar[tuple] = ()
     table_file: ClassVar[str] = "records.parquet"
     distributed: ClassVar[bool] = True
 
@@ -229,28 +227,26 @@ class Study(ABC):
         records = self.run(lm, built, p, where, **run)
         return SweepResult(self.finish(lm, records, built, p, where, **run), where, built)
 
-    def power_units(self, params: Mapping[str, Any]) -> tuple[int, int | Sequence[int]]:
-        """The primary comparison's size at ``params``: ``(paired units, cases per unit)`` (default
-        ``(params["num_cases"], 1)``)."""
-        return params["num_cases"], 1
+    @property
+    def primary(self):
+        """The primary comparison's :class:`~sur_lab.analysis.decisions.Family` (:attr:`power`'s)."""
+        return self.power.family
+
+    @property
+    def primary_power(self):
+        """The primary comparison's stated :class:`~sur_lab.analysis.decisions.PowerBasis` (:attr:`power`'s)."""
+        return self.power.basis
 
     def mde(self, params: Mapping[str, Any]) -> tuple[float, str]:
         """The primary comparison's minimal detectable effect at 80 % power, two-sided 5 %, at the size of ``params``
-        (:meth:`power_units`) and the stated basis :attr:`primary_power`: ``(effect, unit)``
-        (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
-        from sur_lab.analysis.decisions import mde
-
-        n, per = self.power_units(params)
-        return mde(self.primary, self.primary_power, n, cluster_size=per)
+        and the stated basis: ``(effect, unit)`` (:meth:`sur_lab.analysis.decisions.PowerDesign.mde`; NaN when the
+        size cannot reach 80 %)."""
+        return self.power.mde(params)
 
     def power_line(self, params: Mapping[str, Any]) -> str:
         """:meth:`mde` in words, for the notebook's "This run" cell
-        (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-        from sur_lab.analysis.decisions import power_sentence
-
-        n, per = self.power_units(params)
-        return power_sentence(self.primary_label, self.primary, self.primary_power, n, cluster_size=per,
-                              what=self.power_what, clusters=self.power_clusters)
+        (:meth:`sur_lab.analysis.decisions.PowerDesign.line`)."""
+        return self.power.line(params)
 
     def conclusion(self, records, params: Mapping[str, Any], *, preset: str | None = None) -> list[str]:
         """The notebook's closing lines: the smoke banner on a smoke run, the power statement (:meth:`power_line`),

@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, sd_from_interval
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, sd_from_interval
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import SIDES, TAILS
@@ -79,7 +79,7 @@ NLL_SIDE_MARGIN = Margin(0.1, "±0.1 nats holds the paper's own Table 15 interva
 PRIMARY_FAMILY = Family("primary: NLL side (preregistered)", "continuous",
                         "complete replay's gold-NLL side contrast (Eq. 10), sources resampled; a null result needs "
                         "equivalence within the margin", primary=True, margin=NLL_SIDE_MARGIN)
-#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the SD of one source's NLL side contrast, from the paper's
+#: The power statement's basis (issue 40; :data:`POWER`): the SD of one source's NLL side contrast, from the paper's
 #: Table 15 interval (-0.039 nats, -0.099 to 0.021, over 275 sources with three models averaged per source;
 #: :func:`~sur_lab.analysis.decisions.sd_from_interval`). One model's per-source contrast varies more, so the stated
 #: MDE of a one-model run errs small.
@@ -1163,6 +1163,12 @@ def sweep_cases_of(location_cases: Sequence[LocationCase]) -> list:
     return [replace(sc, answer_ids=c.answer_ids) for sc, c in zip(sweep_cases(location_cases), location_cases)]
 
 
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, PRIMARY_POWER,
+                    lambda p: _power_sources(p), what="sources")
+
+
 class EvidenceLocationStudy(Study):
     """The preregistered evidence-location experiment (notebook 08): every cell x methods x budgets, answers scored by
     the dataset rules (:func:`sur_lab.sweeps.make_scorer`), every record with the endpoints of issue 25. No case is
@@ -1175,14 +1181,7 @@ class EvidenceLocationStudy(Study):
     folder_keys = {"data": lambda p: list(p["datasets"]), "cand": "candidates_per_dataset", "n": "sources_per_dataset",
                    "geom": "geometry", "fs": "fixed_slot", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
                    "eb": "eval_batch"}
-    primary, primary_power = PRIMARY_FAMILY, PRIMARY_POWER
-    primary_label = "complete replay's NLL side contrast vs 0"
-    power_what = "sources"
-
-    def power_units(self, p: Mapping[str, Any]) -> tuple[int, int]:
-        """The sources (:func:`_power_sources`), the resampled units; the equivalence verdict needs more: the 90 %
-        interval inside ±0.1 nats (NaN below the 6 sources the exact sign-flip test needs)."""
-        return _power_sources(p), 1
+    power, families = POWER, (PRIMARY_FAMILY, SECONDARY, FIXED_SLOT_FAMILY)
 
     def folder_tag(self, p: Mapping[str, Any], **run: Any) -> dict[str, Any]:
         """The base's entries, then ``pm`` (the sorted ``panel_models``) when the panel is a common one."""
@@ -1271,8 +1270,8 @@ NOT_EXAMINED = "not examined"
 def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
     """What :data:`PANEL_FILE` holds for one run: ``{"study", "params", "seed", "candidates"}``.
 
-    ``params`` are the run's parameters (:meth:`STUDY.params`) without :data:`ANALYSIS_PARAMS` (``panel_models`` sorted: the
-    panel does not depend on their order); ``candidates`` maps each
+    ``params`` are the run's parameters (:meth:`STUDY.params`) minus :data:`ANALYSIS_PARAMS` (``panel_models``
+    sorted: the panel does not depend on their order); ``candidates`` maps each
     dataset of ``p["datasets"]`` to ``{"feasible": [source ids], "excluded": [source ids]}``, in draw order: every
     candidate the run examined, with its outcome (decided by tokenization alone, :func:`build_panel`).
 
@@ -1293,7 +1292,7 @@ def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, 
 
 
 def write_panel_file(folder, built: Panel, p: Mapping[str, Any], *, seed: int) -> None:
-    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; :meth:`STUDY.sweep` calls it after its records)."""
+    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; the sweep calls it after its records)."""
     import json
     from pathlib import Path
 

@@ -55,7 +55,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, PowerBasis, discordance_from_interval
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign, discordance_from_interval
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
@@ -132,7 +132,7 @@ PRIMARY_BUDGET = 5.0
 #: :data:`sur_lab.studies.presets.EM_LEAD_MIN`.
 PRIMARY = Family("primary", "binary",
                  f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered", primary=True)
-#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the primary comparison's discordance rate per case, from the
+#: The power statement's basis (issue 40; :data:`POWER`): the primary comparison's discordance rate per case, from the
 #: paper's Table 9 (Qwen3-30B-A3B, 1,200 cases of 400 sources): SUR 5 % minus Shift +1.75 pp [+1.12, +2.24]. The
 #: interval is too narrow for more discordant cases than the difference itself (the source-stratified bootstrap), so
 #: the rate is |d|: nearly every discordant case favours SUR
@@ -549,6 +549,12 @@ def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trial
             if (c.example.dataset, c.example.id) in timed]
 
 
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                    lambda p: (len(p["datasets"]) * p["n_per_dataset"], len(p["placements"])), clusters="sources")
+
+
 class NaturalQAStudy(Study):
     """Natural multi-hop QA (notebook 03): every placement case x methods x budgets, scored by the dataset rules
     (:func:`sur_lab.sweeps.make_scorer`). Cases of the first ``timed_sources`` sources per dataset are answered one
@@ -560,13 +566,7 @@ class NaturalQAStudy(Study):
     folder_keys = {"data": lambda p: [DATASET_LABELS.get(d, d) for d in p["datasets"]], "n": "n_per_dataset",
                    "timed": "timed_sources", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
                    "trials": "trials", "eb": "eval_batch"}
-    primary, primary_power = PRIMARY, PRIMARY_POWER
-    primary_label = f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint"
-    power_clusters = "sources"
-
-    def power_units(self, p: Mapping[str, Any]) -> tuple[int, int]:
-        """``n_per_dataset`` sources per dataset, each a cluster of its ``placements``."""
-        return len(p["datasets"]) * p["n_per_dataset"], len(p["placements"])
+    power, families = POWER, (PRIMARY, REFERENCE_FAMILY, RIVALS, LATENCY)
 
     def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> list[PlacementCase]:
         """The study's placement cases (sources by :func:`select_panel`, cases by :func:`build_cases`).

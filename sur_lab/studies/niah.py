@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, discordance_from_marginals
+from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, PowerDesign, discordance_from_marginals
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.data.text import char_token_span, join_blocks
@@ -75,7 +75,7 @@ PAPER_ALLOCATORS = (
 )
 
 #: Methods beyond the paper in the ``paper`` and ``default`` presets (issue 26): SUR's tie-robust variant, the edit-local baselines
-#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :meth:`STUDY.methods`).
+#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references).
 BEYOND_PAPER = ("SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
 #: SUR's design factors (appendix 9.3), one at a time: ``(factor, the paper's setting, the changed setting, method)``.
 #: Each method is SUR with exactly one option changed (``docs/allocators.md``); the bonus factor has two changes.
@@ -119,7 +119,7 @@ MATCHED = Family("matched tokens (holdout roster)", "binary",
                  "the same per-case count, at each matched budget, every length pooled, per endpoint")
 MATCHED_BY_LENGTH = Family("matched tokens by context length (holdout roster)", "binary",
                            "the same comparisons within each context length (1K, 2K, ...), per endpoint")
-#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the primary comparison's discordance rate, from the paper's
+#: The power statement's basis (issue 40; :data:`POWER`): the primary comparison's discordance rate, from the paper's
 #: Table 2 (Qwen3-8B, 96 cases): SUR at 5 % has 98.96 % EM and Shift 0 %, so every case SUR answers is discordant.
 PRIMARY_POWER = PowerBasis(discordance_from_marginals(0.9896, 0.0),
                            "the paper's Table 2 (Qwen3-8B): SUR 5 % 98.96 % EM against Shift's 0 %")
@@ -507,6 +507,12 @@ def build_niah_cases(
 # The study (issue 39: declarations on the Study base; params, folder, sweep, mde and conclusion are the base's)
 
 
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                    lambda p: p["num_cases"])
+
+
 class NiahStudy(Study):
     """Erasing-NIAH (notebook 02): every case x (references + allocators x budgets), strictly scored
     (:func:`niah_scorer`). NIAH has no latency endpoint: its answers are never timed."""
@@ -516,8 +522,8 @@ class NiahStudy(Study):
     folder_keys = {"ctx": "context_lens", "n": "num_cases", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
                    "eb": "eval_batch"}
     scorer, parser = staticmethod(niah_scorer), staticmethod(parse_niah_answer)
-    primary, primary_power = PRIMARY, PRIMARY_POWER
-    primary_label = f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint"
+    power = POWER
+    families = (PRIMARY, RIVALS, BEYOND, ABLATION_FAMILY, MATCHED, MATCHED_BY_LENGTH, ALL_AGAINST_REFERENCES)
 
     def methods(self, p: Mapping[str, Any]) -> list[str]:
         """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
@@ -622,9 +628,10 @@ class MatchedRegion:
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
-        _check_region(self.region, self.count)
+        from sur_lab.allocators import check_region
         from sur_lab.budget import check_budget
 
+        check_region(self.region, self.count)
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
 
     @property
@@ -673,11 +680,11 @@ class MatchedTokens:
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
-        from sur_lab.allocators import get_allocator
+        from sur_lab.allocators import check_region, get_allocator
         from sur_lab.budget import check_budget
 
         get_allocator(self.allocator)
-        _check_region(self.region, self.count)
+        check_region(self.region, self.count)
         if self.allocator == self.region:
             raise ValueError(f"allocator={self.allocator!r} must differ from region")
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
@@ -696,23 +703,17 @@ class MatchedTokens:
                       allowance=n)
 
 
-def _check_region(region: str, count: str) -> None:
-    """Refuse an unknown region or count rule, or a non-SUR region under ``"whole_units"``, before any work."""
-    from sur_lab.allocators import COUNT_RULES, get_allocator, resolve_method
-
-    get_allocator(region)
-    if count not in COUNT_RULES:
-        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
-    if count == "whole_units" and resolve_method(region)[0] != "SUR":
-        raise ValueError(f"region={region!r}: count='whole_units' ranks SUR's units; give SUR or a SUR variant")
-
-
 def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, seed: int,
                    options: Mapping[str, Any] | None) -> int:
     """n of :func:`sur_lab.allocators.region_count` on the case's request at ``budget_pct`` (units kept on
-    ``prepared``)."""
+    ``prepared``), computed once per prepared edit: kept in ``prepared.matched_counts`` and read back for the same
+    region, budget, count, seed and ``options`` object (every arm of a case)."""
     from sur_lab.allocators import AllocationRequest, region_count
 
+    key = (region, float(budget_pct), count, int(seed))
+    kept = prepared.matched_counts.get(key)
+    if kept is not None and kept[0] is options:
+        return kept[1]
     opts = dict(options or {})
     if prepared.dirty_cache is not None:
         opts.setdefault("dirty_cache", prepared.dirty_cache)
@@ -721,6 +722,7 @@ def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, see
     n = region_count(region, request, count)
     if prepared.units is None and request.units is not None:
         prepared.units = request.units
+    prepared.matched_counts[key] = (options, n)
     return n
 
 
@@ -824,10 +826,10 @@ def _region_allowance(records: pd.DataFrame, region: str) -> np.ndarray:
     """B per record: Eq. 3's ``B(S, b)`` of the record's suffix at its budget, on the whole-prompt base when
     ``region`` binds ``allowance_base=prompt`` (the B from which the region's count starts); int64."""
     from sur_lab.allocators import resolve_method
-    from sur_lab.budget import allowance, prompt_allowance
+    from sur_lab.budget import base_allowance
 
-    prompt = resolve_method(region)[1].get("allowance_base") == "prompt"
-    return np.array([prompt_allowance(int(s), int(p) + int(s), float(b)) if prompt else allowance(int(s), float(b))
+    base = resolve_method(region)[1].get("allowance_base", "suffix")
+    return np.array([base_allowance(int(s), int(p) + int(s), float(b), base)
                      for s, p, b in zip(records["suffix_len"], records["prefix_len"], records["budget_pct"])],
                     dtype=np.int64)
 
@@ -1454,7 +1456,6 @@ def plot_intervals(records: pd.DataFrame):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Across models: Figure 3 one panel per model, Tables 2-6 stacked (issue 28)
-
 
 
 def combine(folders: Sequence[Path | str]) -> pd.DataFrame:

@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, PowerBasis
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
 from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import (
     EditedContext,
@@ -814,7 +814,7 @@ PRIMARY_BUDGET = 5.0
 #: primary comparison and two small families (the all-pairs table they replace held 38 comparisons per endpoint).
 #: Cases are the paired units (independent constructions).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
-#: The power statement's basis (issue 40; :meth:`STUDY.mde`): a planning value, not a measurement. No paper reports this
+#: The power statement's basis (issue 40; :data:`POWER`): a planning value, not a measurement. No paper reports this
 #: comparison; SUR and Shift are taken to disagree on half the cases (two arms each right about half the time,
 #: independently), the rate that a measured default run replaces.
 PRIMARY_POWER = PowerBasis(0.5, "a planning value (no published rate): SUR and Shift disagree on half the cases")
@@ -850,6 +850,11 @@ def _options(p: Mapping[str, Any]) -> dict[str, Any]:
     return {} if p["erratum_template"] == "default" else {"erratum_template": p["erratum_template"]}
 
 
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, lambda p: p["num_cases"])
+
+
 class StaleFactsStudy(Study):
     """Stale facts (notebook 09): every case x (references + allocators x budgets), scored by
     :func:`stale_fact_scorer` (EM), with ``gold_margin`` and ``old_margin`` in every record
@@ -863,8 +868,7 @@ class StaleFactsStudy(Study):
     folder_keys = {"ctx": "context_lens", "n": "num_cases", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
                    "eb": "eval_batch", "r": lambda p: _roster_digest(p)}
     scorer = staticmethod(stale_fact_scorer)
-    primary, primary_power = PRIMARY, PRIMARY_POWER
-    primary_label = f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM"
+    power, families = POWER, (PRIMARY, EM_FAMILY, STALE_FAMILY, PLACEMENT_FAMILY)
 
     def methods(self, p: Mapping[str, Any]) -> list[str]:
         """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, discordance_from_interval
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, discordance_from_interval
 from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
 
 #: The design ledger's paired comparisons (issue 36; :mod:`sur_lab.analysis.decisions`): each route against the one it
@@ -29,7 +29,7 @@ LEDGER = Family("design ledger", "binary",
 #: :data:`LEDGER_MARGIN` (paired over requests, sources clustered; tested alone).
 DONOR_PROXY = Family("donor-copy as a proxy", "binary", "donor-copy minus actual forwarding of suffix K1 (risk), "
                      "preservation", primary=True, margin=LEDGER_MARGIN)
-#: The power statement's basis (issue 40; :meth:`STUDY.mde`): the donor-proxy comparison's discordance rate per request,
+#: The power statement's basis (issue 40; :data:`POWER`): the donor-proxy comparison's discordance rate per request,
 #: from SAFE-KV's Table 20 (Noise64, 50 requests): donor-copy minus forwarding +0.20 [0.06, 0.34] in preservation
 #: (:func:`~sur_lab.analysis.decisions.discordance_from_interval`).
 PRIMARY_POWER = PowerBasis(discordance_from_interval(0.20, 0.06, 0.34, 50),
@@ -41,6 +41,13 @@ def _power_clusters(p: Mapping[str, Any]) -> list[int]:
     whose ``n_sources`` exceeds ``i`` (:func:`~sur_lab.studies.noprefix.study.cases`)."""
     per = [sum(k > i for k in p["n_sources"]) for i in range(max(p["n_sources"]))]
     return per * len(p["datasets"])
+
+
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign("donor-copy vs actual forwarding (suffix K1, risk), preservation", DONOR_PROXY,
+                    PRIMARY_POWER, lambda p: (len(_power_clusters(p)), _power_clusters(p)), what="requests",
+                    clusters="sources")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -869,6 +876,7 @@ def plot_robustness(table: pd.DataFrame, *, title: str = ""):
 
 __all__ = [
     "DONOR_PROXY",
+    "POWER",
     "PRIMARY_POWER",
     "LEDGER",
     "LEDGER_MARGIN",

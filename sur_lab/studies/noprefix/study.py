@@ -52,8 +52,8 @@ from sur_lab.studies.noprefix.protocol import (
 from sur_lab.studies.base import Report, Study
 from sur_lab.studies.noprefix.reporting import (
     DONOR_PROXY,
-    PRIMARY_POWER,
-    _power_clusters,
+    LEDGER,
+    POWER,
     conclusion,
     design_ledger,
     operating_rule,
@@ -338,9 +338,7 @@ class NoprefixStudy(Study):
     name, notebook = NAME, NOTEBOOK
     presets, fixed = PRESETS, FIXED
     parser = staticmethod(preservation_text)
-    primary, primary_power = DONOR_PROXY, PRIMARY_POWER
-    primary_label = "donor-copy vs actual forwarding (suffix K1, risk), preservation"
-    power_what, power_clusters = "requests", "sources"
+    power, families = POWER, (DONOR_PROXY, LEDGER)
 
     def __init__(self, design: str = "main") -> None:
         _check_design(design)
@@ -350,11 +348,6 @@ class NoprefixStudy(Study):
                  else {"docs": "sweep_docs", "src": "sweep_sources"})
         self.folder_keys = {"data": "datasets", **sizes, "cap": "max_doc_tokens", "b": "budgets",
                             "tok": "max_new_tokens", "seed": "seed", "eb": "eval_batch"}
-
-    def power_units(self, p: Mapping[str, Any]) -> tuple[int, list[int]]:
-        """The main design's sources (clustered), each with its requests (:func:`_power_clusters`)."""
-        sizes = _power_clusters(p)
-        return len(sizes), sizes
 
     def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> ComposedCases:
         """One :class:`ComposedCase` per RAG request of the design (meta: dataset, source, number of documents,
