@@ -380,7 +380,8 @@ class SweepStore:
                           "recomputed", UserWarning, stacklevel=2)
             path.unlink(missing_ok=True)
             return None
-        check_fingerprint(fps, _json_value(dict(fingerprint), "fingerprint", finite=True), out_dir=self.out_dir, case_id=case_id)
+        expected = _json_value(dict(fingerprint), "fingerprint", finite=True)
+        check_fingerprint(fps, expected, out_dir=self.out_dir, case_id=case_id)
         return rows
 
     def run_keyed(self, cases: Mapping[str, Any], compute: Callable[[Any], Sequence[Mapping[str, Any]]], *,
@@ -392,8 +393,8 @@ class SweepStore:
         """The one resume loop of keyed rows: under :meth:`lock`, each case's stored rows are read back
         (:meth:`read_rows`) or computed (``compute(case)``) and stored at once (:meth:`write_rows`); then every
         case's rows, in the order of ``cases``, go through ``finish`` (e.g. cumulative columns) and are written to
-        ``out_dir/table`` (:meth:`write_table`), the fingerprint to ``sweep.json``. A fresh run and a resumed one return equal frames: both are built from the
-        rows as they read back.
+        ``out_dir/table`` (:meth:`write_table`), the fingerprint to ``sweep.json``. A fresh run and a resumed one
+        return equal frames: both are built from the rows as they read back.
 
         Args:
             cases: case id -> case (anything ``compute`` takes), in table order.
