@@ -46,7 +46,7 @@ independently); here each path's state at turn t depends on its own repairs at t
 and a sync is a diff of many edits rather than one span. They are keyed rows of the one sweep store
 (:meth:`sur_lab.sweeps.SweepStore.run_keyed`: a trace is a case, its rows keyed by turn and path): each finished trace
 is written at once to its part file, so an interrupted run resumes, and the table is ``turns.parquet`` in the study's
-sweep folder (:func:`sweep`).
+sweep folder (:meth:`AgentTracesStudy.run`).
 
 Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
 Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
