@@ -794,10 +794,10 @@ EXPECTED: dict[str, Expected] = {
                                               rows=lambda p: _trace_sizes(p)["turns"] * _trace_paths(p),
                                               not_null=("ttft_ms", "agree_pct")),
             "10_agent_traces_regions": Table(columns=("region", "path", "turns", "ttft_ms", "speedup", "agree_pct",
-                                                      "agree_diff_pp", "losses", "loss_upper_pct"),
+                                                      "agree_delta", "losses", "loss_upper_pct"),
                                              not_null=("ttft_ms", "speedup", "loss_upper_pct")),
             "10_agent_traces_kinds": Table(columns=("kind", "path", "turns", "known_pct", "agree_pct", "em_pct",
-                                                    "agree_diff_pp", "losses"),
+                                                    "agree_delta", "losses"),
                                            not_null=("agree_pct", "em_pct", "known_pct"), check=_trace_kinds),
             "10_agent_traces_summary": Table(
                 columns=("path", "turns", "ttft_ms", "agree_pct", "em_pct", "cost_ratio", "time_ratio"),
