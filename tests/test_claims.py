@@ -7,9 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from sur_lab.analysis.decisions import paired_family, proportion_interval
 from sur_lab.runtime import claims as cl
 from sur_lab.runtime.run_notebooks import notebooks
 
@@ -114,3 +118,306 @@ def test_paired_claim_goes_through_the_decisions_module(monkeypatch):
     assert est.verdict == "holds" and seen == {"kind": "binary", "margin": None, "names": list(family)}
     with pytest.raises(KeyError, match="comparison 'SUR 5% - Shift' is not in the family"):
         cl.paired_claim(family, comparison="SUR 5% - Shift", expect="greater", unit="pp EM")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The compute functions, on small synthetic results folders whose tables have the notebooks' columns (the decided
+# tables are written by the decisions module itself, as the notebooks write them; no notebook runs here)
+
+TAG = "model-m_dtype-float32_device-cpu_n-48_seed-0"
+
+
+def _results(tmp_path, tables, *, preset="default", finished=None):
+    """A results folder: each table as ``tables/<name>_<TAG>.csv``, and a manifest where every notebook named by a
+    table's prefix (or ``finished``) has finished at ``preset``."""
+    (tmp_path / "tables").mkdir(exist_ok=True)
+    for name, df in tables.items():
+        df.to_csv(tmp_path / "tables" / f"{name}_{TAG}.csv", index=False)
+    stems = {p.stem for p in notebooks("*") if any(n.startswith(p.stem[:3]) for n in tables)} | set(finished or ())
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": 1, "preset": preset, "notebooks": {
+        s: {"status": "finished", "preset": preset} for s in stems}}))
+    return tmp_path
+
+
+def _decided(pairs, *, family, **kw):
+    """A decided table as the notebooks save it: ``paired_family`` of ``pairs`` ((a, b) -> (a outcomes, b outcomes));
+    binary unless the declared family says otherwise."""
+    kind = None if hasattr(family, "kind") else "binary"
+    return paired_family(pairs, kind=kind, family=family, n_boot=1000, seed=0, **kw)
+
+
+def _row_of(results, claim_id):
+    claim = next(c for c in cl.CLAIMS if c.id == claim_id)
+    return cl.claim_row(claim, results)
+
+
+ONES, ZEROS, HALF = np.ones(48), np.zeros(48), np.r_[np.zeros(24), np.ones(24)]
+EM_LEAD = pd.DataFrame({"method": ["Shift", "Re-prefill", "SUR"], "Reference": [0.0, 100.0, np.nan],
+                        "2%": [np.nan, np.nan, 100.0], "5%": [np.nan, np.nan, 100.0]})
+RIVALS = "SUR against the references and the paper's allocators"
+
+
+def test_table_path_reads_the_run_tagged_file_of_that_table_only(tmp_path):
+    (tmp_path / "tables").mkdir()
+    for name in (f"02_table12_{TAG}.csv", f"02_table12_concordance_{TAG}.csv"):
+        pd.DataFrame({"x": [1]}).to_csv(tmp_path / "tables" / name, index=False)
+    assert cl.table_path(tmp_path, "02_table12").name == f"02_table12_{TAG}.csv"
+    assert cl.table_path(tmp_path, "02_table12_concordance").name == f"02_table12_concordance_{TAG}.csv"
+    with pytest.raises(FileNotFoundError, match="no 02_table14 table"):
+        cl.table_path(tmp_path, "02_table14")
+    pd.DataFrame({"x": [2]}).to_csv(tmp_path / "tables" / "02_table12_model-other.csv", index=False)
+    with pytest.raises(ValueError, match="02_table12: 2 runs' files"):
+        cl.table_path(tmp_path, "02_table12")
+    # the manifest's list of the notebook's outputs settles which run is the release's
+    (tmp_path / "manifest.json").write_text(json.dumps({"notebooks": {"02_allocation_geometry": {
+        "status": "finished", "outputs": {"tables/02_table12_model-other.csv": {}}}}}))
+    assert cl.read_table(tmp_path, "02_table12")["x"].tolist() == [2]
+
+
+def test_p1_reads_the_interval_against_80_pp(tmp_path):
+    rivals = _decided({("SUR 2%", "Dense tokens 2%"): (ONES, ZEROS), ("SUR 2%", "Shift"): (ONES, HALF)},
+                      family=RIVALS)
+    results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals})
+    row = _row_of(results, "P1")
+    dense = rivals.iloc[0]
+    assert row["verdict"] == "holds" and row["unit"] == "pp EM" and row["n"] == 48
+    assert (row["estimate"], row["ci_low"], row["ci_high"]) == (100.0, 100 * dense.ci_low, 100.0)
+    # 7 units on one side separate at Holm's first step of a family of two (0.05 / 2)
+    assert row["ci_low"] > 80 and math.isclose(row["mde"], 100 * 7 / 48)
+    # P3 is the same table's SUR 2 % minus Shift: +50 pp, separated (holds: SUR above Shift)
+    p3 = _row_of(results, "P3")
+    assert p3["verdict"] == "holds" and p3["estimate"] == 50.0 and p3["ci_high"] < 80
+    # +50 pp with its interval below 80 pp: "over 80 pp" does not hold, though SUR beats Dense tokens
+    rivals2 = _decided({("SUR 2%", "Dense tokens 2%"): (ONES, HALF)}, family=RIVALS)
+    results = _results(tmp_path, {"02_sur_vs_allocators": rivals2})
+    row = _row_of(results, "P1")
+    assert rivals2.iloc[0].verdict == "beats" and row["verdict"] == "does not hold" and row["estimate"] == 50.0
+
+
+def test_niah_rows_follow_the_lead_endpoint_and_smoke_decides_nothing(tmp_path):
+    lead = EM_LEAD.assign(Reference=[0.0, 10.0, np.nan])  # Re-prefill EM 10 %: the lead is agreement
+    rivals = _decided({("SUR 2%", "Random semantic units 2%"): (ONES, ZEROS)}, family=RIVALS, decide=False)
+    results = _results(tmp_path, {"02_budget_table_em": lead, "02_sur_vs_allocators": rivals}, preset="smoke")
+    row = _row_of(results, "P5")
+    assert row["unit"] == "pp agreement with Re-prefill" and row["verdict"] == "undecided at this size"
+    assert row["estimate"] == 100.0 and "lead endpoint (agreement with Re-prefill)" in row["note"]
+    assert _row_of(results, "P6")["verdict"] == cl.NOT_COMPUTED  # not in the table: no row, no verdict
+    assert "has no row for 'SUR 2% vs Max-relevance contiguous 2%'" in _row_of(results, "P6")["note"]
+
+
+def test_p2_is_an_exact_bound_on_sur_em(tmp_path):
+    records = pd.DataFrame({"case_id": range(48), "method": "SUR", "budget_pct": 2.0, "em": [True] * 48})
+    row = _row_of(_results(tmp_path, {"02_niah_records": records}), "P2")
+    _, low, high = proportion_interval(48, 48)
+    assert row["verdict"] == "holds" and (row["estimate"], row["ci_low"], row["ci_high"]) == (100.0, 100 * low, 100.0)
+    records["em"] = [True] * 40 + [False] * 8  # 83 %, upper bound 92.5 % > 89.6 %: not shown either way
+    row = _row_of(_results(tmp_path, {"02_niah_records": records}), "P2")
+    assert row["verdict"] == "undecided at this size" and math.isclose(row["estimate"], 100 * 40 / 48)
+
+
+def test_p8_is_all_of_the_derived_allocators_that_ran(tmp_path):
+    rivals = _decided({("SUR 2%", "CacheBlend-Adapted 2%"): (ONES, ZEROS),
+                       ("SUR 2%", "InfoFlow-Motivated 2%"): (HALF, HALF)}, family=RIVALS)
+    row = _row_of(_results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals}), "P8")
+    # InfoFlow is not separated (0 pp): the conjunction is undecided and shows that part
+    assert row["verdict"] == "undecided at this size" and row["estimate"] == 0.0
+    assert "shown: InfoFlow-Motivated" in row["note"]
+    assert "Not run here: ProphetKV-Adapted, Cache-Craft-Adapted" in row["note"]
+    rivals = _decided({("SUR 2%", "Dense tokens 2%"): (ONES, ZEROS)}, family=RIVALS)
+    row = _row_of(_results(tmp_path, {"02_sur_vs_allocators": rivals}), "P8")
+    assert row["verdict"] == cl.NOT_COMPUTED and row["note"].startswith("the run compares none of ProphetKV-Adapted")
+
+
+def test_table14_and_ablation_rows(tmp_path):
+    t14 = pd.DataFrame([{"length": "all", "context_len": np.nan, "family": "matched tokens (holdout roster)",
+                         "budget_pct": 2.0, "allocator": "Dense tokens", "n_cases": 24, "em_diff_pp": 25.0,
+                         "em_ci_low_pp": 6.5, "em_ci_high_pp": 41.0, "em_p_adj": 0.01, "em_verdict": "beats",
+                         "em_mde_pp": 33.3}])
+    abl = _decided({("Fixed blocks 2%", "SUR 2%"): (ZEROS, ONES), ("Fixed blocks 5%", "SUR 5%"): (ZEROS, ONES),
+                    ("Multiple local windows 2%", "SUR 2%"): (HALF, ONES),
+                    ("Multiple local windows 5%", "SUR 5%"): (ONES, ONES)},
+                   family="SUR's design factors").assign(metric="em")
+    results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_table14": t14, "02_ablation": abl})
+    row = _row_of(results, "A9.3-1")
+    assert (row["estimate"], row["ci_low"], row["ci_high"], row["n"], row["mde"]) == (25.0, 6.5, 41.0, 24, 33.3)
+    assert row["verdict"] == "holds"
+    row = _row_of(results, "A9.3-4")  # Multiple local windows ties SUR at 5 %: the conjunction is undecided
+    assert row["verdict"] == "undecided at this size" and "shown: Multiple local windows 5% vs SUR 5%" in row["note"]
+    assert row["estimate"] == 0.0
+    assert _row_of(results, "A9.3-3")["verdict"] == cl.NOT_COMPUTED  # no SUR variant ran
+    assert _row_of(results, "A9.3-3")["note"].startswith("none of the comparisons ran")
+
+
+def test_natural_qa_rows(tmp_path):
+    from sur_lab.studies import natural_qa as qa
+
+    rng = np.random.default_rng(0)
+    t_sur, t_re = rng.uniform(1, 2, 24), rng.uniform(3, 4, 24)
+    decided = pd.concat([
+        _decided({("SUR 5%", "Shift"): (ONES, HALF)}, family=qa.PRIMARY),
+        _decided({("SUR 2%", "Re-prefill"): (HALF, ONES), ("SUR 5%", "Re-prefill"): (ONES, ONES)},
+                 family=qa.REFERENCE_FAMILY),
+        _decided({("SUR 5%", "Re-prefill"): (t_sur, t_re)}, family=qa.LATENCY)], ignore_index=True)
+    t7 = pd.DataFrame({"condition": ["SUR 5%", "Re-prefill"], "em_pct": [40.0, 45.0]})
+    results = _results(tmp_path, {"03_decisions": decided, "03_table7_quality_latency": t7})
+    p10 = _row_of(results, "P10")
+    assert p10["verdict"] == "holds" and p10["estimate"] == 50.0 and "tested alone" in p10["note"]
+    assert _row_of(results, "P11")["verdict"] == "holds"  # SUR 2 % below Re-prefill, separated
+    p9 = _row_of(results, "P9")  # identical outcomes, but no declared margin: never shown equivalent
+    assert p9["verdict"] == "undecided at this size" and p9["estimate"] == 0.0
+    p12 = _row_of(results, "P12")
+    lat = decided[decided.family == qa.LATENCY.name].iloc[0]
+    assert p12["unit"] == "x" and p12["verdict"] == "holds" and p12["ci_low"] == lat.ci_low > 1
+    assert math.isclose(p12["estimate"], lat.estimate)
+    assert _row_of(results, "P13")["verdict"] == cl.NOT_COMPUTED  # no Replay at the default preset
+    t7["em_pct"] = [5.0, 10.0]  # Re-prefill's EM below the lead threshold: agreement leads, no Re-prefill row
+    results = _results(tmp_path, {"03_table7_quality_latency": t7})
+    assert "lead endpoint is agreement" in _row_of(results, "P9")["note"]
+
+
+def _t15_row(condition, hypothesis, estimate, low, high, *, p=0.5, holm_p=0.5, tost=(np.nan, np.nan), n=40):
+    return {"condition": condition, "hypothesis": hypothesis, "estimate": estimate, "low": low, "high": high,
+            "tost_low": tost[0], "tost_high": tost[1], "p": p, "holm_p": holm_p, "n_sources": n}
+
+
+def test_evidence_location_rows(tmp_path):
+    t15 = pd.DataFrame([
+        _t15_row("Replay", "NLL side", -0.01, -0.05, 0.03, tost=(-0.04, 0.02)),
+        _t15_row("Replay", "EM side", 6.0, 3.0, 9.0, p=0.0004, holm_p=0.002),
+        _t15_row("Replay", "NLL tail", -0.03, -0.07, 0.004),
+        _t15_row("Replay", "NLL interaction", 0.01, -0.02, 0.04),
+        _t15_row("Replay", "EM tail", 0.5, -1.6, 2.6),
+        _t15_row("Replay", "EM interaction", -1.2, -4.8, 2.2),
+        _t15_row("Fixed slot", "NLL side", -0.2, -0.3, -0.1, p=0.001, holm_p=0.004, tost=(-0.28, -0.12))])
+    findings = pd.DataFrame([{"finding": "fixed-slot refresh carries the side effect", "rule": "r",
+                              "verdict": "not carried", "evidence": "TV: ...", "reproduced": False}])
+    results = _results(tmp_path, {"08_table15": t15, "08_findings": findings})
+    a1 = _row_of(results, "A10-1")  # 90 % interval inside ±0.1 nats: equivalent
+    assert a1["verdict"] == "holds"
+    assert (a1["estimate"], a1["ci_low"], a1["ci_high"], a1["n"]) == (-0.01, -0.05, 0.03, 40)
+    assert a1["unit"] == "nats"
+    a2 = _row_of(results, "A10-2")
+    assert a2["verdict"] == "holds" and a2["unit"] == "pp EM" and a2["estimate"] == 6.0
+    a3 = _row_of(results, "A10-3")  # no margin for these: never shown null
+    assert a3["verdict"] == "undecided at this size" and a3["note"].startswith("all of 4 must hold")
+    a4 = _row_of(results, "A10-4")
+    assert a4["verdict"] == "does not hold" and a4["estimate"] is None and a4["note"] == "not carried: TV: ..."
+    a5 = _row_of(results, "A10-5")  # separated below 0: the null does not hold
+    assert a5["verdict"] == "does not hold" and a5["estimate"] == -0.2
+    smoke = _results(tmp_path, {"08_table15": t15}, preset="smoke")
+    assert _row_of(smoke, "A10-1")["verdict"] == "undecided at this size"
+
+
+def test_stale_facts_rows(tmp_path):
+    from sur_lab.studies import stale_facts as sf
+
+    em = _decided({("Edit-local window 5%", "SUR 5%"): (ONES, HALF), ("Erratum", "SUR 5%"): (ZEROS, ONES)},
+                  family=sf.EM_FAMILY).assign(metric="em")
+    stale = _decided({("SUR 5%", "Shift"): (ZEROS, ONES)}, family=sf.STALE_FAMILY).assign(metric="stale")
+    results = _results(tmp_path, {"09_paired_differences": pd.concat([em, stale], ignore_index=True)})
+    assert _row_of(results, "B2")["verdict"] == "holds" and _row_of(results, "B2")["estimate"] == 50.0
+    assert _row_of(results, "B4")["verdict"] == "does not hold" and _row_of(results, "B4")["estimate"] == -100.0
+    assert _row_of(results, "B3")["verdict"] == cl.NOT_COMPUTED
+    b5 = _row_of(results, "B5")  # 100 pp fewer stale answers: lower is better, so SUR "beats" Shift
+    assert b5["verdict"] == "holds" and b5["estimate"] == -100.0 and b5["unit"] == "pp stale"
+
+
+def test_every_claim_renders_on_empty_and_on_finished_folders(tmp_path):
+    """A finished notebook with no tables: each computed row says why it is not computed; nothing crashes."""
+    finished = {p.stem for p in notebooks("*")}
+    results = _results(tmp_path, {}, finished=finished)
+    rows = cl.claim_rows(results)
+    assert all(r["verdict"] == cl.NOT_COMPUTED and r["note"] for r in rows)
+    notes = {r["id"]: r["note"] for r in rows}
+    assert notes["P1"].startswith("cannot compute yet: FileNotFoundError: results/tables has no 02_budget_table_em")
+    assert notes["P4"].startswith("the declared families of notebook 02 compare allocators at 2 and 5 % only")
+    md = cl.claims_markdown(rows)
+    assert all(f"| {c.id} |" in md for c in cl.CLAIMS)
+
+
+def test_threshold_claim_and_all_of():
+    row = _decided({("a", "b"): (ONES, ZEROS)}, family="f").iloc[0].to_dict()
+    assert cl.threshold_claim(row, 0.8, expect="greater", unit="pp").verdict == "holds"
+    assert cl.threshold_claim(row, 0.95, expect="greater", unit="pp").verdict == "undecided at this size"
+    est = cl.threshold_claim(row, 0.8, expect="greater", unit="pp", decide_=False)
+    assert est.verdict == "undecided at this size" and est.estimate == 100.0
+    holds = cl.Estimate(1.0, 0.5, 1.5, "pp", "holds")
+    fails = cl.Estimate(-1.0, -1.5, -0.5, "pp", "does not hold")
+    both = cl.all_of({"x": holds, "y": fails})
+    assert both.verdict == "does not hold" and both.estimate == -1.0 and "shown: y" in both.note
+    assert cl.all_of({"x": holds}).verdict == "holds"
+    with pytest.raises(cl.NotComputed, match="none of the comparisons ran"):
+        cl.all_of({})
+
+
+def test_an_empty_em_stratum_is_not_computed(tmp_path):
+    t15 = pd.DataFrame([_t15_row("Replay", "EM side", np.nan, np.nan, np.nan, p=np.nan, holm_p=np.nan, n=0),
+                        _t15_row("Replay", "EM tail", np.nan, np.nan, np.nan, p=np.nan, holm_p=np.nan, n=0),
+                        _t15_row("Replay", "NLL tail", -0.03, -0.07, 0.004),
+                        _t15_row("Replay", "NLL interaction", 0.01, -0.02, 0.04)])
+    results = _results(tmp_path, {"08_table15": t15})
+    a2 = _row_of(results, "A10-2")
+    assert a2["verdict"] == cl.NOT_COMPUTED and "the EM stratum" in a2["note"] and "is empty" in a2["note"]
+    a3 = _row_of(results, "A10-3")  # the two NLL parts are decided; the EM tail has no source, EM interaction no row
+    assert a3["verdict"] == "undecided at this size" and a3["note"].startswith("all of 2 must hold")
+    assert "Not run here: Replay's EM tail contrast has no source" in a3["note"]
+
+
+def test_agent_trace_rows_decide_the_saved_runs_with_the_study_declared_families(tmp_path):
+    from sur_lab.studies import agent_traces as at
+
+    rows = []
+    for trace in range(12):
+        for turn in range(4):
+            region = "first half" if turn % 2 else "append"
+            kind = "new" if turn == 0 else "combine"
+            for path, ms in (("sync 5%", 10.0 + trace), (at.PREFIX, 40.0 + trace), (at.REFERENCE, 50.0)):
+                rows.append({"trace": trace, "turn": turn, "path": path, "ttft_ms": ms if region != "append" else 5.0,
+                             "agree": True, "em": True, "region": region, "kind": kind})
+    runs = pd.DataFrame(rows)
+    results = _results(tmp_path, {"10_agent_traces_runs": runs})
+    b7 = _row_of(results, "B7")
+    assert b7["verdict"] == "holds" and b7["unit"] == "x" and b7["ci_low"] > 1
+    expected = at.primary_table(runs, sync="sync 5%", seed=0)
+    region = expected[expected.comparison == "sync 5% (first half) vs prefix reuse (first half)"].iloc[0]
+    assert (b7["estimate"], b7["ci_low"], b7["ci_high"]) == (region.estimate, region.ci_low, region.ci_high)
+    b6 = _row_of(results, "B6")  # every answer agrees: 0 pp, and 24 units do not fit a ±5 pp 90 % interval
+    agree = expected[expected.family == at.AGREEMENT_FAMILY.name].iloc[0]
+    assert b6["estimate"] == 0.0 and b6["unit"] == "pp agreement with re-prefill"
+    assert b6["verdict"] == {"equivalent": "holds"}.get(agree.verdict, "undecided at this size")
+    assert _row_of(_results(tmp_path, {"10_agent_traces_runs": runs[runs.path != "sync 5%"]}), "B6")["note"] == (
+        "10_agent_traces_runs has no budgeted sync path")
+
+
+def test_noprefix_rows(tmp_path):
+    endpoints = pd.DataFrame([
+        {"workload": w, "label": label, "protocol": proto, "n": n, "preservation": pres}
+        for w, n in (("Noise4", 12), ("Noise16", 12))
+        for label, proto, pres in (("Prefix composition", "forward", 0.5), ("Prefix composition", "donor", 1.0),
+                                   ("Suffix K2 · risk", "forward", 1.0), ("Doc K2 · oracle", "forward", 11 / 12))])
+    ledger = pd.DataFrame([
+        {"experiment": "Downstream window w4 vs suffix K1 (risk, same start)", "key_result": "w4 ... ",
+         "verdict": "did not", "criterion": "c"},
+        {"experiment": "Linked intervals vs suffix (oracle)", "key_result": "k", "verdict": "worked", "criterion": "c"},
+        {"experiment": "Adaptive suffix 50% vs suffix K2 (risk)", "key_result": "k", "verdict": "not separated",
+         "criterion": "c"}])
+    rule = pd.DataFrame([{"workload": "Noise4", "serve": "full prefill", "label": "Full prefill", "reason": "r4"},
+                         {"workload": "Noise16", "serve": "repair", "label": "Suffix K1 · risk", "reason": "r16"}])
+    results = _results(tmp_path, {"06_noprefix_endpoints": endpoints, "06_noprefix_design_ledger": ledger,
+                                  "06_noprefix_operating_rule": rule})
+    s1 = _row_of(results, "S1")  # 12 of 24 preserved: upper bound 71 % < 95 %, so composition loses answers
+    _, low, high = proportion_interval(12, 24)
+    assert s1["verdict"] == "holds" and (s1["estimate"], s1["ci_low"], s1["ci_high"], s1["n"]) == (50.0, 100 * low,
+                                                                                                   100 * high, 24)
+    s2 = _row_of(results, "S2")  # 24 of 24: lower bound 86 % < 95 %, not shown at this size
+    assert s2["verdict"] == "undecided at this size" and s2["estimate"] == 100.0
+    assert _row_of(results, "S3")["verdict"] == "undecided at this size"  # 22 of 24: neither bound decides
+    assert [_row_of(results, i)["verdict"] for i in ("S4", "S5", "S6")] == [
+        "holds", "does not hold", "undecided at this size"]
+    assert _row_of(results, "S4")["note"] == "ledger: did not (c): w4 ... "
+    s9 = _row_of(results, "S9")
+    assert s9["verdict"] == "does not hold" and s9["n"] == 2 and "Noise16: repair (r16)" in s9["note"]
+    rule["serve"] = "full prefill"
+    results = _results(tmp_path, {"06_noprefix_operating_rule": rule})
+    assert _row_of(results, "S9")["verdict"] == "undecided at this size"
+    assert _row_of(results, "S7")["note"].startswith("three parts")

@@ -332,3 +332,52 @@ def test_combine_stacks_models_and_refuses_other_differences(tmp_path):
         niah.combine([])
     with pytest.raises(FileNotFoundError):
         niah.combine([a, tmp_path / "missing"])
+
+
+def test_the_matched_count_is_computed_once_per_prepared_edit(llama, monkeypatch):
+    """Every arm of a case (the region arm and each token-level arm) reads one n per region, budget, count and
+    seed, kept on the prepared edit: ``region_count`` runs once per budget, not once per arm."""
+    import sur_lab.allocators as allocators
+
+    calls = []
+    real = allocators.region_count
+
+    def counted(region, request, count="whole_units"):
+        calls.append((region, request.budget_pct, count))
+        return real(region, request, count)
+
+    monkeypatch.setattr(allocators, "region_count", counted)
+    edit = random_edit(7, 40, 4, 70)
+    prepared, options = prepare(llama, edit), {}
+    arms = [niah.MatchedRegion("SUR", 5), niah.MatchedTokens("Dense tokens", "SUR", 5),
+            niah.MatchedTokens("ProphetKV-Adapted", "SUR", 5)]
+    out = [a.repair(llama, prepared, executor="sequential", seed=3, options=options) for a in arms]
+    n = real("SUR", AllocationRequest(llama, edit, 5), "whole_units")
+    assert [r.allowance for r in out] == [n, n, n] and n != allowance(edit.suffix_len, 5)
+    assert calls == [("SUR", 5.0, "whole_units")]
+    niah.MatchedTokens("Dense tokens", "SUR", 2).repair(llama, prepared, executor="sequential", seed=3,
+                                                         options=options)
+    assert calls == [("SUR", 5.0, "whole_units"), ("SUR", 2.0, "whole_units")]  # another budget: its own n
+    niah.MatchedRegion("SUR", 5).repair(llama, prepare(llama, edit), executor="sequential", seed=3, options=options)
+    assert len(calls) == 3  # another prepared edit computes its own
+
+
+def test_region_allowance_is_the_budget_modules_rule(llama):
+    """The study's B column, the request's B and ``allowance_for(selectable=)`` all come from
+    :func:`sur_lab.budget.base_allowance` (one owner of the budget-to-B rule)."""
+    from sur_lab.allocators import allowance_for
+    from sur_lab.budget import base_allowance
+
+    records = pd.DataFrame({"suffix_len": [40, 57, 9], "prefix_len": [70, 3, 100], "budget_pct": [5.0, 2.5, 12.0]})
+    for region, base in (("SUR", "suffix"), ("SUR[allowance_base=prompt]", "prompt")):
+        expected = [base_allowance(s, p + s, b, base) for s, p, b in records.itertuples(index=False)]
+        assert niah._region_allowance(records, region).tolist() == expected
+    assert [base_allowance(40, 110, 5.0, b) for b in ("suffix", "prompt")] == [allowance(40, 5.0),
+                                                                              prompt_allowance(40, 110, 5.0)] == [2, 6]
+    with pytest.raises(ValueError, match="allowance_base"):
+        base_allowance(40, 110, 5.0, "whole")
+    edit = random_edit(2, 30, 3, 40)  # p = 30, S = 40
+    for base in ("suffix", "prompt"):
+        request = AllocationRequest(llama, edit, 5, allowance_base=base)
+        assert request.allowance == base_allowance(40, edit.edited_len, 5, base)
+        assert allowance_for("SUR", request, selectable=25) == base_allowance(25, edit.edited_len, 5, base)

@@ -37,8 +37,9 @@ Every function is pure (arrays or tables in, rows or words out) and seeded.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from functools import lru_cache
 
 import numpy as np
@@ -1060,13 +1061,56 @@ def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *
     head = f"Power: {comparison} ({how}) on {size}"
     if math.isnan(effect):
         return (f"{head} cannot reach {100 * power:g} % power for any difference ({test}; {stated})")
-    if family.kind == "ratio":
-        shown = f"a ratio of {effect:.2f}x (or 1/{effect:.2f}x) or more"
-    elif unit == "pp":
-        shown = f"a difference of {effect:.1f} pp or more"
-    else:
-        shown = f"a difference of {effect:.3g} {unit} or more"
+    shown = effect_text(effect, unit)
+    shown = (f"a ratio of {shown} (or 1/{shown}) or more" if family.kind == "ratio"
+             else f"a difference of {shown} or more")
     return f"{head} detects {shown} with {100 * power:g} % power ({test}; {stated})"
+
+
+def effect_text(effect: float, unit: str) -> str:
+    """A minimal detectable effect (:func:`mde`) in its unit: ``"29.3 pp"``, ``"1.23x"``, ``"0.495 nats"``;
+    ``"none"`` when NaN (the size cannot reach the power). The one format of :func:`power_sentence` and
+    :func:`sur_lab.studies.power_table`."""
+    if math.isnan(effect):
+        return "none"
+    return f"{effect:.1f} pp" if unit == "pp" else f"{effect:.2f}x" if unit == "x" else f"{effect:.3g} {unit}"
+
+
+@dataclass(frozen=True)
+class PowerDesign:
+    """A study's primary comparison for its power statement (issue 40): each study declares one and its
+    ``mde(params)`` / ``power_line(params)`` call :meth:`mde` / :meth:`line` with the study's parameters.
+
+    Attributes:
+        comparison: the comparison in words (:func:`power_sentence`).
+        family: the declared :class:`Family`.
+        basis: the declared :class:`PowerBasis`.
+        size: ``fn(params) -> n`` or ``(n, cluster_size)``: paired units (clusters when clustered) and cases per
+            cluster (one int, or one size per cluster) at the study's parameters.
+        what, clusters: as :func:`power_sentence`.
+    """
+
+    comparison: str
+    family: Family
+    basis: PowerBasis
+    size: Callable[[Mapping[str, Any]], Any]
+    what: str = "cases"
+    clusters: str | None = None
+
+    def _size(self, p: Mapping[str, Any]) -> tuple[int, Any]:
+        size = self.size(p)
+        return size if isinstance(size, tuple) else (size, 1)
+
+    def mde(self, p: Mapping[str, Any]) -> tuple[float, str]:
+        """:func:`mde` at the size of parameters ``p``: ``(effect, unit)``."""
+        n, cluster_size = self._size(p)
+        return mde(self.family, self.basis, n, cluster_size=cluster_size)
+
+    def line(self, p: Mapping[str, Any]) -> str:
+        """:func:`power_sentence` at the size of parameters ``p``."""
+        n, cluster_size = self._size(p)
+        return power_sentence(self.comparison, self.family, self.basis, n, cluster_size=cluster_size,
+                              what=self.what, clusters=self.clusters)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -5,9 +5,15 @@ appendix 9.1-9.2 allocation controls (which section 5 summarises), ``A9.3`` / ``
 ``S`` SAFE-KV's rules (its abstract and design ledger, Table 27), ``B`` the questions beyond both papers. A row names
 the paper's own figure, the notebook and table of this suite it is read from, and a ``compute`` function from the
 results folder to an :class:`Estimate`: this suite's estimate with its interval and the verdict, "holds", "does not
-hold" or "undecided at this size" with the minimal detectable effect. Verdicts come only from :func:`decide`, the one
-place that calls the decisions module (``sur_lab.analysis.decisions``); a row without a ``compute`` function, or
-whose notebook has not finished in the release, renders as "not yet computed", never as a verdict.
+hold" or "undecided at this size" with the minimal detectable effect. Verdicts come only from the decisions module
+(``sur_lab.analysis.decisions``): a decided row that a notebook saved (``paired_family``'s, e.g.
+``02_sur_vs_allocators``, ``03_decisions``, ``09_paired_differences``) through :func:`decide`; a contrast judged by
+``decisions.judge`` as its study declares (:func:`threshold_claim` for a magnitude, "by over 80 pp"); a proportion
+by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. A row without a ``compute`` function,
+whose notebook has not finished in the release, or whose quantity the run cannot produce (:class:`NotComputed`: a
+paper model, a GPU measurement, an arm or budget the preset does not run, a table not written) renders as "not yet
+computed" with the reason, never as a verdict. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv``
+(:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
 release (:mod:`sur_lab.runtime.release`) calls it after every run. Sources: "Budgeted KV-Cache Repair for Evolving
@@ -131,6 +137,675 @@ def paired_claim(family: Mapping[str, Any], *, comparison: str, expect: str, uni
     return decide(match[0], expect=expect, unit=unit, note=note)
 
 
+class NotComputed(Exception):
+    """A claim this release cannot answer: the quantity is outside what the run produced (a paper model, a budget or
+    arm the preset does not run, a table the notebook does not write). Its row reads "not yet computed" with the
+    message as its note; it never carries a verdict."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading a notebook's tables from the results folder
+
+
+def _manifest_entry(results: Path, notebook: str) -> dict[str, Any]:
+    try:
+        entries = json.loads((Path(results) / "manifest.json").read_text(encoding="utf-8")).get("notebooks", {})
+    except (OSError, ValueError):
+        return {}
+    entry = entries.get(notebook)
+    return entry if isinstance(entry, dict) else {}
+
+
+def _is_table_file(stem: str, table: str) -> bool:
+    """Whether a file stem is table ``table`` of some run: ``table`` itself, or ``table`` then ``_`` and a run tag
+    (:func:`sur_lab.analysis.plotting.run_tag`, whose first part is ``key-value``); ``02_table12_concordance_model-x``
+    is another table, not ``02_table12``."""
+    if stem == table:
+        return True
+    if not stem.startswith(table + "_"):
+        return False
+    return "-" in stem[len(table) + 1:].split("_", 1)[0]
+
+
+def table_path(results: Path, table: str) -> Path:
+    """The CSV file of table ``table`` (a file stem without its run tag, e.g. ``"02_sur_vs_allocators"``) in
+    ``results/tables``.
+
+    ``save_table(df, name, tag=tag)`` writes ``tables/{name}_{tag}.csv``; when the manifest lists the notebook's
+    outputs, only those files count (a release removes an earlier run's files, a working folder may keep several).
+
+    Raises:
+        FileNotFoundError: naming ``table`` when no file of it exists.
+        ValueError: naming ``table`` when several runs' files remain (which run the claim reads would be a guess).
+    """
+    folder = Path(results) / "tables"
+    found = sorted(p for p in folder.glob(f"{table}*.csv") if _is_table_file(p.stem, table)) if folder.is_dir() else []
+    listed = set(_manifest_entry(results, _notebook_of(table)).get("outputs") or {})
+    if listed:
+        found = [p for p in found if f"tables/{p.name}" in listed] or found
+    if not found:
+        raise FileNotFoundError(f"results/tables has no {table} table ({table}_<run tag>.csv)")
+    if len(found) > 1:
+        raise ValueError(f"{table}: {len(found)} runs' files ({', '.join(p.name for p in found)}); keep one run")
+    return found[0]
+
+
+def _notebook_of(table: str) -> str:
+    prefix = table.split("_", 1)[0] + "_"
+    from sur_lab.runtime.run_notebooks import notebooks
+
+    return next((p.stem for p in notebooks("*") if p.stem.startswith(prefix)), "")
+
+
+def read_table(results: Path, table: str):
+    """Table ``table`` of ``results`` as a DataFrame (:func:`table_path`; raises as it does)."""
+    import pandas as pd
+
+    return pd.read_csv(table_path(results, table))
+
+
+def _decides(results: Path, notebook: str) -> bool:
+    """Whether the notebook's run decides anything (``sur_lab.analysis.decisions.decides`` of the preset the
+    manifest records; a folder without a manifest is taken as a deciding run)."""
+    from sur_lab.analysis.decisions import decides
+
+    return decides(_manifest_entry(results, notebook).get("preset") or None)
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _scaled(row: Mapping[str, Any], scale: float) -> dict[str, Any]:
+    """A decisions row with ``estimate``, ``ci_low``, ``ci_high`` and ``mde`` times ``scale`` (100: a fraction in
+    pp); a NaN ``mde`` becomes None."""
+    out = dict(row)
+    for k in ("estimate", "ci_low", "ci_high", "mde"):
+        if k in out:
+            v = _finite(out[k])
+            out[k] = None if v is None else v * scale
+    for k in ("estimate", "ci_low", "ci_high"):
+        if k in out and out[k] is None:
+            out[k] = float("nan")
+    if out.get("kind", "binary") == "binary" and out.get("mde") is not None and out["mde"] > scale:
+        out["mde"] = None  # k / n above 1: too few units for any difference to separate (no smallest effect)
+    return out
+
+
+def _row(df, table: str, what: str, **equal: Any) -> dict[str, Any]:
+    """The one row of ``df`` whose columns equal ``equal``.
+
+    Raises:
+        NotComputed: naming ``what`` when the table has no such row (the run did not make that comparison).
+        ValueError: naming ``table`` when several rows match, or a column is missing.
+    """
+    sel = df
+    for col, value in equal.items():
+        if col not in sel.columns:
+            raise ValueError(f"{table} lacks the column {col!r}")
+        sel = sel[sel[col] == value]
+    if sel.empty:
+        raise NotComputed(f"{table} has no row for {what}: this run did not make that comparison")
+    if len(sel) > 1:
+        raise ValueError(f"{table}: {len(sel)} rows match {equal}")
+    return sel.iloc[0].to_dict()
+
+
+def _scale_unit(row: Mapping[str, Any], endpoint: str) -> tuple[float, str]:
+    kind = row.get("kind", "binary")
+    return {"binary": (100.0, f"pp {endpoint}"), "ratio": (1.0, "x")}.get(kind, (1.0, endpoint))
+
+
+def threshold_claim(row: Mapping[str, Any], threshold: float, *, expect: str, unit: str, scale: float = 100.0,
+                    decide_: bool = True, note: str = "") -> Estimate:
+    """A claim about a difference's magnitude ("by over 80 pp"): ``sur_lab.analysis.decisions.judge`` of the
+    decided row's interval and adjusted p against ``threshold`` (in the row's own unit, a fraction for binary
+    endpoints) instead of 0, then :func:`decide`. "over 80 pp" holds when the row's p is significant and its whole
+    interval lies above 0.80; it does not hold when the interval lies below; otherwise it is undecided.
+
+    Raises:
+        ValueError: naming ``row`` when it lacks ``estimate``, ``ci_low``, ``ci_high``; as :func:`decide`.
+    """
+    from sur_lab.analysis.decisions import NOT_DECIDED, judge
+
+    missing = [k for k in ("estimate", "ci_low", "ci_high") if k not in row]
+    if missing:
+        raise ValueError(f"row lacks {missing}")
+    hib = row.get("higher_is_better", True)
+    hib = hib if isinstance(hib, bool) else str(hib).strip().lower() != "false"
+    word = judge(row["estimate"], row["ci_low"], row["ci_high"], p_adj=_finite(row.get("p_adj")), null=threshold,
+                 higher_is_better=hib, n=row.get("n"), decide=decide_ and row.get("verdict") != NOT_DECIDED)
+    return decide(_scaled({**row, "verdict": word}, scale), expect=expect, unit=unit, note=note)
+
+
+_RANK = {VERDICTS[1]: 0, VERDICTS[2]: 1, VERDICTS[0]: 2}
+
+
+def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Estimate:
+    """A claim that is the conjunction of several decided comparisons ("beats each of four allocators"): the part
+    whose verdict is weakest ("does not hold", then "undecided at this size", then "holds"; the first in order on a
+    tie), so the claim holds only when every part does and fails when one fails. The verdict is that part's
+    (:func:`decide`'s), unchanged; the note lists every part.
+
+    Raises:
+        NotComputed: when ``parts`` is empty (none of the comparisons ran).
+    """
+    if not parts:
+        raise NotComputed("none of the comparisons ran" + (f" ({', '.join(missing)})" if missing else ""))
+    label, weakest = min(parts.items(), key=lambda kv: _RANK[kv[1].verdict])
+    listed = "; ".join(f"{k}: {format_estimate(vars(e))} {e.verdict}" for k, e in parts.items())
+    note = f"all of {len(parts)} must hold; shown: {label}. {listed}"
+    if missing:
+        note += f". Not run here: {', '.join(missing)}"
+    return Estimate(weakest.estimate, weakest.ci_low, weakest.ci_high, weakest.unit, weakest.verdict,
+                    mde=weakest.mde, n=weakest.n, note=note)
+
+
+def _unavailable(reason: str) -> Callable[[Path], Estimate]:
+    """A ``compute`` for a claim this suite's release cannot answer: its row says "not yet computed" and why."""
+
+    def compute(results: Path) -> Estimate:
+        raise NotComputed(reason)
+
+    compute.__doc__ = f"Not computed: {reason}"
+    return compute
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 02 (Erasing-NIAH): its decided tables, on its lead endpoint
+
+
+_ENDPOINT_WORDS = {"em": "EM", "agree_reprefill": "agreement with Re-prefill"}
+
+
+def _niah_lead(results: Path) -> str:
+    """Notebook 02's lead endpoint (``"em"`` or ``"agree_reprefill"``), as the notebook chose it: strict EM when
+    Re-prefill's EM (``02_budget_table_em``, its ``Reference`` column, %) reaches
+    :data:`sur_lab.studies.presets.EM_LEAD_MIN`, else agreement with Re-prefill. Its decided tables are on it."""
+    from sur_lab.studies.presets import lead_endpoint
+
+    row = _row(read_table(results, "02_budget_table_em"), "02_budget_table_em", "Re-prefill", method="Re-prefill")
+    em = _finite(row.get("Reference"))
+    return lead_endpoint(float("nan") if em is None else em / 100)
+
+
+def _niah_rival(results: Path, comparison: str, *, expect: str = "greater", table: str = "02_sur_vs_allocators",
+                threshold: float | None = None) -> Estimate:
+    lead = _niah_lead(results)
+    df = read_table(results, table)
+    row = _row(df, table, repr(comparison), comparison=comparison)
+    endpoint = _ENDPOINT_WORDS[lead]
+    note = (f"{comparison}, on notebook 02's lead endpoint ({endpoint}); {row.get('family')}, "
+            f"Holm over {row.get('family_size')}")
+    if threshold is None:
+        return decide(_scaled(row, 100.0), expect=expect, unit=f"pp {endpoint}", note=note)
+    return threshold_claim(row, threshold, expect=expect, unit=f"pp {endpoint}",
+                           note=note + f"; the claim needs the interval above {100 * threshold:g} pp")
+
+
+def p1_sur_vs_dense(results: Path) -> Estimate:
+    """P1: SUR minus Dense tokens at 2 %, its interval against the paper's "over 80 pp" (:func:`threshold_claim`)."""
+    return _niah_rival(results, "SUR 2% vs Dense tokens 2%", threshold=0.80)
+
+
+#: The paper's lowest SUR EM at 2 % over its five models (Table 12, Qwen3-8B): P2's "high EM", as a proportion.
+P2_EM_FLOOR = 0.896
+
+
+def _bound(k: int, n: int, *, at_least: float, decide_: bool, unit: str, note: str) -> Estimate:
+    """An "at least" claim about one proportion: ``sur_lab.analysis.decisions.bound_claim`` on its Clopper-Pearson
+    bounds, its words as the claim's ("holds", "fails" -> "does not hold", "not shown" -> "undecided at this
+    size")."""
+    from sur_lab.analysis.decisions import FAILS, HOLDS, bound_claim, proportion_interval
+
+    word = bound_claim(k, n, at_least=at_least, decide=decide_)
+    est, low, high = proportion_interval(k, n)
+    verdict = {HOLDS: VERDICTS[0], FAILS: VERDICTS[1]}.get(word, VERDICTS[2])
+    return Estimate(100 * est, 100 * low, 100 * high, unit, verdict, n=n, note=note)
+
+
+def p2_sur_em_at_2(results: Path) -> Estimate:
+    """P2: SUR's strict EM at 2 % (``02_niah_records``), at least :data:`P2_EM_FLOOR` by its exact lower bound."""
+    df = read_table(results, "02_niah_records")
+    em = df.loc[(df["method"] == "SUR") & (df["budget_pct"] == 2.0), "em"]
+    if em.empty:
+        raise NotComputed("02_niah_records has no SUR record at 2 %")
+    em = em.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(int)
+    return _bound(int(em.sum()), len(em), at_least=P2_EM_FLOOR, decide_=_decides(results, _NIAH), unit="% EM",
+                  note=f"SUR's strict EM at 2 % with its exact 95 % interval; 'high' read as at least "
+                       f"{100 * P2_EM_FLOOR:g} % (the paper's lowest model) by the lower bound")
+
+
+def p3_sur_vs_shift(results: Path) -> Estimate:
+    """P3: SUR at 2 % minus Shift."""
+    return _niah_rival(results, "SUR 2% vs Shift")
+
+
+def p5_sur_vs_random_units(results: Path) -> Estimate:
+    """P5: SUR minus random semantic units at 2 %."""
+    return _niah_rival(results, "SUR 2% vs Random semantic units 2%")
+
+
+def p6_sur_vs_window(results: Path) -> Estimate:
+    """P6: SUR minus the single max-relevance contiguous window at 2 %."""
+    return _niah_rival(results, "SUR 2% vs Max-relevance contiguous 2%")
+
+
+def p7_sur_vs_bm25(results: Path) -> Estimate:
+    """P7: SUR minus same-unit BM25 at 2 %."""
+    return _niah_rival(results, "SUR 2% vs BM25 (same units) 2%")
+
+
+P8_ALLOCATORS = ("ProphetKV-Adapted", "InfoFlow-Motivated", "Cache-Craft-Adapted", "CacheBlend-Adapted")
+
+
+def p8_sur_vs_derived(results: Path) -> Estimate:
+    """P8: SUR minus each of the four derived allocators at 2 % (:func:`all_of`; those the preset runs)."""
+    parts, missing = {}, []
+    for name in P8_ALLOCATORS:
+        try:
+            parts[name] = _niah_rival(results, f"SUR 2% vs {name} 2%")
+        except NotComputed:
+            missing.append(name)
+    if not parts:
+        raise NotComputed(f"the run compares none of {', '.join(P8_ALLOCATORS)} (the paper preset runs them; "
+                          "default does not)")
+    return all_of(parts, missing=missing)
+
+
+def _table14_row(results: Path, family: str, budget: float, length: str = "all") -> dict[str, Any]:
+    df = read_table(results, "02_table14")
+    row = _row(df, "02_table14", f"Dense tokens at {budget:g} % ({length})", family=family, budget_pct=budget,
+               allocator="Dense tokens", length=length)
+    return {"estimate": row["em_diff_pp"], "ci_low": row["em_ci_low_pp"], "ci_high": row["em_ci_high_pp"],
+            "p_adj": row["em_p_adj"], "mde": row["em_mde_pp"] if row["em_mde_pp"] <= 100 else None,
+            "n": row["n_cases"], "verdict": row["em_verdict"]}
+
+
+def a93_1_matched_tokens(results: Path) -> Estimate:
+    """A9.3-1: region minus token selection at matched tokens on the holdout roster, 2 % (the smaller support),
+    every length pooled, on EM (``02_table14``, family ``matched tokens (holdout roster)``)."""
+    from sur_lab.studies.niah import MATCHED
+
+    row = _table14_row(results, MATCHED.name, 2.0)
+    return decide(row, expect="greater", unit="pp EM",
+                  note="SUR's whole units minus Dense tokens at the same per-case count, 2 %, lengths pooled")
+
+
+def _ablation(results: Path, methods: Sequence[str], budgets: Sequence[float], expect: str) -> Estimate:
+    lead = _niah_lead(results)
+    df = read_table(results, "02_ablation")
+    df = df[df["metric"] == lead]
+    parts, missing = {}, []
+    for m in methods:
+        for b in budgets:
+            label = f"{m} {b:g}% vs SUR {b:g}%"
+            try:
+                row = _row(df, "02_ablation", label, comparison=label)
+            except NotComputed:
+                missing.append(label)
+                continue
+            parts[label] = decide(_scaled(row, 100.0), expect=expect, unit=f"pp {_ENDPOINT_WORDS[lead]}",
+                                  note=label)
+    return all_of(parts, missing=missing)
+
+
+def a93_3_design_tie(results: Path) -> Estimate:
+    """A9.3-3: mean aggregation and the prefix partial unit against SUR from 5 % up, each expected equivalent
+    (``02_ablation``; the ablation family declares no margin, so no tie can be shown: at best undecided)."""
+    from sur_lab.studies.niah import JOINT_ARM
+
+    return _ablation(results, ("SUR[aggregation=mean]", "SUR[partial_unit=prefix]", JOINT_ARM), (5.0,),
+                     "equivalent")
+
+
+def a93_4_boundaries(results: Path) -> Estimate:
+    """A9.3-4: each boundary control (Fixed blocks, Multiple local windows) minus SUR at each budget, expected below
+    SUR (``02_ablation``)."""
+    from sur_lab.studies.niah import BOUNDARY_CONTROLS
+
+    return _ablation(results, BOUNDARY_CONTROLS, (2.0, 5.0), "less")
+
+
+def b1_sur_idf(results: Path) -> Estimate:
+    """B1: SUR-IDF minus SUR at 5 % (``02_beyond_paper_differences``); "holds" reads SUR-IDF beats SUR."""
+    return _niah_rival(results, "SUR-IDF 5% vs SUR 5%", table="02_beyond_paper_differences")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 03 (natural multi-hop QA): ``03_decisions``, on its lead endpoint; latency as decided ratios
+
+
+def _qa_lead(results: Path) -> str:
+    """Notebook 03's lead endpoint (``"EM"`` or ``"agreement"``), as the notebook chose it from Re-prefill's EM
+    (``03_table7_quality_latency``, ``em_pct``)."""
+    from sur_lab.studies.presets import lead_endpoint
+
+    row = _row(read_table(results, "03_table7_quality_latency"), "03_table7_quality_latency", "Re-prefill",
+               condition="Re-prefill")
+    em = _finite(row.get("em_pct"))
+    return lead_endpoint(float("nan") if em is None else em / 100, em="EM", agreement="agreement")
+
+
+def _qa(results: Path, family: str, comparison: str, *, expect: str, endpoint: str | None = None) -> Estimate:
+    df = read_table(results, "03_decisions")
+    row = _row(df, "03_decisions", f"{comparison!r} in {family!r}", family=family, comparison=comparison)
+    endpoint = endpoint or _qa_lead(results)
+    scale, unit = _scale_unit(row, endpoint if endpoint != "agreement" else "agreement with Re-prefill")
+    how = "tested alone" if row.get("adjust") == "none" else f"Holm over {row.get('family_size')}"
+    note = f"{comparison} ({family}; {how})"
+    if row.get("kind") == "ratio":
+        note += ": how many times faster SUR is, case-paired on the timed cases, sources clustered"
+    return decide(_scaled(row, scale), expect=expect, unit=unit, note=note)
+
+
+def _qa_reprefill(results: Path, budget: float, expect: str) -> Estimate:
+    from sur_lab.studies.natural_qa import REFERENCE_FAMILY
+
+    if _qa_lead(results) != "EM":
+        raise NotComputed("notebook 03's lead endpoint is agreement with Re-prefill (Re-prefill's EM is below the EM "
+                          "lead threshold on this model), where Re-prefill is not compared with itself")
+    return _qa(results, REFERENCE_FAMILY.name, f"SUR {budget:g}% vs Re-prefill", expect=expect)
+
+
+def p9_sur_matches_reprefill(results: Path) -> Estimate:
+    """P9: SUR at 5 % minus Re-prefill, expected equivalent (the family declares no margin: at best undecided)."""
+    return _qa_reprefill(results, 5.0, "equivalent")
+
+
+def p10_sur_vs_shift_qa(results: Path) -> Estimate:
+    """P10: notebook 03's primary comparison, SUR at 5 % minus Shift."""
+    from sur_lab.studies.natural_qa import PRIMARY
+
+    return _qa(results, PRIMARY.name, "SUR 5% vs Shift", expect="greater")
+
+
+def p11_sur2_below_reprefill(results: Path) -> Estimate:
+    """P11: SUR at 2 % minus Re-prefill, expected below."""
+    return _qa_reprefill(results, 2.0, "less")
+
+
+def _qa_latency(results: Path, reference: str) -> Estimate:
+    from sur_lab.studies.natural_qa import LATENCY
+
+    return _qa(results, LATENCY.name, f"SUR 5% vs {reference}", expect="greater", endpoint="x")
+
+
+def p12_faster_than_reprefill(results: Path) -> Estimate:
+    """P12: Re-prefill's post-edit latency over SUR's at 5 % (ratio; "holds" when the interval lies above 1)."""
+    return _qa_latency(results, "Re-prefill")
+
+
+def p13_faster_than_replay(results: Path) -> Estimate:
+    """P13: Replay's post-edit latency over SUR's at 5 %."""
+    return _qa_latency(results, "Replay")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 08 (evidence location): Table 15's contrasts judged by the study's declared rules, and its findings
+
+
+def _t15(results: Path, condition: str, hypothesis: str, *, expect: str, margin: float | None = None,
+         holm: bool = True) -> Estimate:
+    """One contrast of ``08_table15`` (``condition``, ``hypothesis``), judged as ``evidence_location.findings``
+    judges it (``sur_lab.analysis.decisions.judge`` on its 95 % source-bootstrap interval, with the Holm p over the
+    secondary family, or the raw p of the preregistered primary, and the primary's TOST against ``margin``)."""
+    from sur_lab.analysis.decisions import judge
+
+    df = read_table(results, "08_table15")
+    r = _row(df, "08_table15", f"{condition}, {hypothesis}", condition=condition, hypothesis=hypothesis)
+    n = int(_finite(r.get("n_sources")) or 0)
+    if n == 0:
+        raise NotComputed(f"{condition}'s {hypothesis} contrast has no source"
+                          + (" (the EM stratum, the sources Re-prefill answers, is empty)" if "EM" in hypothesis
+                             else ""))
+    p = _finite(r.get("holm_p") if holm else r.get("p"))
+    word = judge(r["estimate"], r["low"], r["high"], p_adj=p, n=n, margin=margin,
+                 tost=(r.get("tost_low"), r.get("tost_high")) if margin is not None else None,
+                 decide=_decides(results, _EVID))
+    unit = "nats" if hypothesis.startswith("NLL") else "pp EM"
+    how = f"90 % interval against ±{margin:g} {unit} (TOST)" if margin is not None else (
+        "Holm p over the secondary family" if holm else "tested alone")
+    return decide({"estimate": r["estimate"], "ci_low": r["low"], "ci_high": r["high"], "n": n, "verdict": word},
+                  expect=expect, unit=unit, note=f"{condition}: {hypothesis} contrast over {n} sources; {how}")
+
+
+def a10_1_nll_side_null(results: Path) -> Estimate:
+    """A10-1: complete replay's NLL side contrast, equivalent to 0 within the study's declared margin
+    (``evidence_location.NLL_SIDE_MARGIN``), the preregistered primary tested alone."""
+    from sur_lab.studies.evidence_location import COMPLETE_REPLAY, NLL_SIDE_MARGIN
+
+    return _t15(results, COMPLETE_REPLAY, "NLL side", expect="equivalent", margin=NLL_SIDE_MARGIN.value, holm=False)
+
+
+def a10_2_em_side_positive(results: Path) -> Estimate:
+    """A10-2: complete replay's EM side contrast above 0 (Holm over the secondary family)."""
+    from sur_lab.studies.evidence_location import COMPLETE_REPLAY
+
+    return _t15(results, COMPLETE_REPLAY, "EM side", expect="greater")
+
+
+def a10_3_tail_interaction_null(results: Path) -> Estimate:
+    """A10-3: complete replay's NLL and EM tail and interaction contrasts, each expected null (no margin is declared
+    for them, so none can be shown equivalent: at best undecided; a separation does not hold)."""
+    from sur_lab.studies.evidence_location import COMPLETE_REPLAY
+
+    parts, missing = {}, []
+    for h in ("NLL tail", "NLL interaction", "EM tail", "EM interaction"):
+        try:
+            parts[h] = _t15(results, COMPLETE_REPLAY, h, expect="equivalent")
+        except NotComputed as err:
+            missing.append(str(err))
+    return all_of(parts, missing=missing)
+
+
+def a10_4_fixed_slot_carries(results: Path) -> Estimate:
+    """A10-4: the study's decided finding "fixed-slot refresh carries the side effect" (``08_findings``: every
+    fidelity endpoint's side contrast beats 0 and replay minus the fixed slot is equivalent within the study's
+    declared share): reproduced -> holds, not reproduced -> does not hold, undecided -> undecided. No single
+    estimate: the finding is an intersection over the endpoints (its evidence is the note)."""
+    df = read_table(results, "08_findings")
+    r = _row(df, "08_findings", "the fixed-slot finding", finding="fixed-slot refresh carries the side effect")
+    rep = str(r.get("reproduced")).strip().lower()
+    verdict = {"true": VERDICTS[0], "false": VERDICTS[1]}.get(rep, VERDICTS[2])
+    return Estimate(None, None, None, "", verdict, note=f"{r.get('verdict')}: {r.get('evidence')}")
+
+
+def a10_5_fixed_slot_nll_null(results: Path) -> Estimate:
+    """A10-5: the fixed-slot refresh's NLL side contrast, equivalent to 0 within ``NLL_SIDE_MARGIN``."""
+    from sur_lab.studies.evidence_location import FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
+
+    return _t15(results, FIXED_SLOT_LABEL, "NLL side", expect="equivalent", margin=NLL_SIDE_MARGIN.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 09 (stale facts): ``09_paired_differences``
+
+
+def _stale(results: Path, family: str, comparison: str, metric: str) -> Estimate:
+    df = read_table(results, "09_paired_differences")
+    row = _row(df, "09_paired_differences", f"{comparison!r} ({metric})", family=family, comparison=comparison,
+               metric=metric)
+    what = "EM" if metric == "em" else "stale-answer rate (lower is better: 'beats' is lower)"
+    return decide(_scaled(row, 100.0), expect="greater", unit="pp EM" if metric == "em" else "pp stale",
+                  note=f"{comparison} on {what}; {family}, Holm over {row.get('family_size')}; 'holds' reads "
+                       f"{row.get('a')} beats {row.get('b')}")
+
+
+def _against_sur(arm: str) -> Callable[[Path], Estimate]:
+    def compute(results: Path) -> Estimate:
+        from sur_lab.studies.stale_facts import EM_FAMILY
+
+        return _stale(results, EM_FAMILY.name, f"{arm} vs SUR 5%", "em")
+
+    compute.__doc__ = f"{arm} minus SUR at 5 % on EM (``09_paired_differences``); 'holds' reads {arm} beats SUR."
+    return compute
+
+
+b2_edit_local = _against_sur("Edit-local window 5%")
+b3_edit_local_sur = _against_sur("Edit-local + SUR 5%")
+b4_erratum = _against_sur("Erratum")
+
+
+def b5_stale_rate(results: Path) -> Estimate:
+    """B5: SUR at 5 % minus Shift on the stale-answer rate (lower is better)."""
+    from sur_lab.studies.stale_facts import STALE_FAMILY
+
+    return _stale(results, STALE_FAMILY.name, "SUR 5% vs Shift", "stale")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 10 (agent traces): its declared comparisons, decided from the saved per-turn runs
+
+
+def _traces_decided(results: Path) -> tuple[Any, str]:
+    """``(agent_traces.primary_table(runs), sync)``: notebook 10's declared comparisons (the primary, the agreement
+    family, per kind and per region), decided from ``10_agent_traces_runs`` by the study's own function, with the
+    notebook's lead sync path (``sync 5%`` when it ran, else the first budgeted sync) and the seed of its
+    parameters (the notebook saves the runs, not the decided rows)."""
+    from sur_lab.studies.agent_traces import SHIFT, primary_table
+
+    runs = read_table(results, "10_agent_traces_runs")
+    syncs = [p for p in dict.fromkeys(runs["path"]) if str(p).startswith("sync ") and p != SHIFT]
+    if not syncs:
+        raise NotComputed("10_agent_traces_runs has no budgeted sync path")
+    sync = "sync 5%" if "sync 5%" in syncs else syncs[0]
+    entry = _manifest_entry(results, "10_agent_traces")
+    seed = int((entry.get("parameters") or {}).get("seed", 0))
+    return primary_table(runs, sync=sync, decide=_decides(results, "10_agent_traces"), seed=seed), sync
+
+
+def _traces_row(table, family: str, comparison: str, *, expect: str, endpoint: str, note: str) -> Estimate:
+    row = _row(table, "10_agent_traces (decided)", repr(comparison), family=family, comparison=comparison)
+    scale, unit = _scale_unit(row, endpoint)
+    return decide(_scaled(row, scale), expect=expect, unit=unit, note=f"{comparison}: {note}")
+
+
+def b6_sync_answers_alike(results: Path) -> Estimate:
+    """B6: the lead sync path minus prefix reuse (which recomputes every row after the first change: re-prefill's
+    answers up to rounding) on agreement with re-prefill over the reaching questions, equivalent within the study's
+    declared margin (``agent_traces.AGREEMENT_MARGIN``)."""
+    from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX
+
+    table, sync = _traces_decided(results)
+    return _traces_row(table, AGREEMENT_FAMILY.name, f"{sync} (reaching questions) vs {PREFIX} (reaching questions)",
+                       expect="equivalent", endpoint="agreement with re-prefill",
+                       note="traces clustered; equivalent only when the 90 % interval lies within the declared margin")
+
+
+def b7_sync_faster_early(results: Path) -> Estimate:
+    """B7: prefix reuse's TTFT over the lead sync path's on the turns whose first change lands in the first half of
+    the prompt (``REGION_FAMILY``, Holm over the regions); "holds" when the speed-up's interval lies above 1. The
+    tokens recomputed are not decided (the notebook's region table shows them)."""
+    from sur_lab.studies.agent_traces import PREFIX, REGION_FAMILY
+
+    table, sync = _traces_decided(results)
+    return _traces_row(table, REGION_FAMILY.name, f"{sync} (first half) vs {PREFIX} (first half)", expect="greater",
+                       endpoint="x", note="how many times faster sync is, traces clustered; tokens not decided")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 06 (SAFE-KV, non-prefix reuse): preservation bounds and the design ledger's decided words
+
+_NOPREFIX = "06_noprefix_reuse"
+
+
+def _required_preservation(results: Path) -> float:
+    """The preservation a reuse path must be shown to reach: the notebook's ``required_preservation`` parameter as
+    the manifest records it, else its default 0.95."""
+    params = _manifest_entry(results, _NOPREFIX).get("parameters") or {}
+    return float(params.get("required_preservation", 0.95))
+
+
+def _preservation(results: Path, label: str, *, fails: bool) -> Estimate:
+    """``label``'s answer preservation under actual forwarding, pooled over the workloads of
+    ``06_noprefix_endpoints``, against the required preservation by its Clopper-Pearson bounds
+    (``decisions.bound_claim``, as the design ledger reads it). ``fails=True``: the claim is that the path does *not*
+    reach it ("loses many answers"), so the bound's "fails" is the claim's "holds" and its "holds" the claim's "does
+    not hold"."""
+    df = read_table(results, "06_noprefix_endpoints")
+    sel = df[(df["label"] == label) & (df["protocol"] == "forward")]
+    if sel.empty:
+        raise NotComputed(f"06_noprefix_endpoints has no forwarded {label!r} row")
+    n = int(sel["n"].sum())
+    k = int(round(float((sel["preservation"] * sel["n"]).sum())))
+    req = _required_preservation(results)
+    est = _bound(k, n, at_least=req, decide_=_decides(results, _NOPREFIX), unit="% preserved",
+                 note=f"{label}, actual forwarding, {len(sel)} workload(s) pooled; exact 95 % interval against the "
+                      f"required {100 * req:g} %")
+    if fails and est.verdict != VERDICTS[2]:
+        est = Estimate(est.estimate, est.ci_low, est.ci_high, est.unit,
+                       VERDICTS[1] if est.verdict == VERDICTS[0] else VERDICTS[0], n=est.n,
+                       note=est.note + f" (the claim holds when the upper bound is below {100 * req:g} %)")
+    return est
+
+
+def s1_composition_loses(results: Path) -> Estimate:
+    """S1: prefix composition without repair falls short of the required preservation (its upper bound below it)."""
+    return _preservation(results, "Prefix composition", fails=True)
+
+
+def s2_suffix_restores(results: Path) -> Estimate:
+    """S2: suffix repair from the risk-selected start (K2) reaches the required preservation (lower bound)."""
+    return _preservation(results, "Suffix K2 · risk", fails=False)
+
+
+def s3_document_only_short(results: Path) -> Estimate:
+    """S3: patching the gold evidence documents alone falls short of the required preservation."""
+    return _preservation(results, "Doc K2 · oracle", fails=True)
+
+
+def _ledger(results: Path, experiment: str) -> Estimate:
+    """A paired row of ``06_noprefix_design_ledger`` whose claim is that the *first* path falls below the second
+    (a window, linked intervals, an adaptive suffix against suffix closure): the ledger's "worked" means the first
+    beats or is equivalent to the second (the claim does not hold), "did not" that it loses (the claim holds); the
+    ledger's words are ``decisions.paired_family`` verdicts (family ``LEDGER``, Holm). Its key result, a sentence,
+    is the note; the ledger saves no number."""
+    df = read_table(results, "06_noprefix_design_ledger")
+    match = df[df["experiment"].astype(str).str.startswith(experiment)]
+    if match.empty:
+        raise NotComputed(f"06_noprefix_design_ledger has no {experiment!r} row")
+    r = match.iloc[0]
+    if r["verdict"] == "not run":
+        raise NotComputed(f"the design ledger did not run {experiment!r}: {r['key_result']}")
+    verdict = {"did not": VERDICTS[0], "worked": VERDICTS[1]}.get(str(r["verdict"]), VERDICTS[2])
+    return Estimate(None, None, None, "", verdict, note=f"ledger: {r['verdict']} ({r['criterion']}): {r['key_result']}")
+
+
+def s4_suffix_beats_window(results: Path) -> Estimate:
+    """S4: the downstream window w4 below suffix K1 (risk, same start)."""
+    return _ledger(results, "Downstream window w4 vs suffix K1")
+
+
+def s5_linked_below_suffix(results: Path) -> Estimate:
+    """S5: linked intervals below suffix closure (oracle)."""
+    return _ledger(results, "Linked intervals vs suffix")
+
+
+def s6_adaptive_drifts(results: Path) -> Estimate:
+    """S6: the adaptive suffix below suffix K2 in preservation (more residual drift; its lower cost is not decided)."""
+    return _ledger(results, "Adaptive suffix")
+
+
+def s9_full_prefill_everywhere(results: Path) -> Estimate:
+    """S9: the operating rule (``06_noprefix_operating_rule``) serves every workload by full prefill. A workload
+    served by a repair path (shown faster and shown to preserve enough) refutes it; the rule falls back to full prefill
+    also when a path is merely not shown, so an all-full-prefill table is undecided, not a confirmation."""
+    df = read_table(results, "06_noprefix_operating_rule")
+    if df.empty:
+        raise NotComputed("06_noprefix_operating_rule has no workload")
+    repaired = df[df["serve"] == "repair"]
+    reasons = "; ".join(f"{r.workload}: {r.serve} ({r.reason})" for r in df.itertuples())
+    if not _decides(results, _NOPREFIX):
+        return Estimate(None, None, None, "", VERDICTS[2], n=len(df), note=f"not decided at this size. {reasons}")
+    verdict = VERDICTS[1] if len(repaired) else VERDICTS[2]
+    return Estimate(None, None, None, "", verdict, n=len(df), note=reasons)
+
+
 def _p(id, section, text, paper, notebook, table, compute=None):
     return Claim(id, "paper", section, text, paper, notebook, table, compute)
 
@@ -147,7 +822,7 @@ _NIAH, _QA, _BENCH, _NUM, _EVID = ("02_allocation_geometry", "03_natural_qa_late
                                    "05_kernel_numerical_validation", "08_evidence_location")
 
 #: Every row of the claims table, in order. Appending a row here is all a new claim needs; its ``compute`` function
-#: reads ``results/`` and returns :func:`decide`'s :class:`Estimate`.
+#: (listed in ``_COMPUTED`` below, by id) reads ``results/`` and returns :func:`decide`'s :class:`Estimate`.
 CLAIMS: tuple[Claim, ...] = (
     # ---- the paper: main text (sections 1, 4, 5) and the allocation controls of appendix 9.1-9.2
     _p("P1", "§1, §5, Table 12",
@@ -324,6 +999,86 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
+#: How each row is computed: id -> (``compute``, the table it reads, when it differs from the row's). A row not
+#: listed has no ``compute`` ("computation not implemented yet").
+_COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
+    "P1": (p1_sur_vs_dense, "02_sur_vs_allocators"),
+    "P2": (p2_sur_em_at_2, "02_niah_records"),
+    "P3": (p3_sur_vs_shift, "02_sur_vs_allocators"),
+    "P4": (_unavailable("the declared families of notebook 02 compare allocators at 2 and 5 % only "
+                        "(niah.FAMILY_BUDGETS) and the default preset runs no 80 % budget: Dense tokens at 80 % is not "
+                        "a decided comparison"), None),
+    "P5": (p5_sur_vs_random_units, "02_sur_vs_allocators"),
+    "P6": (p6_sur_vs_window, "02_sur_vs_allocators"),
+    "P7": (p7_sur_vs_bm25, "02_sur_vs_allocators"),
+    "P8": (p8_sur_vs_derived, "02_sur_vs_allocators"),
+    "P9": (p9_sur_matches_reprefill, "03_decisions"),
+    "P10": (p10_sur_vs_shift_qa, "03_decisions"),
+    "P11": (p11_sur2_below_reprefill, "03_decisions"),
+    "P12": (p12_faster_than_reprefill, "03_decisions"),
+    "P13": (p13_faster_than_replay, "03_decisions"),
+    "P14": (_unavailable("its latency half is no declared comparison of notebook 03 (the latency family compares SUR "
+                         "with the references only), and the default preset runs none of the three selectors"), None),
+    "A9.3-1": (a93_1_matched_tokens, None),
+    "A9.3-2": (_unavailable("the default preset runs 1K and 2K contexts only; the claim contrasts them with 4K and "
+                            "longer (the paper preset), and 'concentrates' is no declared comparison"), None),
+    "A9.3-3": (a93_3_design_tie, None),
+    "A9.3-4": (a93_4_boundaries, None),
+    "A10-1": (a10_1_nll_side_null, None),
+    "A10-2": (a10_2_em_side_positive, None),
+    "A10-3": (a10_3_tail_interaction_null, None),
+    "A10-4": (a10_4_fixed_slot_carries, "08_findings"),
+    "A10-5": (a10_5_fixed_slot_nll_null, "08_table15"),
+    "B1": (b1_sur_idf, None),
+    "B2": (b2_edit_local, None),
+    "B3": (b3_edit_local_sur, None),
+    "B4": (b4_erratum, None),
+    "B5": (b5_stale_rate, "09_paired_differences"),
+    "S1": (s1_composition_loses, "06_noprefix_endpoints"),
+    "S2": (s2_suffix_restores, "06_noprefix_endpoints"),
+    "S3": (s3_document_only_short, None),
+    "S4": (s4_suffix_beats_window, "06_noprefix_design_ledger"),
+    "S5": (s5_linked_below_suffix, None),
+    "S6": (s6_adaptive_drifts, None),
+    "S7": (_unavailable("three parts (exact at <= 4 documents, degraded at 16, recovered by suffix repair) with no "
+                        "declared comparison between workloads in notebook 06"), None),
+    "S8": (_unavailable("the position sweep (06_noprefix_position_sweep) is descriptive: no declared "
+                        "comparison across evidence positions"), None),
+    "S9": (s9_full_prefill_everywhere, None),
+    "S10": (_unavailable("the ledger's donor-copy row decides equivalence within ±5 points: its 'did not' does not "
+                         "say in which direction donor copy errs, and the paired row is not saved"), None),
+    "B6": (b6_sync_answers_alike, "10_agent_traces_runs"),
+    "B7": (b7_sync_faster_early, "10_agent_traces_runs"),
+    "B8": (_unavailable("notebook 07 prints its decided comparisons but saves no decided table "
+                        "(07_agent_session_summary holds means only); re-deciding them needs its arms, rebuilt from "
+                        "the notebook's parameters"),
+           None),
+    "P15": (_unavailable("a GPU measurement (H100, B = 64); notebook 04 times a CPU analogue, medians without an "
+                         "interval or a declared comparison"), None),
+    "P16": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
+                         "comparison"), None),
+    "P17": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
+                         "comparison"), None),
+    "A11-1": (_unavailable("05_table17 saves percentages averaged over cells, with no per-cell rows or declared "
+                           "comparison to decide 'every cell' from"), None),
+    "A11-2": (_unavailable("05_table17 is descriptive (cell means, no interval or declared comparison)"), None),
+    "A11-3": (_unavailable("05_table17_nll saves the mean over cells only; the excess needs per-cell differences "
+                           "and a declared comparison"), None),
+}
+
+
+def _with_compute(claim: Claim) -> Claim:
+    from dataclasses import replace
+
+    if claim.id not in _COMPUTED:
+        return claim
+    compute, table = _COMPUTED[claim.id]
+    return replace(claim, compute=compute, table=table or claim.table)
+
+
+CLAIMS = tuple(_with_compute(c) for c in CLAIMS)
+
+
 def _finished(results: Path) -> dict[str, bool]:
     try:
         entries = json.loads((Path(results) / "manifest.json").read_text(encoding="utf-8")).get("notebooks", {})
@@ -337,7 +1092,8 @@ def claim_row(claim: Claim, results: Path, finished: Mapping[str, bool] | None =
 
     The verdict is :data:`NOT_COMPUTED` (with the reason in ``note``) when the claim has no ``compute`` function, when
     its notebook has not finished in the release, or when ``compute`` cannot run yet (the decisions module missing, a
-    table absent).
+    table absent: ``cannot compute yet``), or when the claim is about a quantity the run cannot produce
+    (:class:`NotComputed`, whose reason is the note).
     """
     finished = _finished(results) if finished is None else finished
     base = {"id": claim.id, "source": claim.source, "section": claim.section, "claim": claim.text,
@@ -349,6 +1105,8 @@ def claim_row(claim: Claim, results: Path, finished: Mapping[str, bool] | None =
         return {**base, **empty, "note": f"{claim.notebook} has not finished in this release"}
     try:
         est = claim.compute(Path(results))
+    except NotComputed as err:
+        return {**base, **empty, "note": str(err)}
     except (ImportError, FileNotFoundError, KeyError, ValueError) as err:
         return {**base, **empty, "note": f"cannot compute yet: {type(err).__name__}: {err}"}
     return {**base, "estimate": est.estimate, "ci_low": est.ci_low, "ci_high": est.ci_high, "unit": est.unit,
@@ -449,5 +1207,6 @@ def write_claims(results: Path, claims: Sequence[Claim] = CLAIMS) -> list[Path]:
     return paths
 
 
-__all__ = ["CLAIMS", "Claim", "Estimate", "NOT_COMPUTED", "VERDICTS", "claim_row", "claim_rows", "claims_csv",
-           "claims_markdown", "decide", "format_estimate", "paired_claim", "write_claims"]
+__all__ = ["CLAIMS", "Claim", "Estimate", "NOT_COMPUTED", "NotComputed", "VERDICTS", "all_of", "claim_row",
+           "claim_rows", "claims_csv", "claims_markdown", "decide", "format_estimate", "paired_claim", "read_table",
+           "table_path", "threshold_claim", "write_claims"]

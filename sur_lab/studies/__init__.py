@@ -71,19 +71,16 @@ def power_table(presets=("smoke", "default", "paper")):
     Raises:
         ValueError: naming a preset a study does not define.
     """
-    import math
-
     import pandas as pd
+
+    from sur_lab.analysis.decisions import effect_text
 
     rows = []
     for name in POWER_STUDIES:
         study = get_study(name)
         row = {"notebook": study.NOTEBOOK, "study": name}
         for preset in presets:
-            effect, unit = study.mde(study.params(preset))
-            row[preset] = ("none" if math.isnan(effect) else
-                           f"{effect:.1f} pp" if unit == "pp" else f"{effect:.2f}x" if unit == "x"
-                           else f"{effect:.3g} {unit}")
+            row[preset] = effect_text(*study.mde(study.params(preset)))
         basis = study.PRIMARY_POWER
         row["basis"] = (f"{'discordance' if basis.unit == 'pp' else 'SD'} {basis.value:.3g}: {basis.source}")
         rows.append(row)

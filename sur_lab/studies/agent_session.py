@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, PowerBasis
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.cache_ops import to_tensors
 from sur_lab.models import LoadedModel
@@ -46,22 +46,22 @@ BUDGET_FAMILY = Family("per-edit SUR against Shift", "binary",
 PRIMARY_POWER = PowerBasis(0.25, "a planning value (no published rate): a quarter of the questions discordant")
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at notebook 07's size.
+POWER = PowerDesign("the debt arm vs SUR at its budget, agreement", PRIMARY, PRIMARY_POWER,
+                    lambda p: (p["n_episodes"], p["k"]), what="questions", clusters="episodes")
+
+
 def mde(p: Mapping[str, int]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, for
     notebook 07's size ``p`` (``n_episodes`` episodes, the clusters, of ``k`` questions each) and the stated
     discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the
     size cannot reach 80 %: the exact sign test on 5 episodes or fewer never reaches p < 0.05)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_episodes"], cluster_size=p["k"])
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, int]) -> str:
     """:func:`mde` in words, for notebook 07's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("the debt arm vs SUR at its budget, agreement", PRIMARY, PRIMARY_POWER, p["n_episodes"],
-                          cluster_size=p["k"], what="questions", clusters="episodes")
+    return POWER.line(p)
 
 
 @dataclass(frozen=True)

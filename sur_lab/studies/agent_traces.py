@@ -66,7 +66,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign
 from sur_lab.analysis.scoring import NONE_PREDICTIONS, agreement, exact_match, extract_answer, normalize_answer
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
@@ -523,22 +523,22 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
     return study_params(PRESETS, FIXED, preset, **overrides)
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at a size of :func:`params`.
+POWER = PowerDesign("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, lambda p: p["n_traces"],
+                    what="traces")
+
+
 def mde(p: Mapping[str, Any]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY`, a TTFT ratio) minimal detectable effect at 80 % power, two-sided
     5 %, at the size of ``p`` (:func:`params`: ``n_traces``, the resampled clusters) and the stated SD
     :data:`PRIMARY_POWER` of a trace's mean log ratio: ``(ratio, "x")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
     below the 6 traces the exact sign-flip test needs)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_traces"])
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, Any]) -> str:
     """:func:`mde` in words, for notebook 10's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, p["n_traces"],
-                          what="traces")
+    return POWER.line(p)
 
 def check_params(p: Mapping[str, Any]) -> None:
     """Refuse bad parameters before any model call (``sur-lab sweep`` calls it: the study's paths are not sweep

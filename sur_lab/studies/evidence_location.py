@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, sd_from_interval
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, sd_from_interval
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import SIDES, TAILS
@@ -1167,22 +1167,22 @@ def _power_sources(p: Mapping[str, Any]) -> int:
     return int(len(p["datasets"]) * (p["candidates_per_dataset"] or 0) * PAPER_FEASIBLE_SHARE)
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at a size of :func:`params`.
+POWER = PowerDesign("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, PRIMARY_POWER,
+                    lambda p: _power_sources(p), what="sources")
+
+
 def mde(p: Mapping[str, Any]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY_FAMILY`, the NLL side contrast) minimal detectable effect at 80 %
     power, two-sided 5 %, at the size of ``p`` (:func:`params`: its sources, the resampled units) and the stated SD
     :data:`PRIMARY_POWER`: ``(nats, "nats")`` (:func:`sur_lab.analysis.decisions.mde`; NaN below the 6 sources the
     exact sign-flip test needs). The equivalence verdict needs more: the 90 % interval inside ±0.1 nats."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY_FAMILY, PRIMARY_POWER, _power_sources(p))
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, Any]) -> str:
     """:func:`mde` in words, for notebook 08's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, PRIMARY_POWER,
-                          _power_sources(p), what="sources")
+    return POWER.line(p)
 
 def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> Panel:
     """The study's :class:`Panel` at ``preset`` (:func:`build_panel`; by tokenization alone, before any model runs).

@@ -54,7 +54,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, PowerBasis, discordance_from_interval
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign, discordance_from_interval
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
@@ -540,24 +540,22 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
     return study_params(PRESETS, FIXED, preset, **overrides)
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at a size of :func:`params`.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                    lambda p: (len(p["datasets"]) * p["n_per_dataset"], len(p["placements"])), clusters="sources")
+
+
 def mde(p: Mapping[str, Any]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
     of ``p`` (:func:`params`: ``n_per_dataset`` sources per dataset, each a cluster of its ``placements``) and the
     stated discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
     when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, len(p["datasets"]) * p["n_per_dataset"],
-                       cluster_size=len(p["placements"]))
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, Any]) -> str:
     """:func:`mde` in words, for notebook 03's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
-                          len(p["datasets"]) * p["n_per_dataset"], cluster_size=len(p["placements"]),
-                          clusters="sources")
+    return POWER.line(p)
 
 def placement_cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[PlacementCase]:
     """The study's placement cases at ``preset`` (sources by :func:`select_panel`, cases by :func:`build_cases`).

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, discordance_from_marginals
+from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, PowerDesign, discordance_from_marginals
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.data.text import char_token_span, join_blocks
@@ -517,21 +517,21 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
     return study_params(PRESETS, FIXED, preset, **overrides)
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at a size of :func:`params`.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                    lambda p: p["num_cases"])
+
+
 def mde(p: Mapping[str, Any]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
     of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
     ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, Any]) -> str:
     """:func:`mde` in words, for notebook 02's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
-                          p["num_cases"])
+    return POWER.line(p)
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
@@ -674,9 +674,10 @@ class MatchedRegion:
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
-        _check_region(self.region, self.count)
+        from sur_lab.allocators import check_region
         from sur_lab.budget import check_budget
 
+        check_region(self.region, self.count)
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
 
     @property
@@ -725,11 +726,11 @@ class MatchedTokens:
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
-        from sur_lab.allocators import get_allocator
+        from sur_lab.allocators import check_region, get_allocator
         from sur_lab.budget import check_budget
 
         get_allocator(self.allocator)
-        _check_region(self.region, self.count)
+        check_region(self.region, self.count)
         if self.allocator == self.region:
             raise ValueError(f"allocator={self.allocator!r} must differ from region")
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
@@ -748,23 +749,17 @@ class MatchedTokens:
                       allowance=n)
 
 
-def _check_region(region: str, count: str) -> None:
-    """Refuse an unknown region or count rule, or a non-SUR region under ``"whole_units"``, before any work."""
-    from sur_lab.allocators import COUNT_RULES, get_allocator, resolve_method
-
-    get_allocator(region)
-    if count not in COUNT_RULES:
-        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
-    if count == "whole_units" and resolve_method(region)[0] != "SUR":
-        raise ValueError(f"region={region!r}: count='whole_units' ranks SUR's units; give SUR or a SUR variant")
-
-
 def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, seed: int,
                    options: Mapping[str, Any] | None) -> int:
     """n of :func:`sur_lab.allocators.region_count` on the case's request at ``budget_pct`` (units kept on
-    ``prepared``)."""
+    ``prepared``), computed once per prepared edit: kept in ``prepared.matched_counts`` and read back for the same
+    region, budget, count, seed and ``options`` object (every arm of a case)."""
     from sur_lab.allocators import AllocationRequest, region_count
 
+    key = (region, float(budget_pct), count, int(seed))
+    kept = prepared.matched_counts.get(key)
+    if kept is not None and kept[0] is options:
+        return kept[1]
     opts = dict(options or {})
     if prepared.dirty_cache is not None:
         opts.setdefault("dirty_cache", prepared.dirty_cache)
@@ -773,6 +768,7 @@ def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, see
     n = region_count(region, request, count)
     if prepared.units is None and request.units is not None:
         prepared.units = request.units
+    prepared.matched_counts[key] = (options, n)
     return n
 
 
@@ -881,10 +877,10 @@ def _region_allowance(records: pd.DataFrame, region: str) -> np.ndarray:
     """B per record: Eq. 3's ``B(S, b)`` of the record's suffix at its budget, on the whole-prompt base when
     ``region`` binds ``allowance_base=prompt`` (the B from which the region's count starts); int64."""
     from sur_lab.allocators import resolve_method
-    from sur_lab.budget import allowance, prompt_allowance
+    from sur_lab.budget import base_allowance
 
-    prompt = resolve_method(region)[1].get("allowance_base") == "prompt"
-    return np.array([prompt_allowance(int(s), int(p) + int(s), float(b)) if prompt else allowance(int(s), float(b))
+    base = resolve_method(region)[1].get("allowance_base", "suffix")
+    return np.array([base_allowance(int(s), int(p) + int(s), float(b), base)
                      for s, p, b in zip(records["suffix_len"], records["prefix_len"], records["budget_pct"])],
                     dtype=np.int64)
 

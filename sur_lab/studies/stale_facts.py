@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, PowerBasis
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
 from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import (
     EditedContext,
@@ -856,20 +856,20 @@ def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
     return study_params(PRESETS, FIXED, preset, **overrides)
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at a size of :func:`params`.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, lambda p: p["num_cases"])
+
+
 def mde(p: Mapping[str, Any]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
     of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
     ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, Any]) -> str:
     """:func:`mde` in words, for notebook 09's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, p["num_cases"])
+    return POWER.line(p)
 
 def methods(p: Mapping[str, Any]) -> list[str]:
     """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`

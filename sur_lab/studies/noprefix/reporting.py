@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, discordance_from_interval
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, discordance_from_interval
 from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
 
 #: The design ledger's paired comparisons (issue 36; :mod:`sur_lab.analysis.decisions`): each route against the one it
@@ -43,24 +43,24 @@ def _power_clusters(p: Mapping[str, Any]) -> list[int]:
     return per * len(p["datasets"])
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at the size of
+#: :func:`~sur_lab.studies.noprefix.study.params`.
+POWER = PowerDesign("donor-copy vs actual forwarding (suffix K1, risk), preservation", DONOR_PROXY,
+                    PRIMARY_POWER, lambda p: (len(_power_clusters(p)), _power_clusters(p)), what="requests",
+                    clusters="sources")
+
+
 def mde(p: Mapping[str, Any]) -> tuple[float, str]:
     """The primary comparison's (:data:`DONOR_PROXY`) minimal detectable effect at 80 % power, two-sided 5 %, at the
     size of ``p`` (:func:`~sur_lab.studies.noprefix.study.params`: requests paired, sources clustered) and the stated
     discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the
     size cannot reach 80 %). The equivalence verdict needs more: the 90 % interval inside ±5 points."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    sizes = _power_clusters(p)
-    return primary_mde(DONOR_PROXY, PRIMARY_POWER, len(sizes), cluster_size=sizes)
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, Any]) -> str:
     """:func:`mde` in words, for notebook 06's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    sizes = _power_clusters(p)
-    return power_sentence("donor-copy vs actual forwarding (suffix K1, risk), preservation", DONOR_PROXY,
-                          PRIMARY_POWER, len(sizes), cluster_size=sizes, what="requests", clusters="sources")
+    return POWER.line(p)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Drift
@@ -888,6 +888,7 @@ def plot_robustness(table: pd.DataFrame, *, title: str = ""):
 
 __all__ = [
     "DONOR_PROXY",
+    "POWER",
     "PRIMARY_POWER",
     "mde",
     "power_line",
