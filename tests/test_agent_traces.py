@@ -200,8 +200,8 @@ class _Stopped(Exception):
 
 def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
     """A finished trace is on disk before the next starts: a run stopped in its second trace loses only that trace,
-    the next call runs only what is missing and gives the uninterrupted table; a part made with other parameters is
-    never read."""
+    the next call runs only what is missing and gives the uninterrupted table; a trace stored with other parameters
+    is refused, naming the folder and the parameters."""
     lm = chat_lm()
     traces = [at.build_trace(lm.tokenizer, _examples(3), max_doc_tokens=12) for _ in range(3)]
     for i, trace in enumerate(traces):
@@ -221,17 +221,22 @@ def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
     with pytest.raises(_Stopped):
         at.sweep(lm, **kw)
     assert not (tmp_path / at.TABLE_FILE).exists()
-    assert len(list((tmp_path / "parts").glob("*.parquet"))) == 1  # trace-0 kept
+    assert [f.name.split("-")[:2] for f in (tmp_path / "parts").glob("*.jsonl")] == [["trace", "0"]]  # trace-0 kept
+    assert [f.name for f in (tmp_path / "parts").iterdir() if f.name.endswith(".tmp")] == []
     runs, where = at.sweep(lm, **kw)
     assert calls == ["trace-0", "trace-1", "trace-1", "trace-2"]  # trace-0 read back, not rerun
     assert list(runs.trace.unique()) == ["trace-0", "trace-1", "trace-2"]
+    pd.testing.assert_frame_equal(runs, pd.read_parquet(where / at.TABLE_FILE))
     fresh, _ = at.sweep(lm, **{**kw, "out": tmp_path / "fresh"})
     pd.testing.assert_frame_equal(runs.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]),
                                   fresh.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]))
     calls.clear()
-    at.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: no part of the first run is reused
-    assert calls == ["trace-0", "trace-1", "trace-2"]
-    assert len(list((tmp_path / "parts").glob("*.parquet"))) == 6
+    again, _ = at.sweep(lm, **kw)  # everything stored: nothing runs, the same table
+    assert calls == []
+    pd.testing.assert_frame_equal(again, runs)
+    with pytest.raises(ValueError, match=f"out_dir='{tmp_path}'.*trace-0.*another params"):
+        at.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: refused, nothing recomputed
+    assert calls == []
 
 
 def _runs() -> pd.DataFrame:

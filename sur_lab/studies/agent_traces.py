@@ -43,9 +43,10 @@ ratio's included, and the declared comparisons are :func:`primary_table`'s.
 Records: these per-turn rows are the study's own table, not :class:`sur_lab.sweeps.Record` objects. A sweep record is
 one repair of one prepared edit (:func:`sur_lab.sweeps.run_case` prepares a case once and repairs it with every method
 independently); here each path's state at turn t depends on its own repairs at turns 1..t-1 (accumulated staleness),
-and a sync is a diff of many edits rather than one span. The table is stored in the study's sweep folder
-(``turns.parquet``, with ``study.json`` holding the parameters and the model fingerprint) and reused when they match;
-each finished trace is also written at once to a part file (:func:`trace_part`), so an interrupted run resumes.
+and a sync is a diff of many edits rather than one span. They are keyed rows of the one sweep store
+(:meth:`sur_lab.sweeps.SweepStore.run_keyed`: a trace is a case, its rows keyed by turn and path): each finished trace
+is written at once to its part file, so an interrupted run resumes, and the table is ``turns.parquet`` in the study's
+sweep folder (:func:`sweep`).
 
 Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
 Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
@@ -53,7 +54,6 @@ Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -582,35 +582,28 @@ def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = 
                         cap=p["max_doc_tokens"], b=p["budgets"], tok=p["max_new_tokens"], ex=ex, seed=seed)
 
 
-def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str, traces: Sequence[dict]) -> dict:
-    from sur_lab.fingerprint import digest, model_fingerprint, versions
+def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str) -> dict:
+    """What every stored row depends on besides its trace (:meth:`sur_lab.sweeps.SweepStore.run_keyed`)."""
+    from sur_lab.fingerprint import model_fingerprint, versions
 
     return {**model_fingerprint(lm), "params": dict(p), "seed": int(seed), "executor": executor,
-            "traces": digest(list(traces)), "versions": versions()}
-
-
-def trace_part(where: Path | str, trace_id: str, fp: Mapping[str, Any]) -> Path:
-    """The part file of one finished trace: ``parts/<part_name(trace_id)>-<fingerprint digest, 8>.parquet``, so a part
-    is only ever read back by a run with the same parameters, traces, model and versions."""
-    from sur_lab.fingerprint import digest
-    from sur_lab.sweeps.store import part_name
-
-    return Path(where) / "parts" / f"{part_name(str(trace_id))}-{digest(json.loads(json.dumps(fp)))[:8]}.parquet"
+            "versions": versions()}
 
 
 def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
           threads: int | None = None, address: str | None = None, executor: str | None = None,
           eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run the study, resuming finished traces (or read its stored table when the parameters, traces and model
-    fingerprint match).
+    """Run the study, resuming finished traces.
 
     One process, one request at a time: the per-turn TTFT is a per-request latency, so ``workers`` must be 1 and
     ``address`` None (refused otherwise); ``eval_batch`` is ignored (the query forward is per request; the rest of a
-    turn's answers is decoded for its paths together, :func:`run_trace`). Each finished trace's rows
-    are written at once (atomically) to a part file named by the fingerprint (:func:`trace_part`), so an interrupted
-    run loses at most the trace in flight and the next call with the same fingerprint resumes after it; a part made
-    with other parameters, traces, model or versions is never read. The folder is locked for the call
-    (:meth:`sur_lab.sweeps.SweepStore.lock`).
+    turn's answers is decoded for its paths together, :func:`run_trace`). The rows are stored through
+    :meth:`sur_lab.sweeps.SweepStore.run_keyed`, one case per trace keyed by ``(turn, path)``: each finished trace's
+    rows are written at once (atomically) to ``parts/<trace>.jsonl``, so an interrupted run loses at most the trace in
+    flight and the next call resumes after it; the fingerprint (model, parameters, seed, executor, versions, and a
+    digest of the trace) is checked on read, and a trace stored with another is refused (``ValueError``). The folder
+    is locked for the call. (Folders written before this store held ``parts/*.parquet`` and ``study.json``; they are
+    not read back: such a run is recomputed.)
 
     Args:
         lm: the model. preset, overrides: the parameters (:func:`params`). out: the folder (default :func:`folder`).
@@ -619,16 +612,18 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
 
     Returns:
         ``(runs, folder)``: the per-(trace, turn, path) table (:func:`run_traces` columns, plus ``model``, ``seed`` and
-        the ``threads`` each trace ran with) and the folder holding ``turns.parquet``, ``traces.json``, ``study.json``
-        and ``parts/``.
+        the ``threads`` each trace ran with) and the folder holding :data:`TABLE_FILE`, ``traces.json``,
+        ``sweep.json`` and ``parts/``.
 
     Raises:
-        ValueError: naming ``workers``/``address`` for a distributed run, or a bad parameter, before any model call.
+        ValueError: naming ``workers``/``address`` for a distributed run, or a bad parameter, before any model call;
+            naming the folder, the trace and the first differing field when a stored trace was made with another
+            fingerprint.
         RuntimeError: when another process is running a sweep in the same folder.
     """
     import torch
 
-    from sur_lab.paths import atomic_path
+    from sur_lab.fingerprint import digest
     from sur_lab.sweeps.store import SweepStore
 
     if workers != 1 or address is not None:
@@ -640,37 +635,19 @@ def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: i
     paths = methods(p)
     traces = build_traces(lm.tokenizer, p, seed=seed)
     where = Path(out) if out is not None else folder(lm, p, seed=seed, executor=executor)
-    fp = _fingerprint(lm, p, seed, executor, traces)
-    table, meta = where / TABLE_FILE, where / "study.json"
-    if table.exists() and meta.exists() and json.loads(meta.read_text()) == json.loads(json.dumps(fp)):
-        return pd.read_parquet(table), where
     if threads:
         torch.set_num_threads(threads)
-    with SweepStore(where).lock():
-        files = [trace_part(where, trace["id"], fp) for trace in traces]
-        done = sum(f.exists() for f in files)
-        if done and progress:
-            print(f"{done} of {len(traces)} traces read back from {where / 'parts'}", flush=True)
-        parts = []
-        with tqdm(total=len(traces) - done, desc="traces", disable=not progress) as bar:
-            for trace, part in zip(traces, files):
-                if part.exists():
-                    parts.append(pd.read_parquet(part))
-                    continue
-                rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
-                df = pd.DataFrame(rows).assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
-                part.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_path(part) as tmp:
-                    df.to_parquet(tmp, index=False)
-                parts.append(df)
-                bar.update(1)
-        runs = add_cumulative(pd.concat(parts, ignore_index=True))
-        with atomic_path(table) as tmp:
-            runs.to_parquet(tmp, index=False)
-        with atomic_path(where / "traces.json") as tmp:
-            Path(tmp).write_text(json.dumps(traces))
-        with atomic_path(meta) as tmp:
-            Path(tmp).write_text(json.dumps(fp, indent=1))
+
+    def compute(trace: Mapping[str, Any]) -> list[dict]:
+        rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
+        return [{**row, "model": lm.spec.name, "seed": seed, "threads": torch.get_num_threads()} for row in rows]
+
+    store = SweepStore(where)
+    runs = store.run_keyed({trace["id"]: trace for trace in traces}, compute, key=("turn", "path"),
+                           fingerprint=_fingerprint(lm, p, seed, executor),
+                           case_fingerprint=lambda trace: {"trace": digest({"trace": trace})}, table=TABLE_FILE,
+                           finish=add_cumulative, progress=progress, desc="traces")
+    store.write_json("traces.json", traces)
     return runs, where
 
 
