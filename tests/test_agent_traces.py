@@ -264,7 +264,7 @@ def test_tables_and_conclusion_on_hand_made_runs():
     assert (last.cum_recomputed == 80 + 5 + 10).all() and np.allclose(last.cost_ratio, 95 / 240)
     regions = at.region_table(runs).set_index(["region", "path"])
     first = regions.loc[("first half", "sync 5%")]
-    assert first.speedup == pytest.approx(3.0) and first.agree_pct == 50.0 and first.agree_diff_pp == -50.0
+    assert first.speedup == pytest.approx(3.0) and first.agree_pct == 50.0 and first.agree_delta == -50.0
     assert math.isnan(first.speedup_lo)  # every ratio is 3: no interval, never a zero-width one
     assert first.losses == 1 and first.loss_upper_pct == pytest.approx(100 * 0.975**0.5, abs=1e-9)  # 1 of 2
     assert regions.loc[("append", "sync 5%")].speedup == pytest.approx(1.0)
@@ -282,7 +282,7 @@ def test_tables_and_conclusion_on_hand_made_runs():
     kinds = at.kind_table(runs).set_index(["kind", "path"])
     assert list(dict.fromkeys(kinds.index.get_level_values("kind"))) == ["new", "reask-removed", "reaching", "all"]
     lost = kinds.loc[("reask-removed", "sync 5%")]
-    assert lost.agree_pct == 50.0 and lost.losses == 1 and lost.known_pct == 100.0 and lost.agree_diff_pp == -50.0
+    assert lost.agree_pct == 50.0 and lost.losses == 1 and lost.known_pct == 100.0 and lost.agree_delta == -50.0
     assert kinds.loc[("new", "sync 5%")].agree_pct == 100.0 and kinds.loc[("all", "sync 5%")].turns == 4
     assert ("append: sync 5% loses re-prefill's answer that prefix reuse kept on 0 % (0 of 2 turns; 95 % CI 0 % to "
             "84 %): at most 5 % not shown at this size (upper bound 84 %)") in text

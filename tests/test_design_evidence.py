@@ -192,12 +192,12 @@ def test_table14_pools_and_splits_by_length_and_decides_declared_families(matche
         at_b = sub[sub.budget_pct == row.budget_pct]
         reg = at_b[at_b.method == region]
         tok = at_b[at_b.method == niah.matched_label(row.allocator)]
-        assert row.n_cases == len(tok) == len(reg) == (6 if row.length == "all" else 3)
+        assert row.n == len(tok) == len(reg) == (6 if row.length == "all" else 3)
         assert row.mean_tokens == pytest.approx(reg["allowance"].mean())
         assert row.mean_b == pytest.approx(np.mean([allowance(s, row.budget_pct) for s in reg["suffix_len"]]))
         for metric in ("em", "agree_reprefill"):
             expect = 100 * (reg[metric].astype(float).mean() - tok[metric].astype(float).mean())
-            assert getattr(row, f"{metric}_diff_pp") == pytest.approx(expect)
+            assert getattr(row, f"{metric}_delta") == pytest.approx(expect) and row.unit == "pp"
             assert getattr(row, f"{metric}_verdict") == "not separated"  # six cases cannot separate anything
     # The per-length family: paired_family over its rows, Holm across lengths, budgets and allocators.
     sub = table[table.family == niah.MATCHED_BY_LENGTH.name]
@@ -209,7 +209,7 @@ def test_table14_pools_and_splits_by_length_and_decides_declared_families(matche
         diffs[(f"{row.length} {row.budget_pct} {row.allocator}", "b")] = (a, b.astype(float).to_numpy())
     ref = paired_family(diffs, family=niah.MATCHED_BY_LENGTH, n_boot=200, seed=20260928)
     assert sub["agree_reprefill_p_adj"].tolist() == pytest.approx(ref["p_adj"].tolist())
-    assert sub["agree_reprefill_ci_low_pp"].tolist() == pytest.approx((100 * ref["ci_low"]).tolist())
+    assert sub["agree_reprefill_delta_low"].tolist() == pytest.approx((100 * ref["ci_low"]).tolist())
     broken = df.copy()
     broken.loc[broken.method == niah.matched_label("Dense tokens"), "allowance"] += 1
     with pytest.raises(ValueError, match="does not select"):
@@ -276,13 +276,13 @@ def test_ablation_table_values():
     records = _ablation_records([1, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 1])
     table = niah.ablation_table(records, n_boot=300).set_index("method")
     assert list(table.index) == ["SUR[aggregation=mean]", "SUR[allowance_base=prompt]", "Fixed blocks"]
-    assert table.loc["SUR[aggregation=mean]", "diff_pp"] == pytest.approx(100 * (2 - 4) / 6)
+    assert table.loc["SUR[aggregation=mean]", "delta"] == pytest.approx(100 * (2 - 4) / 6)
     assert table.loc["SUR[aggregation=mean]", "factor"] == "aggregation"
-    assert table.loc["Fixed blocks", "diff_pp"] == pytest.approx(100 * (5 - 4) / 6)
+    assert table.loc["Fixed blocks", "delta"] == pytest.approx(100 * (5 - 4) / 6)
     assert table.loc["Fixed blocks", "factor"] == "boundaries"
     prompt = table.loc["SUR[allowance_base=prompt]"]
-    assert prompt["diff_pp"] == 0.0 and prompt["mean_tokens"] == 14 and prompt["reference_tokens"] == 10
-    assert prompt["verdict"] == "not separated" and prompt["ci_low_pp"] < 0 < prompt["ci_high_pp"]
+    assert prompt["delta"] == 0.0 and prompt["mean_tokens"] == 14 and prompt["reference_tokens"] == 10
+    assert prompt["verdict"] == "not separated" and prompt["delta_low"] < 0 < prompt["delta_high"]
     assert set(table["family"]) == {niah.ABLATION_FAMILY.name} and (table["family_size"] == 3).all()
     assert (niah.ablation_table(records, n_boot=300, decide=False)["verdict"] == "not decided").all()
     with pytest.raises(ValueError, match="metric='nope'"):

@@ -84,6 +84,11 @@ COLUMNS = ["family", "comparison", "a", "b", "kind", "adjust", "estimate", "ci_l
            "tost_high", "p", "p_adj", "n", "n_clusters", "n_discordant", "family_size", "alpha", "margin",
            "margin_source", "higher_is_better", "mde", "verdict"]
 
+#: A paired difference in its printed unit (:func:`in_units`), beside the decision columns of :data:`COLUMNS`: the one
+#: schema of every study's table of paired differences (issue 39). ``unit`` says what the four numbers are ("pp" of a
+#: binary endpoint, "x" of a ratio, a continuous endpoint's own unit such as "logits" or "nats").
+DIFF_COLUMNS = ["delta", "delta_low", "delta_high", "delta_mde", "unit"]
+
 
 def decides(preset: str | None) -> bool:
     """Whether a run at ``preset`` decides anything: ``False`` for :data:`PLUMBING_PRESETS` (a smoke run checks that
@@ -612,6 +617,43 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
                              margin=margin_value, n=r["n"], decide=decide)
     return pd.DataFrame(rows, columns=COLUMNS)
 
+
+
+def in_units(table: pd.DataFrame, *, unit: str = "") -> pd.DataFrame:
+    """:func:`paired_family` rows with each difference also in its printed unit (:data:`DIFF_COLUMNS`): the one
+    paired-difference schema of the studies' tables (issue 39), never a unit in a column's name.
+
+    A binary row's ``estimate``, ``ci_low``, ``ci_high`` and ``mde`` (fractions) become ``delta``, ``delta_low``,
+    ``delta_high`` and ``delta_mde`` in points (×100, ``unit`` "pp"); a ratio row's are copied (``unit`` "x"; its
+    ``mde`` is NaN); a continuous row's are copied with ``unit`` the endpoint's own unit (the argument). The
+    decision columns are kept unchanged, so :func:`sentence` and :func:`family_lines` read the result as they read
+    :func:`paired_family`'s.
+
+    Args:
+        table: rows of :func:`paired_family` (``kind``, ``estimate``, ``ci_low``, ``ci_high``, ``mde``); may be empty.
+        unit: the unit of the continuous rows ("logits", "nats"; "" when the endpoint has none).
+
+    Returns:
+        A new frame: ``table``'s columns, then :data:`DIFF_COLUMNS` (float64 numbers, ``unit`` a string).
+
+    Raises:
+        ValueError: naming ``table`` when it lacks a column of :func:`paired_family` that the conversion reads, or
+            holds a ``kind`` outside :data:`KINDS`.
+    """
+    need = ["kind", "estimate", "ci_low", "ci_high", "mde"]
+    missing = [c for c in need if c not in table.columns]
+    if missing:
+        raise ValueError(f"table lacks {missing}: pass rows of sur_lab.analysis.decisions.paired_family")
+    bad = sorted(set(table["kind"]) - set(KINDS))
+    if bad:
+        raise ValueError(f"table holds kinds {bad}; a paired_family row's kind is one of {KINDS}")
+    kind = table["kind"].astype(str)
+    scale = np.where(kind == "binary", 100.0, 1.0)
+    out = table.copy()
+    for col, src in zip(DIFF_COLUMNS[:4], need[1:]):
+        out[col] = scale * table[src].to_numpy(np.float64)
+    out["unit"] = np.where(kind == "binary", "pp", np.where(kind == "ratio", "x", unit)).astype(object)
+    return out
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Power: the smallest effect a declared size detects (issue 40)

@@ -658,8 +658,9 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
     """Per (group of later turns, path), each path paired with ``against`` on the same turns: median TTFT, the paired
     speed-up ``against``'s TTFT / this path's (geometric mean, > 1: this path is faster) with its 95 % percentile
     bootstrap interval (NaN with one cluster or identical ratios), median tokens recomputed, agreement with re-prefill
-    and EM (%), the paired difference of agreement against ``against`` (percentage points; Newcombe's interval, hulled
-    with the cluster bootstrap's), and the turns on which this path loses re-prefill's answer that ``against`` kept
+    and EM (%), the paired difference of agreement against ``against`` (``agree_delta``, ``agree_delta_low``,
+    ``agree_delta_high``, in percentage points: :func:`sur_lab.analysis.decisions.in_units`; Newcombe's interval,
+    hulled with the cluster bootstrap's), and the turns on which this path loses re-prefill's answer that ``against`` kept
     (``losses``) with the exact 95 % upper bound of that rate (``loss_upper_pct``). Descriptive: the verdicts are
     :func:`conclusion`'s.
 
@@ -674,7 +675,7 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
     Raises:
         ValueError: naming ``by`` when not ``"region"`` or ``"kind"``, ``against`` when it is not a path of ``runs``.
     """
-    from sur_lab.analysis.decisions import paired_family, proportion_interval
+    from sur_lab.analysis.decisions import in_units, paired_family, proportion_interval
 
     if by not in ("region", "kind"):
         raise ValueError(f"by={by!r} must be 'region' or 'kind'")
@@ -692,19 +693,19 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
             losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
             row = {by: group, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
                    "speedup": 1.0, "speedup_lo": nan, "speedup_hi": nan, "recomputed": mine["recomputed"].median(),
-                   "agree_pct": 100 * mine["agree"].mean(), "agree_diff_pp": 0.0, "agree_diff_lo": nan,
-                   "agree_diff_hi": nan, "losses": losses,
+                   "agree_pct": 100 * mine["agree"].mean(), "agree_delta": 0.0, "agree_delta_low": nan,
+                   "agree_delta_high": nan, "losses": losses,
                    "loss_upper_pct": 100 * proportion_interval(losses, len(a_agree))[2],
                    "em_pct": 100 * mine["em"].mean()}
             if path != against:
                 ratio = paired_family({(path, against): (wide["ttft_ms"][path].to_numpy(float),
                                                          wide["ttft_ms"][against].to_numpy(float))},
                                       kind="ratio", cluster=traces, n_boot=n_boot, seed=seed).iloc[0]
-                agree = paired_family({(path, against): (a_agree, b_agree)}, kind="binary", cluster=traces,
-                                      n_boot=n_boot, seed=seed).iloc[0]
+                agree = in_units(paired_family({(path, against): (a_agree, b_agree)}, kind="binary",
+                                               cluster=traces, n_boot=n_boot, seed=seed)).iloc[0]
                 row.update(speedup=ratio["estimate"], speedup_lo=ratio["ci_low"], speedup_hi=ratio["ci_high"],
-                           agree_diff_pp=100 * agree["estimate"], agree_diff_lo=100 * agree["ci_low"],
-                           agree_diff_hi=100 * agree["ci_high"])
+                           agree_delta=agree["delta"], agree_delta_low=agree["delta_low"],
+                           agree_delta_high=agree["delta_high"])
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -926,7 +927,7 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
             f"{s.speedup:.2f}x prefix reuse's speed (paired geometric mean, "
             f"{interval(s.speedup_lo, s.speedup_hi, '.2f', ' to ', 'x')}), re-prefill "
             f"{t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
-            f"({s.agree_diff_pp:+.0f} pp, {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); "
+            f"({s.agree_delta:+.0f} pp, {interval(s.agree_delta_low, s.agree_delta_high, '+.0f', ' to ')}); "
             f"tokens recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
     if "kind" in runs.columns:
         kt = kinds if kinds is not None else kind_table(runs, seed=seed, n_boot=min(n_boot, 2_000))

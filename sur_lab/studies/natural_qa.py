@@ -844,7 +844,10 @@ def paired_difference_table(
         n_boot, seed, ci: bootstrap settings.
 
     Returns:
-        Rows ``budget_pct``, ``reference``, ``delta_pp``, ``low_pp``, ``high_pp``, ``n_sources``, ``n_cases``.
+        Rows ``budget_pct``, ``reference``, ``delta``, ``delta_low``, ``delta_high`` (``method`` minus the reference),
+        ``unit`` ("pp"), ``n`` (cases of ``method`` at the budget) and ``n_clusters`` (sources resampled): the
+        paired-difference schema of :func:`sur_lab.analysis.decisions.in_units` (this table has no verdict and no
+        ``delta_mde``).
 
     Raises:
         ValueError: naming ``method`` when it has no budgeted rows, or as :func:`sur_lab.analysis.stats.paired_bootstrap`.
@@ -861,9 +864,9 @@ def paired_difference_table(
                 strata_col="dataset", method_col="condition", n_boot=n_boot, seed=seed, ci=ci,
             )
             rows.append({
-                "budget_pct": float(b), "reference": ref, "delta_pp": 100 * res.diff, "low_pp": 100 * res.low,
-                "high_pp": 100 * res.high, "n_sources": res.n_sources,
-                "n_cases": int((table["condition"] == cond).sum()),
+                "budget_pct": float(b), "reference": ref, "delta": 100 * res.diff, "delta_low": 100 * res.low,
+                "delta_high": 100 * res.high, "unit": "pp", "n": int((table["condition"] == cond).sum()),
+                "n_clusters": res.n_sources,
             })
     return pd.DataFrame(rows)
 
@@ -1038,3 +1041,112 @@ def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str 
     if title:
         ax.set_title(title, fontsize=10)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 03's report: one function per table, figure or printout (issue 39)
+
+
+def panel_table(cases: Sequence[PlacementCase], timed: Iterable[str] = ()) -> pd.DataFrame:
+    """The panel, one row per placement case: its meta (``dataset``, ``source_id``, ``placement``, ...), ``timed``
+    (its id is among ``timed``), ``p``, ``d``, ``S``, ``N`` (tokens before the deleted passage, of it, after it, of
+    the dirty prompt), ``gold`` (answers joined by ``" | "``) and ``question``."""
+    timed = set(timed)
+    return pd.DataFrame([{**c.meta, "timed": c.case_id in timed, "p": c.edit.prefix_len, "d": c.edit.deleted_len,
+                          "S": c.edit.suffix_len, "N": c.edit.num_tokens, "gold": " | ".join(c.example.answers),
+                          "question": c.example.question} for c in cases])
+
+
+def plot_figure4(summary: pd.DataFrame, *, title: str = ""):
+    """Figure 4 in two panels: exact match and agreement with Re-prefill against mean post-edit latency
+    (:func:`plot_quality_latency` of each), ``title`` above them. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    plot_quality_latency(summary, em_col="em_pct", ax=axes[0], title="exact match")
+    plot_quality_latency(summary, em_col="agree_pct", ax=axes[1], title="agreement with Re-prefill")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def table9(table: pd.DataFrame, references: Sequence[str], *, method: str = "SUR", n_boot: int = N_BOOT,
+           seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Table 9 on both endpoints: :func:`paired_difference_table` on EM against every reference (``metric``
+    ``"EM"``), then on agreement with Re-prefill against every reference but Re-prefill (``"agreement"``)."""
+    return pd.concat([
+        paired_difference_table(table, method, references, n_boot=n_boot, seed=seed).assign(metric="EM"),
+        paired_difference_table(table, method, [r for r in references if r != "Re-prefill"],
+                                metric_col="agree_reprefill", n_boot=n_boot, seed=seed).assign(metric="agreement"),
+    ], ignore_index=True)
+
+
+def transitions(table: pd.DataFrame, reference: str = "Shift") -> pd.DataFrame:
+    """:func:`transition_table` against ``reference`` on EM (``metric`` ``"EM"``) and on agreement with Re-prefill
+    (``"agreement"``), stacked."""
+    return pd.concat([transition_table(table, reference).assign(metric="EM"),
+                      transition_table(table, reference, metric_col="agree_reprefill").assign(metric="agreement")],
+                     ignore_index=True)
+
+
+def plot_transitions(transitions: pd.DataFrame, reference: str = "Shift"):
+    """The error transitions of :func:`transitions`, one panel per metric: repairs (reference wrong, condition right)
+    to the right, regressions to the left, in % of cases. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    metrics = list(dict.fromkeys(transitions["metric"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(12, 0.4 * len(transitions) / 2 + 1.8), sharey=True,
+                             squeeze=False)
+    axes = axes[0]
+    for ax, (metric, t) in zip(axes, transitions.groupby("metric", sort=False)):
+        y = range(len(t))
+        ax.barh(y, t.repairs_pct, color="C2", label=f"repairs ({reference} wrong, method right)")
+        ax.barh(y, -t.regressions_pct, color="C3", label=f"regressions ({reference} right, method wrong)")
+        ax.set_yticks(list(y), t.condition)
+        span = max(5.0, float(t[["repairs_pct", "regressions_pct"]].to_numpy().max()) * 1.1)
+        ax.set_xlim(-span, span)
+        ax.axvline(0, color="0.3", lw=0.8)
+        ax.set_xlabel("% of cases")
+        ax.set_title(f"{metric} vs {reference}", fontsize=10)
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def lead_of(summary: pd.DataFrame) -> tuple[str, float]:
+    """The lead endpoint of a run: ``("EM", em)`` when Re-prefill's EM reaches
+    :data:`sur_lab.studies.presets.EM_LEAD_MIN`, else ``("agreement", em)``; ``em`` is Re-prefill's EM as a fraction
+    (NaN without a Re-prefill row) from :func:`quality_latency_table`."""
+    from sur_lab.studies.presets import lead_endpoint
+
+    by_cond = summary.set_index("condition")
+    em = by_cond.loc["Re-prefill", "em_pct"] / 100 if "Re-prefill" in by_cond.index else float("nan")
+    return ("EM" if lead_endpoint(em, em="EM", agreement="agreement") == "EM" else "agreement"), float(em)
+
+
+def condition_lines(summary: pd.DataFrame) -> list[str]:
+    """Each condition of :func:`quality_latency_table` in words: EM, agreement and mean post-edit latency over its
+    timed cases."""
+    return [f"  {r.condition:>14}: EM {r.em_pct:.1f} %, agreement {r.agree_pct:.1f} %, mean post-edit latency "
+            f"{r.latency_s:.2f} s over {int(r.timed_cases)} timed case(s)" for r in summary.itertuples()]
+
+
+def dataset_lines(by_dataset: pd.DataFrame, budgets: Sequence[float], *, lead: str = "EM",
+                  method: str = "SUR", reference: str = "Shift") -> list[str]:
+    """Per budget, the datasets on which ``method``'s point estimate lies above and below ``reference``'s
+    (:func:`dataset_em_table` of the lead endpoint; point estimates, not tested per dataset). A budget without both
+    rows gives no line."""
+    per = by_dataset.set_index("condition").drop(columns=["Pooled", "cases"], errors="ignore")
+    lines = []
+    for b in budgets:
+        cond = condition_label(method, float(b))
+        if cond not in per.index or reference not in per.index:
+            continue
+        mine, ref = per.loc[cond], per.loc[reference]
+        above = [d for d in per.columns if mine[d] > ref[d]]
+        below = [d for d in per.columns if mine[d] < ref[d]]
+        lines.append(f"  by dataset at {float(b):g}% ({lead}, point estimates, not tested per dataset): {method} above "
+                     f"{reference} on {', '.join(above) or 'none'}; below {reference} on {', '.join(below) or 'none'}")
+    return lines

@@ -794,25 +794,29 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
 def _decided(records: pd.DataFrame, pairs: Sequence[tuple[str, str]], metric: str, family: Family, *,
              decide: bool, n_boot: int, seed: int) -> pd.DataFrame:
     """:func:`sur_lab.analysis.decisions.paired_family` of ``pairs`` (arm labels, :func:`arm_labels`) on ``metric``,
-    cases paired, with the differences also in pp (``diff_pp``, ``ci_low_pp``, ``ci_high_pp``) and ``n_cases``."""
+    cases paired, with the differences in their printed unit (:func:`sur_lab.analysis.decisions.in_units`: ``delta``,
+    ``delta_low``, ``delta_high``, ``delta_mde`` and ``unit``, "pp" for a 0/1 metric, :data:`METRIC_UNITS` else)."""
     from sur_lab.analysis.conclusions import arm_labels, paired_outcomes
-    from sur_lab.analysis.decisions import kind_of, paired_family
+    from sur_lab.analysis.decisions import DIFF_COLUMNS, in_units, kind_of, paired_family
 
     df = records.assign(arm=arm_labels(records), _m=records[metric].astype(np.float64))
     outcomes, _ = paired_outcomes(df, pairs, "_m")
     if not outcomes:
         from sur_lab.analysis.decisions import COLUMNS
 
-        return pd.DataFrame(columns=[*COLUMNS, "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"])
+        return pd.DataFrame(columns=[*COLUMNS, *DIFF_COLUMNS])
     kind = kind_of(df["_m"])
     if kind != family.kind:
         from dataclasses import replace
 
         family = replace(family, kind=kind)
     out = paired_family(outcomes, family=family, n_boot=n_boot, seed=seed, decide=decide)
-    scale = 100.0 if kind == "binary" else 1.0
-    return out.assign(diff_pp=scale * out["estimate"], ci_low_pp=scale * out["ci_low"],
-                      ci_high_pp=scale * out["ci_high"], n_cases=out["n"])
+    return in_units(out, unit=METRIC_UNITS.get(metric, ""))
+
+
+#: The printed unit of a continuous record field's paired difference (a 0/1 field's is "pp").
+METRIC_UNITS = {"nll_reprefill": "nats", "gold_nll": "nats", "gold_margin": "logits", "tv_reprefill": "TV",
+                "nr_tv": "NR_TV"}
 
 
 def length_label(context_len: float) -> str:
@@ -944,19 +948,25 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_u
 
     Returns:
         One row per (length, budget, allocator), pooled rows first: ``length``, ``context_len`` (NaN when pooled),
-        ``family``, ``budget_pct``, ``allocator``, ``mean_tokens`` (mean n), ``mean_b`` (mean B), ``n_cases``, and
-        per metric ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``,
-        ``{metric}_ci_high_pp``, ``{metric}_p_adj``, ``{metric}_mde_pp`` (the smallest difference the family's size
-        could separate) and ``{metric}_verdict``.
+        ``family``, ``budget_pct``, ``allocator``, ``mean_tokens`` (mean n), ``mean_b`` (mean B), ``n`` (cases),
+        ``unit`` ("pp"), and per metric ``{metric}_region``, ``{metric}_token``, ``{metric}_delta``,
+        ``{metric}_delta_low``, ``{metric}_delta_high``, ``{metric}_p_adj``, ``{metric}_delta_mde`` (the smallest
+        difference the family's size could separate; the columns of
+        :func:`sur_lab.analysis.decisions.in_units` in ``unit``) and ``{metric}_verdict``.
 
     Raises:
         ValueError: naming ``records`` when it holds no matched method or no region-arm row at a matched budget, or
             when a token-level record's count differs from the region arm's on its case (the protocol was broken);
             naming ``metrics`` when one is not a record field; naming ``count`` when it is not a count rule.
     """
+    from sur_lab.analysis.decisions import kind_of
+
     missing = [m for m in metrics if m not in records.columns]
     if missing:
         raise ValueError(f"metrics {missing} are not record fields")
+    numeric = [m for m in metrics if kind_of(records[m]) != "binary"]
+    if numeric:
+        raise ValueError(f"metrics {numeric} are not 0/1 record fields (Table 14 compares proportions, in pp)")
     label = region_label(region, count)
     suffix = f" (matched to {label})"
     token_methods = [m for m in dict.fromkeys(records["method"]) if str(m).endswith(suffix)]
@@ -995,7 +1005,8 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_u
                            "context_len": float("nan") if ctx is None else float(ctx), "family": family.name,
                            "budget_pct": float(budget), "allocator": method.removesuffix(suffix),
                            "mean_tokens": float(tok["allowance"].mean()),
-                           "mean_b": float(_region_allowance(reg_t, region).mean()), "n_cases": int(len(tok))}
+                           "mean_b": float(_region_allowance(reg_t, region).mean()), "n": int(len(tok)),
+                           "unit": "pp"}
                     for metric in metrics:
                         row.update({f"{metric}_region": 100 * float(reg_t[metric].astype(float).mean()),
                                     f"{metric}_token": 100 * float(tok[metric].astype(float).mean())})
@@ -1004,9 +1015,8 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_u
         table = pd.DataFrame(rows)
         for metric in metrics:
             res = _decided(frame, pairs, metric, family, decide=decide, n_boot=n_boot, seed=seed)
-            for col in ("diff_pp", "ci_low_pp", "ci_high_pp", "p_adj", "verdict"):
+            for col in ("delta", "delta_low", "delta_high", "p_adj", "delta_mde", "verdict"):
                 table[f"{metric}_{col}"] = res[col].to_numpy()
-            table[f"{metric}_mde_pp"] = 100 * res["mde"].to_numpy(np.float64)
         tables.append(table)
     return pd.concat(tables, ignore_index=True)
 
@@ -1050,9 +1060,10 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
 
     Returns:
         One row per (method, budget): ``method``, ``factor``, ``change``, ``budget_pct``, ``mean_tokens``,
-        ``reference_tokens``, ``mean_intervals``, ``value`` and ``reference_value`` (mean ×100), ``diff_pp``,
-        ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``p_adj``, ``verdict`` (method minus SUR), then every column of
-        :func:`sur_lab.analysis.decisions.paired_family` (for :func:`~sur_lab.analysis.decisions.sentence`).
+        ``reference_tokens``, ``mean_intervals``, ``value`` and ``reference_value`` (mean ×100), ``delta``,
+        ``delta_low``, ``delta_high``, ``unit``, ``n`` (cases), ``p_adj``, ``verdict`` (method minus SUR), then every
+        other column of :func:`sur_lab.analysis.decisions.paired_family` and
+        :func:`~sur_lab.analysis.decisions.in_units` (for :func:`~sur_lab.analysis.decisions.sentence`).
 
     Raises:
         ValueError: naming ``metric`` when it is not a record field, ``reference`` when it has no records, or
@@ -1065,7 +1076,7 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
     present = set(records["method"])
     methods = [m for m in ABLATION if m in present] if methods is None else list(methods)
     cols = ["method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "mean_intervals", "value",
-            "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "p_adj", "verdict"]
+            "reference_value", "delta", "delta_low", "delta_high", "unit", "n", "p_adj", "verdict"]
     rows, pairs = [], []
     for method in methods:
         arm_all = records[records["method"] == method]
@@ -1232,8 +1243,9 @@ def paired_differences(
         decide: ``False`` at a plumbing-check size (:func:`sur_lab.analysis.decisions.decides`).
 
     Returns:
-        One row per (method, budget_pct, baseline): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
-        ``p_adj``, ``verdict``, then every column of :func:`sur_lab.analysis.decisions.paired_family`.
+        One row per (method, budget_pct, baseline): ``delta``, ``delta_low``, ``delta_high``, ``unit`` ("pp" for a
+        0/1 metric), ``n`` (cases), ``p_adj``, ``verdict``, then every other column of
+        :func:`sur_lab.analysis.decisions.paired_family` and :func:`~sur_lab.analysis.decisions.in_units`.
 
     Raises:
         ValueError: naming ``metric`` when it is not a record field, or ``records`` when a case of a method lacks
@@ -1252,7 +1264,7 @@ def paired_differences(
             for base in bases:
                 rows.append({"method": method, "budget_pct": float(budget), "baseline": base})
                 pairs.append((f"{method} {budget:g}%", base))
-    cols = ["method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "p_adj", "verdict"]
+    cols = ["method", "budget_pct", "baseline", "delta", "delta_low", "delta_high", "unit", "n", "p_adj", "verdict"]
     table = pd.DataFrame(rows, columns=cols[:3])
     if not pairs:
         return table.reindex(columns=cols)
@@ -1301,7 +1313,7 @@ def decide_families(records: pd.DataFrame, *, metric: str, decide: bool = True, 
 
     Returns:
         :func:`sur_lab.analysis.decisions.paired_family` rows of the three families (``family`` names each), with
-        ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` and ``n_cases``.
+        the columns of :func:`sur_lab.analysis.decisions.in_units`.
     """
     parts = [_decided(records, pairs, metric, fam, decide=decide, n_boot=n_boot, seed=seed)
              for fam in (PRIMARY, RIVALS, BEYOND) if (pairs := family_pairs(records, fam))]
@@ -1387,7 +1399,7 @@ def plot_budget_curves(
 
 def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict EM"):
     """Forest plot of :func:`paired_differences`: one panel per baseline, one row per (method, budget), the observed
-    difference (pp) with its 95 % interval; filled markers are the differences the family decides ("beats" or
+    difference (in the table's ``unit``) with its 95 % interval; filled markers are the differences the family decides ("beats" or
     "loses to" after Holm over the family).
 
     Args:
@@ -1411,16 +1423,17 @@ def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict 
     for ax, base in zip(axes[0], baselines):
         sub = table[table["baseline"] == base]
         y = [labels.index(f"{m} {b:g}%") for m, b in zip(sub["method"], sub["budget_pct"])]
-        err = [sub["diff_pp"] - sub["ci_low_pp"], sub["ci_high_pp"] - sub["diff_pp"]]
-        ax.errorbar(sub["diff_pp"], y, xerr=err, fmt="none", ecolor="0.4", capsize=3)
+        err = [sub["delta"] - sub["delta_low"], sub["delta_high"] - sub["delta"]]
+        ax.errorbar(sub["delta"], y, xerr=err, fmt="none", ecolor="0.4", capsize=3)
         sep = sub["verdict"].isin(SEPARATED).to_numpy(bool)
-        ax.scatter(sub["diff_pp"][sep], [v for v, k in zip(y, sep) if k], color="tab:blue", zorder=3,
+        ax.scatter(sub["delta"][sep], [v for v, k in zip(y, sep) if k], color="tab:blue", zorder=3,
                    label="separated (Holm over the family)")
-        ax.scatter(sub["diff_pp"][~sep], [v for v, k in zip(y, sep) if not k], facecolor="white",
+        ax.scatter(sub["delta"][~sep], [v for v, k in zip(y, sep) if not k], facecolor="white",
                    edgecolor="tab:blue", zorder=3, label="not separated or not decided")
         ax.axvline(0, color="0.2", lw=0.8)
         ax.set_title(f"minus {base}")
-        ax.set_xlabel(f"{metric_label} difference (pp, 95 % CI)")
+        unit = str(sub["unit"].iloc[0]) if "unit" in sub.columns and len(sub) else "pp"
+        ax.set_xlabel(f"{metric_label} difference ({unit + ', ' if unit else ''}95 % CI)")
         ax.set_yticks(range(len(labels)), labels)
     axes[0][0].invert_yaxis()
     axes[0][-1].legend(loc="lower right", fontsize=8)
@@ -1602,3 +1615,117 @@ def _allocator_palette(alloc: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
     order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
     others = [m for m in order if m != "SUR"]
     return order, dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 02's report: one function per table, figure or printout (issue 39)
+
+#: The endpoints' printed names in notebook 02's tables and figures.
+ENDPOINT_LABELS = {"em": "strict EM (%)", "agree_reprefill": "agreement with Re-prefill (%)",
+                   "tv_reprefill": "first-token TV to Re-prefill"}
+
+
+def geometry_table(records: pd.DataFrame, budgets: Sequence[float]) -> pd.DataFrame:
+    """Table 12 on four endpoints side by side: agreement and strict EM (%), mean first-token TV and mean interval
+    count R of the five allocation rules at ``budgets`` (:func:`table12` of each).
+
+    Returns:
+        Rows are allocator names (paper order), columns ``(endpoint, "2%"|"5%")``: ``"agreement (%)"``, ``"strict EM
+        (%)"``, ``"mean TV"``, ``"mean R"``.
+
+    Raises:
+        ValueError: as :func:`table12`.
+    """
+    return pd.concat({"agreement (%)": table12(records, "agree_reprefill", budgets),
+                      "strict EM (%)": table12(records, "em", budgets),
+                      "mean TV": table12(records, "tv_reprefill", budgets) / 100,
+                      "mean R": table12(records, "num_intervals", budgets) / 100}, axis=1)
+
+
+def plot_budget_heatmap(agree: pd.DataFrame, em: pd.DataFrame):
+    """Tables 2–6 as two heatmaps side by side: agreement with Re-prefill and strict EM (%) of every method at every
+    budget (:func:`budget_table` of each; references in their ``"Reference"`` column). Returns the figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.42 * len(agree) + 1.5), sharey=True)
+    for ax, table, title in zip(axes, [agree, em], ["agreement with Re-prefill (%)", "strict EM (%)"]):
+        sns.heatmap(table, annot=True, fmt=".0f", cmap="viridis", vmin=0, vmax=100, cbar=False, ax=ax,
+                    annot_kws={"fontsize": 8})
+        ax.set_title(title)
+        ax.set_xlabel("budget")
+        ax.set_ylabel("")
+        ax.grid(False)
+    fig.tight_layout()
+    return fig
+
+
+def selection_cost(records: pd.DataFrame, allocators: Sequence[str]) -> pd.DataFrame:
+    """Support geometry and selection cost per allocator over its budgeted records: ``median_R`` (intervals),
+    ``extra_forward_tokens`` (mean), ``extra_forward_layers`` (max), ``select_ms`` and ``refresh_ms`` (medians),
+    ``median_nr_tv``, ``mean_nll`` (of Re-prefill's continuation, nats); one row per allocator in ``allocators``'
+    order, ``method`` a column.
+
+    Raises:
+        ValueError: naming ``allocators`` when one has no budgeted record.
+    """
+    alloc = records[records["budget_pct"].notna()]
+    missing = [m for m in allocators if m not in set(alloc["method"])]
+    if missing:
+        raise ValueError(f"allocators {missing} have no budgeted record")
+    cost = alloc.groupby("method").agg(
+        median_R=("num_intervals", "median"), extra_forward_tokens=("extra_forward_tokens", "mean"),
+        extra_forward_layers=("extra_forward_layers", "max"), select_ms=("select_ms", "median"),
+        refresh_ms=("refresh_ms", "median"), median_nr_tv=("nr_tv", "median"),
+        mean_nll=("nll_reprefill", "mean")).loc[list(allocators)]
+    return cost.reset_index()
+
+
+def ablation(records: pd.DataFrame, *, metrics: Sequence[str], methods: Sequence[str], decide: bool = True,
+             n_boot: int = 10_000, seed: int = 20260928) -> pd.DataFrame:
+    """:func:`ablation_table` of each of ``metrics`` (duplicates dropped), stacked with a ``metric`` column: the
+    ablation family decided per endpoint (Holm within each)."""
+    return pd.concat([ablation_table(records, metric=m, methods=methods, decide=decide, n_boot=n_boot,
+                                     seed=seed).assign(metric=m) for m in dict.fromkeys(metrics)],
+                     ignore_index=True)
+
+
+def table14_lines(table: pd.DataFrame, *, region: str = "SUR", count: str = "whole_units") -> list[str]:
+    """Table 14 in words, per family (:data:`MATCHED`, :data:`MATCHED_BY_LENGTH`): a heading naming its size, then per
+    row the length, budget, mean matched count and B, and per endpoint the region minus token difference with its
+    interval, adjusted p, the smallest separable difference and the verdict.
+
+    Args:
+        table: :func:`table14`.
+        region, count: the region arm (:func:`region_label`).
+    """
+    arm = region_label(region, count)
+    lines = []
+    for family in (MATCHED, MATCHED_BY_LENGTH):
+        rows = table[table["family"] == family.name]
+        lines.append(f"This run ({family.name}, Holm over {len(rows)} comparisons per endpoint):")
+        for row in rows.itertuples():
+            parts = []
+            for m, name in (("em", "EM"), ("agree_reprefill", "agreement")):
+                get = lambda col: getattr(row, f"{m}_{col}")  # noqa: E731
+                mde = (f"{get('delta_mde'):.0f} {row.unit}" if get("delta_mde") <= 100 else "none at this size")
+                parts.append(f"{name} {get('delta'):+.1f} {row.unit} (95 % CI {get('delta_low'):+.1f} to "
+                             f"{get('delta_high'):+.1f}, p_adj {get('p_adj'):.2g}, smallest separable {mde}): "
+                             f"{get('verdict')}")
+            lines.append(f"  {row.length}, {row.budget_pct:g} % (mean n {row.mean_tokens:.1f} matched tokens, mean B "
+                         f"{row.mean_b:.1f}), {arm} minus {row.allocator} over {row.n} case(s): " + "; ".join(parts))
+    return lines
+
+
+def reference_line(records: pd.DataFrame, references: Sequence[str], metric: str) -> str:
+    """The references' mean ``metric`` (%) in words: ``"References (strict EM): Shift 40 %, Re-prefill 100 %."``"""
+    label = ENDPOINT_LABELS.get(metric, metric).removesuffix(" (%)")
+    refs = records[records["method"].isin(references)].groupby("method")[metric].mean().mul(100)
+    return f"References ({label}): " + ", ".join(f"{m} {refs[m]:.0f} %" for m in references if m in refs) + "."
+
+
+def concordance_line(concordance: pd.DataFrame) -> str:
+    """:func:`table12_concordance` summed over the paper's models, per budget, in words."""
+    c = concordance.groupby("budget")[["concordant", "discordant", "tied"]].sum()
+    return ("Table 12 ordering against the paper's, pairs summed over its five models: " + "; ".join(
+        f"{b}: {r.concordant} concordant, {r.discordant} discordant, {r.tied} tied" for b, r in c.iterrows()) + ".")

@@ -1071,14 +1071,15 @@ def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int
 
     Returns:
         :func:`~sur_lab.analysis.decisions.paired_family` rows of the three families with ``metric`` (``"em"`` or
-        ``"stale"``) and ``budget_pct`` (of ``a``; NaN for Erratum), ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` and
-        ``n_cases``.
+        ``"stale"``) and ``budget_pct`` (of ``a``; NaN for Erratum), and the differences in points
+        (:func:`sur_lab.analysis.decisions.in_units`: ``delta``, ``delta_low``, ``delta_high``, ``delta_mde``, ``unit``
+        "pp").
 
     Raises:
         ValueError: naming ``records`` when a case lacks a compared arm's row.
     """
     from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import COLUMNS, paired_family
+    from sur_lab.analysis.decisions import COLUMNS, DIFF_COLUMNS, in_units, paired_family
 
     df = records.assign(arm=_arm(records), _em=records["em"].astype(float), _stale=records["stale"].astype(float))
     budget_of = dict(zip(df["arm"], df["budget_pct"]))
@@ -1091,11 +1092,8 @@ def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int
         out = paired_family(outcomes, family=fam, n_boot=n_boot, seed=seed, decide=decide)
         parts.append(out.assign(metric=metric, budget_pct=[budget_of[a] for a in out["a"]]))
     if not parts:
-        return pd.DataFrame(columns=[*COLUMNS, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp",
-                                     "n_cases"])
-    out = pd.concat(parts, ignore_index=True)
-    return out.assign(diff_pp=100 * out["estimate"], ci_low_pp=100 * out["ci_low"], ci_high_pp=100 * out["ci_high"],
-                      n_cases=out["n"])
+        return pd.DataFrame(columns=[*COLUMNS, "metric", "budget_pct", *DIFF_COLUMNS])
+    return in_units(pd.concat(parts, ignore_index=True))
 
 
 def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_ARMS, by: str = "answer_in",
@@ -1116,32 +1114,31 @@ def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_AR
         n_boot, seed: bootstrap replicates (>= 100) and generator seed.
 
     Returns:
-        One row per (``by`` value, budget_pct, a): ``b`` (SUR at that budget), ``diff_logit``, ``ci_low_logit``,
-        ``ci_high_logit`` (a minus b, 95 %; a positive difference favours ``a``), ``n_cases``.
+        One row per (``by`` value, budget_pct, a): ``b`` (SUR at that budget), ``delta``, ``delta_low``, ``delta_high``
+        (a minus b, 95 %; a positive difference favours ``a``), ``unit`` ("logits"), ``n`` (cases): the schema of
+        :func:`sur_lab.analysis.decisions.in_units`.
 
     Raises:
         ValueError: naming ``by`` when it is not a record column.
     """
     from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import paired_family
+    from sur_lab.analysis.decisions import in_units, paired_family
 
     if by not in records.columns:
         raise ValueError(f"by={by!r} is not a record column")
     df = records.assign(arm=_arm(records), _m=records["gold_margin"].astype(float))
     budget_of = dict(zip(df["arm"], df["budget_pct"]))
     budgets = sorted(df.loc[df["method"] == "SUR", "budget_pct"].dropna().unique())
-    cols = [by, "budget_pct", "a", "b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
+    cols = [by, "budget_pct", "a", "b", "delta", "delta_low", "delta_high", "unit", "n"]
     parts = []
     for value, sub in df.groupby(by, sort=True):
         pairs = [(f"{m} {b:g}%", f"SUR {b:g}%") for b in budgets for m in arms]
         outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in set(sub["arm"])], "_m")
         if not outcomes:
             continue
-        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
-        parts.append(pd.DataFrame({by: value, "budget_pct": [budget_of[a] for a in res["a"]],
-                                   "a": res["a"], "b": res["b"], "diff_logit": res["estimate"],
-                                   "ci_low_logit": res["ci_low"], "ci_high_logit": res["ci_high"],
-                                   "n_cases": res["n"]}))
+        res = in_units(paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False),
+                       unit="logits")
+        parts.append(res.assign(**{by: value, "budget_pct": [budget_of[a] for a in res["a"]]})[cols])
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
@@ -1205,18 +1202,19 @@ def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_
         n_boot, seed: bootstrap replicates and generator seed.
 
     Returns:
-        One row per (family, a): ``b``, ``mean_a``, ``mean_b`` (mean pulls), ``diff_logit``, ``ci_low_logit``,
-        ``ci_high_logit`` (a minus b, 95 %), ``n_cases``.
+        One row per (family, a): ``b``, ``mean_a``, ``mean_b`` (mean pulls, logits), ``delta``, ``delta_low``,
+        ``delta_high`` (a minus b, 95 %), ``unit`` ("logits"), ``n`` (cases): the schema of
+        :func:`sur_lab.analysis.decisions.in_units`.
 
     Raises:
         ValueError: naming ``records`` when it has no ``old_margin`` column.
     """
     from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import paired_family
+    from sur_lab.analysis.decisions import in_units, paired_family
 
     if "old_margin" not in records.columns:
         raise ValueError("records lack the column 'old_margin' (sweep records carry it since issue 40)")
-    cols = ["family", "a", "b", "mean_a", "mean_b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
+    cols = ["family", "a", "b", "mean_a", "mean_b", "delta", "delta_low", "delta_high", "unit", "n"]
     eligible = records["stale_value"].fillna("").astype(str) != ""
     df = records[eligible].assign(arm=lambda d: _arm(d), _m=lambda d: d["old_margin"].astype(float))
     parts = []
@@ -1226,13 +1224,12 @@ def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_
         outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in present and p[1] in present], "_m")
         if not outcomes:
             continue
-        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
+        res = in_units(paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False),
+                       unit="logits")
         means = {pair: (float(np.nanmean(x)), float(np.nanmean(y))) for pair, (x, y) in outcomes.items()}
-        parts.append(pd.DataFrame({"family": family, "a": res["a"], "b": res["b"],
-                                   "mean_a": [means[(a, b)][0] for a, b in zip(res["a"], res["b"])],
-                                   "mean_b": [means[(a, b)][1] for a, b in zip(res["a"], res["b"])],
-                                   "diff_logit": res["estimate"], "ci_low_logit": res["ci_low"],
-                                   "ci_high_logit": res["ci_high"], "n_cases": res["n"]}))
+        parts.append(res.assign(family=family,
+                                mean_a=[means[(a, b)][0] for a, b in zip(res["a"], res["b"])],
+                                mean_b=[means[(a, b)][1] for a, b in zip(res["a"], res["b"])])[cols])
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
@@ -1310,19 +1307,19 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
     if pulls is not None and len(pulls):
         for family, block in pulls.groupby("family", sort=False):
             lines.append(f"Old-value pull (old minus gold first-token logit, descriptive intervals), {family}: " + "; ".join(
-                f"{r.a} minus {r.b} {r.diff_logit:+.3g}" + (
-                    f" (95 % CI {r.ci_low_logit:+.3g} to {r.ci_high_logit:+.3g}" if not pd.isna(r.ci_low_logit)
-                    else " (no interval") + f"; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
+                f"{r.a} minus {r.b} {r.delta:+.3g}" + (
+                    f" (95 % CI {r.delta_low:+.3g} to {r.delta_high:+.3g}" if not pd.isna(r.delta_low)
+                    else " (no interval") + f"; {r.n} case{'s' if r.n != 1 else ''})"
                 for r in block.itertuples()) + ".")
     if margins is not None and len(margins):
         for value, block in margins.groupby(by, sort=True):
             lines.append(f"Gold margin (logits, descriptive intervals, not a declared family), answer in the {value} "
                          "text: " + "; ".join(
-                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (95 % CI {r.ci_low_logit:+.3g} to "
-                             f"{r.ci_high_logit:+.3g}; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
-                             if not pd.isna(r.ci_low_logit) else
-                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (no interval; {r.n_cases} case"
-                             f"{'s' if r.n_cases != 1 else ''})"
+                             f"{r.a} minus {r.b} {r.delta:+.3g} (95 % CI {r.delta_low:+.3g} to "
+                             f"{r.delta_high:+.3g}; {r.n} case{'s' if r.n != 1 else ''})"
+                             if not pd.isna(r.delta_low) else
+                             f"{r.a} minus {r.b} {r.delta:+.3g} (no interval; {r.n} case"
+                             f"{'s' if r.n != 1 else ''})"
                              for r in block.itertuples()) + ".")
     return lines
 
