@@ -193,7 +193,8 @@ def main() -> None:
     if args.rates:
         stale_rates_of_the_sweep(lm, args, n)
     elif n:
-        cases = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=n, seed=args.seed)
+        cases = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=n, seed=args.seed,
+                                  families=args.families)
         probe(lm, cases, args.max_new_tokens)
     if args.time:
         case = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=1, seed=args.seed)[0]

@@ -35,6 +35,13 @@ derived block, in the suffix. Each replacement case also carries its Erratum pla
 (:func:`placement_control`): the same inserted block right before the question, where Erratum's note sits, so Erratum
 and the repairs can be compared at equal recency.
 
+An exploratory family (:data:`REBOUND_FAMILIES`, built on request, not in the roster) moves the values themselves
+downstream: ``rebound_reference`` replaces the derived record "service KEY ... uses the same deploy target as service
+A" by the same record naming service B, and both A's and B's fact blocks follow it (their states computed while the
+old reference was visible); the query asks KEY, gold is B's value, stale A's. On the study model the answer did not
+follow the reference under any arm (Dirty included), so it is not a study family; docs/studies/stale_facts.md says
+what issue 40's reachability check found and how to rerun it.
+
 Every block holding the key or a value is its own passage segment; the key (``" " + KEY``) and every value
 (``" " + V``) are whole token spans in the prompt, tokenized exactly as on their own (checked at construction, with
 values redrawn until they are; tested on the SmolLM2 and Qwen tokenizers). The old value appears exactly once in the
