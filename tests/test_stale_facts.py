@@ -377,3 +377,26 @@ def test_rebound_answer_bearing_records_are_downstream_of_the_edited_reference(t
         assert case.key in query and case.old not in query and case.gold not in query
         assert sf.answer_class(case, f" {case.old}.") == "stale" and sf.answer_class(case, f" {case.gold}") == "correct"
         assert case.meta()["stale_value"] == case.old
+
+
+def test_derived_wording_may_name_the_candidates(tokenizer, corpus):
+    """A ``StaleTemplates.derived`` / ``note`` wording with ``{values}`` lists the case's values (the inventory's
+    shuffled list) in the derived block itself, downstream of the edit; the answer and old spans stay in the edit."""
+    import dataclasses
+
+    wording = dataclasses.replace(
+        sf.DEFAULT_TEMPLATES,
+        derived=sf.DEFAULT_TEMPLATES.derived[:-1] + ", one of {values}.",
+        note=sf.DEFAULT_TEMPLATES.note[:-1] + ", one of {values}.")
+    for family in sf.DERIVED_FAMILIES:
+        case = sf.build_stale_case(tokenizer, corpus, family=family, context_len=256, edit_depth=0.2, distance=0.4,
+                                   seed=90, templates=wording)
+        a, b = case.bearing_token_span
+        bearing = _decode(tokenizer, case.edit.edited_ids[a:b])
+        listed = re.findall(r"one of ([^\n]*)\.$", bearing.strip())
+        assert len(listed) == 1 and sorted(listed[0].split(", ")) == sorted([case.old, case.new, *case.others])
+        p, m, d = case.edit.prefix_len, case.inserted_len, case.edit.deleted_len
+        ga, gb = case.answer_token_span
+        assert p - m <= ga < gb <= p and p <= a
+        oa, ob = case.old_token_span
+        assert p <= oa < ob <= p + d

@@ -128,8 +128,11 @@ class StaleTemplates:
         answer_prefix: appended after the chat template's generation prompt; field ``{key}``. The value follows it
             after one space, so the first answer token is the first token of ``" " + value``.
         derived: the derived record (``derived_record``): a later line that refers to the edited key's value without
-            restating it; fields ``{derived}`` (the derived service, the asked key) and ``{key}`` (the edited one).
-        note: the agent note (``agent_note``) written after the tool output, naming no value; field ``{key}``.
+            restating it; fields ``{derived}`` (the derived service, the asked key) and ``{key}`` (the edited one),
+            and optionally ``{values}`` (the inventory's shuffled list, for a wording that names the candidates in
+            the derived block itself; the default does not).
+        note: the agent note (``agent_note``) written after the tool output, naming no value; field ``{key}`` (and
+            optionally ``{values}``, as ``derived``).
         note_question, note_answer_prefix: the ``agent_note`` question and answer prefix (about the note's plan);
             field ``{key}``.
         inventory: an earlier tool output listing the case's values (the old one among them, in another role) in
@@ -565,10 +568,12 @@ def build_stale_case(
         records += [(float(edit_depth) + float(distance), templates.fact.format(key=key, value=v))
                     for key, v in pointed]
     elif derived:
-        bearing_block = (templates.derived.format(derived=asked, key=edited_key) if family == "derived_record"
-                         else templates.note.format(key=edited_key))
         listed = [old, new, *others]
         listed = [listed[int(j)] for j in rng.permutation(len(listed))]
+        # A wording may name the candidates in the derived block itself (field ``{values}``, the inventory's list).
+        bearing_block = (templates.derived.format(derived=asked, key=edited_key, values=", ".join(listed))
+                         if family == "derived_record" else
+                         templates.note.format(key=edited_key, values=", ".join(listed)))
         records.append((float(edit_depth) + float(distance), bearing_block))
         if inventory:
             records.append((float(edit_depth) / 2, templates.inventory.format(values=", ".join(listed))))
