@@ -236,17 +236,17 @@ def run_child(args) -> int:
 
     spec: RunSpec = args.child
     torch.set_num_threads(args.threads)
-    study = _study(args.study)
+    study = _study(args.study).STUDY
     lm = load_model(args.model, dtype=spec.dtype)
-    study.cases(lm.tokenizer, preset=args.preset, seed=args.seed, **_overrides(args))  # warm the corpus, untimed
+    study.cases(lm.tokenizer, study.params(args.preset, **_overrides(args)), args.seed)  # warm the corpus, untimed
     timer = _AnswerTimer()
     case_module.AnswerBatch = timer.cls  # this process runs nothing else
     loaded_mb = _rss_mb("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()
-    records, folder = study.sweep(lm, preset=args.preset, out=args.out, seed=args.seed, executor=spec.executor,
-                                  eval_batch=spec.eval_batch, progress=False, share_prefix=spec.shared,
-                                  **_overrides(args))
+    records, folder, _ = study.sweep(lm, preset=args.preset, out=args.out, seed=args.seed, executor=spec.executor,
+                                     eval_batch=spec.eval_batch, progress=False, share_prefix=spec.shared,
+                                     **_overrides(args))
     wall = time.perf_counter() - t0
     result = {"run": spec.label, "eval_batch": spec.eval_batch, "executor": spec.executor,
               "dtype": str(lm.dtype).removeprefix("torch."), "dtype_reason": dtype_reason(lm),
@@ -281,28 +281,30 @@ def answer_agreement(base: pd.DataFrame, run: pd.DataFrame) -> tuple[float, pd.D
 
 
 def _paired(df: pd.DataFrame, a: str, b: str, metric: str, strata: str, label_col: str) -> dict:
-    """Case-paired difference of mean ``metric`` of ``a`` minus ``b`` (values of ``label_col``), in pp, decided alone
+    """Case-paired difference of mean ``metric`` of ``a`` minus ``b`` (values of ``label_col``), decided alone
     by :func:`sur_lab.analysis.decisions.paired_family` (exact sign test on the discordant cases, Newcombe's paired
     interval; issue 36); rows whose metric is NaN are left out on both sides. ``strata`` names the records' stratum
-    column (kept in the rows' layout; the exact test pairs cases and needs no strata)."""
-    from sur_lab.analysis.decisions import NA, paired_family
+    column (kept in the rows' layout; the exact test pairs cases and needs no strata). Returns ``delta``,
+    ``delta_low``, ``delta_high``, ``unit`` (:func:`sur_lab.analysis.decisions.in_units`: "pp" for a 0/1 metric),
+    ``n`` (cases) and ``verdict``."""
+    from sur_lab.analysis.decisions import NA, in_units, paired_family
 
     sub = df[df[label_col].isin([a, b])].dropna(subset=[metric])
     wide = sub.pivot_table(index="case_id", columns=label_col, values=metric, aggfunc="mean")
     if a not in wide.columns or b not in wide.columns or wide[[a, b]].dropna().empty:
-        return {"diff_pp": float("nan"), "ci_low_pp": float("nan"), "ci_high_pp": float("nan"), "n_cases": 0,
+        return {"delta": float("nan"), "delta_low": float("nan"), "delta_high": float("nan"), "unit": "", "n": 0,
                 "verdict": NA}
     wide = wide[[a, b]].dropna()
     kind = "binary" if set(np.unique(wide.to_numpy())) <= {0.0, 1.0} else "continuous"
-    res = paired_family({(a, b): (wide[a].to_numpy(), wide[b].to_numpy())}, kind=kind, adjust="none",
-                        n_boot=N_BOOT, seed=BOOT_SEED).iloc[0]
-    return {"diff_pp": 100 * res["estimate"], "ci_low_pp": 100 * res["ci_low"], "ci_high_pp": 100 * res["ci_high"],
-            "n_cases": int(res["n"]), "verdict": res["verdict"]}
+    res = in_units(paired_family({(a, b): (wide[a].to_numpy(), wide[b].to_numpy())}, kind=kind, adjust="none",
+                                 n_boot=N_BOOT, seed=BOOT_SEED)).iloc[0]
+    return {"delta": res["delta"], "delta_low": res["delta_low"], "delta_high": res["delta_high"],
+            "unit": res["unit"], "n": int(res["n"]), "verdict": res["verdict"]}
 
 
 def em_parity(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A", "B")) -> pd.DataFrame:
-    """Per arm: EM (%) in both runs, answer agreement, and the case-paired EM difference (B minus A, pp) with its
-    interval and verdict."""
+    """Per arm: EM (%) in both runs, answer agreement, and the case-paired EM difference (B minus A, ``delta`` in
+    ``unit`` pp) with its interval and verdict."""
     a, b = names
     both = pd.concat([_with_arm(base).assign(run=a), _with_arm(run).assign(run=b)], ignore_index=True)
     agree = answer_agreement(base, run)[1].set_index("arm")["agree"]
@@ -316,27 +318,28 @@ def em_parity(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A", "B
 
 
 def shift_damage(records: pd.DataFrame, strata: str) -> dict:
-    """Re-prefill EM minus Shift EM (pp), case-paired, with its interval."""
+    """Re-prefill EM minus Shift EM, case-paired, with its interval (:func:`_paired`'s keys)."""
     return _paired(records, "Re-prefill", "Shift", "em", strata, "method")
 
 
 def primary_comparisons(study: str, records: pd.DataFrame) -> pd.DataFrame:
     """The study's primary comparisons with the study's own function: rows ``metric``, ``a``, ``b``, ``budget_pct``,
-    ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``verdict``."""
+    ``delta``, ``delta_low``, ``delta_high``, ``unit``, ``n``, ``verdict``."""
     mod = _study(study)
     if study == "niah":
         out = mod.paired_differences(records, metric="em", n_boot=N_BOOT, seed=BOOT_SEED)
         out = out.drop(columns=["a", "b"]).rename(columns={"method": "a", "baseline": "b"}).assign(metric="em")
     else:
-        out = mod.paired_differences(records, metrics=STUDIES[study][2], n_boot=N_BOOT, seed=BOOT_SEED)
-    return out[["metric", "a", "b", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "verdict"]]
+        out = mod.paired_differences(records, n_boot=N_BOOT, seed=BOOT_SEED)  # its metrics: em and stale
+    return out[["metric", "a", "b", "budget_pct", "delta", "delta_low", "delta_high", "unit", "n", "verdict"]]
 
 
 def verdict_changes(primary_a: pd.DataFrame, primary_b: pd.DataFrame, names=("A", "B")) -> pd.DataFrame:
-    """The primary comparisons side by side (``diff_A``, ``verdict_A``, ``diff_B``, ``verdict_B``, ``changed``)."""
+    """The primary comparisons side by side (``delta_A``, ``verdict_A``, ``delta_B``, ``verdict_B``, ...,
+    ``changed``)."""
     a, b = names
     keys = ["metric", "a", "b", "budget_pct"]
-    cols = ["diff_pp", "ci_low_pp", "ci_high_pp", "verdict"]
+    cols = ["delta", "delta_low", "delta_high", "verdict"]
     merged = primary_a[keys + cols].merge(primary_b[keys + cols], on=keys, suffixes=(f"_{a}", f"_{b}"), how="outer")
     merged["changed"] = merged[f"verdict_{a}"] != merged[f"verdict_{b}"]
     return merged
@@ -355,10 +358,10 @@ def ordering_flips(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A
             continue
         pa = _paired(_with_arm(base), x, y, "em", strata, "arm")
         pb = _paired(_with_arm(run), x, y, "em", strata, "arm")
-        rows.append({"x": x, "y": y, f"diff_{a}": pa["diff_pp"], f"ci_{a}": (pa["ci_low_pp"], pa["ci_high_pp"]),
-                     f"verdict_{a}": pa["verdict"], f"diff_{b}": pb["diff_pp"],
-                     f"ci_{b}": (pb["ci_low_pp"], pb["ci_high_pp"]), f"verdict_{b}": pb["verdict"]})
-    out = pd.DataFrame(rows, columns=["x", "y", f"diff_{a}", f"ci_{a}", f"verdict_{a}", f"diff_{b}", f"ci_{b}",
+        rows.append({"x": x, "y": y, f"delta_{a}": pa["delta"], f"ci_{a}": (pa["delta_low"], pa["delta_high"]),
+                     f"verdict_{a}": pa["verdict"], f"delta_{b}": pb["delta"],
+                     f"ci_{b}": (pb["delta_low"], pb["delta_high"]), f"verdict_{b}": pb["verdict"]})
+    out = pd.DataFrame(rows, columns=["x", "y", f"delta_{a}", f"ci_{a}", f"verdict_{a}", f"delta_{b}", f"ci_{b}",
                                       f"verdict_{b}"])
     from sur_lab.analysis.decisions import SEPARATED
 
@@ -371,7 +374,7 @@ def parity_holds(em: pd.DataFrame, changes: pd.DataFrame, flips: pd.DataFrame) -
     primary-comparison verdict changed, no flipped pair of arms separates in either run."""
     from sur_lab.analysis.decisions import SEPARATED
 
-    reasons = [f"EM of {r.arm} differs: {r.diff_pp:+.1f} pp [{r.ci_low_pp:+.1f}, {r.ci_high_pp:+.1f}]"
+    reasons = [f"EM of {r.arm} differs: {r.delta:+.1f} {r.unit} [{r.delta_low:+.1f}, {r.delta_high:+.1f}]"
                for r in em.itertuples() if r.verdict in SEPARATED]
     verdict_cols = [c for c in changes.columns if c.startswith("verdict_")]
     reasons += [f"primary {r['metric']} {r['a']} vs {r['b']} at {r['budget_pct']}: {r[verdict_cols[0]]} -> "
@@ -482,13 +485,12 @@ def main(argv=None) -> int:
     if args.margins and disagreements:
         from sur_lab.models import load_model
 
-        study = _study(args.study)
+        study = _study(args.study).STUDY
         spec = args.runs[0]
         lm = load_model(args.model, dtype=spec.dtype)
-        cases = {c.case_id: c for c in study.cases(lm.tokenizer, preset=args.preset, seed=args.seed,
-                                                   **_overrides(args))}
         sizes = study.params(args.preset, **_overrides(args))
-        options = study._options(sizes) if hasattr(study, "_options") else None
+        cases = {c.case_id: c for c in study.sweep_cases(study.cases(lm.tokenizer, sizes, args.seed), sizes)}
+        options = study.options(sizes)
         torch.set_num_threads(args.threads)
         for d in disagreements:
             step, margin = _margin_where_answers_part(lm, cases[d["case_id"]], d["method"], d["budget_pct"],

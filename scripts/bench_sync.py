@@ -177,7 +177,7 @@ def main() -> None:
         with open(args.traces) as f:
             traces = json.load(f)
     else:
-        p = agent_traces.params(args.preset)
+        p = agent_traces.STUDY.params(args.preset)
         traces = agent_traces.build_traces(lm.tokenizer, p, seed=args.seed)
         if args.num_traces is not None:  # alternate datasets, as the study splits them
             by_ds = [[t for t in traces if t["id"].startswith(ds + ":")] for ds in p["datasets"]]

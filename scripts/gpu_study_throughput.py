@@ -6,8 +6,8 @@ The model has the study model's shape (Qwen2.5-Coder-0.5B-Instruct's ``config.js
 real tokenizer, so cases, prompts and every forward have the study's shapes; answers are not meaningful, but they are
 deterministic, so answer agreement between runs says whether a path changes what is computed. No GGUF travels.
 
-Each run is :func:`sur_lab.studies.niah.sweep` into its own folder (quality endpoints, batched answers); the first run
-of each dtype is a warm-up that the timed run repeats in a fresh folder. Prints one row per run: records, wall s,
+Each run is ``niah.STUDY.sweep`` into its own folder (quality endpoints, batched answers); the first run of each dtype
+is a warm-up that the timed run repeats in a fresh folder. Prints one row per run: records, wall s,
 records per minute, ratio to float32 unshared, peak GPU memory, answer agreement with float32 unshared; and the
 agreement of shared against unshared in each dtype. Writes ``throughput.csv`` into ``--out``.
 
@@ -72,9 +72,9 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
                 t0 = time.perf_counter()
-                records, _ = niah.sweep(lm, preset="default", out=Path(tmp) / "sweep", executor=args.executor,
-                                        num_cases=args.cases, context_lens=args.context_lens,
-                                        share_prefix=share, progress=False)
+                records, *_ = niah.STUDY.sweep(lm, preset="default", out=Path(tmp) / "sweep", executor=args.executor,
+                                               num_cases=args.cases, context_lens=args.context_lens,
+                                               share_prefix=share, progress=False)
                 if args.device == "cuda":
                     torch.cuda.synchronize()
                 wall = time.perf_counter() - t0

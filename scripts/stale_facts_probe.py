@@ -12,7 +12,7 @@ For a few cases per family it answers the query after each reference cache and c
   (:func:`sur_lab.executors.erratum`);
 - ``Before edit``: the context before the edit, unrepaired (answers V1 if the model reads the record at all).
 
-With ``--rates`` it runs the study's own sweep (:func:`sur_lab.studies.stale_facts.sweep`, the records notebook 09
+With ``--rates`` it runs the study's own sweep (:meth:`sur_lab.studies.stale_facts.STUDY.sweep`, the records notebook 09
 makes) with the references only (Dirty, Shift, Re-prefill, Erratum and the placement control's Shift and Re-prefill)
 on ``--cases`` cases per family at the ``default`` preset's depths and distances, and prints each family's stale-answer
 rate per reference with its exact interval (:func:`sur_lab.studies.stale_facts.stale_rates`) and the old value's pull
@@ -158,7 +158,7 @@ def stale_rates_of_the_sweep(lm, args, n: int) -> None:
     from sur_lab.studies import stale_facts
 
     t0 = time.perf_counter()
-    records, where = stale_facts.sweep(
+    records, where, _ = stale_facts.STUDY.sweep(
         lm, preset="default", seed=args.seed, out=args.out, threads=args.threads, num_cases=n,
         context_lens=[args.context_len], families=list(args.families), allocators=[], budgets=[5],
         references=["Dirty", "Shift", "Re-prefill", "Erratum"], max_new_tokens=args.max_new_tokens, progress=False)

@@ -318,6 +318,28 @@ def prompt_allowance(suffix_len: int, prompt_len: int, budget_pct: float) -> int
     return min(int(suffix_len), allowance(int(prompt_len), budget_pct))
 
 
+def base_allowance(suffix_len: int, prompt_len: int, budget_pct: float, base: str = "suffix") -> int:
+    """B on allowance base ``base`` (:data:`ALLOWANCE_BASES`): Eq. 3's :func:`allowance` of the S suffix positions
+    (``"suffix"``), or :func:`prompt_allowance` of the N⁻ prompt tokens capped at S (``"prompt"``). The one place a
+    budget and a base become B (allocation requests, :func:`sur_lab.allocators.allowance_for`, study tables).
+
+    Args:
+        suffix_len: S >= 0, the selectable suffix positions.
+        prompt_len: N⁻ >= S, tokens of the edited prompt (read only on the ``"prompt"`` base).
+        budget_pct: b in [0, 100], percent.
+        base: one of :data:`ALLOWANCE_BASES`.
+
+    Raises:
+        ValueError: naming ``base`` when it is not an allowance base; as :func:`allowance` /
+            :func:`prompt_allowance` otherwise.
+    """
+    if base not in ALLOWANCE_BASES:
+        raise ValueError(f"allowance_base must be one of {ALLOWANCE_BASES}; got {base!r}")
+    if base == "prompt":
+        return prompt_allowance(suffix_len, prompt_len, budget_pct)
+    return allowance(suffix_len, budget_pct)
+
+
 def budget_for_allowance(suffix_len: int, positions: int) -> float:
     """A budget b (percent) whose allowance ``B(S, b)`` (Eq. 3, :func:`allowance`) is exactly ``positions``: the
     inverse of Eq. 3, for dispatchers that take a budget where a case needs an exact B.

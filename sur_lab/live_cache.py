@@ -254,18 +254,12 @@ class LiveCache:
             ``(state, result, rows)``: ``rows`` int64 absolute rows recomputed (Re-prefill: all ``n``; forced rows
             included); ``result.allowance`` is B, ``result.selection`` the allocator's (``None`` for reference ones).
         """
-        p, S = edit.prefix_len, edit.suffix_len
         forced = np.zeros(0, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
         prepared = PreparedEdit(edit, None, self.cache(), 0.0, 0.0)
         with fractions_expected():  # the caller warned when the budget was given
             result = repair(lm, prepared, method, budget_pct, executor=executor, seed=seed, options=dict(options),
                             inplace=method in REFERENCE_OPERATORS, forced=forced)
-        if result.method == "Re-prefill":  # every row rebuilt, whatever S (stale rows before the edit included)
-            rows = np.arange(self.n, dtype=np.int64)
-        elif result.selection is None:  # Replay (every suffix row) or Shift (the forced rows)
-            rows = p + (np.arange(S, dtype=np.int64) if result.allowance else forced)
-        else:
-            rows = p + np.union1d(result.selection.support.positions, forced).astype(np.int64)
+        rows = result.refreshed  # Re-prefill: every row, stale rows before the edit included
         if not len(rows):  # Shift, or B = 0 with nothing forced: the Shifted rows are the result
             return self, result, rows
         return self.with_rows(result.cache, rows), result, rows

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -109,6 +110,8 @@ class PreparedEdit:
             float64 rounding). Re-prefill shares only where the valid prefix comes from a Dirty prefill
             (:func:`shares_prefix`); a study whose question is the difference between the paths (appendix 11,
             :mod:`sur_lab.studies.execution_paths`) builds them independently.
+        matched_counts: the matched-token counts n already computed on this edit (the Table 14 protocol), by
+            ``(region, budget_pct, count, seed)``: ``(options, n)``, so that every arm of a case reads one n.
     """
 
     edit: EditedContext
@@ -120,6 +123,7 @@ class PreparedEdit:
     share_prefix: bool = False
     # (cache, ms) of the shared Replay path once computed (share_prefix); never handed out, only cloned.
     _replayed: tuple[DynamicCache, float] | None = field(default=None, repr=False, compare=False)
+    matched_counts: dict[tuple, tuple[Any, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def get_units(self) -> list[Unit]:
         if self.units is None:
@@ -183,6 +187,10 @@ class RepairResult:
             (``inplace=False``); ``None`` otherwise.
         note_tokens: L, tokens of an appended correction note (Erratum; 0 for every other method).
         note_template: the note's template name (:data:`sur_lab.executors.ERRATUM_TEMPLATES`; ``""`` without note).
+        refreshed: ``[k]`` int64 sorted absolute rows of ``cache`` that :func:`repair` recomputed: all ``p + S``
+            for Re-prefill, the suffix ``[p, p + S)`` for Replay (and an allocator at B = S), ``p +`` the support
+            and the forced positions for an allocator, ``p +`` the forced positions for Shift, none for Dirty and
+            Erratum (the note's rows are new, not recomputed). ``None`` on a result built outside :func:`repair`.
     """
 
     cache: DynamicCache
@@ -194,6 +202,7 @@ class RepairResult:
     shift_cache: DynamicCache | None = field(default=None, repr=False, compare=False)
     note_tokens: int = 0
     note_template: str = ""
+    refreshed: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def support(self) -> Support | None:
@@ -448,9 +457,11 @@ def repair(
             raise ValueError(f"forced={forced.tolist()[:8]} rows must be recomputed, but method={method!r} "
                              "recomputes no row; forced rows need Shift, Replay, Re-prefill or an allocator")
         result = REFERENCE_OPERATORS[method](lm, prepared, inplace=inplace, options=options)
+        # Replay and Re-prefill recompute every suffix row (the forced ones included), Shift only the forced ones.
+        result = replace(result, refreshed=_refreshed(edit, method, np.arange(S) if method == "Replay" else forced))
         if not len(forced):
             return result
-        if method != "Shift":  # Replay and Re-prefill recompute every suffix row, the forced ones included
+        if method != "Shift":
             return replace(result, allowance=S - len(forced))
         t0 = time.perf_counter()
         cache = run(lm, result.cache, edit, Support(forced, S))
@@ -474,13 +485,14 @@ def repair(
     path = algorithm1_path(S - len(forced), B)
     if path == "replay":
         cache, ms = _replay_path(lm, prepared)
-        return _result(method, cache, (0.0, 0.0, ms), B, Selection(Support.full(S)), budget_pct)
+        return replace(_result(method, cache, (0.0, 0.0, ms), B, Selection(Support.full(S)), budget_pct),
+                       refreshed=_refreshed(edit, method, np.arange(S)))
     _owned(prepared, "shift_cache")
     if path == "shift":
         sel = Selection(Support(np.zeros(0, dtype=np.int64), S))
         if not len(forced):
-            return _result(method, _take(prepared, "shift_cache", inplace), (0.0, prepared.shift_ms, 0.0), 0, sel,
-                           budget_pct)
+            return replace(_result(method, _take(prepared, "shift_cache", inplace), (0.0, prepared.shift_ms, 0.0), 0,
+                                   sel, budget_pct), refreshed=_refreshed(edit, method, forced))
         positions, selection = forced, sel
     else:
         selection = allocate(method, request)
@@ -492,7 +504,18 @@ def repair(
     timings = (selection.select_ms, prepared.shift_ms, _ms(t0))
     if inplace:
         prepared.shift_cache = None  # consumed: it is now the output
-    return _result(method, cache, timings, B, selection, budget_pct)
+    return replace(_result(method, cache, timings, B, selection, budget_pct),
+                   refreshed=_refreshed(edit, method, positions))
+
+
+def _refreshed(edit: EditedContext, method: str, positions: np.ndarray) -> np.ndarray:
+    """:attr:`RepairResult.refreshed`: int64 absolute rows ``p + positions`` (suffix-local ``positions``, sorted), or
+    every row ``[0, p + S)`` for Re-prefill (the prefix rebuilt too); none for Dirty and Erratum."""
+    if method == "Re-prefill":
+        return np.arange(edit.prefix_len + edit.suffix_len, dtype=np.int64)
+    if method in ("Dirty", "Erratum"):
+        return np.zeros(0, dtype=np.int64)
+    return edit.prefix_len + np.asarray(positions, dtype=np.int64)
 
 
 def _check_forced(forced, suffix_len: int) -> np.ndarray:

@@ -107,7 +107,7 @@ def _trace_sizes(params: dict) -> dict:
     """Notebook 10's resolved sizes (its size parameters default to None: the preset's)."""
     from sur_lab.studies import agent_traces
 
-    return agent_traces.params(params["preset"], **{k: params.get(k) for k in ("n_traces", "turns")})
+    return agent_traces.STUDY.params(params["preset"], **{k: params.get(k) for k in ("n_traces", "turns")})
 
 
 def _trace_paths(params: dict) -> int:
@@ -149,11 +149,11 @@ def _agent_reference(df: pd.DataFrame, params: dict) -> None:
 
 def study_params(study: str, p: dict) -> dict:
     """A study notebook's resolved parameters: its preset's sizes with the run's non-None overrides
-    (``sur_lab.studies.<study>.params``), so row counts follow the presets wherever they are edited."""
+    (the study's ``params``), so row counts follow the presets wherever they are edited."""
     from sur_lab.studies import get_study
 
     s = get_study(study)
-    known = {**s.FIXED, **s.PRESETS[p["preset"]]}
+    known = {**s.fixed, **s.presets[p["preset"]]}
     return s.params(p["preset"], **{k: v for k, v in p.items() if k in known})
 
 
@@ -164,7 +164,7 @@ def _niah_arms(p: dict) -> tuple[int, int, int]:
 
     from sur_lab.repair import REFERENCE_OPERATORS
 
-    methods = niah.methods(q)
+    methods = niah.STUDY.methods(q)
     refs = [m for m in methods if m in REFERENCE_OPERATORS]  # Erratum has no budget, listed among the allocators
     return len(refs), len(methods) - len(refs), len(q["budgets"])
 
@@ -284,7 +284,7 @@ def _evidence_params(params: dict) -> dict:
     from sur_lab.studies import evidence_location
 
     sizes = evidence_location.PRESETS["default"]
-    return evidence_location.params(params["preset"], **{k: params.get(k) for k in sizes})
+    return evidence_location.STUDY.params(params["preset"], **{k: params.get(k) for k in sizes})
 
 
 def _evidence_cells(params: dict) -> int:
@@ -344,7 +344,7 @@ def _stale_params(p: dict) -> dict:
 
     keys = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys", "budgets", "allocators",
             "max_new_tokens", "families", "references", "erratum_template")
-    return stale_facts.params(p["preset"], **{k: p.get(k) for k in keys})
+    return stale_facts.STUDY.params(p["preset"], **{k: p.get(k) for k in keys})
 
 
 def _stale_late_cases(p: dict) -> int:
@@ -418,7 +418,7 @@ def _niah_params(params: dict) -> dict:
     from sur_lab.studies import niah
 
     keys = ("ablation", "matched_allocators", "budgets", "matched_budgets", "context_lens")
-    return niah.params(params["preset"], **{k: params.get(k) for k in keys})
+    return niah.STUDY.params(params["preset"], **{k: params.get(k) for k in keys})
 
 
 def _ablation_matched(df: pd.DataFrame, params: dict) -> None:
@@ -429,7 +429,8 @@ def _ablation_matched(df: pd.DataFrame, params: dict) -> None:
         assert len(sub) == len(rows) * len(p["budgets"]), metric
     same_count = df[~df["method"].str.contains("allowance_base=prompt", regex=False)]
     assert (same_count["mean_tokens"] == same_count["reference_tokens"]).all(), "a control did not get SUR's count"
-    assert (df["ci_low_pp"] <= df["diff_pp"] + 1e-9).all() and (df["diff_pp"] <= df["ci_high_pp"] + 1e-9).all()
+    assert (df["delta_low"] <= df["delta"] + 1e-9).all() and (df["delta"] <= df["delta_high"] + 1e-9).all()
+    assert set(df["unit"]) == {"pp"}, set(df["unit"])
 
 
 def _table14_rows(params: dict) -> int:
@@ -457,8 +458,8 @@ def _noprefix(params: dict) -> dict:
     """Notebook 06's study parameters: its preset's sizes with the run's non-None parameters."""
     from sur_lab.studies import noprefix
 
-    known = set(noprefix.params(params["preset"]))
-    return noprefix.params(params["preset"], **{k: v for k, v in params.items() if k in known})
+    known = set(noprefix.STUDY.params(params["preset"]))
+    return noprefix.STUDY.params(params["preset"], **{k: v for k, v in params.items() if k in known})
 
 
 def _noprefix_rows(params: dict) -> int:
@@ -539,16 +540,16 @@ EXPECTED: dict[str, Expected] = {
         tables={
             "02_ablation": Table(
                 columns=("method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "value",
-                         "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "metric", "verdict"),
-                not_null=("diff_pp", "ci_low_pp", "ci_high_pp", "mean_tokens"),
+                         "reference_value", "delta", "delta_low", "delta_high", "unit", "n", "metric", "verdict"),
+                not_null=("delta", "delta_low", "delta_high", "mean_tokens"),
                 check=lambda df, p: (_ablation_matched(df, p), _decided(df, p))),
             "02_table14": Table(
-                columns=("length", "family", "budget_pct", "allocator", "mean_tokens", "mean_b", "n_cases",
-                         "em_region", "em_token", "em_diff_pp", "em_ci_low_pp", "em_ci_high_pp",
-                         "agree_reprefill_region", "agree_reprefill_token", "agree_reprefill_diff_pp",
-                         "agree_reprefill_ci_low_pp", "agree_reprefill_ci_high_pp", "em_verdict",
-                         "agree_reprefill_verdict", "em_mde_pp"),
-                rows=_table14_rows, not_null=("mean_tokens", "mean_b", "em_diff_pp", "agree_reprefill_diff_pp",
+                columns=("length", "family", "budget_pct", "allocator", "mean_tokens", "mean_b", "n", "unit",
+                         "em_region", "em_token", "em_delta", "em_delta_low", "em_delta_high",
+                         "agree_reprefill_region", "agree_reprefill_token", "agree_reprefill_delta",
+                         "agree_reprefill_delta_low", "agree_reprefill_delta_high", "em_verdict",
+                         "agree_reprefill_verdict", "em_delta_mde"),
+                rows=_table14_rows, not_null=("mean_tokens", "mean_b", "em_delta", "agree_reprefill_delta",
                                               "em_verdict"), check=_table14),
             "02_table14_counts": Table(
                 columns=("length", "budget_pct", "cases", "mean_b", "min_count", "median_count", "mean_count",
@@ -572,11 +573,11 @@ EXPECTED: dict[str, Expected] = {
                                                check=_reference_row_is_100("Reference")),
             "02_budget_table_em": Table(columns=("method", "Reference"), rows=lambda p: sum(_niah_arms(p)[:2])),
             "02_paired_differences": Table(
-                columns=("method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases",
+                columns=("method", "budget_pct", "baseline", "delta", "delta_low", "delta_high", "unit", "n",
                          "verdict"),
                 rows=lambda p: _niah_arms(p)[1] * _niah_arms(p)[2] * 2,  # against Shift and Re-prefill
-                not_null=("diff_pp", "ci_low_pp", "ci_high_pp"),
-                check=lambda df, p: (_intervals_contain_estimate("diff_pp", "ci_low_pp", "ci_high_pp")(df, p),
+                not_null=("delta", "delta_low", "delta_high"),
+                check=lambda df, p: (_intervals_contain_estimate("delta", "delta_low", "delta_high")(df, p),
                                      _decided(df, p))),
             "02_selection_cost": Table(columns=("method", "median_R", "select_ms", "refresh_ms"),
                                        rows=lambda p: _niah_arms(p)[1], not_null=("median_R", "refresh_ms")),
@@ -602,9 +603,10 @@ EXPECTED: dict[str, Expected] = {
                                                      check=_reference_row_is_100("Pooled", col="condition")),
             "03_decisions": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
             "03_table9_paired_differences": Table(
-                columns=("budget_pct", "reference", "delta_pp", "low_pp", "high_pp", "n_sources", "metric"),
-                rows=_nqa_paired_rows, not_null=("delta_pp", "low_pp", "high_pp"),
-                check=_intervals_contain_estimate("delta_pp", "low_pp", "high_pp")),
+                columns=("budget_pct", "reference", "delta", "delta_low", "delta_high", "unit", "n", "n_clusters",
+                         "metric"),
+                rows=_nqa_paired_rows, not_null=("delta", "delta_low", "delta_high"),
+                check=_intervals_contain_estimate("delta", "delta_low", "delta_high")),
             "03_error_transitions": Table(
                 columns=("condition", "repairs", "regressions", "both_correct", "both_wrong", "n", "metric"),
                 rows=lambda p: 2 * (_nqa_conditions(p) - 1), check=_transitions_add_up),  # each against Shift
@@ -767,18 +769,17 @@ EXPECTED: dict[str, Expected] = {
                 + (2 if _stale_late_cases(p) else 0),
                 not_null=("em_pct", "agree_pct")),
             "09_paired_differences": Table(
-                columns=(*DECIDED, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"),
+                columns=(*DECIDED, "metric", "budget_pct", "delta", "delta_low", "delta_high", "delta_mde", "unit"),
                 rows=_stale_pairs, not_null=("a", "b", "verdict"), check=_decided),
             "09_stale_rates": Table(columns=("family", "arm", "k", "n", "rate", "ci_low", "ci_high", "claim"),
                                     not_null=("family", "arm", "k", "n", "claim")),
-            "09_old_margin": Table(columns=("family", "a", "b", "mean_a", "mean_b", "diff_logit", "n_cases"),
-                                   not_null=("family", "a", "b", "diff_logit")),
+            "09_old_margin": Table(columns=("family", "a", "b", "mean_a", "mean_b", "delta", "unit", "n"),
+                                   not_null=("family", "a", "b", "delta")),
             "09_em_by_family": Table(columns=("arm",)),
             "09_margin_recovery_by_answer_in": Table(columns=("arm",)),
             "09_margin_differences": Table(
-                columns=("answer_in", "budget_pct", "a", "b", "diff_logit", "ci_low_logit", "ci_high_logit",
-                         "n_cases"),
-                not_null=("a", "b", "diff_logit")),
+                columns=("answer_in", "budget_pct", "a", "b", "delta", "delta_low", "delta_high", "unit", "n"),
+                not_null=("a", "b", "delta")),
         },
     ),
     "10_agent_traces": Expected(
@@ -793,10 +794,10 @@ EXPECTED: dict[str, Expected] = {
                                               rows=lambda p: _trace_sizes(p)["turns"] * _trace_paths(p),
                                               not_null=("ttft_ms", "agree_pct")),
             "10_agent_traces_regions": Table(columns=("region", "path", "turns", "ttft_ms", "speedup", "agree_pct",
-                                                      "agree_diff_pp", "losses", "loss_upper_pct"),
+                                                      "agree_delta", "losses", "loss_upper_pct"),
                                              not_null=("ttft_ms", "speedup", "loss_upper_pct")),
             "10_agent_traces_kinds": Table(columns=("kind", "path", "turns", "known_pct", "agree_pct", "em_pct",
-                                                    "agree_diff_pp", "losses"),
+                                                    "agree_delta", "losses"),
                                            not_null=("agree_pct", "em_pct", "known_pct"), check=_trace_kinds),
             "10_agent_traces_summary": Table(
                 columns=("path", "turns", "ttft_ms", "agree_pct", "em_pct", "cost_ratio", "time_ratio"),

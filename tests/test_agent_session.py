@@ -40,3 +40,27 @@ def test_declared_families_cluster_episodes():
     # No debt arm: only the budget family.
     assert list(ags.decide_families(df[df.arm != "SUR 5% + debt 10%"], ags.default_arms([5]), n_boot=200).family) \
         == [ags.BUDGET_FAMILY.name]
+
+
+def test_run_episodes_stores_and_resumes_through_the_sweep_store(tmp_path, data_dir, monkeypatch):
+    """With ``out`` each episode's rows are keyed rows of the one sweep store: a second call reads them back (nothing
+    recomputed, the same table but the timings), and another seed is refused."""
+    import dataclasses
+
+    from conftest import make_tiny_model
+    from test_allocators import char_tokenizer
+
+    from sur_lab.data.qa import load_qa
+
+    lm = dataclasses.replace(make_tiny_model("llama"), tokenizer=char_tokenizer())
+    episodes = ags.build_episodes(lm.tokenizer, load_qa("hotpotqa", split="dev"), 2, 2, max_doc_tokens=10)
+    arms = ags.default_arms([5])
+    kw = dict(executor="sequential", max_new_tokens=2, progress=False)
+    runs = ags.run_episodes(lm, episodes, arms, out=tmp_path, **kw)
+    plain = ags.run_episodes(lm, episodes, arms, **kw)
+    timings = ["refresh_ms", "select_ms", "answer_ms", "cum_refresh_ms"]
+    pd.testing.assert_frame_equal(runs.drop(columns=timings), plain.drop(columns=timings))
+    monkeypatch.setattr(ags, "run_episode", lambda *a, **k: pytest.fail("a stored episode was recomputed"))
+    pd.testing.assert_frame_equal(ags.run_episodes(lm, episodes, arms, out=tmp_path, **kw), runs)
+    with pytest.raises(ValueError, match="another seed"):
+        ags.run_episodes(lm, episodes, arms, out=tmp_path, seed=1, **kw)

@@ -135,7 +135,7 @@ def test_traces_read_development_files_only(monkeypatch):
         return _examples(20)
 
     monkeypatch.setattr(at, "load_qa", fake_load)
-    p = at.params("smoke", n_traces=3, turns=2, datasets=["hotpotqa", "musique"])
+    p = at.STUDY.params("smoke", n_traces=3, turns=2, datasets=["hotpotqa", "musique"])
     traces = at.build_traces(tok, p, seed=0)
     assert splits == [("hotpotqa", "dev"), ("musique", "dev")]
     assert len(traces) == 3 and all(len(t["turns"]) == 2 for t in traces)
@@ -154,16 +154,16 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="budgets"):
         at.default_paths([0])
     with pytest.raises(ValueError, match="workers"):
-        at.sweep(None, workers=2)
+        at.STUDY.sweep(None, workers=2)
     with pytest.raises(ValueError, match="turns"):
-        at.build_traces(tok, at.params("smoke", turns=1))
+        at.build_traces(tok, at.STUDY.params("smoke", turns=1))
     with pytest.raises(ValueError, match="datasets"):
-        at.build_traces(tok, at.params("smoke", datasets=["hotpotqa", "iirc"]))
+        at.build_traces(tok, at.STUDY.params("smoke", datasets=["hotpotqa", "iirc"]))
     with pytest.raises(ValueError, match="by"):
         at.comparison_table(_runs(), "turn")
     with pytest.raises(ValueError, match="sync"):
         at.primary_table(_runs(), sync="sync 7%")
-    assert get_study("agent-traces") is at
+    assert get_study("agent-traces") is at.STUDY
 
 
 def test_run_trace_on_a_tiny_model():
@@ -200,8 +200,8 @@ class _Stopped(Exception):
 
 def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
     """A finished trace is on disk before the next starts: a run stopped in its second trace loses only that trace,
-    the next call runs only what is missing and gives the uninterrupted table; a part made with other parameters is
-    never read."""
+    the next call runs only what is missing and gives the uninterrupted table; a trace stored with other parameters
+    is refused, naming the folder and the parameters."""
     lm = chat_lm()
     traces = [at.build_trace(lm.tokenizer, _examples(3), max_doc_tokens=12) for _ in range(3)]
     for i, trace in enumerate(traces):
@@ -219,19 +219,24 @@ def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
     monkeypatch.setattr(at, "run_trace", counting)
     kw = dict(preset="smoke", out=tmp_path, executor="sequential", budgets=[5], max_new_tokens=2, progress=False)
     with pytest.raises(_Stopped):
-        at.sweep(lm, **kw)
+        at.STUDY.sweep(lm, **kw)
     assert not (tmp_path / at.TABLE_FILE).exists()
-    assert len(list((tmp_path / "parts").glob("*.parquet"))) == 1  # trace-0 kept
-    runs, where = at.sweep(lm, **kw)
+    assert [f.name.split("-")[:2] for f in (tmp_path / "parts").glob("*.jsonl")] == [["trace", "0"]]  # trace-0 kept
+    assert [f.name for f in (tmp_path / "parts").iterdir() if f.name.endswith(".tmp")] == []
+    runs, where, _ = at.STUDY.sweep(lm, **kw)
     assert calls == ["trace-0", "trace-1", "trace-1", "trace-2"]  # trace-0 read back, not rerun
     assert list(runs.trace.unique()) == ["trace-0", "trace-1", "trace-2"]
-    fresh, _ = at.sweep(lm, **{**kw, "out": tmp_path / "fresh"})
+    pd.testing.assert_frame_equal(runs, pd.read_parquet(where / at.TABLE_FILE))
+    fresh, *_ = at.STUDY.sweep(lm, **{**kw, "out": tmp_path / "fresh"})
     pd.testing.assert_frame_equal(runs.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]),
                                   fresh.drop(columns=["sync_ms", "query_ms", "ttft_ms", "cum_ttft_ms"]))
     calls.clear()
-    at.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: no part of the first run is reused
-    assert calls == ["trace-0", "trace-1", "trace-2"]
-    assert len(list((tmp_path / "parts").glob("*.parquet"))) == 6
+    again, *_ = at.STUDY.sweep(lm, **kw)  # everything stored: nothing runs, the same table
+    assert calls == []
+    pd.testing.assert_frame_equal(again, runs)
+    with pytest.raises(ValueError, match=f"out_dir='{tmp_path}'.*trace-0.*another params"):
+        at.STUDY.sweep(lm, **{**kw, "max_new_tokens": 3})  # another fingerprint: refused, nothing recomputed
+    assert calls == []
 
 
 def _runs() -> pd.DataFrame:
@@ -259,7 +264,7 @@ def test_tables_and_conclusion_on_hand_made_runs():
     assert (last.cum_recomputed == 80 + 5 + 10).all() and np.allclose(last.cost_ratio, 95 / 240)
     regions = at.region_table(runs).set_index(["region", "path"])
     first = regions.loc[("first half", "sync 5%")]
-    assert first.speedup == pytest.approx(3.0) and first.agree_pct == 50.0 and first.agree_diff_pp == -50.0
+    assert first.speedup == pytest.approx(3.0) and first.agree_pct == 50.0 and first.agree_delta == -50.0
     assert math.isnan(first.speedup_lo)  # every ratio is 3: no interval, never a zero-width one
     assert first.losses == 1 and first.loss_upper_pct == pytest.approx(100 * 0.975**0.5, abs=1e-9)  # 1 of 2
     assert regions.loc[("append", "sync 5%")].speedup == pytest.approx(1.0)
@@ -277,7 +282,7 @@ def test_tables_and_conclusion_on_hand_made_runs():
     kinds = at.kind_table(runs).set_index(["kind", "path"])
     assert list(dict.fromkeys(kinds.index.get_level_values("kind"))) == ["new", "reask-removed", "reaching", "all"]
     lost = kinds.loc[("reask-removed", "sync 5%")]
-    assert lost.agree_pct == 50.0 and lost.losses == 1 and lost.known_pct == 100.0 and lost.agree_diff_pp == -50.0
+    assert lost.agree_pct == 50.0 and lost.losses == 1 and lost.known_pct == 100.0 and lost.agree_delta == -50.0
     assert kinds.loc[("new", "sync 5%")].agree_pct == 100.0 and kinds.loc[("all", "sync 5%")].turns == 4
     assert ("append: sync 5% loses re-prefill's answer that prefix reuse kept on 0 % (0 of 2 turns; 95 % CI 0 % to "
             "84 %): at most 5 % not shown at this size (upper bound 84 %)") in text
@@ -380,7 +385,7 @@ def test_traces_are_split_by_the_pools_capacity():
     assert at.split_traces(5, [1, 0, 9]) == [1, 0, 4]
     with pytest.raises(ValueError, match="n_traces"):
         at.split_traces(10, [3, 3, 3])
-    paper, default = at.params("paper"), at.params("default")
+    paper, default = at.STUDY.params("paper"), at.STUDY.params("default")
     assert paper["n_traces"] >= 48 and paper["turns"] >= 8
     assert paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
     try:

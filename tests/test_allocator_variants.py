@@ -693,3 +693,22 @@ def test_multiple_local_windows_matches_surs_interval_count_by_default(llama):
         three = allocate("Multiple local windows[windows=3]", request)
         assert three.diagnostics["num_windows"] == 3
         assert three.support.positions.tolist() == _windows_oracle(d["token_scores"].tolist(), 40, 3)
+
+
+def test_one_region_check_serves_the_count_and_the_studys_arms(llama):
+    """:func:`sur_lab.allocators.check_region` is the one check: ``region_count`` and the NIAH matched arms refuse
+    the same regions and rules with its words, before any scoring."""
+    from sur_lab.allocators import check_region
+    from sur_lab.studies import niah
+
+    request = AllocationRequest(llama, random_edit(2, 30, 3, 40), 5)
+    for region, count in (("Fixed blocks", "whole_units"), ("SUR", "all"), ("Nope", "selected")):
+        with pytest.raises(ValueError) as own:
+            check_region(region, count)
+        for call in (lambda: region_count(region, request, count), lambda: niah.MatchedRegion(region, 5, count),
+                     lambda: niah.MatchedTokens("Dense tokens", region, 5, count)):
+            with pytest.raises(ValueError) as other:
+                call()
+            assert str(other.value) == str(own.value), (region, count)
+    check_region("SUR-IDF", "whole_units")
+    check_region("Fixed blocks", "selected")

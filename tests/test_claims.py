@@ -230,9 +230,9 @@ def test_p8_is_all_of_the_derived_allocators_that_ran(tmp_path):
 
 def test_table14_and_ablation_rows(tmp_path):
     t14 = pd.DataFrame([{"length": "all", "context_len": np.nan, "family": "matched tokens (holdout roster)",
-                         "budget_pct": 2.0, "allocator": "Dense tokens", "n_cases": 24, "em_diff_pp": 25.0,
-                         "em_ci_low_pp": 6.5, "em_ci_high_pp": 41.0, "em_p_adj": 0.01, "em_verdict": "beats",
-                         "em_mde_pp": 33.3}])
+                         "budget_pct": 2.0, "allocator": "Dense tokens", "n": 24, "unit": "pp", "em_delta": 25.0,
+                         "em_delta_low": 6.5, "em_delta_high": 41.0, "em_p_adj": 0.01, "em_verdict": "beats",
+                         "em_delta_mde": 33.3}])
     abl = _decided({("Fixed blocks 2%", "SUR 2%"): (ZEROS, ONES), ("Fixed blocks 5%", "SUR 5%"): (ZEROS, ONES),
                     ("Multiple local windows 2%", "SUR 2%"): (HALF, ONES),
                     ("Multiple local windows 5%", "SUR 5%"): (ONES, ONES)},

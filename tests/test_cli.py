@@ -222,7 +222,7 @@ def test_suite_parameters_only_set_how_a_notebook_runs():
     from sur_lab.studies import get_study
 
     for name in ("niah", "evidence-location"):  # a fanned-out study must not time anything
-        assert "timed_sources" not in get_study(name).PRESETS["default"], name
+        assert "timed_sources" not in get_study(name).presets["default"], name
 
 
 def test_runner_applies_suite_parameters_and_p_overrides_them(monkeypatch, capsys):
@@ -240,17 +240,19 @@ def test_runner_applies_suite_parameters_and_p_overrides_them(monkeypatch, capsy
 
 def test_every_registered_study_resolves_and_implements_the_api():
     from sur_lab.studies import STUDIES, get_study
+    from sur_lab.studies.base import Study
     from sur_lab.studies.presets import PRESET_NAMES
 
     assert list(STUDIES) == KNOWN_STUDIES
     for name in STUDIES:
         study = get_study(name)
-        assert study.NAME == name and (REPO / "notebooks" / f"{study.NOTEBOOK}.ipynb").is_file()
-        assert tuple(study.PRESETS) == PRESET_NAMES and isinstance(study.FIXED, dict)
-        for fn in ("params", "cases", "methods", "folder", "sweep"):
-            assert callable(getattr(study, fn)), (name, fn)
+        assert isinstance(study, Study) and STUDIES[name] is study
+        assert study.name == name and (REPO / "notebooks" / f"{study.notebook}.ipynb").is_file()
+        assert tuple(study.presets) == PRESET_NAMES and isinstance(study.fixed, dict)
+        for fn in ("params", "folder", "sweep", "mde", "power_line", "conclusion"):  # written once
+            assert getattr(type(study), fn) is getattr(Study, fn), (name, fn)
         params = study.params("default")
-        assert set(params) == set(study.FIXED) | set(study.PRESETS["default"])
+        assert set(params) == set(study.fixed) | set(study.presets["default"])
         params["budgets"].append(99)  # a copy: overriding a value never changes the study's tables
         assert 99 not in study.params("default")["budgets"]
     with pytest.raises(ValueError, match="unknown study .nope.; registered studies: " + ", ".join(KNOWN_STUDIES)):
@@ -291,10 +293,10 @@ def test_study_fixed_parameters_are_the_notebook_defaults(study):
     from sur_lab.sweeps import EVAL_BATCH
 
     module = get_study(study)
-    declared = declared_parameters(REPO / "notebooks" / f"{module.NOTEBOOK}.ipynb")
-    for name, value in module.FIXED.items():
+    declared = declared_parameters(REPO / "notebooks" / f"{module.notebook}.ipynb")
+    for name, value in module.fixed.items():
         assert ast.literal_eval(declared[name]["default"]) == value, name
-    for name in module.PRESETS["default"]:  # every size is a None-default notebook parameter
+    for name in module.presets["default"]:  # every size is a None-default notebook parameter
         assert declared[name]["default"] == "None", name
     if study == "agent-traces":  # per-turn session rows, every answer unbatched (timed): no eval_batch parameter
         assert "eval_batch" not in declared
@@ -323,7 +325,7 @@ def test_sweep_default_model_is_the_notebooks(study):
     from sur_lab.runtime.run_notebooks import declared_parameters
     from sur_lab.studies import get_study
 
-    path = REPO / "notebooks" / f"{get_study(study).NOTEBOOK}.ipynb"
+    path = REPO / "notebooks" / f"{get_study(study).notebook}.ipynb"
     assert ast.literal_eval(declared_parameters(path)["model_name"]["default"]) == cli.sweep_model("default", None)
     smoke = nbformat.read(path, as_version=4).metadata["sur_lab"]["smoke_parameters"]
     assert smoke["preset"] == "smoke" and smoke["model_name"] == "" and cli.sweep_model("smoke", None) is None
@@ -361,13 +363,13 @@ def test_sweep_niah_runs_on_a_tiny_model(capsys, tmp_path, data_dir):
     # ablation methods (issue 28), at one budget
     from sur_lab.studies import niah
 
-    assert len(records) == 5 + 7 + 3 == len(niah.methods(niah.params("smoke")))
+    assert len(records) == 5 + 7 + 3 == len(niah.STUDY.methods(niah.STUDY.params("smoke")))
     assert set(records["workers"]) == {1}
     assert f"{len(records)} records -> {out / 'records.parquet'}" in stdout
 
 
 def test_the_command_names_its_folder_as_the_study_does(capsys, tmp_path, data_dir, monkeypatch):
-    """Without --out, the command's folder is the study's own (niah.folder), so sweep() in a notebook resumes it."""
+    """Without --out, the command's folder is the study's own (niah.STUDY.folder): a notebook's sweep() resumes it."""
     from sur_lab.models import load_model
     from sur_lab.studies import niah
 
@@ -378,11 +380,11 @@ def test_the_command_names_its_folder_as_the_study_does(capsys, tmp_path, data_d
     code, stdout, err = _run(capsys, *argv)
     assert code == 0, err
     lm = load_model(str(model_dir), dtype="float64")
-    folder = niah.folder(lm, niah.params("smoke", context_lens=[400], budgets=[5]))
+    folder = niah.STUDY.folder(lm, niah.STUDY.params("smoke", context_lens=[400], budgets=[5]))
     assert f"-> {folder / 'records.parquet'}" in stdout
     before = {p.name: p.read_bytes() for p in (folder / "parts").glob("*.jsonl")}
-    records, again = niah.sweep(lm, preset="smoke", context_lens=[400], budgets=[5], progress=False)
-    assert again == folder and len(records) == len(niah.methods(niah.params("smoke"))) == 15
+    records, again, _ = niah.STUDY.sweep(lm, preset="smoke", context_lens=[400], budgets=[5], progress=False)
+    assert again == folder and len(records) == len(niah.STUDY.methods(niah.STUDY.params("smoke"))) == 15
     assert {p.name: p.read_bytes() for p in (folder / "parts").glob("*.jsonl")} == before  # nothing recomputed
 
 
@@ -433,9 +435,9 @@ def test_resume_across_notebook_and_command(capsys, tmp_path, data_dir, monkeypa
 
     from sur_lab.repair import REFERENCE_OPERATORS
 
-    smoke = niah.params("smoke")
-    refs = [m for m in niah.methods(smoke) if m in REFERENCE_OPERATORS]  # Erratum among them: it has no budget
-    assert len(lines) == len(refs) + (len(niah.methods(smoke)) - len(refs)) * len(
+    smoke = niah.STUDY.params("smoke")
+    refs = [m for m in niah.STUDY.methods(smoke) if m in REFERENCE_OPERATORS]  # Erratum among them: it has no budget
+    assert len(lines) == len(refs) + (len(niah.STUDY.methods(smoke)) - len(refs)) * len(
         smoke["budgets"])  # the smoke grid: the references, then allocators and ablation arms at each budget
     assert len({(json.loads(x)["method"], json.loads(x)["budget_pct"]) for x in lines}) == len(lines)
 
@@ -543,7 +545,7 @@ def test_an_interrupted_sweep_says_how_to_resume(capsys, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("study, table", [("agent-traces", "turns.parquet"), ("niah", "records.parquet")])
 def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, study, table):
-    """`sur-lab sweep` says which file it wrote: agent traces keep their own per-turn table (`TABLE_FILE`)."""
+    """`sur-lab sweep` says which file it wrote: agent traces keep their own per-turn table (`table_file`)."""
     from conftest import make_tiny_model
 
     import sur_lab.models
@@ -552,12 +554,13 @@ def test_sweep_names_the_table_the_study_writes(capsys, monkeypatch, tmp_path, s
     module = get_study(study)
     monkeypatch.setattr(sur_lab.models, "load_model", lambda *a, **k: make_tiny_model("llama"))
     seen = {}
-    monkeypatch.setattr(module, "sweep", lambda lm, **kw: seen.update(kw) or (pd.DataFrame({"x": [1, 2, 3]}), kw["out"]))
+    monkeypatch.setattr(module, "sweep",
+                        lambda lm, **kw: seen.update(kw) or (pd.DataFrame({"x": [1, 2, 3]}), kw["out"], []))
     code, out, err = _run(capsys, "sweep", study, "--preset", "smoke", "--out", str(tmp_path / "f"))
     assert code == 0, err
     assert out.splitlines()[-1] == f"3 {'rows' if study == 'agent-traces' else 'records'} -> {tmp_path / 'f' / table}"
     # Without --executor the command uses the notebook's (packed for agent traces), so both name the same folder.
-    assert seen["executor"] == module.FIXED.get("executor", "sequential") == (
+    assert seen["executor"] == module.fixed.get("executor", "sequential") == (
         "packed" if study == "agent-traces" else "sequential")
 
 

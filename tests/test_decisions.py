@@ -330,3 +330,23 @@ def test_the_fewest_separating_units_is_the_smallest_k_whose_floor_is_below_alph
     assert binomtest(k, k, 0.5).pvalue < alpha_first <= binomtest(k - 1, k - 1, 0.5).pvalue
     with pytest.raises(ValueError, match="alpha_first"):
         d.min_separating_units(1.5)
+
+
+def test_in_units_is_the_one_paired_difference_schema():
+    from sur_lab.analysis.decisions import DIFF_COLUMNS, in_units
+
+    binary = d.paired_family({("a", "b"): ([1, 1, 1, 0], [0, 0, 1, 0])}, kind="binary", n_boot=200)
+    out = in_units(binary)
+    assert list(out.columns) == [*binary.columns, *DIFF_COLUMNS]
+    row = out.iloc[0]
+    assert row["unit"] == "pp" and row["delta"] == 50.0  # (3 - 1) / 4 of the cases, in points
+    assert (row["delta_low"], row["delta_high"]) == (100 * row["ci_low"], 100 * row["ci_high"])
+    assert row["delta_mde"] == 100 * row["mde"] and row["estimate"] == 0.5  # the decision columns are kept
+    cont = in_units(d.paired_family({("a", "b"): [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, kind="continuous", n_boot=200),
+                    unit="logits")
+    assert cont["unit"].iloc[0] == "logits" and cont["delta"].iloc[0] == cont["estimate"].iloc[0] == 1.75
+    ratio = in_units(d.paired_family({"x": [2.0, 2.0, 2.0]}, kind="ratio", n_boot=200), unit="ignored")
+    assert ratio["unit"].iloc[0] == "x" and ratio["delta"].iloc[0] == pytest.approx(2.0)
+    assert in_units(binary.iloc[:0]).empty
+    with pytest.raises(ValueError, match="lacks"):
+        in_units(binary.drop(columns=["mde"]))

@@ -115,7 +115,7 @@ def matched_records(niah_lm):
 
     cases = niah.build_niah_cases(niah_lm.tokenizer, context_lens=(400, 700), num_cases=6, seed=3, corpus=CORPUS)
     assert min(c.edit.suffix_len for c in cases) > 0
-    p = niah.params("smoke", context_lens=[400, 700], matched_budgets=[5, 20],
+    p = niah.STUDY.params("smoke", context_lens=[400, 700], matched_budgets=[5, 20],
                     matched_allocators=["Dense tokens", "ProphetKV-Adapted"])
     records = []
     for case in cases:
@@ -192,12 +192,12 @@ def test_table14_pools_and_splits_by_length_and_decides_declared_families(matche
         at_b = sub[sub.budget_pct == row.budget_pct]
         reg = at_b[at_b.method == region]
         tok = at_b[at_b.method == niah.matched_label(row.allocator)]
-        assert row.n_cases == len(tok) == len(reg) == (6 if row.length == "all" else 3)
+        assert row.n == len(tok) == len(reg) == (6 if row.length == "all" else 3)
         assert row.mean_tokens == pytest.approx(reg["allowance"].mean())
         assert row.mean_b == pytest.approx(np.mean([allowance(s, row.budget_pct) for s in reg["suffix_len"]]))
         for metric in ("em", "agree_reprefill"):
             expect = 100 * (reg[metric].astype(float).mean() - tok[metric].astype(float).mean())
-            assert getattr(row, f"{metric}_diff_pp") == pytest.approx(expect)
+            assert getattr(row, f"{metric}_delta") == pytest.approx(expect) and row.unit == "pp"
             assert getattr(row, f"{metric}_verdict") == "not separated"  # six cases cannot separate anything
     # The per-length family: paired_family over its rows, Holm across lengths, budgets and allocators.
     sub = table[table.family == niah.MATCHED_BY_LENGTH.name]
@@ -209,7 +209,7 @@ def test_table14_pools_and_splits_by_length_and_decides_declared_families(matche
         diffs[(f"{row.length} {row.budget_pct} {row.allocator}", "b")] = (a, b.astype(float).to_numpy())
     ref = paired_family(diffs, family=niah.MATCHED_BY_LENGTH, n_boot=200, seed=20260928)
     assert sub["agree_reprefill_p_adj"].tolist() == pytest.approx(ref["p_adj"].tolist())
-    assert sub["agree_reprefill_ci_low_pp"].tolist() == pytest.approx((100 * ref["ci_low"]).tolist())
+    assert sub["agree_reprefill_delta_low"].tolist() == pytest.approx((100 * ref["ci_low"]).tolist())
     broken = df.copy()
     broken.loc[broken.method == niah.matched_label("Dense tokens"), "allowance"] += 1
     with pytest.raises(ValueError, match="does not select"):
@@ -221,7 +221,7 @@ def test_table14_pools_and_splits_by_length_and_decides_declared_families(matche
 def test_table14_with_the_selected_rule_and_the_joint_arms_prompt_allowance(niah_lm, matched_records):
     region = "SUR[allowance_base=prompt]"  # the region's own count: B on the whole prompt, not the suffix's B
     cases = [c for c in matched_records[0] if c.context_len == 400]
-    p = niah.params("smoke", matched_region=region, matched_count="selected", matched_budgets=[5])
+    p = niah.STUDY.params("smoke", matched_region=region, matched_count="selected", matched_budgets=[5])
     records = []
     for case in cases:
         records += run_case(niah_lm, case.sweep_case(), niah.matched_methods(p), [5], max_new_tokens=2)
@@ -240,7 +240,7 @@ def test_table14_with_the_selected_rule_and_the_joint_arms_prompt_allowance(niah
 
 def test_matched_methods_and_presets():
     for preset in ("smoke", "default", "paper"):
-        p = niah.params(preset)
+        p = niah.STUDY.params(preset)
         ms = niah.matched_methods(p)
         nb = len(p["matched_budgets"])
         assert ms[:2] == ["Shift", "Re-prefill"]
@@ -248,11 +248,11 @@ def test_matched_methods_and_presets():
         assert len(ms) == 2 + nb + len(p["matched_allocators"]) * nb
         assert all(m.region == "SUR" and m.count == "whole_units" for m in ms[2:])
         # The ablation runs with the allocators, on the same cases, once each.
-        names = niah.methods(p)
+        names = niah.STUDY.methods(p)
         assert len(names) == len(set(names)) and set(p["ablation"]) <= set(names)
     # issue 40's >= 120 holdout cases overrun the suite's 3 hours on 2 cores: paper holds them, default a suite share
-    assert niah.params("default")["matched_cases"] == niah.MATCHED_DEFAULT_CASES == 24
-    assert niah.params("paper")["matched_cases"] >= 120
+    assert niah.STUDY.params("default")["matched_cases"] == niah.MATCHED_DEFAULT_CASES == 24
+    assert niah.STUDY.params("paper")["matched_cases"] >= 120
     assert set(niah.PRESETS["paper"]["ablation"]) == set(niah.ABLATION)
     assert niah.HOLDOUT_SEED != 0 and niah.FIXED["holdout_seed"] == niah.HOLDOUT_SEED
 
@@ -276,13 +276,13 @@ def test_ablation_table_values():
     records = _ablation_records([1, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 1])
     table = niah.ablation_table(records, n_boot=300).set_index("method")
     assert list(table.index) == ["SUR[aggregation=mean]", "SUR[allowance_base=prompt]", "Fixed blocks"]
-    assert table.loc["SUR[aggregation=mean]", "diff_pp"] == pytest.approx(100 * (2 - 4) / 6)
+    assert table.loc["SUR[aggregation=mean]", "delta"] == pytest.approx(100 * (2 - 4) / 6)
     assert table.loc["SUR[aggregation=mean]", "factor"] == "aggregation"
-    assert table.loc["Fixed blocks", "diff_pp"] == pytest.approx(100 * (5 - 4) / 6)
+    assert table.loc["Fixed blocks", "delta"] == pytest.approx(100 * (5 - 4) / 6)
     assert table.loc["Fixed blocks", "factor"] == "boundaries"
     prompt = table.loc["SUR[allowance_base=prompt]"]
-    assert prompt["diff_pp"] == 0.0 and prompt["mean_tokens"] == 14 and prompt["reference_tokens"] == 10
-    assert prompt["verdict"] == "not separated" and prompt["ci_low_pp"] < 0 < prompt["ci_high_pp"]
+    assert prompt["delta"] == 0.0 and prompt["mean_tokens"] == 14 and prompt["reference_tokens"] == 10
+    assert prompt["verdict"] == "not separated" and prompt["delta_low"] < 0 < prompt["delta_high"]
     assert set(table["family"]) == {niah.ABLATION_FAMILY.name} and (table["family_size"] == 3).all()
     assert (niah.ablation_table(records, n_boot=300, decide=False)["verdict"] == "not decided").all()
     with pytest.raises(ValueError, match="metric='nope'"):
@@ -332,3 +332,52 @@ def test_combine_stacks_models_and_refuses_other_differences(tmp_path):
         niah.combine([])
     with pytest.raises(FileNotFoundError):
         niah.combine([a, tmp_path / "missing"])
+
+
+def test_the_matched_count_is_computed_once_per_prepared_edit(llama, monkeypatch):
+    """Every arm of a case (the region arm and each token-level arm) reads one n per region, budget, count and
+    seed, kept on the prepared edit: ``region_count`` runs once per budget, not once per arm."""
+    import sur_lab.allocators as allocators
+
+    calls = []
+    real = allocators.region_count
+
+    def counted(region, request, count="whole_units"):
+        calls.append((region, request.budget_pct, count))
+        return real(region, request, count)
+
+    monkeypatch.setattr(allocators, "region_count", counted)
+    edit = random_edit(7, 40, 4, 70)
+    prepared, options = prepare(llama, edit), {}
+    arms = [niah.MatchedRegion("SUR", 5), niah.MatchedTokens("Dense tokens", "SUR", 5),
+            niah.MatchedTokens("ProphetKV-Adapted", "SUR", 5)]
+    out = [a.repair(llama, prepared, executor="sequential", seed=3, options=options) for a in arms]
+    n = real("SUR", AllocationRequest(llama, edit, 5), "whole_units")
+    assert [r.allowance for r in out] == [n, n, n] and n != allowance(edit.suffix_len, 5)
+    assert calls == [("SUR", 5.0, "whole_units")]
+    niah.MatchedTokens("Dense tokens", "SUR", 2).repair(llama, prepared, executor="sequential", seed=3,
+                                                         options=options)
+    assert calls == [("SUR", 5.0, "whole_units"), ("SUR", 2.0, "whole_units")]  # another budget: its own n
+    niah.MatchedRegion("SUR", 5).repair(llama, prepare(llama, edit), executor="sequential", seed=3, options=options)
+    assert len(calls) == 3  # another prepared edit computes its own
+
+
+def test_region_allowance_is_the_budget_modules_rule(llama):
+    """The study's B column, the request's B and ``allowance_for(selectable=)`` all come from
+    :func:`sur_lab.budget.base_allowance` (one owner of the budget-to-B rule)."""
+    from sur_lab.allocators import allowance_for
+    from sur_lab.budget import base_allowance
+
+    records = pd.DataFrame({"suffix_len": [40, 57, 9], "prefix_len": [70, 3, 100], "budget_pct": [5.0, 2.5, 12.0]})
+    for region, base in (("SUR", "suffix"), ("SUR[allowance_base=prompt]", "prompt")):
+        expected = [base_allowance(s, p + s, b, base) for s, p, b in records.itertuples(index=False)]
+        assert niah._region_allowance(records, region).tolist() == expected
+    assert [base_allowance(40, 110, 5.0, b) for b in ("suffix", "prompt")] == [allowance(40, 5.0),
+                                                                              prompt_allowance(40, 110, 5.0)] == [2, 6]
+    with pytest.raises(ValueError, match="allowance_base"):
+        base_allowance(40, 110, 5.0, "whole")
+    edit = random_edit(2, 30, 3, 40)  # p = 30, S = 40
+    for base in ("suffix", "prompt"):
+        request = AllocationRequest(llama, edit, 5, allowance_base=base)
+        assert request.allowance == base_allowance(40, edit.edited_len, 5, base)
+        assert allowance_for("SUR", request, selectable=25) == base_allowance(25, edit.edited_len, 5, base)

@@ -576,9 +576,9 @@ def test_common_panel_is_the_intersection_of_feasible_sources():
 
 
 def test_panel_record_lists_every_examined_candidate(panel):
-    from sur_lab.studies.evidence_location import panel_record, params
+    from sur_lab.studies.evidence_location import STUDY, panel_record
 
-    p = params("default", datasets=["hotpotqa", "musique", "2wikimultihopqa"], sources_per_dataset=2)
+    p = STUDY.params("default", datasets=["hotpotqa", "musique", "2wikimultihopqa"], sources_per_dataset=2)
     rec = panel_record(panel, p, seed=0)
     assert "n_boot" not in rec["params"] and rec["params"]["sources_per_dataset"] == 2 and rec["seed"] == 0
     for d, n in panel.candidates.items():

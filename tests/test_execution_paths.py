@@ -154,3 +154,37 @@ def test_smoke_run_on_smollm2(smol):
     assert (t17["shared_pct"] == 0).all() and (t17["reprefill_pct"] == 0).all() and (t17["replay_pct"] == 0).all()
     assert (nll_table(cells)["nll_within"] == 0).all()
     assert np.isfinite(recs["gold_nll"]).all() and (recs["gold_nll"] > 0).all()
+
+
+def test_run_stores_cells_and_resumes_through_the_sweep_store(tiny_lm, tmp_path, monkeypatch):
+    """With ``out`` the rows are keyed rows of the one sweep store: a stopped run keeps its finished cells, the next
+    call computes only the missing ones and returns the rows an unstored run gives; another ``max_new_tokens`` is
+    refused."""
+    from types import SimpleNamespace
+
+    import sur_lab.studies.execution_paths as ep
+
+    g = torch.Generator().manual_seed(3)
+    cases = [SimpleNamespace(case_id=f"hotpotqa/{i}/cell", meta={"dataset": "hotpotqa", "source_id": str(i)},
+                             edit=token_edit(torch.randint(1, 90, (16,), generator=g), 3, 2, [7, 8]),
+                             answer_ids=[5, 6]) for i in range(2)]
+    plain = run(tiny_lm, cases, repeats=2, max_new_tokens=2)
+    real, calls = ep.run_cell, []
+
+    def stopped(lm, edit, *args, **kwargs):
+        calls.append(edit)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(lm, edit, *args, **kwargs)
+
+    monkeypatch.setattr(ep, "run_cell", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_lm, cases, repeats=2, max_new_tokens=2, out=tmp_path)
+    stored = run(tiny_lm, cases, repeats=2, max_new_tokens=2, out=tmp_path)
+    assert len(calls) == 3  # the first cell read back
+    pd.testing.assert_frame_equal(stored, plain)
+    pd.testing.assert_frame_equal(stored, pd.read_parquet(tmp_path / ep.TABLE_FILE))
+    with pytest.raises(ValueError, match="another max_new_tokens"):
+        run(tiny_lm, cases, repeats=2, max_new_tokens=3, out=tmp_path)
+    with pytest.raises(ValueError, match="unique case ids"):
+        run(tiny_lm, [cases[0], cases[0]], repeats=2)

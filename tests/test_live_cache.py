@@ -131,3 +131,33 @@ def test_allowance_for_a_share_of_the_selectable_positions():
     for bad in (-1, 30, 2.0, True):
         with pytest.raises(ValueError, match=r"selectable must be an integer in \[0, S=29\]"):
             allowance_for("SUR", request, selectable=bad)
+
+
+def test_repair_result_carries_the_rows_it_recomputed():
+    """``RepairResult.refreshed``: absolute rows, all of them for Re-prefill, the suffix for Replay and B = S, the
+    support and the forced rows for an allocator, the forced rows for Shift, none for Dirty; the live cache's repair
+    returns exactly these rows."""
+    lm = tiny()
+    edit = token_edit(_ids(40), 6, 5, _ids(4, 1))  # p = 6, S = 29
+    p, S, forced = edit.prefix_len, edit.suffix_len, np.array([17, 3, 8])
+    prepared = prepare(lm, edit)
+    suffix = list(range(p, p + S))
+
+    def rows(method, budget=None, **kw):
+        out = repair(lm, prepared, method, budget, **kw).refreshed
+        assert out.dtype == np.int64
+        return out.tolist()
+
+    assert rows("Re-prefill") == list(range(p + S)) and rows("Replay") == suffix == rows("Replay", forced=forced)
+    assert rows("Shift") == [] == rows("Dirty") == rows("SUR", 0.0)
+    assert rows("Shift", forced=forced) == [p + 3, p + 8, p + 17] == rows("SUR", 0.0, forced=forced)
+    assert rows("SUR", 100.0) == suffix == rows("SUR", 100.0, forced=forced)
+    sur = repair(lm, prepared, "SUR", 20.0, forced=forced)
+    assert sur.refreshed.tolist() == (p + np.union1d(sur.support.positions, forced)).tolist()
+    assert len(sur.refreshed) > allowance(S - 3, 20.0)  # the forced rows are not all in the support: the test bites
+
+    live = LiveCache.prefilled(lm, edit.original_ids).shifted(lm, p, None, np.arange(p + 5, 40, dtype=np.int64))[0]
+    for method, budget in (("SUR", 20.0), ("Shift", None), ("Replay", None), ("Re-prefill", None)):
+        _, result, got = live.repaired(lm, edit, method, budget, executor="sequential", seed=0, options={},
+                                       forced=forced)
+        assert got.tolist() == result.refreshed.tolist() == rows(method, budget, forced=forced), method

@@ -178,3 +178,28 @@ def test_old_margin_record_field_on_a_float64_tiny_model(tiny_lm):
     assert by["Dirty"].old_margin != by["Re-prefill"].old_margin  # the edit moved the pull
     plain = run_case(tiny_lm, Case("m1", edit, meta={"gold_token": gold}), ["Shift"], [], max_new_tokens=1)
     assert math.isnan(plain[0].old_margin)
+
+
+def test_table_pools_only_cases_with_all_three_margins():
+    """``n_pooled`` counts the cases the pooled ratio used (one NaN mask, :func:`pooled_margin_recovery`'s)."""
+    records = _records()
+    records.loc[(records["case_id"] == "a") & (records["method"] == "SUR"), "gold_margin"] = np.nan
+    sur = margin_recovery_table(add_margin_recovery(records)).loc[("SUR", 5.0)]
+    assert sur["n_pooled"] == 2 and sur["n_cases"] == 3 and sur["n_defined"] == 1
+    assert sur["ratio"] == pooled_margin_recovery([7.0, 1.0], [2.0, 0.0], [2.0, 4.0])[0] == 6 / 4
+
+
+def test_gold_and_old_margin_share_one_input_check():
+    """Both margins refuse the same bad logits and token ids with the same words (one validator)."""
+    from sur_lab.analysis.endpoints import old_margin
+
+    for logits, token in (([1.0, math.inf], 0), ([1.0, math.nan], 1), ([1.0, 2.0], 2), ([1.0, 2.0], -1),
+                          ([1.0, 2.0], True), ([1.0, 2.0], 1.0), ([[1.0, 2.0], [3.0, 4.0]], 0)):
+        with pytest.raises(ValueError) as gold:
+            gold_margin(logits, token)
+        with pytest.raises(ValueError) as old:
+            old_margin(logits, 0, token)
+        assert str(old.value) == str(gold.value), (logits, token)
+    assert old_margin([1.5], 0, 0) == 0.0  # one entry is enough for the old value's pull
+    with pytest.raises(ValueError, match="two entries"):
+        gold_margin([1.5], 0)

@@ -288,10 +288,10 @@ def test_paired_difference_table_matches_brute_force():
     for row in out.itertuples():
         a, b = condition_label("SUR", row.budget_pct), row.reference
         low, high = _brute_force_interval(table, a, b, 300, 7)
-        assert (row.low_pp, row.high_pp) == pytest.approx((low, high), abs=1e-9)
+        assert (row.delta_low, row.delta_high) == pytest.approx((low, high), abs=1e-9)
         diff = 100 * (table[table.condition == a].correct.mean() - table[table.condition == b].correct.mean())
-        assert row.delta_pp == pytest.approx(diff, abs=1e-9)
-        assert row.n_sources == 12 and row.n_cases == 36
+        assert row.delta == pytest.approx(diff, abs=1e-9) and row.unit == "pp"
+        assert row.n_clusters == 12 and row.n == 36
     with pytest.raises(ValueError, match="method"):
         paired_difference_table(table, method="ProphetKV-Adapted")
 
@@ -307,7 +307,7 @@ def test_paired_difference_keeps_placements_of_a_source_together():
                              "em": bool(c), "prediction": str(c), "select_ms": 0.0, "shift_ms": 0.0,
                              "refresh_ms": 0.0, "answer_ms": 1.0})
     out = paired_difference_table(results_table(rows), n_boot=200)
-    assert np.all(out[["delta_pp", "low_pp", "high_pp"]].to_numpy() == 0.0)
+    assert np.all(out[["delta", "delta_low", "delta_high"]].to_numpy() == 0.0)
 
 
 def test_transition_table_counts():

@@ -250,18 +250,18 @@ def test_paired_differences_values_and_decisions():
     records = _paired_records([1, 1, 1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1, 0, 1], [1] * 8)
     table = paired_differences(records, n_boot=500, seed=1).set_index("baseline")
     assert list(table.index) == ["Shift", "Re-prefill"]
-    assert table.loc["Shift", "diff_pp"] == pytest.approx(50.0)
-    assert table.loc["Shift", "n_cases"] == 8 and table.loc["Shift", "n_discordant"] == 4
-    assert 0.0 < table.loc["Shift", "ci_low_pp"] < 50.0 < table.loc["Shift", "ci_high_pp"] <= 100.0
+    assert table.loc["Shift", "delta"] == pytest.approx(50.0)
+    assert table.loc["Shift", "n"] == 8 and table.loc["Shift", "n_discordant"] == 4
+    assert 0.0 < table.loc["Shift", "delta_low"] < 50.0 < table.loc["Shift", "delta_high"] <= 100.0
     # 4 discordant cases, all one way: exact p = 0.125, so not separated although the interval excludes 0.
     assert table.loc["Shift", "p"] == pytest.approx(0.125) and table.loc["Shift", "verdict"] == "not separated"
     # Equal on every case: 0 pp with a nonzero-width interval, never a zero-width one.
-    assert table.loc["Re-prefill", "diff_pp"] == 0.0
-    assert table.loc["Re-prefill", "ci_low_pp"] < 0 < table.loc["Re-prefill", "ci_high_pp"]
+    assert table.loc["Re-prefill", "delta"] == 0.0
+    assert table.loc["Re-prefill", "delta_low"] < 0 < table.loc["Re-prefill", "delta_high"]
     assert (table["family"] == ALL_AGAINST_REFERENCES.name).all() and (table["family_size"] == 2).all()
     # Every one of 8 cases better by one: exact p 2 / 2**8, alone in its family: beats (Holm over 1).
     all_better = paired_differences(_paired_records([1] * 8, [0] * 8, [1] * 8), baselines=("Shift",), n_boot=200)
-    assert all_better["diff_pp"].iloc[0] == 100.0 and all_better["ci_low_pp"].iloc[0] < 100.0
+    assert all_better["delta"].iloc[0] == 100.0 and all_better["delta_low"].iloc[0] < 100.0
     assert all_better["verdict"].iloc[0] == "beats"
     assert paired_differences(_paired_records([1] * 8, [0] * 8, [1] * 8), baselines=("Shift",), n_boot=200,
                               decide=False)["verdict"].iloc[0] == "not decided"

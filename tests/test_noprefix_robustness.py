@@ -134,16 +134,16 @@ def test_robustness_table_and_figure_per_model():
 
 
 def test_robustness_model_runs_the_workloads_up_to_sixteen_documents_untimed():
-    p = noprefix.params("paper")
+    p = noprefix.STUDY.params("paper")
     assert p["num_docs"] == [4, 16, 64] and p["n_sources"] == [100, 100, 50]
     assert robustness_overrides(p) == {"num_docs": [4, 16], "n_sources": [100, 100], "timed_sources": 0}
-    assert robustness_overrides(noprefix.params("default")) == {"num_docs": [4, 16], "n_sources": [6, 2],
+    assert robustness_overrides(noprefix.STUDY.params("default")) == {"num_docs": [4, 16], "n_sources": [6, 2],
                                                                 "timed_sources": 0}
-    assert robustness_overrides(noprefix.params("default", robustness_sources=1))["n_sources"] == [1, 1]
+    assert robustness_overrides(noprefix.STUDY.params("default", robustness_sources=1))["n_sources"] == [1, 1]
     with pytest.raises(ValueError, match="robustness_sources"):
-        robustness_overrides(noprefix.params("default", robustness_sources=0))
+        robustness_overrides(noprefix.STUDY.params("default", robustness_sources=0))
     with pytest.raises(ValueError, match="at most 16 documents"):
-        robustness_overrides(noprefix.params("default", num_docs=[64], n_sources=[1]))
+        robustness_overrides(noprefix.STUDY.params("default", num_docs=[64], n_sources=[1]))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

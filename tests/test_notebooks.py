@@ -23,7 +23,7 @@ from sur_lab.studies.presets import PRESET_ENV, SMOKE_BANNER
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 #: Notebooks whose "This run" cell prints the primary comparison's power statement (issue 40).
-POWER_NOTEBOOKS = {*(get_study(n).NOTEBOOK for n in POWER_STUDIES), "07_agent_session"}
+POWER_NOTEBOOKS = {*(get_study(n).notebook for n in POWER_STUDIES), "07_agent_session"}
 
 
 def test_notebooks_exist():

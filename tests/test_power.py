@@ -223,7 +223,7 @@ def test_every_power_study_prints_its_statement_in_this_run():
 
     root = Path(__file__).resolve().parents[1] / "notebooks"
     for name in [*POWER_STUDIES, "agent_session"]:
-        stem = get_study(name).NOTEBOOK if name != "agent_session" else "07_agent_session"
+        stem = get_study(name).notebook if name != "agent_session" else "07_agent_session"
         cells = [c for c in json.loads((root / f"{stem}.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
         assert "power_line(" in "".join(cells[-1]["source"]), stem
 
@@ -231,9 +231,33 @@ def test_every_power_study_prints_its_statement_in_this_run():
 def test_study_mde_at_default_matches_the_generic_computation():
     from sur_lab.studies import niah, stale_facts
 
-    p = niah.params("default")
-    assert niah.mde(p) == (pytest.approx(100 * binary_mde(p["num_cases"], 0.9896), abs=1e-9), "pp")
-    assert stale_facts.mde(stale_facts.params("smoke"))[1] == "pp"
-    assert math.isnan(stale_facts.mde(stale_facts.params("smoke"))[0])  # 3 cases never reach p < 0.05
-    assert niah.power_line(p).startswith(f"Power: SUR 5% vs Shift on the lead endpoint (tested alone) on "
-                                         f"{p['num_cases']} cases detects")
+    p = niah.STUDY.params("default")
+    assert niah.STUDY.mde(p) == (pytest.approx(100 * binary_mde(p["num_cases"], 0.9896), abs=1e-9), "pp")
+    assert stale_facts.STUDY.mde(stale_facts.STUDY.params("smoke"))[1] == "pp"
+    assert math.isnan(stale_facts.STUDY.mde(stale_facts.STUDY.params("smoke"))[0])  # 3 cases never reach p < 0.05
+    assert niah.STUDY.power_line(p).startswith(f"Power: SUR 5% vs Shift on the lead endpoint (tested alone) on "
+                                               f"{p['num_cases']} cases detects")
+
+
+def test_one_effect_format_for_the_table_and_the_sentences():
+    """:func:`sur_lab.analysis.decisions.effect_text` formats every effect: each study's table cell stands in its
+    ``power_line`` at that preset (or the line says the size cannot reach the power), and each study's ``mde`` /
+    ``power_line`` are its :class:`PowerDesign`'s at its size."""
+    from sur_lab.analysis.decisions import PowerDesign, effect_text
+    from sur_lab.studies import POWER_STUDIES, get_study, power_table
+
+    assert [effect_text(29.2741, "pp"), effect_text(1.2345, "x"), effect_text(0.49504, "nats"),
+            effect_text(float("nan"), "pp")] == ["29.3 pp", "1.23x", "0.495 nats", "none"]
+    table = power_table().set_index("study")
+    for name in POWER_STUDIES:
+        study = get_study(name)
+        assert isinstance(study.power, PowerDesign) and study.power.basis is study.primary_power
+        for preset in ("smoke", "default", "paper"):
+            p, cell = study.params(preset), table.loc[name, preset]
+            line = study.power_line(p)
+            assert cell == effect_text(*study.mde(p))
+            assert (f" {cell} " in line or f" {cell})" in line) if cell != "none" else "cannot reach" in line, line
+    design = PowerDesign("x vs y", BINARY, PowerBasis(0.3, "s"), lambda p: (p["n"], 3), clusters="sources")
+    assert design.mde({"n": 48}) == mde(BINARY, PowerBasis(0.3, "s"), 48, cluster_size=3)
+    assert design.line({"n": 48}) == power_sentence("x vs y", BINARY, PowerBasis(0.3, "s"), 48, cluster_size=3,
+                                                    clusters="sources")

@@ -14,15 +14,15 @@ from sur_lab.studies import stale_facts as sf
 
 
 def test_the_study_is_registered_with_its_api():
-    assert STUDIES["stale-facts"] == "sur_lab.studies.stale_facts" and get_study("stale-facts") is sf
-    p = sf.params("default")
+    assert STUDIES["stale-facts"] is sf.STUDY and get_study("stale-facts") is sf.STUDY
+    p = sf.STUDY.params("default")
     assert p["references"] == ["Dirty", "Shift", "Replay", "Re-prefill", "Erratum"]
-    assert sf.methods(p)[:5] == p["references"] and sf.methods(p)[5:] == list(sf.STUDY_ALLOCATORS)
-    assert sf.params("smoke", erratum_template="terse")["erratum_template"] == "terse"
-    assert sf._options(sf.params("smoke")) == {} and sf._options(sf.params("smoke", erratum_template="terse")) == {
-        "erratum_template": "terse"}
+    assert sf.STUDY.methods(p)[:5] == p["references"] and sf.STUDY.methods(p)[5:] == list(sf.STUDY_ALLOCATORS)
+    assert sf.STUDY.params("smoke", erratum_template="terse")["erratum_template"] == "terse"
+    assert sf.STUDY.options(sf.STUDY.params("smoke")) == {}
+    assert sf.STUDY.options(sf.STUDY.params("smoke", erratum_template="terse")) == {"erratum_template": "terse"}
     with pytest.raises(ValueError, match="budget is not a parameter"):
-        sf.params("smoke", budget=[2])
+        sf.STUDY.params("smoke", budget=[2])
 
 
 def test_presets_of_notebooks_02_and_03_hold_the_new_methods():
@@ -95,15 +95,15 @@ def test_stale_endpoints_summary_and_paired_differences():
     by = diffs.set_index(["family", "comparison"])
     primary = by.loc[(sf.PRIMARY.name, "SUR 5% vs Shift")]
     # SUR 5% right on 3 cases Shift gets wrong: 3 discordant pairs cannot separate (exact p = 0.25).
-    assert primary.diff_pp == 50.0 and primary.n_discordant == 3 and primary.verdict == "not separated"
+    assert primary.delta == 50.0 and primary.n_discordant == 3 and primary.verdict == "not separated"
     window = by.loc[(sf.EM_FAMILY.name, "Edit-local window 2% vs SUR 2%")]
     # 6 discordant of 6: exact p 1/32, Holm over 8: 0.25, not separated; the old table printed "beats" here.
-    assert window.diff_pp == 100.0 and window.p == pytest.approx(1 / 32) and window.verdict == "not separated"
-    assert window.ci_low_pp > 0  # the interval alone would have "separated"
+    assert window.delta == 100.0 and window.p == pytest.approx(1 / 32) and window.verdict == "not separated"
+    assert window.delta_low > 0  # the interval alone would have "separated"
     erratum = by.loc[(sf.STALE_FAMILY.name, "Erratum vs Shift")]
-    assert np.isnan(erratum.budget_pct) and erratum.n_cases == 5 and erratum.diff_pp == -100.0  # case 5: no stale value
+    assert np.isnan(erratum.budget_pct) and erratum.n == 5 and erratum.delta == -100.0  # case 5: no stale value
     st = by.loc[(sf.STALE_FAMILY.name, "SUR 2% vs Shift")]
-    assert st.n_cases == 5 and st.diff_pp == 0.0 and st.verdict == "not separated" and st.ci_low_pp < 0 < st.ci_high_pp
+    assert st.n == 5 and st.delta == 0.0 and st.verdict == "not separated" and st.delta_low < 0 < st.delta_high
 
     lines = sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, records=recs)
     assert lines[0] == "This run: m; 6 stale-fact cases."
@@ -136,9 +136,9 @@ def test_stale_endpoints_summary_and_paired_differences():
     assert set(margins.answer_in) == {"inserted", "suffix"} and "verdict" not in margins.columns
     assert len(margins) == 2 * 2 * len(sf.MARGIN_ARMS)
     row = margins[(margins.answer_in == "inserted") & (margins.a == "Edit-local window 5%")]
-    assert row.b.iloc[0] == "SUR 5%" and row.diff_logit.iloc[0] == pytest.approx(2 / 3) and row.n_cases.iloc[0] == 3
+    assert row.b.iloc[0] == "SUR 5%" and row.delta.iloc[0] == pytest.approx(2 / 3) and row.n.iloc[0] == 3
     row = margins[(margins.answer_in == "suffix") & (margins.a == "Edit-local window 5%")]
-    assert row.diff_logit.iloc[0] == pytest.approx(4 / 3) and row.budget_pct.iloc[0] == 5.0
+    assert row.delta.iloc[0] == pytest.approx(4 / 3) and row.budget_pct.iloc[0] == 5.0
     text = "\n".join(sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, margins=margins))
     assert "Gold margin (logits, descriptive intervals, not a declared family), answer in the suffix text: " in text
     with pytest.raises(ValueError, match="by="):
@@ -181,11 +181,11 @@ def test_stale_rates_old_value_pull_and_the_placement_family():
     pulls = sf.old_margin_differences(recs, n_boot=500).set_index(["family", "a"])
     row = pulls.loc[("value_update", "Shift")]
     # Shift minus Re-prefill on cases 0, 2, 4: (5, 2, 2), mean 3; the stale-ineligible case 5 is left out.
-    assert row.b == "Re-prefill" and row.diff_logit == pytest.approx(3.0) and row.n_cases == 3
+    assert row.b == "Re-prefill" and row.delta == pytest.approx(3.0) and row.n == 3
     assert row.mean_a == pytest.approx(0.0) and row.mean_b == -3.0
-    assert pulls.loc[("multi_key", "Shift"), "n_cases"] == 2
+    assert pulls.loc[("multi_key", "Shift"), "n"] == 2
     assert pulls.loc[("value_update", "Shift (late)"), "b"] == "Re-prefill (late)"
-    assert pulls.loc[("value_update", "Shift (late)"), "diff_logit"] == 0.0
+    assert pulls.loc[("value_update", "Shift (late)"), "delta"] == 0.0
     with pytest.raises(ValueError, match="old_margin"):
         sf.old_margin_differences(recs.drop(columns=["old_margin"]))
 
@@ -193,8 +193,8 @@ def test_stale_rates_old_value_pull_and_the_placement_family():
     placement = diffs[diffs.family == sf.PLACEMENT_FAMILY.name].set_index("comparison")
     assert list(placement.index) == ["Re-prefill (late) vs Erratum", "Shift (late) vs Erratum"]
     # The late arms answer every case, Erratum 4 of 6: +33 pp on 2 discordant cases (not separated).
-    assert placement.loc["Shift (late) vs Erratum", "diff_pp"] == pytest.approx(100 / 3)
-    assert placement.loc["Shift (late) vs Erratum", "n_cases"] == 6
+    assert placement.loc["Shift (late) vs Erratum", "delta"] == pytest.approx(100 / 3)
+    assert placement.loc["Shift (late) vs Erratum", "n"] == 6
     text = "\n".join(sf.conclusion(sf.summary_table(recs), diffs, model="m", n_cases=6, records=recs,
                                    rates=sf.stale_rates(recs), pulls=sf.old_margin_differences(recs, n_boot=200)))
     assert "Stale answers under Shift, per family (exact intervals): value_update: Shift answers" in text
@@ -219,7 +219,7 @@ def test_sweep_runs_the_placement_control_on_replacement_cases(tmp_path):
     kw = dict(num_cases=3, context_lens=[256], allocators=[], budgets=[5], max_new_tokens=1,
               references=["Shift", "Re-prefill", "Erratum"], families=["superseded_tool_output", "derived_record",
                                                                          "agent_note"])
-    records, where = sf.sweep(lm, preset="smoke", out=tmp_path / "main", progress=False, **kw)
+    records, where, _ = sf.STUDY.sweep(lm, preset="smoke", out=tmp_path / "main", progress=False, **kw)
     assert (tmp_path / "main_late" / "records.parquet").is_file() and sf.control_folder(where) == tmp_path / "main_late"
     late = records[records.method.str.endswith(sf.LATE)]
     fam = dict(zip(records.case_id, records.family))
@@ -234,4 +234,4 @@ def test_sweep_runs_the_placement_control_on_replacement_cases(tmp_path):
     assert np.isfinite(records["old_margin"]).all()
     assert records.loc[records.method == "Re-prefill (late)", "agree_reprefill"].all()
     diffs = sf.paired_differences(records, n_boot=200, decide=False)
-    assert set(diffs.loc[diffs.family == sf.PLACEMENT_FAMILY.name, "n_cases"]) == {2}
+    assert set(diffs.loc[diffs.family == sf.PLACEMENT_FAMILY.name, "n"]) == {2}

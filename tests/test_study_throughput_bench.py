@@ -70,7 +70,7 @@ def test_agreement_and_a_parity_that_holds(bench):
     assert overall == pytest.approx(1 - 1 / len(a)) and len(merged) == len(a)
     assert per_arm.set_index("arm")["agree"].to_dict()["SUR 5%"] == pytest.approx(11 / 12)
     em = bench.em_parity(a, b, "context_len")
-    assert set(em["arm"]) == set(BASE) and (em["diff_pp"] == 0).all()
+    assert set(em["arm"]) == set(BASE) and (em["delta"] == 0).all()
     changes = bench.verdict_changes(bench.primary_comparisons("niah", a), bench.primary_comparisons("niah", b))
     assert not changes["changed"].any() and len(changes) == 4  # two budgeted arms x two baselines
     flips = bench.ordering_flips(a, b, "context_len")
@@ -84,7 +84,7 @@ def test_a_parity_that_fails_names_what_moved(bench):
     b = _records(moved)
     em = bench.em_parity(a, b, "context_len", names=("f32", "bf16"))
     row = em.set_index("arm").loc["SUR 5%"]
-    assert row["diff_pp"] == pytest.approx(-75.0) and row["verdict"] == "loses to"
+    assert row["delta"] == pytest.approx(-75.0) and row["unit"] == "pp" and row["verdict"] == "loses to"
     assert row["em_f32"] == 75.0  # 9 discordant cases, all one way: exact sign test p = 2 ** -8
     changes = bench.verdict_changes(bench.primary_comparisons("niah", a), bench.primary_comparisons("niah", b),
                                     names=("f32", "bf16"))
@@ -93,5 +93,5 @@ def test_a_parity_that_fails_names_what_moved(bench):
     assert {(r.x, r.y) for r in flips.itertuples()} >= {("SUR 5%", "Dense tokens 5%")}
     holds, reasons = bench.parity_holds(em, changes, flips)
     assert not holds and any("EM of SUR 5%" in r for r in reasons) and any("primary" in r for r in reasons)
-    assert np.isfinite(bench.shift_damage(a, "context_len")["diff_pp"])
-    assert bench.shift_damage(a, "context_len")["diff_pp"] == pytest.approx(100.0)
+    assert np.isfinite(bench.shift_damage(a, "context_len")["delta"])
+    assert bench.shift_damage(a, "context_len")["delta"] == pytest.approx(100.0)

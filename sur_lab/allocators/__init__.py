@@ -40,6 +40,7 @@ from sur_lab.allocators import controls, edit_local, prior  # noqa: E402,F401,I0
 from sur_lab.allocators.matched import (  # noqa: E402
     COUNT_RULES,
     TOKEN_LEVEL_ALLOCATORS,
+    check_region,
     matched_token_selections,
     region_count,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "allocate_regions",
     "allocate_units",
     "best_window",
+    "check_region",
     "forward_envelope",
     "get_allocator",
     "matched_token_selections",

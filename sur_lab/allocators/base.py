@@ -30,11 +30,10 @@ from sur_lab.budget import (
     ALLOWANCE_BASES,
     Selection,
     Support,
-    allowance,
+    base_allowance,
     check_allowance,
     check_budget,
     fractions_expected,
-    prompt_allowance,
     warn_if_fraction,
 )
 from sur_lab.checks import as_count
@@ -106,10 +105,8 @@ class AllocationRequest:
         self._given_allowance = None if self.allowance is None else check_allowance(self.allowance, S)
         if self._given_allowance is not None:
             self.allowance = self._given_allowance
-        elif self.allowance_base == "prompt":
-            self.allowance = prompt_allowance(S, self.edit.edited_len, self.budget_pct)
         else:
-            self.allowance = allowance(S, self.budget_pct)
+            self.allowance = base_allowance(S, self.edit.edited_len, self.budget_pct, self.allowance_base)
 
     @property
     def suffix_len(self) -> int:
@@ -415,9 +412,7 @@ def allowance_for(name: str, request: AllocationRequest, *, selectable: int | No
             raise ValueError(f"selectable must be an integer in [0, S={S}]; got {selectable!r}")
         if request._given_allowance is None:
             base = bound.get("allowance_base", request.allowance_base)
-            if base == "prompt":
-                return prompt_allowance(int(selectable), request.edit.edited_len, request.budget_pct)
-            return allowance(int(selectable), request.budget_pct)
+            return base_allowance(int(selectable), request.edit.edited_len, request.budget_pct, base)
         return request.allowance
     if "allowance_base" not in bound:
         return request.allowance

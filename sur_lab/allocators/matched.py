@@ -47,6 +47,20 @@ TOKEN_LEVEL_ALLOCATORS = (
 COUNT_RULES = ("selected", "whole_units")
 
 
+def check_region(region: str, count: str) -> None:
+    """Refuse, before any work, what :func:`region_count` cannot count: an unknown ``region``, a ``count`` outside
+    :data:`COUNT_RULES`, or a ``region`` that is not SUR or a SUR variant under ``"whole_units"``.
+
+    Raises:
+        ValueError: naming ``region`` or ``count``.
+    """
+    get_allocator(region)
+    if count not in COUNT_RULES:
+        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
+    if count == "whole_units" and resolve_method(region)[0] != "SUR":
+        raise ValueError(f"region={region!r}: count='whole_units' ranks SUR's units; give SUR or a SUR variant")
+
+
 def region_count(region: str, request: AllocationRequest, count: str = "whole_units") -> int:
     """The matched count n of ``request`` for region allocator ``region`` under rule ``count``.
 
@@ -69,14 +83,10 @@ def region_count(region: str, request: AllocationRequest, count: str = "whole_un
         ValueError: naming ``count`` when it is not one of :data:`COUNT_RULES`, or ``region`` when it is unknown or,
             for ``"whole_units"``, not SUR or a SUR variant (before any scoring).
     """
-    get_allocator(region)
-    if count not in COUNT_RULES:
-        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
+    check_region(region, count)
     if count == "selected":
         return allowance_for(region, request)
-    base, bound = resolve_method(region)
-    if base != "SUR":
-        raise ValueError(f"region={region!r}: count='whole_units' ranks SUR's units; give SUR or a SUR variant")
+    bound = resolve_method(region)[1]
     call = request.with_options(bound) if bound else request
     if call.allowance == 0:
         return 0

@@ -37,8 +37,9 @@ Every function is pure (arrays or tables in, rows or words out) and seeded.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from functools import lru_cache
 
 import numpy as np
@@ -82,6 +83,11 @@ _UNITS = {"binary": ("pp", 100.0, 1), "continuous": ("", 1.0, 3), "ratio": ("x",
 COLUMNS = ["family", "comparison", "a", "b", "kind", "adjust", "estimate", "ci_low", "ci_high", "tost_low",
            "tost_high", "p", "p_adj", "n", "n_clusters", "n_discordant", "family_size", "alpha", "margin",
            "margin_source", "higher_is_better", "mde", "verdict"]
+
+#: A paired difference in its printed unit (:func:`in_units`), beside the decision columns of :data:`COLUMNS`: the one
+#: schema of every study's table of paired differences (issue 39). ``unit`` says what the four numbers are ("pp" of a
+#: binary endpoint, "x" of a ratio, a continuous endpoint's own unit such as "logits" or "nats").
+DIFF_COLUMNS = ["delta", "delta_low", "delta_high", "delta_mde", "unit"]
 
 
 def decides(preset: str | None) -> bool:
@@ -612,6 +618,43 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+
+def in_units(table: pd.DataFrame, *, unit: str = "") -> pd.DataFrame:
+    """:func:`paired_family` rows with each difference also in its printed unit (:data:`DIFF_COLUMNS`): the one
+    paired-difference schema of the studies' tables (issue 39), never a unit in a column's name.
+
+    A binary row's ``estimate``, ``ci_low``, ``ci_high`` and ``mde`` (fractions) become ``delta``, ``delta_low``,
+    ``delta_high`` and ``delta_mde`` in points (×100, ``unit`` "pp"); a ratio row's are copied (``unit`` "x"; its
+    ``mde`` is NaN); a continuous row's are copied with ``unit`` the endpoint's own unit (the argument). The
+    decision columns are kept unchanged, so :func:`sentence` and :func:`family_lines` read the result as they read
+    :func:`paired_family`'s.
+
+    Args:
+        table: rows of :func:`paired_family` (``kind``, ``estimate``, ``ci_low``, ``ci_high``, ``mde``); may be empty.
+        unit: the unit of the continuous rows ("logits", "nats"; "" when the endpoint has none).
+
+    Returns:
+        A new frame: ``table``'s columns, then :data:`DIFF_COLUMNS` (float64 numbers, ``unit`` a string).
+
+    Raises:
+        ValueError: naming ``table`` when it lacks a column of :func:`paired_family` that the conversion reads, or
+            holds a ``kind`` outside :data:`KINDS`.
+    """
+    need = ["kind", "estimate", "ci_low", "ci_high", "mde"]
+    missing = [c for c in need if c not in table.columns]
+    if missing:
+        raise ValueError(f"table lacks {missing}: pass rows of sur_lab.analysis.decisions.paired_family")
+    bad = sorted(set(table["kind"]) - set(KINDS))
+    if bad:
+        raise ValueError(f"table holds kinds {bad}; a paired_family row's kind is one of {KINDS}")
+    kind = table["kind"].astype(str)
+    scale = np.where(kind == "binary", 100.0, 1.0)
+    out = table.copy()
+    for col, src in zip(DIFF_COLUMNS[:4], need[1:]):
+        out[col] = scale * table[src].to_numpy(np.float64)
+    out["unit"] = np.where(kind == "binary", "pp", np.where(kind == "ratio", "x", unit)).astype(object)
+    return out
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Power: the smallest effect a declared size detects (issue 40)
 
@@ -1018,13 +1061,56 @@ def power_sentence(comparison: str, family: Family, basis: PowerBasis, n: int, *
     head = f"Power: {comparison} ({how}) on {size}"
     if math.isnan(effect):
         return (f"{head} cannot reach {100 * power:g} % power for any difference ({test}; {stated})")
-    if family.kind == "ratio":
-        shown = f"a ratio of {effect:.2f}x (or 1/{effect:.2f}x) or more"
-    elif unit == "pp":
-        shown = f"a difference of {effect:.1f} pp or more"
-    else:
-        shown = f"a difference of {effect:.3g} {unit} or more"
+    shown = effect_text(effect, unit)
+    shown = (f"a ratio of {shown} (or 1/{shown}) or more" if family.kind == "ratio"
+             else f"a difference of {shown} or more")
     return f"{head} detects {shown} with {100 * power:g} % power ({test}; {stated})"
+
+
+def effect_text(effect: float, unit: str) -> str:
+    """A minimal detectable effect (:func:`mde`) in its unit: ``"29.3 pp"``, ``"1.23x"``, ``"0.495 nats"``;
+    ``"none"`` when NaN (the size cannot reach the power). The one format of :func:`power_sentence` and
+    :func:`sur_lab.studies.power_table`."""
+    if math.isnan(effect):
+        return "none"
+    return f"{effect:.1f} pp" if unit == "pp" else f"{effect:.2f}x" if unit == "x" else f"{effect:.3g} {unit}"
+
+
+@dataclass(frozen=True)
+class PowerDesign:
+    """A study's primary comparison for its power statement (issue 40): each study declares one and its
+    ``mde(params)`` / ``power_line(params)`` call :meth:`mde` / :meth:`line` with the study's parameters.
+
+    Attributes:
+        comparison: the comparison in words (:func:`power_sentence`).
+        family: the declared :class:`Family`.
+        basis: the declared :class:`PowerBasis`.
+        size: ``fn(params) -> n`` or ``(n, cluster_size)``: paired units (clusters when clustered) and cases per
+            cluster (one int, or one size per cluster) at the study's parameters.
+        what, clusters: as :func:`power_sentence`.
+    """
+
+    comparison: str
+    family: Family
+    basis: PowerBasis
+    size: Callable[[Mapping[str, Any]], Any]
+    what: str = "cases"
+    clusters: str | None = None
+
+    def _size(self, p: Mapping[str, Any]) -> tuple[int, Any]:
+        size = self.size(p)
+        return size if isinstance(size, tuple) else (size, 1)
+
+    def mde(self, p: Mapping[str, Any]) -> tuple[float, str]:
+        """:func:`mde` at the size of parameters ``p``: ``(effect, unit)``."""
+        n, cluster_size = self._size(p)
+        return mde(self.family, self.basis, n, cluster_size=cluster_size)
+
+    def line(self, p: Mapping[str, Any]) -> str:
+        """:func:`power_sentence` at the size of parameters ``p``."""
+        n, cluster_size = self._size(p)
+        return power_sentence(self.comparison, self.family, self.basis, n, cluster_size=cluster_size,
+                              what=self.what, clusters=self.clusters)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import numpy as np
 from transformers import DynamicCache
 
 from sur_lab.analysis.scoring import _as_float64, _softmax64
-from sur_lab.cache_ops import cache_length, num_layers, to_tensors
+from sur_lab.cache_ops import cache_length, layer_deviation, num_layers, to_tensors
 
 #: Upper bound of the Jensen-Shannon divergence in nats (natural logarithm): ``ln 2``.
 JSD_MAX = math.log(2.0)
@@ -314,19 +314,7 @@ def gold_margin(logits, gold_token: int) -> float:
         ValueError: naming ``logits`` when its shape is not ``(vocab,)``, it has fewer than two entries or a
             non-finite entry; naming ``gold_token`` when it is not an integer in ``[0, vocab)``.
     """
-    import numpy as np
-
-    from sur_lab.analysis.scoring import _as_float64
-
-    z = _as_float64(logits, "logits")
-    if z.size < 2:
-        raise ValueError(f"logits must have at least two entries (a gold token and a competitor); got {z.size}")
-    if not np.isfinite(z).all():
-        raise ValueError("logits has a non-finite entry (inf or NaN); a margin needs finite logits")
-    if isinstance(gold_token, (bool, np.bool_)) or not isinstance(gold_token, (int, np.integer)):
-        raise ValueError(f"gold_token must be an integer token id; got {gold_token!r}")
-    if not 0 <= int(gold_token) < z.size:
-        raise ValueError(f"gold_token={int(gold_token)} is outside [0, {z.size}) (the vocabulary of logits)")
+    z = _margin_logits(logits, {"gold_token": gold_token}, competitor=True)
     g = int(gold_token)
     others = np.delete(z, g)
     return float(z[g] - others.max())
@@ -353,15 +341,29 @@ def old_margin(logits, old_token: int, gold_token: int) -> float:
         ValueError: naming ``logits`` when its shape is not ``(vocab,)`` or it has a non-finite entry; naming
             ``old_token`` / ``gold_token`` when it is not an integer in ``[0, vocab)``.
     """
+    z = _margin_logits(logits, {"old_token": old_token, "gold_token": gold_token})
+    return float(z[int(old_token)] - z[int(gold_token)])
+
+
+def _margin_logits(logits, tokens: dict[str, Any], *, competitor: bool = False) -> np.ndarray:
+    """The margins' one input check (:func:`gold_margin`, :func:`old_margin`): ``logits`` as float64 ``(vocab,)``
+    (at least two entries with ``competitor``), all finite, and each of ``tokens`` (name: id) an integer in
+    ``[0, vocab)``.
+
+    Raises:
+        ValueError: naming ``logits`` (shape, too few entries, a non-finite entry) or the token's name.
+    """
     z = _as_float64(logits, "logits")
+    if competitor and z.size < 2:
+        raise ValueError(f"logits must have at least two entries (a gold token and a competitor); got {z.size}")
     if not np.isfinite(z).all():
         raise ValueError("logits has a non-finite entry (inf or NaN); a margin needs finite logits")
-    for name, tok in (("old_token", old_token), ("gold_token", gold_token)):
+    for name, tok in tokens.items():
         if isinstance(tok, (bool, np.bool_)) or not isinstance(tok, (int, np.integer)):
             raise ValueError(f"{name} must be an integer token id; got {tok!r}")
         if not 0 <= int(tok) < z.size:
             raise ValueError(f"{name}={int(tok)} is outside [0, {z.size}) (the vocabulary of logits)")
-    return float(z[int(old_token)] - z[int(gold_token)])
+    return z
 
 
 def margin_recovery(m_method: float, m_shift: float, m_reprefill: float) -> float:
@@ -422,6 +424,12 @@ def pooled_margin_recovery(m_method, m_shift, m_reprefill, *, min_gap: float = M
         ValueError: naming the argument that is not 1-D, differs in length, holds an infinite value, or ``min_gap``
             when negative or not finite.
     """
+    ratio, reason, _ = _pooled_recovery(m_method, m_shift, m_reprefill, min_gap)
+    return ratio, reason
+
+
+def _pooled_recovery(m_method, m_shift, m_reprefill, min_gap: float) -> tuple[float, str, int]:
+    """:func:`pooled_margin_recovery` and the count of cases it pooled (those with all three margins)."""
     arrays = []
     for name, value in (("m_method", m_method), ("m_shift", m_shift), ("m_reprefill", m_reprefill)):
         x = np.asarray(value, dtype=np.float64)
@@ -440,12 +448,12 @@ def pooled_margin_recovery(m_method, m_shift, m_reprefill, *, min_gap: float = M
     keep = ~(np.isnan(m) | np.isnan(s) | np.isnan(r))
     n = int(keep.sum())
     if n == 0:
-        return float("nan"), "undefined: no case has the method's, Shift's and Re-prefill's margins"
+        return float("nan"), "undefined: no case has the method's, Shift's and Re-prefill's margins", 0
     gap = float(np.sum(r[keep] - s[keep]))
     if gap / n < min_gap or gap <= 0:
         return float("nan"), (f"undefined: Re-prefill's mean margin gain over Shift is {gap / n:.3g} logits over "
-                              f"{n} case{'s' if n != 1 else ''}, below the {min_gap:g} threshold")
-    return float(np.sum(m[keep] - s[keep]) / gap), ""
+                              f"{n} case{'s' if n != 1 else ''}, below the {min_gap:g} threshold"), n
+    return float(np.sum(m[keep] - s[keep]) / gap), "", n
 
 
 def _reference_margins(records, margin: str) -> dict[str, dict]:
@@ -533,9 +541,7 @@ def margin_recovery_table(records, *, margin: str = "gold_margin", value: str = 
                         _r=records["case_id"].map(refs["Re-prefill"]).astype(float))
     rows = []
     for key, g in df.groupby(by, dropna=False, sort=False):
-        ratio, note = pooled_margin_recovery(g["_m"].to_numpy(), g["_s"].to_numpy(), g["_r"].to_numpy(),
-                                             min_gap=min_gap)
-        pooled = int((~(g["_m"].isna() | g["_s"].isna() | g["_r"].isna())).sum())
+        ratio, note, pooled = _pooled_recovery(g["_m"].to_numpy(), g["_s"].to_numpy(), g["_r"].to_numpy(), min_gap)
         rows.append((*(key if isinstance(key, tuple) else (key,)), ratio, float(g["_v"].median()),
                      int(g["_v"].count()), pooled, len(g), note))
     table = pd.DataFrame(rows, columns=[*by, "ratio", "median", "n_defined", "n_pooled", "n_cases", "note"])
@@ -561,9 +567,6 @@ def row_deviation(cache: DynamicCache, reference: DynamicCache) -> np.ndarray:
     if cache_length(cache) != cache_length(reference) or num_layers(cache) != num_layers(reference):
         raise ValueError(f"cache has {cache_length(cache)} rows and {num_layers(cache)} layers; reference has "
                          f"{cache_length(reference)} and {num_layers(reference)}")
-    num = den = 0.0
-    for (k, v), (kr, vr) in zip(to_tensors(cache), to_tensors(reference)):
-        k, v, kr, vr = (t[0].double() for t in (k, v, kr, vr))  # [H_kv, n, d_h]
-        num = num + ((k - kr).pow(2) + (v - vr).pow(2)).sum(dim=(0, 2))
-        den = den + (kr.pow(2) + vr.pow(2)).sum(dim=(0, 2))
+    num = layer_deviation(cache, reference).sum(dim=0)  # [n]
+    den = sum((kr[0].double().pow(2) + vr[0].double().pow(2)).sum(dim=(0, 2)) for kr, vr in to_tensors(reference))
     return (num / den).sqrt().cpu().numpy()

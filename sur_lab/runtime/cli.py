@@ -95,12 +95,12 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
     try:
         known = study.params(preset)
     except ValueError:
-        raise CliError(f"--preset {preset!r} is not available for {study.NAME}; choose from "
-                       f"{', '.join(study.PRESETS)}") from None
+        raise CliError(f"--preset {preset!r} is not available for {study.name}; choose from "
+                       f"{', '.join(study.presets)}") from None
     for name in overrides:
         if name not in known:
-            raise CliError(f"-p {name}: not a parameter of the {study.NAME} sweep; parameters: {', '.join(known)}")
-    notebook = NOTEBOOK_DIR / f"{study.NOTEBOOK}.ipynb"
+            raise CliError(f"-p {name}: not a parameter of the {study.name} sweep; parameters: {', '.join(known)}")
+    notebook = NOTEBOOK_DIR / f"{study.notebook}.ipynb"
     if overrides and notebook.exists():  # its notebook's annotations and declared ranges (issue 24): they name it
         from sur_lab.runtime.params import ParameterError, check_notebook_parameters
 
@@ -119,14 +119,9 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
 
 
 def _check_study_params(study, preset: str, overrides: dict[str, Any]) -> None:
-    """The study's parameters with ``overrides``, checked as a sweep would (methods and budgets, before any model)."""
-    from sur_lab.sweeps import method_grid
-
-    params = study.params(preset, **overrides)
-    if hasattr(study, "check_params"):  # a study whose methods are not sweep methods checks its own
-        study.check_params(params)
-    else:
-        method_grid(study.methods(params), params.get("budgets", ()))
+    """The study's parameters with ``overrides``, checked as a sweep would (:meth:`sur_lab.studies.base.Study.check`:
+    methods and budgets, before any model)."""
+    study.check(study.params(preset, **overrides))
 
 
 def _fails(study, preset: str, overrides: dict[str, Any]) -> bool:
@@ -182,13 +177,13 @@ def check_sweep_args(args, margs: dict) -> None:
 
 
 def run_study_sweep(args) -> Path:
-    """Run (or resume) ``args.study``'s sweep through its study module's ``sweep()`` (the registry
+    """Run (or resume) ``args.study``'s sweep through its :meth:`sur_lab.studies.base.Study.sweep` (the registry
     :data:`sur_lab.studies.STUDIES`), in the folder its notebook uses for the same parameters.
 
     Every option that can be checked without a model (:func:`check_sweep_args`) is checked before one is loaded.
 
     Returns:
-        The directory holding ``records.parquet`` (or the study's ``TABLE_FILE``: ``turns.parquet`` for agent traces).
+        The directory holding the study's ``table_file`` (``records.parquet``; ``turns.parquet`` for agent traces).
     """
     import torch
 
@@ -198,7 +193,7 @@ def run_study_sweep(args) -> Path:
 
     study = get_study(args.study)
     if args.executor is None:  # the notebook's executor, so the command and the notebook share a folder
-        args.executor = study.FIXED.get("executor", "sequential")
+        args.executor = study.default_executor(study.fixed)
     overrides = sweep_overrides(study, args.preset, args.p)
     try:
         check_workers(args.workers, args.address, args.threads)
@@ -222,14 +217,14 @@ def run_study_sweep(args) -> Path:
           f"{'' if args.model else f' (the {args.preset} preset default; --model to change)'}: records in {folder}",
           flush=True)
     try:
-        records, folder = study.sweep(lm, preset=args.preset, out=folder, seed=args.seed, workers=args.workers,
-                                      threads=args.threads, address=args.address, executor=args.executor,
-                                      eval_batch=args.eval_batch, progress=not args.no_progress, **overrides)
+        records, folder, _ = study.sweep(lm, preset=args.preset, out=folder, seed=args.seed, workers=args.workers,
+                                         threads=args.threads, address=args.address, executor=args.executor,
+                                         eval_batch=args.eval_batch, progress=not args.no_progress, **overrides)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the finished work is kept in {folder / 'parts'}; run the same command again to resume",
               file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    table = getattr(study, "TABLE_FILE", "records.parquet")  # agent-traces keeps its own per-turn table
+    table = study.table_file  # agent-traces keeps its own per-turn table
     what = "records" if table == "records.parquet" else "rows"
     print(f"{len(records)} {what} -> {folder / table}")
     return folder
@@ -498,15 +493,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="run a study sweep without a notebook (locally or on Ray)",
                         description="Run (or resume) a registered study's sweep without its notebook, through the "
-                                    "study module's sweep() (sur_lab.studies.STUDIES), in the folder the notebook "
+                                    "study's sweep() (sur_lab.studies.STUDIES), in the folder the notebook "
                                     "uses for the same parameters, and print where the records are. Sizes come from "
-                                    "the study's PRESETS, the other parameters from its FIXED defaults; -p overrides "
+                                    "the study's presets, the other parameters from its fixed defaults; -p overrides "
                                     "any of them. smoke runs the embedded SmolLM2-135M-Instruct; default and paper "
                                     "run the embedded Qwen2.5-Coder-0.5B-Instruct unless --model is given. "
                                     "--workers N or --address runs the cases on Ray actors.")
     sw.add_argument("study", choices=list(STUDIES), metavar="STUDY", help=f"one of {', '.join(STUDIES)}")
     sw.add_argument("--preset", choices=PRESETS, default="default",
-                    help="study size, from the study module's PRESETS (as the notebooks' preset parameter): smoke "
+                    help="study size, from the study's presets (as the notebooks' preset parameter): smoke "
                          "(minutes, SmolLM2), default (the notebook's defaults, Qwen), paper (the paper's grid, Qwen)")
     sw.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="parameter override, as the notebook's: VALUE is a Python/JSON literal (-p num_cases 48, "

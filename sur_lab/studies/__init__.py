@@ -10,56 +10,109 @@ data layer (:mod:`sur_lab.data.qa`, :mod:`sur_lab.data.text`). Nothing below thi
 imports another: shared study infrastructure is this package's ``__init__`` and :mod:`sur_lab.studies.presets` only
 (``tests/test_layout.py``).
 
-The sweepable studies are registered in :data:`STUDIES` (``sur-lab sweep NAME`` looks them up there; a new study adds
-one line). Each exposes the same API, which its notebook and the command both call:
-
-- ``NAME``, ``NOTEBOOK`` (its notebook's stem) and ``FOLDER`` (its sweep folders' prefix);
-- ``PRESETS`` (sizes by preset: ``smoke``, ``default``, ``paper``) and ``FIXED`` (the other parameters' defaults,
-  the literals of its notebook's ``parameters`` cell); ``params(preset, **overrides)`` resolves them;
-- ``cases(tokenizer, *, preset, seed, **overrides)``: the study's :class:`sur_lab.sweeps.Case` objects, and
-  ``methods(params)``: its sweep's methods (names or :class:`sur_lab.sweeps.Method` objects);
-- ``folder(lm, params, *, seed, eval_batch, executor)``: its sweep folder, named by the parameters and the model's
-  fingerprint, so a notebook and the command with the same parameters resume each other's records;
-- ``sweep(lm, *, preset, out, seed, workers, threads, address, executor, eval_batch, progress, **overrides)``:
-  runs or resumes the sweep, returns ``(records, folder)``;
-- its report functions (tables and figures), in the module's last section;
-- with a declared primary comparison (:data:`POWER_STUDIES`): ``PRIMARY_POWER`` (its stated discordance rate or SD),
-  ``mde(params)`` (the minimal detectable effect at 80 % power, two-sided 5 %) and ``power_line(params)`` (the same
-  in words, printed in its notebook's "This run" cell; :func:`power_table` lists them).
+The sweepable studies are :class:`sur_lab.studies.base.Study` instances registered in :data:`STUDIES` (``sur-lab
+sweep NAME`` looks them up there; a new study adds one line). A study is a page of declarations (name, notebook,
+presets, fixed parameters, folder keys, scorer, primary comparison) plus its ``cases``, ``methods`` and ``report``; the
+base writes ``params``, ``folder``, ``sweep`` (records, folder and cases), ``check``, ``mde``, ``power_line`` and
+``conclusion`` once, and the notebooks and the command call those. Each study module holds its instance as ``STUDY``
+(the non-prefix study also ``POSITIONS``, its evidence position sweep). :data:`POWER_STUDIES` are the studies whose
+primary comparison carries a power statement (:func:`power_table` lists them).
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-#: Sweepable studies by name (``sur-lab sweep NAME``) -> the module implementing the study API.
-STUDIES = {
+if TYPE_CHECKING:  # the base is imported when a study is first handed out, so `import sur_lab.studies` stays cheap
+    from sur_lab.studies.base import Study
+
+
+class StudyRegistry(Mapping):
+    """Sweepable studies by name: each entry is a module path whose ``STUDY`` is imported on first access, and every
+    value handed out is a :class:`sur_lab.studies.base.Study` instance.
+
+    Raises (on access):
+        KeyError: naming an unknown study and listing the registered ones.
+        TypeError: naming the entry when its module's ``STUDY`` (or a value given to :meth:`register`) is not a
+            :class:`~sur_lab.studies.base.Study` instance.
+    """
+
+    def __init__(self, modules: Mapping[str, str]) -> None:
+        self._modules = dict(modules)
+        self._loaded: dict[str, Study] = {}
+
+    def register(self, study: Study) -> None:
+        """Add (or replace) ``study`` under its ``name``.
+
+        Raises:
+            TypeError: naming ``study`` when it is not a :class:`~sur_lab.studies.base.Study` instance.
+        """
+        self._loaded[_checked(study, "study")] = study
+        self._modules.setdefault(study.name, type(study).__module__)
+
+    def __getitem__(self, name: str) -> Study:
+        if name not in self._modules:
+            raise KeyError(f"unknown study {name!r}; registered studies: {', '.join(self._modules)}")
+        if name not in self._loaded:
+            study = getattr(importlib.import_module(self._modules[name]), "STUDY", None)
+            if _checked(study, f"{self._modules[name]}.STUDY") != name:
+                raise TypeError(f"{self._modules[name]}.STUDY is named {study.name!r}, registered as {name!r}")
+            self._loaded[name] = study
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._modules
+
+
+def _checked(study, what: str) -> str:
+    """``study.name`` when ``study`` is a :class:`~sur_lab.studies.base.Study` instance.
+
+    Raises:
+        TypeError: naming ``what`` and the type it has.
+    """
+    from sur_lab.studies.base import Study
+
+    if not isinstance(study, Study):
+        raise TypeError(f"{what} must be a sur_lab.studies.base.Study instance; got {type(study).__name__}")
+    return study.name
+
+
+#: Sweepable studies by name (``sur-lab sweep NAME``) -> their :class:`~sur_lab.studies.base.Study` instance (each
+#: module's ``STUDY``, imported on first access).
+STUDIES = StudyRegistry({
     "niah": "sur_lab.studies.niah",
     "natural-qa": "sur_lab.studies.natural_qa",
-    "noprefix": "sur_lab.studies.noprefix",
+    "noprefix": "sur_lab.studies.noprefix.study",
     "evidence-location": "sur_lab.studies.evidence_location",
     "stale-facts": "sur_lab.studies.stale_facts",
     "agent-traces": "sur_lab.studies.agent_traces",
-}
+})
 
 
-#: Studies whose primary comparison carries a power statement (issue 40): each exposes ``PRIMARY_POWER`` (the stated
-#: discordance rate or SD, :class:`sur_lab.analysis.decisions.PowerBasis`), ``mde(params) -> (effect, unit)`` and
-#: ``power_line(params)``, printed in its notebook's "This run" cell. Notebook 07 (``agent_session``, no presets)
-#: prints its own at its parameters.
+#: Studies whose primary comparison carries a power statement (issue 40): their ``mde(params)`` and
+#: ``power_line(params)`` (:class:`~sur_lab.studies.base.Study`) read the declared ``primary`` and ``primary_power``;
+#: the notebook prints the line in its "This run" cell. Notebook 07 (``agent_session``, no presets) prints its own at
+#: its parameters.
 POWER_STUDIES = ("niah", "natural-qa", "noprefix", "evidence-location", "stale-facts", "agent-traces")
 
 
-def get_study(name: str) -> ModuleType:
-    """The study module registered as ``name`` (imported on first use).
+def get_study(name: str) -> Study:
+    """The study registered as ``name`` (its module imported on first use).
 
     Raises:
         ValueError: naming ``name`` and listing the registered studies.
     """
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; registered studies: {', '.join(STUDIES)}")
-    return importlib.import_module(STUDIES[name])
+    return STUDIES[name]
 
 
 def power_table(presets=("smoke", "default", "paper")):
@@ -71,20 +124,17 @@ def power_table(presets=("smoke", "default", "paper")):
     Raises:
         ValueError: naming a preset a study does not define.
     """
-    import math
-
     import pandas as pd
+
+    from sur_lab.analysis.decisions import effect_text
 
     rows = []
     for name in POWER_STUDIES:
         study = get_study(name)
-        row = {"notebook": study.NOTEBOOK, "study": name}
+        row = {"notebook": study.notebook, "study": name}
         for preset in presets:
-            effect, unit = study.mde(study.params(preset))
-            row[preset] = ("none" if math.isnan(effect) else
-                           f"{effect:.1f} pp" if unit == "pp" else f"{effect:.2f}x" if unit == "x"
-                           else f"{effect:.3g} {unit}")
-        basis = study.PRIMARY_POWER
+            row[preset] = effect_text(*study.mde(study.params(preset)))
+        basis = study.power.basis
         row["basis"] = (f"{'discordance' if basis.unit == 'pp' else 'SD'} {basis.value:.3g}: {basis.source}")
         rows.append(row)
     return pd.DataFrame(rows, columns=["notebook", "study", *presets, "basis"])
@@ -101,4 +151,4 @@ def power_markdown() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["POWER_STUDIES", "STUDIES", "get_study", "power_markdown", "power_table"]
+__all__ = ["POWER_STUDIES", "STUDIES", "StudyRegistry", "get_study", "power_markdown", "power_table"]

@@ -7,6 +7,8 @@ question i is asked. Every repair policy (an :class:`~sur_lab.session.EditSessio
 edits: Shift only, SUR at b % per edit, SUR with a staleness-debt budget, and Re-prefill after every edit, the
 reference. Per edit the study records answer EM, agreement with Re-prefill's answer, the tokens forwarded and the
 repair time, the K/V deviation of the live cache from a clean prefill (Re-prefill's cache) and the staleness debt.
+Given a folder, :func:`run_episodes` stores the rows through the one sweep store (keyed rows of
+:meth:`sur_lab.sweeps.SweepStore.run_keyed`, an episode per case) and resumes finished episodes.
 
 Source: section 3 (evolving contexts; Eq. 2 Shift, Eq. 3 budget), Algorithm 1 per edit, appendix 14 (stale causal
 predecessors), appendix 7.5 (EM, agreement).
@@ -15,13 +17,14 @@ predecessors), appendix 7.5 (EM, agreement).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, PowerBasis
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.cache_ops import to_tensors
 from sur_lab.models import LoadedModel
@@ -32,6 +35,8 @@ from sur_lab.data.text import passage_block
 TASK = ("You are a research agent. Search results arrive as tool outputs; outdated results are removed when a newer "
         "one supersedes them. Answer each question with a short answer only.")
 REFERENCE = "Re-prefill"
+#: The table :func:`run_episodes` writes in its ``out`` folder.
+TABLE_FILE = "edits.parquet"
 #: The declared comparisons of notebook 07 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run, on
 #: agreement with Re-prefill, paired by question with an episode's questions clustered: the debt arm against SUR at
 #: its budget alone (does spending budget on the debt move the answers?), tested alone; and each per-edit SUR budget
@@ -46,22 +51,22 @@ BUDGET_FAMILY = Family("per-edit SUR against Shift", "binary",
 PRIMARY_POWER = PowerBasis(0.25, "a planning value (no published rate): a quarter of the questions discordant")
 
 
+#: The primary comparison's power design: :func:`mde` and :func:`power_line` at notebook 07's size.
+POWER = PowerDesign("the debt arm vs SUR at its budget, agreement", PRIMARY, PRIMARY_POWER,
+                    lambda p: (p["n_episodes"], p["k"]), what="questions", clusters="episodes")
+
+
 def mde(p: Mapping[str, int]) -> tuple[float, str]:
     """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, for
     notebook 07's size ``p`` (``n_episodes`` episodes, the clusters, of ``k`` questions each) and the stated
     discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the
     size cannot reach 80 %: the exact sign test on 5 episodes or fewer never reaches p < 0.05)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_episodes"], cluster_size=p["k"])
+    return POWER.mde(p)
 
 
 def power_line(p: Mapping[str, int]) -> str:
     """:func:`mde` in words, for notebook 07's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("the debt arm vs SUR at its budget, agreement", PRIMARY, PRIMARY_POWER, p["n_episodes"],
-                          cluster_size=p["k"], what="questions", clusters="episodes")
+    return POWER.line(p)
 
 
 @dataclass(frozen=True)
@@ -357,16 +362,52 @@ def _turn_rows(session: EditSession, episode: Episode) -> list[tuple[int, int]]:
 
 
 def run_episodes(lm: LoadedModel, episodes: Sequence[Episode], arms: Sequence[Arm], *, executor: str = "sequential",
-                 max_new_tokens: int = 8, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+                 max_new_tokens: int = 8, seed: int = 0, out: Path | str | None = None,
+                 progress: bool = True) -> pd.DataFrame:
     """:func:`run_episode` over ``episodes``; returns one DataFrame with cumulative cost columns per arm.
 
     Added columns: ``cum_forwarded_tokens`` and ``cum_refresh_ms`` (sums over the episode's edits so far) and
     ``cost_ratio`` (cumulative forwarded tokens over Re-prefill's in the same episode).
+
+    Args:
+        lm, arms, executor, max_new_tokens, seed: as :func:`run_episode`.
+        episodes: the episodes (ids unique).
+        out: a folder to store the rows in and resume from (:meth:`sur_lab.sweeps.SweepStore.run_keyed`: an episode
+            is a case, its rows keyed by ``(edit, arm)``, the table :data:`TABLE_FILE`; an episode stored with another
+            model, dtype, device, arms, executor, ``max_new_tokens``, seed, versions or content is refused). ``None``:
+            nothing is stored.
+        progress: a progress bar.
+
+    Raises:
+        ValueError: naming ``episodes`` when empty or an id repeats; as :func:`run_episode`; with ``out``, naming the
+            folder, the episode and the first differing field when a stored episode was made with another fingerprint.
     """
-    records = []
-    for episode in tqdm(episodes, desc="episodes", disable=not progress):
-        records += run_episode(lm, episode, arms, executor=executor, max_new_tokens=max_new_tokens, seed=seed)
-    df = pd.DataFrame(records)
+    ids = [episode.id for episode in episodes]
+    if not ids or len(set(ids)) != len(ids):
+        raise ValueError(f"episodes must be non-empty with unique ids; got {len(ids)} episodes, {len(set(ids))} "
+                         "distinct ids")
+
+    def rows_of(episode: Episode) -> list[dict]:
+        return run_episode(lm, episode, arms, executor=executor, max_new_tokens=max_new_tokens, seed=seed)
+
+    if out is None:
+        return add_cumulative(pd.DataFrame([row for episode in tqdm(episodes, desc="episodes", disable=not progress)
+                                            for row in rows_of(episode)]))
+    from sur_lab.fingerprint import digest, model_fingerprint, versions
+    from sur_lab.sweeps.store import SweepStore
+
+    fp = {**model_fingerprint(lm), "arms": digest({"arms": [asdict(a) for a in arms]}), "executor": executor,
+          "max_new_tokens": int(max_new_tokens), "seed": int(seed), "versions": versions()}
+    return SweepStore(out).run_keyed(
+        dict(zip(ids, episodes)), rows_of, key=("edit", "arm"), fingerprint=fp,
+        case_fingerprint=lambda e: {"episode": digest({"episode": asdict(e)})}, table=TABLE_FILE,
+        finish=add_cumulative, progress=progress, desc="episodes")
+
+
+def add_cumulative(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (:func:`run_episode` rows) with ``cum_forwarded_tokens``, ``cum_refresh_ms`` and ``cost_ratio`` (see
+    :func:`run_episodes`)."""
+    df = df.copy()
     grouped = df.groupby(["episode", "arm"], sort=False)
     df["cum_forwarded_tokens"] = grouped["forwarded_tokens"].cumsum()
     df["cum_refresh_ms"] = grouped["refresh_ms"].cumsum()

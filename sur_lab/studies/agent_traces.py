@@ -43,9 +43,10 @@ ratio's included, and the declared comparisons are :func:`primary_table`'s.
 Records: these per-turn rows are the study's own table, not :class:`sur_lab.sweeps.Record` objects. A sweep record is
 one repair of one prepared edit (:func:`sur_lab.sweeps.run_case` prepares a case once and repairs it with every method
 independently); here each path's state at turn t depends on its own repairs at turns 1..t-1 (accumulated staleness),
-and a sync is a diff of many edits rather than one span. The table is stored in the study's sweep folder
-(``turns.parquet``, with ``study.json`` holding the parameters and the model fingerprint) and reused when they match;
-each finished trace is also written at once to a part file (:func:`trace_part`), so an interrupted run resumes.
+and a sync is a diff of many edits rather than one span. They are keyed rows of the one sweep store
+(:meth:`sur_lab.sweeps.SweepStore.run_keyed`: a trace is a case, its rows keyed by turn and path): each finished trace
+is written at once to its part file, so an interrupted run resumes, and the table is ``turns.parquet`` in the study's
+sweep folder (:meth:`AgentTracesStudy.run`).
 
 Source: section 3 (evolving contexts), Algorithm 1 (one repair over the union of the stale suffix), Eq. 2 (Shift),
 Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
@@ -53,7 +54,6 @@ Eq. 3 (allowance), appendix 7.5 (EM, agreement); issues 27 and 40.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -66,7 +66,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign
 from sur_lab.analysis.scoring import NONE_PREDICTIONS, agreement, exact_match, extract_answer, normalize_answer
 from sur_lab.answer import AnswerBatch
 from sur_lab.edits import chat_segments
@@ -74,6 +74,7 @@ from sur_lab.models import LoadedModel
 from sur_lab.session import EditSession
 from sur_lab.data.qa import QAExample, load_qa, select_sources
 from sur_lab.data.text import passage_block
+from sur_lab.studies.base import Report, Study
 from sur_lab.sync import SyncPolicy
 
 #: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
@@ -102,7 +103,7 @@ FIXED = {"datasets": ["hotpotqa", "2wikimultihopqa", "musique"], "budgets": [2, 
 SHIFT, PREFIX, REFERENCE = "sync 0% (Shift)", "prefix reuse", "re-prefill"
 #: Regions of a turn's first change: a pure append (nothing kept after it), the first or second half of the prompt.
 REGIONS = ("append", "first half", "second half")
-#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. The SD over traces of a
+#: The power statement's basis (issue 40; :data:`POWER`): a planning value, not a measurement. The SD over traces of a
 #: trace's mean log TTFT ratio (prefix reuse over sync, turns after the first) is taken as 0.2 (a trace's speed-up
 #: within about ±20 %), for CPU timings on a shared 2-core machine; a measured default run replaces it.
 PRIMARY_POWER = PowerBasis(0.2, "a planning value (no published spread): 0.2 per trace, timings on a shared CPU",
@@ -508,37 +509,8 @@ def add_cumulative(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
+# The study: declarations on the Study base (issue 39); the parameters' checks, the trace part files
 
-
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset`` (:data:`PRESETS`) with :data:`FIXED`, overrides applied (``None`` keeps
-    the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
-
-
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`, a TTFT ratio) minimal detectable effect at 80 % power, two-sided
-    5 %, at the size of ``p`` (:func:`params`: ``n_traces``, the resampled clusters) and the stated SD
-    :data:`PRIMARY_POWER` of a trace's mean log ratio: ``(ratio, "x")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
-    below the 6 traces the exact sign-flip test needs)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["n_traces"])
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 10's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, p["n_traces"],
-                          what="traces")
 
 def check_params(p: Mapping[str, Any]) -> None:
     """Refuse bad parameters before any model call (``sur-lab sweep`` calls it: the study's paths are not sweep
@@ -559,119 +531,98 @@ def check_params(p: Mapping[str, Any]) -> None:
     get_executor(p["executor"])
 
 
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[dict]:
-    """The study's cases: its traces (:func:`build_traces`), one per case. They are traces, not
-    :class:`sur_lab.sweeps.Case` objects: each path's turn depends on its own earlier turns (module docstring)."""
-    return build_traces(tokenizer, params(preset, **overrides), seed=seed)
-
-
-def methods(p: Mapping[str, Any]) -> list[TracePath]:
-    """The study's paths: :func:`default_paths` ``(p["budgets"])``."""
-    return default_paths(p["budgets"])
-
-
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str | None = None,
-           outputs: Path | None = None) -> Path:
-    """The study's folder for parameters ``p`` and ``lm`` (:func:`sur_lab.sweeps.sweep_folder`: named by the
-    parameters and the model's fingerprint). ``eval_batch`` is accepted for the study API and ignored: the query
-    forward is per request (TTFT) and a turn's answers are decoded together (:func:`run_trace`)."""
-    from sur_lab.sweeps import sweep_folder
-
-    ex = executor or p["executor"]
-    return sweep_folder(FOLDER, lm, outputs=outputs, data=p["datasets"], tr=p["n_traces"], turns=p["turns"],
-                        cap=p["max_doc_tokens"], b=p["budgets"], tok=p["max_new_tokens"], ex=ex, seed=seed)
-
-
-def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str, traces: Sequence[dict]) -> dict:
-    from sur_lab.fingerprint import digest, model_fingerprint, versions
+def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str) -> dict:
+    """What every stored row depends on besides its trace (:meth:`sur_lab.sweeps.SweepStore.run_keyed`)."""
+    from sur_lab.fingerprint import model_fingerprint, versions
 
     return {**model_fingerprint(lm), "params": dict(p), "seed": int(seed), "executor": executor,
-            "traces": digest(list(traces)), "versions": versions()}
+            "versions": versions()}
 
 
-def trace_part(where: Path | str, trace_id: str, fp: Mapping[str, Any]) -> Path:
-    """The part file of one finished trace: ``parts/<part_name(trace_id)>-<fingerprint digest, 8>.parquet``, so a part
-    is only ever read back by a run with the same parameters, traces, model and versions."""
-    from sur_lab.fingerprint import digest
-    from sur_lab.sweeps.store import part_name
-
-    return Path(where) / "parts" / f"{part_name(str(trace_id))}-{digest(json.loads(json.dumps(fp)))[:8]}.parquet"
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign("the lead sync path vs prefix reuse, TTFT", PRIMARY, PRIMARY_POWER, lambda p: p["n_traces"],
+                    what="traces")
 
 
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str | None = None,
-          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run the study, resuming finished traces (or read its stored table when the parameters, traces and model
-    fingerprint match).
+class AgentTracesStudy(Study):
+    """Agent traces (notebook 10): whole agent prompts synced against prefix reuse. Its cases are traces
+    (:func:`build_traces`), not :class:`sur_lab.sweeps.Case` objects (each path's turn depends on its own earlier
+    turns), its methods are :class:`TracePath` objects, and its records are per-(trace, turn, path) rows in
+    :data:`TABLE_FILE` (:meth:`run`). One process, one request at a time: the per-turn TTFT is a per-request latency,
+    so Ray workers are refused; ``eval_batch`` is accepted for the study API and ignored (the query forward is per
+    request; a turn's answers are decoded together, :func:`run_trace`)."""
 
-    One process, one request at a time: the per-turn TTFT is a per-request latency, so ``workers`` must be 1 and
-    ``address`` None (refused otherwise); ``eval_batch`` is ignored (the query forward is per request; the rest of a
-    turn's answers is decoded for its paths together, :func:`run_trace`). Each finished trace's rows
-    are written at once (atomically) to a part file named by the fingerprint (:func:`trace_part`), so an interrupted
-    run loses at most the trace in flight and the next call with the same fingerprint resumes after it; a part made
-    with other parameters, traces, model or versions is never read. The folder is locked for the call
-    (:meth:`sur_lab.sweeps.SweepStore.lock`).
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"data": "datasets", "tr": "n_traces", "turns": "turns", "cap": "max_doc_tokens", "b": "budgets",
+                   "tok": "max_new_tokens", "ex": "executor", "seed": "seed"}
+    power, families = POWER, (PRIMARY, AGREEMENT_FAMILY, KIND_FAMILY, REGION_FAMILY)
+    table_file = TABLE_FILE
+    distributed = False
 
-    Args:
-        lm: the model. preset, overrides: the parameters (:func:`params`). out: the folder (default :func:`folder`).
-        seed: source selection and randomized allocators. threads: torch threads (None keeps the current setting).
-        executor: the sync paths' refresh executor (default ``FIXED["executor"]``). progress: a progress bar.
+    def check(self, p: Mapping[str, Any]) -> None:
+        """:func:`check_params` (the study's paths are not sweep methods)."""
+        check_params(p)
 
-    Returns:
-        ``(runs, folder)``: the per-(trace, turn, path) table (:func:`run_traces` columns, plus ``model``, ``seed`` and
-        the ``threads`` each trace ran with) and the folder holding ``turns.parquet``, ``traces.json``, ``study.json``
-        and ``parts/``.
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> list[dict]:
+        """The study's traces (:func:`build_traces`), one per case."""
+        return build_traces(tokenizer, p, seed=seed)
 
-    Raises:
-        ValueError: naming ``workers``/``address`` for a distributed run, or a bad parameter, before any model call.
-        RuntimeError: when another process is running a sweep in the same folder.
-    """
-    import torch
+    def methods(self, p: Mapping[str, Any]) -> list[TracePath]:
+        """The study's paths: :func:`default_paths` ``(p["budgets"])``."""
+        return default_paths(p["budgets"])
 
-    from sur_lab.paths import atomic_path
-    from sur_lab.sweeps.store import SweepStore
+    def report(self, runs: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True) -> Report:
+        """The per-turn summary (:func:`summary_table`), the region and question-kind tables (:func:`region_table`,
+        :func:`kind_table`) and the conclusion lines (:func:`conclusion`, on the 5 % sync path when it ran, else the
+        first budget's)."""
+        budgets = p["budgets"]
+        lead = f"sync {5 if 5 in budgets else budgets[0]:g}%"
+        summary, regions, kinds = summary_table(runs), region_table(runs), kind_table(runs)
+        return Report(tables={"summary": summary, "regions": regions, "kinds": kinds},
+                      conclusion=conclusion(regions, summary, runs, sync=lead, kinds=kinds, decide=decide))
 
-    if workers != 1 or address is not None:
-        raise ValueError(f"workers={workers}, address={address!r}: the agent-trace study times requests one at a time "
-                         "in one process; use workers=1 and no address")
-    p = params(preset, **overrides)
-    check_params(p)
-    executor = executor or p["executor"]
-    paths = methods(p)
-    traces = build_traces(lm.tokenizer, p, seed=seed)
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, executor=executor)
-    fp = _fingerprint(lm, p, seed, executor, traces)
-    table, meta = where / TABLE_FILE, where / "study.json"
-    if table.exists() and meta.exists() and json.loads(meta.read_text()) == json.loads(json.dumps(fp)):
-        return pd.read_parquet(table), where
-    if threads:
-        torch.set_num_threads(threads)
-    with SweepStore(where).lock():
-        files = [trace_part(where, trace["id"], fp) for trace in traces]
-        done = sum(f.exists() for f in files)
-        if done and progress:
-            print(f"{done} of {len(traces)} traces read back from {where / 'parts'}", flush=True)
-        parts = []
-        with tqdm(total=len(traces) - done, desc="traces", disable=not progress) as bar:
-            for trace, part in zip(traces, files):
-                if part.exists():
-                    parts.append(pd.read_parquet(part))
-                    continue
-                rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
-                df = pd.DataFrame(rows).assign(model=lm.spec.name, seed=seed, threads=torch.get_num_threads())
-                part.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_path(part) as tmp:
-                    df.to_parquet(tmp, index=False)
-                parts.append(df)
-                bar.update(1)
-        runs = add_cumulative(pd.concat(parts, ignore_index=True))
-        with atomic_path(table) as tmp:
-            runs.to_parquet(tmp, index=False)
-        with atomic_path(where / "traces.json") as tmp:
-            Path(tmp).write_text(json.dumps(traces))
-        with atomic_path(meta) as tmp:
-            Path(tmp).write_text(json.dumps(fp, indent=1))
-    return runs, where
+    def run(self, lm, traces: Sequence[dict], p: Mapping[str, Any], where: Path, *, seed: int = 0,
+            executor: str = "packed", threads: int | None = None, progress: bool = True, **_: Any) -> pd.DataFrame:
+        """Run the traces, resuming finished ones, through :meth:`sur_lab.sweeps.SweepStore.run_keyed`: one case per
+        trace keyed by ``(turn, path)``. Each finished trace's rows are written at once (atomically) to
+        ``parts/<trace>.jsonl``, so an interrupted run loses at most the trace in flight and the next call resumes
+        after it; the fingerprint (model, parameters, seed, executor, versions, and a digest of the trace) is checked
+        on read, and a trace stored with another is refused. The folder is locked for the call. (Folders written
+        before this store held ``parts/*.parquet`` and ``study.json``; they are not read back: such a run is
+        recomputed.)
+
+        Returns:
+            The per-(trace, turn, path) table (:func:`run_traces` columns, plus ``model``, ``seed`` and the ``threads``
+            each trace ran with); the folder holds :data:`TABLE_FILE`, ``traces.json``, ``sweep.json`` and ``parts/``.
+
+        Raises:
+            ValueError: naming the folder, the trace and the first differing field when a stored trace was made with
+                another fingerprint.
+            RuntimeError: when another process is running a sweep in the same folder.
+        """
+        from sur_lab.fingerprint import digest
+        from sur_lab.sweeps.store import SweepStore
+
+        paths = self.methods(p)
+        if threads:
+            torch.set_num_threads(threads)
+
+        def compute(trace: Mapping[str, Any]) -> list[dict]:
+            rows = run_trace(lm, trace, paths, executor=executor, max_new_tokens=p["max_new_tokens"], seed=seed)
+            return [{**row, "model": lm.spec.name, "seed": seed, "threads": torch.get_num_threads()} for row in rows]
+
+        store = SweepStore(where)
+        runs = store.run_keyed({trace["id"]: trace for trace in traces}, compute, key=("turn", "path"),
+                               fingerprint=_fingerprint(lm, p, seed, executor),
+                               case_fingerprint=lambda trace: {"trace": digest({"trace": trace})}, table=TABLE_FILE,
+                               finish=add_cumulative, progress=progress, desc="traces")
+        store.write_json("traces.json", traces)
+        return runs
+
+
+STUDY = AgentTracesStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -707,8 +658,9 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
     """Per (group of later turns, path), each path paired with ``against`` on the same turns: median TTFT, the paired
     speed-up ``against``'s TTFT / this path's (geometric mean, > 1: this path is faster) with its 95 % percentile
     bootstrap interval (NaN with one cluster or identical ratios), median tokens recomputed, agreement with re-prefill
-    and EM (%), the paired difference of agreement against ``against`` (percentage points; Newcombe's interval, hulled
-    with the cluster bootstrap's), and the turns on which this path loses re-prefill's answer that ``against`` kept
+    and EM (%), the paired difference of agreement against ``against`` (``agree_delta``, ``agree_delta_low``,
+    ``agree_delta_high``, in percentage points: :func:`sur_lab.analysis.decisions.in_units`; Newcombe's interval,
+    hulled with the cluster bootstrap's), and the turns on which this path loses re-prefill's answer that ``against`` kept
     (``losses``) with the exact 95 % upper bound of that rate (``loss_upper_pct``). Descriptive: the verdicts are
     :func:`conclusion`'s.
 
@@ -723,7 +675,7 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
     Raises:
         ValueError: naming ``by`` when not ``"region"`` or ``"kind"``, ``against`` when it is not a path of ``runs``.
     """
-    from sur_lab.analysis.decisions import paired_family, proportion_interval
+    from sur_lab.analysis.decisions import in_units, paired_family, proportion_interval
 
     if by not in ("region", "kind"):
         raise ValueError(f"by={by!r} must be 'region' or 'kind'")
@@ -741,19 +693,19 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
             losses = int(np.sum((b_agree == 1) & (a_agree == 0)))
             row = {by: group, "path": path, "turns": len(mine), "ttft_ms": mine["ttft_ms"].median(),
                    "speedup": 1.0, "speedup_lo": nan, "speedup_hi": nan, "recomputed": mine["recomputed"].median(),
-                   "agree_pct": 100 * mine["agree"].mean(), "agree_diff_pp": 0.0, "agree_diff_lo": nan,
-                   "agree_diff_hi": nan, "losses": losses,
+                   "agree_pct": 100 * mine["agree"].mean(), "agree_delta": 0.0, "agree_delta_low": nan,
+                   "agree_delta_high": nan, "losses": losses,
                    "loss_upper_pct": 100 * proportion_interval(losses, len(a_agree))[2],
                    "em_pct": 100 * mine["em"].mean()}
             if path != against:
                 ratio = paired_family({(path, against): (wide["ttft_ms"][path].to_numpy(float),
                                                          wide["ttft_ms"][against].to_numpy(float))},
                                       kind="ratio", cluster=traces, n_boot=n_boot, seed=seed).iloc[0]
-                agree = paired_family({(path, against): (a_agree, b_agree)}, kind="binary", cluster=traces,
-                                      n_boot=n_boot, seed=seed).iloc[0]
+                agree = in_units(paired_family({(path, against): (a_agree, b_agree)}, kind="binary",
+                                               cluster=traces, n_boot=n_boot, seed=seed)).iloc[0]
                 row.update(speedup=ratio["estimate"], speedup_lo=ratio["ci_low"], speedup_hi=ratio["ci_high"],
-                           agree_diff_pp=100 * agree["estimate"], agree_diff_lo=100 * agree["ci_low"],
-                           agree_diff_hi=100 * agree["ci_high"])
+                           agree_delta=agree["delta"], agree_delta_low=agree["delta_low"],
+                           agree_delta_high=agree["delta_high"])
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -975,7 +927,7 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
             f"{s.speedup:.2f}x prefix reuse's speed (paired geometric mean, "
             f"{interval(s.speedup_lo, s.speedup_hi, '.2f', ' to ', 'x')}), re-prefill "
             f"{t.loc[REFERENCE, 'ttft_ms']:.0f} ms; agreement with re-prefill {s.agree_pct:.0f} % vs prefix reuse {t.loc[PREFIX, 'agree_pct']:.0f} % "
-            f"({s.agree_diff_pp:+.0f} pp, {interval(s.agree_diff_lo, s.agree_diff_hi, '+.0f', ' to ')}); "
+            f"({s.agree_delta:+.0f} pp, {interval(s.agree_delta_low, s.agree_delta_high, '+.0f', ' to ')}); "
             f"tokens recomputed {s.recomputed:.0f} vs {t.loc[PREFIX, 'recomputed']:.0f} (medians).")
     if "kind" in runs.columns:
         kt = kinds if kinds is not None else kind_table(runs, seed=seed, n_boot=min(n_boot, 2_000))

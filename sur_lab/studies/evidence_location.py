@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, sd_from_interval
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, sd_from_interval
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import SIDES, TAILS
@@ -63,6 +63,7 @@ from sur_lab.budget import budget_for_allowance
 from sur_lab.edits import DEFAULT_INSTRUCTION, EditedContext, render_chat, segment_edit
 from sur_lab.data.qa import DATASETS, Passage, QAExample, load_corpus, load_qa, select_sources
 from sur_lab.data.text import PanelConfig, is_eligible, source_rng
+from sur_lab.studies.base import Report, Study
 
 #: The four cells (evidence side, neutral tail) in the paper's order.
 CELLS = (("upstream", "short"), ("downstream", "short"), ("upstream", "long"), ("downstream", "long"))
@@ -78,7 +79,7 @@ NLL_SIDE_MARGIN = Margin(0.1, "±0.1 nats holds the paper's own Table 15 interva
 PRIMARY_FAMILY = Family("primary: NLL side (preregistered)", "continuous",
                         "complete replay's gold-NLL side contrast (Eq. 10), sources resampled; a null result needs "
                         "equivalence within the margin", primary=True, margin=NLL_SIDE_MARGIN)
-#: The power statement's basis (issue 40; :func:`mde`): the SD of one source's NLL side contrast, from the paper's
+#: The power statement's basis (issue 40; :data:`POWER`): the SD of one source's NLL side contrast, from the paper's
 #: Table 15 interval (-0.039 nats, -0.099 to 0.021, over 275 sources with three models averaged per source;
 #: :func:`~sur_lab.analysis.decisions.sd_from_interval`). One model's per-source contrast varies more, so the stated
 #: MDE of a one-model run errs small.
@@ -1091,7 +1092,7 @@ def table15(nll: pd.DataFrame, em: pd.DataFrame, *, value_col: str = "g", n_boot
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, methods, the sweep (``sur-lab sweep evidence-location``, notebook 08)
+# The study (``sur-lab sweep evidence-location``, notebook 08): declarations on the Study base (issue 39)
 
 NAME = "evidence-location"
 NOTEBOOK = "08_evidence_location"
@@ -1147,56 +1148,12 @@ class FixedSlotRefresh:
                       options=dict(options) if options else None, allowance=self.slot_width(prepared.edit))
 
 
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
-
-
 def _power_sources(p: Mapping[str, Any]) -> int:
     """The sources of the power statement: ``sources_per_dataset`` per dataset, or the paper's feasible share
     (:data:`PAPER_FEASIBLE_SHARE`) of the candidates when every feasible source runs."""
     if p["sources_per_dataset"] is not None:
         return len(p["datasets"]) * int(p["sources_per_dataset"])
     return int(len(p["datasets"]) * (p["candidates_per_dataset"] or 0) * PAPER_FEASIBLE_SHARE)
-
-
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY_FAMILY`, the NLL side contrast) minimal detectable effect at 80 %
-    power, two-sided 5 %, at the size of ``p`` (:func:`params`: its sources, the resampled units) and the stated SD
-    :data:`PRIMARY_POWER`: ``(nats, "nats")`` (:func:`sur_lab.analysis.decisions.mde`; NaN below the 6 sources the
-    exact sign-flip test needs). The equivalence verdict needs more: the 90 % interval inside ±0.1 nats."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY_FAMILY, PRIMARY_POWER, _power_sources(p))
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 08's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, PRIMARY_POWER,
-                          _power_sources(p), what="sources")
-
-def panel(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> Panel:
-    """The study's :class:`Panel` at ``preset`` (:func:`build_panel`; by tokenization alone, before any model runs).
-    With ``panel_models`` (a parameter) every listed model's tokenizer must build a source too: the common panel that
-    several models' runs share (:func:`combine` pools them).
-
-    Raises:
-        ValueError: as :func:`params` and :func:`build_panel`.
-    """
-    p = params(preset, **overrides)
-    return build_panel(tokenizer, p["datasets"], geometries=p["geometry"],
-                       candidates_per_dataset=p["candidates_per_dataset"],
-                       sources_per_dataset=p["sources_per_dataset"], seed=seed,
-                       also=panel_tokenizers(p["panel_models"], tokenizer))
 
 
 def sweep_cases_of(location_cases: Sequence[LocationCase]) -> list:
@@ -1206,87 +1163,97 @@ def sweep_cases_of(location_cases: Sequence[LocationCase]) -> list:
     return [replace(sc, answer_ids=c.answer_ids) for sc, c in zip(sweep_cases(location_cases), location_cases)]
 
 
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list:
-    """The study's sweep cases at ``preset``: four :class:`sur_lab.sweeps.Case` per feasible source, with their
-    answer targets (:func:`sweep_cases_of`)."""
-    return sweep_cases_of(panel(tokenizer, preset=preset, seed=seed, **overrides).cases)
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, PRIMARY_POWER,
+                    lambda p: _power_sources(p), what="sources")
 
 
-def methods(p: Mapping[str, Any]) -> list:
-    """The sweep's methods for parameters ``p``: the references, the fixed-slot refresh (when ``p["fixed_slot"]``)
-    and the allocators (each at ``p["budgets"]``).
+class EvidenceLocationStudy(Study):
+    """The preregistered evidence-location experiment (notebook 08): every cell x methods x budgets, answers scored by
+    the dataset rules (:func:`sur_lab.sweeps.make_scorer`), every record with the endpoints of issue 25. No case is
+    timed (the study measures quality and fidelity; answers come from batched passes). Its cases are a
+    :class:`Panel` (four cells per feasible source, by tokenization alone); the sweep writes :data:`PANEL_FILE` beside
+    the records."""
 
-    Raises:
-        ValueError: naming ``geometry`` when unknown.
-    """
-    out: list = list(p["references"])
-    if p["fixed_slot"]:
-        out.append(FixedSlotRefresh(_geometries(p["geometry"])))
-    return out + [a for a in p["allocators"] if a not in out]
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"data": lambda p: list(p["datasets"]), "cand": "candidates_per_dataset", "n": "sources_per_dataset",
+                   "geom": "geometry", "fs": "fixed_slot", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
+                   "eb": "eval_batch"}
+    power, families = POWER, (PRIMARY_FAMILY, SECONDARY, FIXED_SLOT_FAMILY)
+
+    def folder_tag(self, p: Mapping[str, Any], **run: Any) -> dict[str, Any]:
+        """The base's entries, then ``pm`` (the sorted ``panel_models``) when the panel is a common one."""
+        tag = super().folder_tag(p, **run)
+        if p.get("panel_models"):
+            tag["pm"] = sorted(p["panel_models"])
+        return tag
+
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> Panel:
+        """The study's :class:`Panel` (:func:`build_panel`; by tokenization alone, before any model runs). With
+        ``panel_models`` (a parameter) every listed model's tokenizer must build a source too: the common panel that
+        several models' runs share (:func:`combine` pools them).
+
+        Raises:
+            ValueError: as :func:`build_panel`.
+        """
+        return build_panel(tokenizer, p["datasets"], geometries=p["geometry"],
+                           candidates_per_dataset=p["candidates_per_dataset"],
+                           sources_per_dataset=p["sources_per_dataset"], seed=seed,
+                           also=panel_tokenizers(p["panel_models"], tokenizer))
+
+    def sweep_cases(self, panel: Panel, p: Mapping[str, Any]) -> list:
+        """Four :class:`sur_lab.sweeps.Case` per feasible source, with their answer targets (:func:`sweep_cases_of`)."""
+        return sweep_cases_of(panel.cases)
+
+    def scorer_for(self, panel: Panel):
+        """The dataset rules of each cell's example (:func:`sur_lab.sweeps.make_scorer`)."""
+        from sur_lab.sweeps import make_scorer
+
+        return make_scorer(panel.cases)
+
+    def methods(self, p: Mapping[str, Any]) -> list:
+        """The sweep's methods for parameters ``p``: the references, the fixed-slot refresh (when ``p["fixed_slot"]``)
+        and the allocators (each at ``p["budgets"]``).
+
+        Raises:
+            ValueError: naming ``geometry`` when unknown.
+        """
+        out: list = list(p["references"])
+        if p["fixed_slot"]:
+            out.append(FixedSlotRefresh(_geometries(p["geometry"])))
+        return out + [a for a in p["allocators"] if a not in out]
+
+    def finish(self, lm, records, panel: Panel, p: Mapping[str, Any], where, *, seed: int = 0, **run: Any):
+        """Write :data:`PANEL_FILE` beside the records (:func:`write_panel_file`)."""
+        write_panel_file(where, panel, p, seed=seed)
+        return records
+
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True) -> Report:
+        """Table 15 (:func:`factorial_table`), Table 16 (:func:`table16`), the replay minus fixed-slot gaps
+        (:func:`slot_gap_table`, with the fixed slot) and the findings (:func:`findings`) as conclusion lines.
+        ``decide``: ``False`` at a plumbing-check size."""
+        table = results_table(records)
+        conditions = [COMPLETE_REPLAY] + ([FIXED_SLOT_LABEL] if p["fixed_slot"] else [])
+        t15 = factorial_table(table, conditions, n_boot=p["n_boot"], seed=p["boot_seed"])
+        t16 = table16(table, conditions, n_boot=p["n_boot"], seed=p["boot_seed"])
+        gaps = slot_gap_table(table, n_boot=p["n_boot"], seed=p["boot_seed"]) if p["fixed_slot"] else None
+        verdicts = findings(t15, t16, gaps, decide=decide)
+        word = {True: "reproduced", False: "not reproduced", None: "undecided"}
+        lines = [f"- {r.finding}: {word[r.reproduced]}, {r.verdict} ({r.rule}): {r.evidence}"
+                 for r in verdicts.itertuples()]
+        return Report(tables={"results": table, "table15": t15, "table16": t16, "gaps": gaps, "findings": verdicts},
+                      conclusion=lines)
 
 
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           outputs=None):
-    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`): notebook 08 and
-    ``sur-lab sweep evidence-location`` with the same parameters share it."""
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
-
-    extra = {} if executor == "sequential" else {"ex": executor}
-    if p.get("panel_models"):
-        extra["pm"] = sorted(p["panel_models"])
-    return sweep_folder(FOLDER, lm, outputs=outputs, data=list(p["datasets"]), cand=p["candidates_per_dataset"],
-                        n=p["sources_per_dataset"], geom=p["geometry"], fs=p["fixed_slot"], b=p["budgets"],
-                        tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
-                        **extra)
-
-
-def sweep(lm, *, preset: str = "default", out=None, seed: int = 0, workers: int = 1, threads: int | None = None,
-          address: str | None = None, executor: str = "sequential", eval_batch: int | None = None,
-          progress: bool = True, built: Panel | None = None, **overrides: Any) -> tuple[pd.DataFrame, Any]:
-    """Run (or resume) the study's sweep: every cell x methods x budgets, answers scored by the dataset rules
-    (:func:`sur_lab.sweeps.make_scorer`), every record with the endpoints of issue 25.
-
-    No case is timed (the study measures quality and fidelity; answers come from batched passes).
-
-    Args:
-        lm: the model.
-        preset, overrides: the parameters (:func:`params`).
-        out: the sweep folder (default :func:`folder`).
-        seed: source selection and per-source draws (fixed before any model output), allocator seed.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`).
-        executor: sparse-refresh executor.
-        eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`).
-        progress: show a progress bar.
-        built: the :class:`Panel` of these parameters when the caller already built it (:func:`panel` with the same
-            tokenizer, preset, seed and overrides, as notebook 08 does before its sweep); default: built here.
-
-    Returns:
-        ``(records, folder)``.
-
-    Raises:
-        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
-    """
-    from pathlib import Path
-
-    from sur_lab.sweeps import EVAL_BATCH, make_scorer, run_sweep
-
-    p = params(preset, **overrides)
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    if built is None:
-        built = panel(lm.tokenizer, preset=preset, seed=seed, **overrides)
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
-    records = run_sweep(lm, sweep_cases_of(built.cases), methods(p), p["budgets"], where,
-                        max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,
-                        scorer=make_scorer(built.cases), seed=seed, workers=workers, threads=threads, address=address,
-                        progress=progress)
-    write_panel_file(where, built, p, seed=seed)
-    return records, where
+STUDY = EvidenceLocationStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Across models: finished per-model runs pooled on the common feasible panel (appendix 10.1)
 
-#: The file :func:`sweep` writes into its folder beside ``records.parquet`` (:func:`write_panel_file`): the run's
+#: The file :meth:`STUDY.sweep` writes into its folder beside ``records.parquet`` (:func:`write_panel_file`): the run's
 #: parameters and seed, and the outcome of every candidate it examined, so that :func:`combine` can form the common
 #: panel of several models' runs.
 PANEL_FILE = "panel.json"
@@ -1303,8 +1270,8 @@ NOT_EXAMINED = "not examined"
 def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
     """What :data:`PANEL_FILE` holds for one run: ``{"study", "params", "seed", "candidates"}``.
 
-    ``params`` are the run's parameters (:func:`params`) without :data:`ANALYSIS_PARAMS` (``panel_models`` sorted: the
-    panel does not depend on their order); ``candidates`` maps each
+    ``params`` are the run's parameters (:meth:`STUDY.params`) minus :data:`ANALYSIS_PARAMS` (``panel_models``
+    sorted: the panel does not depend on their order); ``candidates`` maps each
     dataset of ``p["datasets"]`` to ``{"feasible": [source ids], "excluded": [source ids]}``, in draw order: every
     candidate the run examined, with its outcome (decided by tokenization alone, :func:`build_panel`).
 
@@ -1325,7 +1292,7 @@ def panel_record(built: Panel, p: Mapping[str, Any], *, seed: int) -> dict[str, 
 
 
 def write_panel_file(folder, built: Panel, p: Mapping[str, Any], *, seed: int) -> None:
-    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; :func:`sweep` calls it after its records)."""
+    """Write :func:`panel_record` as ``folder/panel.json`` (atomically; the sweep calls it after its records)."""
     import json
     from pathlib import Path
 

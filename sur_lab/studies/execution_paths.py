@@ -18,13 +18,16 @@ median of the nine cross-path ``|dNLL|`` minus the median of the three within-Re
 them as disagreement percentages averaged over cells (:func:`table17`, :func:`nll_table`).
 
 The table functions are pure (records in, tables out); :func:`run_cell` and :func:`run` use the core operators
-(:func:`sur_lab.executors.reprefill`, :func:`sur_lab.executors.replay`, :func:`sur_lab.answer.answer`) directly.
+(:func:`sur_lab.executors.reprefill`, :func:`sur_lab.executors.replay`, :func:`sur_lab.answer.answer`) directly; given
+a folder, :func:`run` stores its rows through the one sweep store (keyed rows of
+:meth:`sur_lab.sweeps.SweepStore.run_keyed`, a cell per case) and resumes finished cells.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +48,8 @@ CONDITIONS = ("shared", "reprefill", "replay")
 OUTPUTS = ("sequence", "exact_logits", "argmax")
 #: Decodes per condition (appendix 11: three).
 REPEATS = 3
+#: The table :func:`run` writes in its ``out`` folder.
+TABLE_FILE = "decodes.parquet"
 #: Record columns that identify a cell.
 CELL_KEYS = ("model", "dtype", "device", "case_id")
 #: Study sizes. Cells are evidence-location cases (four per source; the caller builds them with
@@ -285,28 +290,51 @@ def run_cell(
 
 
 def run(lm: LoadedModel, cases: Sequence, *, repeats: int = REPEATS, max_new_tokens: int = 16,
-        progress: bool = False) -> pd.DataFrame:
+        out: Path | str | None = None, progress: bool = False) -> pd.DataFrame:
     """:func:`run_cell` over evidence-location cases, one row per (case, condition, repeat).
 
     Args:
         lm: the model.
         cases: :class:`sur_lab.studies.evidence_location.LocationCase` objects (or anything with ``case_id``,
-            ``edit``, ``answer_ids`` and a flat ``meta``).
+            ``edit``, ``answer_ids`` and a flat ``meta``), case ids unique.
         repeats, max_new_tokens: as :func:`run_cell`.
+        out: a folder to store the rows in and resume from (:meth:`sur_lab.sweeps.SweepStore.run_keyed`: a cell is
+            a case, its rows keyed by ``(condition, repeat)``, the table :data:`TABLE_FILE`; a cell stored with
+            another model, dtype, device, ``repeats``, ``max_new_tokens``, versions or content is refused). ``None``:
+            nothing is stored.
         progress: show a tqdm bar.
 
     Returns:
         Records with ``model`` (``lm.spec.name``), ``dtype``, ``device``, ``case_id``, the case meta (``dataset``,
         ``source_id``, ``cell``, ...) and :func:`run_cell`'s fields; input for :func:`cell_table`.
+
+    Raises:
+        ValueError: naming ``cases`` when empty or a case id repeats; as :func:`run_cell`; with ``out``, naming the
+            folder, the cell and the first differing field when a stored cell was made with another fingerprint.
     """
     from tqdm.auto import tqdm
 
-    from sur_lab.fingerprint import device_name
+    from sur_lab.fingerprint import device_name, model_fingerprint, versions
+    from sur_lab.sweeps.case import case_fingerprint
+    from sur_lab.sweeps.store import SweepStore
 
+    ids = [case.case_id for case in cases]
+    if not ids or len(set(ids)) != len(ids):
+        raise ValueError(f"cases must be non-empty with unique case ids; got {len(ids)} cases, "
+                         f"{len(set(ids))} distinct ids")
     info = {"model": str(lm.spec.name), "dtype": str(lm.dtype).removeprefix("torch."), "device": device_name(lm.device)}
-    rows = []
-    for case in tqdm(cases, desc="execution paths", disable=not progress):
+
+    def rows_of(case) -> list[dict[str, Any]]:
         meta = {k: case.meta[k] for k in ("dataset", "source_id", "cell") if k in case.meta}
-        for rec in run_cell(lm, case.edit, case.answer_ids, repeats=repeats, max_new_tokens=max_new_tokens):
-            rows.append({**info, "case_id": case.case_id, **meta, **rec})
-    return pd.DataFrame(rows)
+        return [{**info, "case_id": case.case_id, **meta, **rec}
+                for rec in run_cell(lm, case.edit, case.answer_ids, repeats=repeats, max_new_tokens=max_new_tokens)]
+
+    if out is None:
+        return pd.DataFrame([row for case in tqdm(cases, desc="execution paths", disable=not progress)
+                             for row in rows_of(case)])
+    fp = {**model_fingerprint(lm), "repeats": int(repeats), "max_new_tokens": int(max_new_tokens),
+          "versions": versions()}
+    return SweepStore(out).run_keyed(
+        dict(zip(ids, cases)), rows_of, key=("condition", "repeat"), fingerprint=fp,
+        case_fingerprint=lambda c: {"case": case_fingerprint(c.edit, answer_ids=list(c.answer_ids))},
+        table=TABLE_FILE, progress=progress, desc="execution paths")

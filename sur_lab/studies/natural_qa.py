@@ -36,8 +36,9 @@ fixed by the panel's seed) are answered one record at a time and timed, once per
 ``trials > 1`` adds repeated trials that :func:`aggregate_trials` averages. The other cases are answered in batches
 for quality only (their records carry no latency; :func:`quality_latency_table` takes latency from the timed ones).
 
-Study API (notebook 03 and ``sur-lab sweep natural-qa`` call the same functions): :data:`PRESETS` and :data:`FIXED`,
-:func:`params`, :func:`cases` (:func:`placement_cases` for the roster), :func:`folder`, :func:`sweep`, and the report
+The study (notebook 03 and ``sur-lab sweep natural-qa`` call the same methods): :data:`STUDY`, a
+:class:`~sur_lab.studies.base.Study` declaring :data:`PRESETS`, :data:`FIXED`, its placement cases
+(:meth:`STUDY.cases`), methods, timed cases and scorer; ``params``, ``folder`` and ``sweep`` are the base's. The report
 functions (:func:`results_table`, :func:`quality_latency_table`, :func:`dataset_em_table`,
 :func:`paired_difference_table`, :func:`transition_table`, the figures).
 """
@@ -54,7 +55,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, PowerBasis, discordance_from_interval
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign, discordance_from_interval
 from sur_lab.analysis.scoring import normalize_answer
 from sur_lab.analysis.stats import (
     BOOTSTRAP_SEED,
@@ -82,6 +83,7 @@ from sur_lab.data.qa import (
     select_sources,
 )
 from sur_lab.data.text import PanelConfig, is_eligible, source_rng
+from sur_lab.studies.base import Report, Study
 
 #: Placement of the inserted passage relative to the supporting evidence (section 4.3).
 PLACEMENTS = ("before", "between", "after")
@@ -130,7 +132,7 @@ PRIMARY_BUDGET = 5.0
 #: :data:`sur_lab.studies.presets.EM_LEAD_MIN`.
 PRIMARY = Family("primary", "binary",
                  f"SUR at {PRIMARY_BUDGET:g} % minus Shift on the lead endpoint, sources clustered", primary=True)
-#: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate per case, from the
+#: The power statement's basis (issue 40; :data:`POWER`): the primary comparison's discordance rate per case, from the
 #: paper's Table 9 (Qwen3-30B-A3B, 1,200 cases of 400 sources): SUR 5 % minus Shift +1.75 pp [+1.12, +2.24]. The
 #: interval is too narrow for more discordant cases than the difference itself (the source-stratified bootstrap), so
 #: the rate is |d|: nearly every discordant case favours SUR
@@ -525,57 +527,7 @@ def available_methods(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
-
-
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
-
-
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
-    of ``p`` (:func:`params`: ``n_per_dataset`` sources per dataset, each a cluster of its ``placements``) and the
-    stated discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN
-    when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, len(p["datasets"]) * p["n_per_dataset"],
-                       cluster_size=len(p["placements"]))
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 03's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
-                          len(p["datasets"]) * p["n_per_dataset"], cluster_size=len(p["placements"]),
-                          clusters="sources")
-
-def placement_cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list[PlacementCase]:
-    """The study's placement cases at ``preset`` (sources by :func:`select_panel`, cases by :func:`build_cases`).
-
-    Raises:
-        ValueError: as :func:`params`, :func:`select_panel` and :func:`build_cases`.
-    """
-    p = params(preset, **overrides)
-    config = PanelConfig(lead=p["lead"], tail=p["tail"], include_unanswerable=p["include_unanswerable"], seed=seed)
-    sources = select_panel(p["datasets"], p["n_per_dataset"], config)
-    return build_cases(tokenizer, sources, p["placements"], instruction=config.instruction)
-
-
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, **overrides: Any) -> list:
-    """The study's sweep cases at ``preset``: :func:`placement_cases` as :class:`sur_lab.sweeps.Case` objects, one per
-    timed trial (:func:`sweep_cases`)."""
-    p = params(preset, **overrides)
-    return sweep_cases(placement_cases(tokenizer, preset=preset, seed=seed, **overrides), p["trials"])
+# The study (issue 39: declarations on the Study base; params, folder, sweep, mde and conclusion are the base's)
 
 
 def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trials: int = 1) -> list[str]:
@@ -597,60 +549,70 @@ def timed_case_ids(placement: Sequence[PlacementCase], timed_sources: int, trial
             if (c.example.dataset, c.example.id) in timed]
 
 
-def methods(p: Mapping[str, Any]) -> list[str]:
-    """The sweep's methods for parameters ``p``: the registered allocators, then the references
-    (:func:`available_methods`; unregistered allocators are left out)."""
-    return available_methods(p["allocators"], p["references"])[0]
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                    lambda p: (len(p["datasets"]) * p["n_per_dataset"], len(p["placements"])), clusters="sources")
 
 
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           outputs: Path | None = None) -> Path:
-    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`); :func:`sweep` uses it, so
-    notebook 03 and ``sur-lab sweep natural-qa`` with the same parameters share a folder."""
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
+class NaturalQAStudy(Study):
+    """Natural multi-hop QA (notebook 03): every placement case x methods x budgets, scored by the dataset rules
+    (:func:`sur_lab.sweeps.make_scorer`). Cases of the first ``timed_sources`` sources per dataset are answered one
+    record at a time and timed (Eq. 20; :func:`timed_case_ids`); the others are answered ``eval_batch`` at a time, for
+    quality only. Keep ``workers=1`` for latency."""
 
-    extra = {} if executor == "sequential" else {"ex": executor}
-    return sweep_folder(FOLDER, lm, outputs=outputs, data=[DATASET_LABELS.get(d, d) for d in p["datasets"]],
-                        n=p["n_per_dataset"], timed=p["timed_sources"], b=p["budgets"], tok=p["max_new_tokens"],
-                        seed=seed, trials=p["trials"], eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"data": lambda p: [DATASET_LABELS.get(d, d) for d in p["datasets"]], "n": "n_per_dataset",
+                   "timed": "timed_sources", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
+                   "trials": "trials", "eb": "eval_batch"}
+    power, families = POWER, (PRIMARY, REFERENCE_FAMILY, RIVALS, LATENCY)
+
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> list[PlacementCase]:
+        """The study's placement cases (sources by :func:`select_panel`, cases by :func:`build_cases`).
+
+        Raises:
+            ValueError: as :func:`select_panel` and :func:`build_cases`.
+        """
+        config = PanelConfig(lead=p["lead"], tail=p["tail"], include_unanswerable=p["include_unanswerable"],
+                             seed=seed)
+        sources = select_panel(p["datasets"], p["n_per_dataset"], config)
+        return build_cases(tokenizer, sources, p["placements"], instruction=config.instruction)
+
+    def methods(self, p: Mapping[str, Any]) -> list[str]:
+        """The sweep's methods for parameters ``p``: the registered allocators, then the references
+        (:func:`available_methods`; unregistered allocators are left out)."""
+        return available_methods(p["allocators"], p["references"])[0]
+
+    def sweep_cases(self, cases: Sequence[PlacementCase], p: Mapping[str, Any]) -> list:
+        """One :class:`sur_lab.sweeps.Case` per placement case and timed trial (:func:`sweep_cases`)."""
+        return sweep_cases(cases, p["trials"])
+
+    def timed(self, cases: Sequence[PlacementCase], p: Mapping[str, Any]) -> list[str]:
+        """:func:`timed_case_ids` of the first ``timed_sources`` sources per dataset."""
+        return timed_case_ids(cases, p["timed_sources"], p["trials"])
+
+    def scorer_for(self, cases: Sequence[PlacementCase]):
+        """The dataset rules of each case's example (:func:`sur_lab.sweeps.make_scorer`)."""
+        from sur_lab.sweeps import make_scorer
+
+        return make_scorer(cases)
+
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True,
+               seed: int = BOOTSTRAP_SEED) -> Report:
+        """The long table (:func:`results_table` after :func:`aggregate_trials`), the declared families
+        (:func:`decide_families` on the lead endpoint, EM when Re-prefill's EM allows) and their conclusion lines
+        (:func:`conclusion`). ``decide``: ``False`` at a plumbing-check size; ``seed``: the bootstrap's."""
+        from sur_lab.studies.presets import lead_endpoint
+
+        table = aggregate_trials(results_table(records))
+        reprefill_em = float(table.loc[table["condition"] == "Re-prefill", "correct"].mean())
+        lead = lead_endpoint(reprefill_em, em="EM", agreement="agreement")
+        decided = decide_families(table, lead=lead, decide=decide, n_boot=p["n_boot"], seed=seed)
+        return Report(tables={"results": table, "decided": decided}, conclusion=conclusion(decided))
 
 
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run (or resume) the study's sweep: every placement case x methods x budgets, scored by the dataset rules.
-
-    Cases of the first ``timed_sources`` sources per dataset are answered one record at a time and timed (Eq. 20);
-    the others are answered ``eval_batch`` at a time, for quality only.
-
-    Args:
-        lm: the model (a :class:`sur_lab.models.LoadedModel`).
-        preset, overrides: the parameters (:func:`params`; e.g. ``n_per_dataset=24``, ``timed_sources=6``).
-        out: the sweep folder (default :func:`folder`).
-        seed: source selection and passage draw (fixed before any model output), allocator seed.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); keep ``workers=1`` for latency.
-        executor: sparse-refresh executor.
-        eval_batch: records answered together in untimed cases (default :data:`sur_lab.sweeps.EVAL_BATCH`).
-        progress: show a progress bar.
-
-    Returns:
-        ``(records, folder)``.
-
-    Raises:
-        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
-    """
-    from sur_lab.sweeps import EVAL_BATCH, make_scorer, run_sweep
-
-    p = params(preset, **overrides)
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    placement = placement_cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
-    timed = timed_case_ids(placement, p["timed_sources"], p["trials"])
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
-    records = run_sweep(lm, sweep_cases(placement, p["trials"]), methods(p), p["budgets"], where,
-                        max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch, timed=timed,
-                        scorer=make_scorer(placement), seed=seed, workers=workers, threads=threads, address=address,
-                        progress=progress)
-    return records, where
+STUDY = NaturalQAStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -882,7 +844,10 @@ def paired_difference_table(
         n_boot, seed, ci: bootstrap settings.
 
     Returns:
-        Rows ``budget_pct``, ``reference``, ``delta_pp``, ``low_pp``, ``high_pp``, ``n_sources``, ``n_cases``.
+        Rows ``budget_pct``, ``reference``, ``delta``, ``delta_low``, ``delta_high`` (``method`` minus the reference),
+        ``unit`` ("pp"), ``n`` (cases of ``method`` at the budget) and ``n_clusters`` (sources resampled): the
+        paired-difference schema of :func:`sur_lab.analysis.decisions.in_units` (this table has no verdict and no
+        ``delta_mde``).
 
     Raises:
         ValueError: naming ``method`` when it has no budgeted rows, or as :func:`sur_lab.analysis.stats.paired_bootstrap`.
@@ -899,9 +864,9 @@ def paired_difference_table(
                 strata_col="dataset", method_col="condition", n_boot=n_boot, seed=seed, ci=ci,
             )
             rows.append({
-                "budget_pct": float(b), "reference": ref, "delta_pp": 100 * res.diff, "low_pp": 100 * res.low,
-                "high_pp": 100 * res.high, "n_sources": res.n_sources,
-                "n_cases": int((table["condition"] == cond).sum()),
+                "budget_pct": float(b), "reference": ref, "delta": 100 * res.diff, "delta_low": 100 * res.low,
+                "delta_high": 100 * res.high, "unit": "pp", "n": int((table["condition"] == cond).sum()),
+                "n_clusters": res.n_sources,
             })
     return pd.DataFrame(rows)
 
@@ -1076,3 +1041,112 @@ def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str 
     if title:
         ax.set_title(title, fontsize=10)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 03's report: one function per table, figure or printout (issue 39)
+
+
+def panel_table(cases: Sequence[PlacementCase], timed: Iterable[str] = ()) -> pd.DataFrame:
+    """The panel, one row per placement case: its meta (``dataset``, ``source_id``, ``placement``, ...), ``timed``
+    (its id is among ``timed``), ``p``, ``d``, ``S``, ``N`` (tokens before the deleted passage, of it, after it, of
+    the dirty prompt), ``gold`` (answers joined by ``" | "``) and ``question``."""
+    timed = set(timed)
+    return pd.DataFrame([{**c.meta, "timed": c.case_id in timed, "p": c.edit.prefix_len, "d": c.edit.deleted_len,
+                          "S": c.edit.suffix_len, "N": c.edit.num_tokens, "gold": " | ".join(c.example.answers),
+                          "question": c.example.question} for c in cases])
+
+
+def plot_figure4(summary: pd.DataFrame, *, title: str = ""):
+    """Figure 4 in two panels: exact match and agreement with Re-prefill against mean post-edit latency
+    (:func:`plot_quality_latency` of each), ``title`` above them. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    plot_quality_latency(summary, em_col="em_pct", ax=axes[0], title="exact match")
+    plot_quality_latency(summary, em_col="agree_pct", ax=axes[1], title="agreement with Re-prefill")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def table9(table: pd.DataFrame, references: Sequence[str], *, method: str = "SUR", n_boot: int = N_BOOT,
+           seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Table 9 on both endpoints: :func:`paired_difference_table` on EM against every reference (``metric``
+    ``"EM"``), then on agreement with Re-prefill against every reference but Re-prefill (``"agreement"``)."""
+    return pd.concat([
+        paired_difference_table(table, method, references, n_boot=n_boot, seed=seed).assign(metric="EM"),
+        paired_difference_table(table, method, [r for r in references if r != "Re-prefill"],
+                                metric_col="agree_reprefill", n_boot=n_boot, seed=seed).assign(metric="agreement"),
+    ], ignore_index=True)
+
+
+def transitions(table: pd.DataFrame, reference: str = "Shift") -> pd.DataFrame:
+    """:func:`transition_table` against ``reference`` on EM (``metric`` ``"EM"``) and on agreement with Re-prefill
+    (``"agreement"``), stacked."""
+    return pd.concat([transition_table(table, reference).assign(metric="EM"),
+                      transition_table(table, reference, metric_col="agree_reprefill").assign(metric="agreement")],
+                     ignore_index=True)
+
+
+def plot_transitions(transitions: pd.DataFrame, reference: str = "Shift"):
+    """The error transitions of :func:`transitions`, one panel per metric: repairs (reference wrong, condition right)
+    to the right, regressions to the left, in % of cases. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    metrics = list(dict.fromkeys(transitions["metric"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(12, 0.4 * len(transitions) / 2 + 1.8), sharey=True,
+                             squeeze=False)
+    axes = axes[0]
+    for ax, (metric, t) in zip(axes, transitions.groupby("metric", sort=False)):
+        y = range(len(t))
+        ax.barh(y, t.repairs_pct, color="C2", label=f"repairs ({reference} wrong, method right)")
+        ax.barh(y, -t.regressions_pct, color="C3", label=f"regressions ({reference} right, method wrong)")
+        ax.set_yticks(list(y), t.condition)
+        span = max(5.0, float(t[["repairs_pct", "regressions_pct"]].to_numpy().max()) * 1.1)
+        ax.set_xlim(-span, span)
+        ax.axvline(0, color="0.3", lw=0.8)
+        ax.set_xlabel("% of cases")
+        ax.set_title(f"{metric} vs {reference}", fontsize=10)
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def lead_of(summary: pd.DataFrame) -> tuple[str, float]:
+    """The lead endpoint of a run: ``("EM", em)`` when Re-prefill's EM reaches
+    :data:`sur_lab.studies.presets.EM_LEAD_MIN`, else ``("agreement", em)``; ``em`` is Re-prefill's EM as a fraction
+    (NaN without a Re-prefill row) from :func:`quality_latency_table`."""
+    from sur_lab.studies.presets import lead_endpoint
+
+    by_cond = summary.set_index("condition")
+    em = by_cond.loc["Re-prefill", "em_pct"] / 100 if "Re-prefill" in by_cond.index else float("nan")
+    return ("EM" if lead_endpoint(em, em="EM", agreement="agreement") == "EM" else "agreement"), float(em)
+
+
+def condition_lines(summary: pd.DataFrame) -> list[str]:
+    """Each condition of :func:`quality_latency_table` in words: EM, agreement and mean post-edit latency over its
+    timed cases."""
+    return [f"  {r.condition:>14}: EM {r.em_pct:.1f} %, agreement {r.agree_pct:.1f} %, mean post-edit latency "
+            f"{r.latency_s:.2f} s over {int(r.timed_cases)} timed case(s)" for r in summary.itertuples()]
+
+
+def dataset_lines(by_dataset: pd.DataFrame, budgets: Sequence[float], *, lead: str = "EM",
+                  method: str = "SUR", reference: str = "Shift") -> list[str]:
+    """Per budget, the datasets on which ``method``'s point estimate lies above and below ``reference``'s
+    (:func:`dataset_em_table` of the lead endpoint; point estimates, not tested per dataset). A budget without both
+    rows gives no line."""
+    per = by_dataset.set_index("condition").drop(columns=["Pooled", "cases"], errors="ignore")
+    lines = []
+    for b in budgets:
+        cond = condition_label(method, float(b))
+        if cond not in per.index or reference not in per.index:
+            continue
+        mine, ref = per.loc[cond], per.loc[reference]
+        above = [d for d in per.columns if mine[d] > ref[d]]
+        below = [d for d in per.columns if mine[d] < ref[d]]
+        lines.append(f"  by dataset at {float(b):g}% ({lead}, point estimates, not tested per dataset): {method} above "
+                     f"{reference} on {', '.join(above) or 'none'}; below {reference} on {', '.join(below) or 'none'}")
+    return lines

@@ -14,9 +14,10 @@ with marked thinking blocks removed; ordinary newlines do not truncate; nothing 
 gold list. Strict exact match (:func:`niah_exact_match`) requires the parsed list to equal the gold list in order and
 multiplicity.
 
-Study API (notebook 02 and ``sur-lab sweep niah`` call the same functions): :data:`PRESETS` (sizes) and
-:data:`FIXED` (the other parameters' defaults), :func:`cases`, :func:`sweep` (records and the sweep folder, named the
-same way for both, so each resumes the other's records), and the report functions in the last section
+The study (notebook 02 and ``sur-lab sweep niah`` call the same methods): :data:`STUDY`, a
+:class:`~sur_lab.studies.base.Study` declaring :data:`PRESETS` (sizes), :data:`FIXED` (the other parameters' defaults),
+its cases and methods; the base's :meth:`STUDY.sweep` returns the records, the sweep folder (named the same way for
+both, so each resumes the other's records) and the cases. The report functions are in the last section
 (:func:`budget_table`, :func:`paired_differences`, :func:`table12`, the figures).
 """
 
@@ -31,12 +32,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, discordance_from_marginals
+from sur_lab.analysis.decisions import SEPARATED, Family, PowerBasis, PowerDesign, discordance_from_marginals
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.repair import REFERENCE_METHODS as REFERENCES
+from sur_lab.studies.base import Report, Study
 
 #: RULER's multi-value NIAH instruction, placed before the documents.
 NIAH_INSTRUCTION = (
@@ -73,7 +75,7 @@ PAPER_ALLOCATORS = (
 )
 
 #: Methods beyond the paper in the ``paper`` and ``default`` presets (issue 26): SUR's tie-robust variant, the edit-local baselines
-#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references by :func:`methods`).
+#: of "Contiguity, Not Importance" and the Erratum reference operator (listed with the references).
 BEYOND_PAPER = ("SUR-IDF", "Edit-local window", "Edit-local + SUR", "Erratum")
 #: SUR's design factors (appendix 9.3), one at a time: ``(factor, the paper's setting, the changed setting, method)``.
 #: Each method is SUR with exactly one option changed (``docs/allocators.md``); the bonus factor has two changes.
@@ -117,7 +119,7 @@ MATCHED = Family("matched tokens (holdout roster)", "binary",
                  "the same per-case count, at each matched budget, every length pooled, per endpoint")
 MATCHED_BY_LENGTH = Family("matched tokens by context length (holdout roster)", "binary",
                            "the same comparisons within each context length (1K, 2K, ...), per endpoint")
-#: The power statement's basis (issue 40; :func:`mde`): the primary comparison's discordance rate, from the paper's
+#: The power statement's basis (issue 40; :data:`POWER`): the primary comparison's discordance rate, from the paper's
 #: Table 2 (Qwen3-8B, 96 cases): SUR at 5 % has 98.96 % EM and Shift 0 %, so every case SUR answers is discordant.
 PRIMARY_POWER = PowerBasis(discordance_from_marginals(0.9896, 0.0),
                            "the paper's Table 2 (Qwen3-8B): SUR 5 % 98.96 % EM against Shift's 0 %")
@@ -502,120 +504,72 @@ def build_niah_cases(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
+# The study (issue 39: declarations on the Study base; params, folder, sweep, mde and conclusion are the base's)
 
 
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
+                    lambda p: p["num_cases"])
 
 
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
-    of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
-    ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
+class NiahStudy(Study):
+    """Erasing-NIAH (notebook 02): every case x (references + allocators x budgets), strictly scored
+    (:func:`niah_scorer`). NIAH has no latency endpoint: its answers are never timed."""
 
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"ctx": "context_lens", "n": "num_cases", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
+                   "eb": "eval_batch"}
+    scorer, parser = staticmethod(niah_scorer), staticmethod(parse_niah_answer)
+    power = POWER
+    families = (PRIMARY, RIVALS, BEYOND, ABLATION_FAMILY, MATCHED, MATCHED_BY_LENGTH, ALL_AGAINST_REFERENCES)
 
+    def methods(self, p: Mapping[str, Any]) -> list[str]:
+        """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
+        after, in the given order), then the ``ablation`` methods not already listed (SUR's variants and the boundary
+        controls, on the same cases and budgets). A reference operator named among the allocators (the ``paper``
+        preset's ``"Erratum"``) is listed after the references."""
+        from sur_lab.repair import REFERENCE_OPERATORS
 
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 02's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
+        refs = list(p["references"])
+        refs += [a for a in p["allocators"] if a in REFERENCE_OPERATORS and a not in refs]
+        allocators = [a for a in p["allocators"] if a not in REFERENCE_OPERATORS]
+        ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators
+                                                                      if a not in PAPER_ALLOCATORS]
+        ordered += [a for a in dict.fromkeys(p.get("ablation", ())) if a not in ordered]
+        return refs + ordered
 
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on the lead endpoint", PRIMARY, PRIMARY_POWER,
-                          p["num_cases"])
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0, *,
+              corpus: Sequence[Any] | None = None) -> list:
+        """The study's cases for parameters ``p``: :func:`build_niah_cases` as :class:`sur_lab.sweeps.Case` objects
+        (``corpus``: filler paragraphs, default :func:`sur_lab.data.qa.load_corpus`).
 
-def methods(p: Mapping[str, Any]) -> list[str]:
-    """The sweep's methods for parameters ``p``: the references, then the allocators in Table 2-6 order (others
-    after, in the given order), then the ``ablation`` methods not already listed (SUR's variants and the boundary
-    controls, on the same cases and budgets). A reference operator named among the allocators (the ``paper`` preset's
-    ``"Erratum"``) is listed after the references."""
-    from sur_lab.repair import REFERENCE_OPERATORS
+        Raises:
+            ValueError: as :func:`build_niah_cases`.
+        """
+        built = build_niah_cases(tokenizer, context_lens=p["context_lens"], depths=p["depths"],
+                                 num_cases=p["num_cases"], seed=seed, corpus=corpus)
+        return [c.sweep_case() for c in built]
 
-    refs = list(p["references"])
-    refs += [a for a in p["allocators"] if a in REFERENCE_OPERATORS and a not in refs]
-    allocators = [a for a in p["allocators"] if a not in REFERENCE_OPERATORS]
-    ordered = [a for a in PAPER_ALLOCATORS if a in allocators] + [a for a in allocators if a not in PAPER_ALLOCATORS]
-    ordered += [a for a in dict.fromkeys(p.get("ablation", ())) if a not in ordered]
-    return refs + ordered
+    def sweep_cases(self, cases: Any, p: Mapping[str, Any]) -> list:
+        """:meth:`cases` are sweep cases already."""
+        return list(cases)
 
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True) -> Report:
+        """The lead endpoint's budget table (:func:`budget_table`), the declared families (:func:`decide_families`)
+        and their conclusion lines (:func:`conclusion`); the lead endpoint is EM when Re-prefill's EM allows
+        (:func:`sur_lab.studies.presets.lead_endpoint`). ``decide``: ``False`` at a plumbing-check size."""
+        from sur_lab.studies.presets import lead_endpoint
 
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence[Any] | None = None,
-          **overrides: Any) -> list:
-    """The study's cases at ``preset``: :func:`build_niah_cases` as :class:`sur_lab.sweeps.Case` objects.
-
-    Args:
-        tokenizer: the model's tokenizer.
-        preset, overrides: as :func:`params`.
-        seed: roster seed.
-        corpus: filler paragraphs (default :func:`sur_lab.data.qa.load_corpus`).
-
-    Raises:
-        ValueError: as :func:`params` and :func:`build_niah_cases`.
-    """
-    p = params(preset, **overrides)
-    built = build_niah_cases(tokenizer, context_lens=p["context_lens"], depths=p["depths"], num_cases=p["num_cases"],
-                             seed=seed, corpus=corpus)
-    return [c.sweep_case() for c in built]
-
-
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           outputs: Path | None = None) -> Path:
-    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`: study, sizes, seed, evaluation
-    batch, executor when not the sequential one, and the model's fingerprint). :func:`sweep` uses it, so notebook 02
-    and ``sur-lab sweep niah`` with the same parameters share a folder."""
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
-
-    extra = {} if executor == "sequential" else {"ex": executor}
-    return sweep_folder(FOLDER, lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"], b=p["budgets"],
-                        tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
-                        **extra)
+        metric = lead_endpoint(float(records.loc[records["method"] == "Re-prefill", "em"].mean()))
+        allocators = [m for m in self.methods(p) if m in set(records["method"]) and m not in p["references"]]
+        decided = decide_families(records, metric=metric, decide=decide)
+        return Report(tables={"budget": budget_table(records, metric), "decided": decided},
+                      conclusion=conclusion(records, decided, metric=metric, allocators=allocators, decide=decide))
 
 
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
-          **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run (or resume) the study's sweep: every case x (references + allocators x budgets), strictly scored.
-
-    Args:
-        lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
-        preset, overrides: the parameters (:func:`params`; e.g. ``num_cases=48``, ``context_lens=[1024, 2048]``).
-        out: the sweep folder (default :func:`folder`).
-        seed: roster and allocator seed.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); ``workers=1``: this process.
-        executor: sparse-refresh executor.
-        eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`). NIAH has no latency
-            endpoint: its answers are never timed.
-        progress: show a progress bar.
-        share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
-
-    Returns:
-        ``(records, folder)``: the records (:func:`sur_lab.sweeps.records_frame` columns plus the case meta) and the
-        folder holding ``parts/`` and ``records.parquet``.
-
-    Raises:
-        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
-    """
-    from sur_lab.sweeps import EVAL_BATCH, run_sweep
-
-    p = params(preset, **overrides)
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, **overrides)
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
-    records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
-                        executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
-                        seed=seed, workers=workers, threads=threads, address=address, progress=progress,
-                        share_prefix=share_prefix)
-    return records, where
+STUDY = NiahStudy()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -674,9 +628,10 @@ class MatchedRegion:
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
-        _check_region(self.region, self.count)
+        from sur_lab.allocators import check_region
         from sur_lab.budget import check_budget
 
+        check_region(self.region, self.count)
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
 
     @property
@@ -725,11 +680,11 @@ class MatchedTokens:
     protocol: str = "forward"
 
     def __post_init__(self) -> None:
-        from sur_lab.allocators import get_allocator
+        from sur_lab.allocators import check_region, get_allocator
         from sur_lab.budget import check_budget
 
         get_allocator(self.allocator)
-        _check_region(self.region, self.count)
+        check_region(self.region, self.count)
         if self.allocator == self.region:
             raise ValueError(f"allocator={self.allocator!r} must differ from region")
         object.__setattr__(self, "budget_pct", float(check_budget(self.budget_pct)))
@@ -748,23 +703,17 @@ class MatchedTokens:
                       allowance=n)
 
 
-def _check_region(region: str, count: str) -> None:
-    """Refuse an unknown region or count rule, or a non-SUR region under ``"whole_units"``, before any work."""
-    from sur_lab.allocators import COUNT_RULES, get_allocator, resolve_method
-
-    get_allocator(region)
-    if count not in COUNT_RULES:
-        raise ValueError(f"count={count!r} must be one of {COUNT_RULES}")
-    if count == "whole_units" and resolve_method(region)[0] != "SUR":
-        raise ValueError(f"region={region!r}: count='whole_units' ranks SUR's units; give SUR or a SUR variant")
-
-
 def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, seed: int,
                    options: Mapping[str, Any] | None) -> int:
     """n of :func:`sur_lab.allocators.region_count` on the case's request at ``budget_pct`` (units kept on
-    ``prepared``)."""
+    ``prepared``), computed once per prepared edit: kept in ``prepared.matched_counts`` and read back for the same
+    region, budget, count, seed and ``options`` object (every arm of a case)."""
     from sur_lab.allocators import AllocationRequest, region_count
 
+    key = (region, float(budget_pct), count, int(seed))
+    kept = prepared.matched_counts.get(key)
+    if kept is not None and kept[0] is options:
+        return kept[1]
     opts = dict(options or {})
     if prepared.dirty_cache is not None:
         opts.setdefault("dirty_cache", prepared.dirty_cache)
@@ -773,6 +722,7 @@ def _matched_count(lm, prepared, region: str, budget_pct: float, count: str, see
     n = region_count(region, request, count)
     if prepared.units is None and request.units is not None:
         prepared.units = request.units
+    prepared.matched_counts[key] = (options, n)
     return n
 
 
@@ -806,16 +756,16 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
                   **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the matched-token study (Table 14 analogue) on the frozen holdout roster.
 
-    The roster is :func:`cases` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
+    The roster is :meth:`STUDY.cases` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
     ``context_lens``), with seed ``p["holdout_seed"]`` (:data:`HOLDOUT_SEED`, never used for design); the methods are
     :func:`matched_methods`: the region arm at each matched budget (:class:`MatchedRegion`: SUR's whole units up to
     its stopping point by default), and each token-level allocator at that exact count on the same case
     (:class:`MatchedTokens`). Records come from :func:`sur_lab.sweeps.run_sweep`, strictly scored like
-    :func:`sweep`'s.
+    :meth:`STUDY.sweep`'s.
 
     Args:
-        lm, out, workers, threads, address, executor, eval_batch, progress: as :func:`sweep`.
-        preset, overrides: the parameters (:func:`params`; e.g. ``matched_allocators=["Dense tokens"]``,
+        lm, out, workers, threads, address, executor, eval_batch, progress: as :meth:`STUDY.sweep`.
+        preset, overrides: the parameters (:meth:`STUDY.params`; e.g. ``matched_allocators=["Dense tokens"]``,
             ``matched_budgets=[2, 5]``, ``matched_count="whole_units"``, ``holdout_seed=...``).
 
     Returns:
@@ -827,15 +777,14 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
     """
     from sur_lab.sweeps import EVAL_BATCH, records_frame, run_sweep
 
-    p = params(preset, **overrides)
+    p = STUDY.params(preset, **overrides)
     eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
     the_methods = matched_methods(p)  # MatchedRegion / MatchedTokens check names, counts and budgets here
     where = Path(out) if out is not None else matched_folder(lm, p, eval_batch=eval_batch, executor=executor)
     if not p["matched_allocators"]:
         return records_frame([]), where
     seed = int(p["holdout_seed"])
-    overrides = {k: v for k, v in overrides.items() if k not in ("holdout_seed", "matched_cases", "num_cases")}
-    the_cases = cases(lm.tokenizer, preset=preset, seed=seed, num_cases=p["matched_cases"], **overrides)
+    the_cases = STUDY.cases(lm.tokenizer, {**p, "num_cases": p["matched_cases"]}, seed)
     records = run_sweep(lm, the_cases, the_methods, p["matched_budgets"], where, max_new_tokens=p["max_new_tokens"],
                         executor=executor, eval_batch=eval_batch, scorer=niah_scorer, parser=parse_niah_answer,
                         seed=seed, workers=workers, threads=threads, address=address, progress=progress)
@@ -845,25 +794,29 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
 def _decided(records: pd.DataFrame, pairs: Sequence[tuple[str, str]], metric: str, family: Family, *,
              decide: bool, n_boot: int, seed: int) -> pd.DataFrame:
     """:func:`sur_lab.analysis.decisions.paired_family` of ``pairs`` (arm labels, :func:`arm_labels`) on ``metric``,
-    cases paired, with the differences also in pp (``diff_pp``, ``ci_low_pp``, ``ci_high_pp``) and ``n_cases``."""
+    cases paired, with the differences in their printed unit (:func:`sur_lab.analysis.decisions.in_units`: ``delta``,
+    ``delta_low``, ``delta_high``, ``delta_mde`` and ``unit``, "pp" for a 0/1 metric, :data:`METRIC_UNITS` else)."""
     from sur_lab.analysis.conclusions import arm_labels, paired_outcomes
-    from sur_lab.analysis.decisions import kind_of, paired_family
+    from sur_lab.analysis.decisions import DIFF_COLUMNS, in_units, kind_of, paired_family
 
     df = records.assign(arm=arm_labels(records), _m=records[metric].astype(np.float64))
     outcomes, _ = paired_outcomes(df, pairs, "_m")
     if not outcomes:
         from sur_lab.analysis.decisions import COLUMNS
 
-        return pd.DataFrame(columns=[*COLUMNS, "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases"])
+        return pd.DataFrame(columns=[*COLUMNS, *DIFF_COLUMNS])
     kind = kind_of(df["_m"])
     if kind != family.kind:
         from dataclasses import replace
 
         family = replace(family, kind=kind)
     out = paired_family(outcomes, family=family, n_boot=n_boot, seed=seed, decide=decide)
-    scale = 100.0 if kind == "binary" else 1.0
-    return out.assign(diff_pp=scale * out["estimate"], ci_low_pp=scale * out["ci_low"],
-                      ci_high_pp=scale * out["ci_high"], n_cases=out["n"])
+    return in_units(out, unit=METRIC_UNITS.get(metric, ""))
+
+
+#: The printed unit of a continuous record field's paired difference (a 0/1 field's is "pp").
+METRIC_UNITS = {"nll_reprefill": "nats", "gold_nll": "nats", "gold_margin": "logits", "tv_reprefill": "TV",
+                "nr_tv": "NR_TV"}
 
 
 def length_label(context_len: float) -> str:
@@ -877,10 +830,10 @@ def _region_allowance(records: pd.DataFrame, region: str) -> np.ndarray:
     """B per record: Eq. 3's ``B(S, b)`` of the record's suffix at its budget, on the whole-prompt base when
     ``region`` binds ``allowance_base=prompt`` (the B from which the region's count starts); int64."""
     from sur_lab.allocators import resolve_method
-    from sur_lab.budget import allowance, prompt_allowance
+    from sur_lab.budget import base_allowance
 
-    prompt = resolve_method(region)[1].get("allowance_base") == "prompt"
-    return np.array([prompt_allowance(int(s), int(p) + int(s), float(b)) if prompt else allowance(int(s), float(b))
+    base = resolve_method(region)[1].get("allowance_base", "suffix")
+    return np.array([base_allowance(int(s), int(p) + int(s), float(b), base)
                      for s, p, b in zip(records["suffix_len"], records["prefix_len"], records["budget_pct"])],
                     dtype=np.int64)
 
@@ -995,19 +948,25 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_u
 
     Returns:
         One row per (length, budget, allocator), pooled rows first: ``length``, ``context_len`` (NaN when pooled),
-        ``family``, ``budget_pct``, ``allocator``, ``mean_tokens`` (mean n), ``mean_b`` (mean B), ``n_cases``, and
-        per metric ``{metric}_region``, ``{metric}_token``, ``{metric}_diff_pp``, ``{metric}_ci_low_pp``,
-        ``{metric}_ci_high_pp``, ``{metric}_p_adj``, ``{metric}_mde_pp`` (the smallest difference the family's size
-        could separate) and ``{metric}_verdict``.
+        ``family``, ``budget_pct``, ``allocator``, ``mean_tokens`` (mean n), ``mean_b`` (mean B), ``n`` (cases),
+        ``unit`` ("pp"), and per metric ``{metric}_region``, ``{metric}_token``, ``{metric}_delta``,
+        ``{metric}_delta_low``, ``{metric}_delta_high``, ``{metric}_p_adj``, ``{metric}_delta_mde`` (the smallest
+        difference the family's size could separate; the columns of
+        :func:`sur_lab.analysis.decisions.in_units` in ``unit``) and ``{metric}_verdict``.
 
     Raises:
         ValueError: naming ``records`` when it holds no matched method or no region-arm row at a matched budget, or
             when a token-level record's count differs from the region arm's on its case (the protocol was broken);
             naming ``metrics`` when one is not a record field; naming ``count`` when it is not a count rule.
     """
+    from sur_lab.analysis.decisions import kind_of
+
     missing = [m for m in metrics if m not in records.columns]
     if missing:
         raise ValueError(f"metrics {missing} are not record fields")
+    numeric = [m for m in metrics if kind_of(records[m]) != "binary"]
+    if numeric:
+        raise ValueError(f"metrics {numeric} are not 0/1 record fields (Table 14 compares proportions, in pp)")
     label = region_label(region, count)
     suffix = f" (matched to {label})"
     token_methods = [m for m in dict.fromkeys(records["method"]) if str(m).endswith(suffix)]
@@ -1046,7 +1005,8 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_u
                            "context_len": float("nan") if ctx is None else float(ctx), "family": family.name,
                            "budget_pct": float(budget), "allocator": method.removesuffix(suffix),
                            "mean_tokens": float(tok["allowance"].mean()),
-                           "mean_b": float(_region_allowance(reg_t, region).mean()), "n_cases": int(len(tok))}
+                           "mean_b": float(_region_allowance(reg_t, region).mean()), "n": int(len(tok)),
+                           "unit": "pp"}
                     for metric in metrics:
                         row.update({f"{metric}_region": 100 * float(reg_t[metric].astype(float).mean()),
                                     f"{metric}_token": 100 * float(tok[metric].astype(float).mean())})
@@ -1055,9 +1015,8 @@ def table14(records: pd.DataFrame, *, region: str = "SUR", count: str = "whole_u
         table = pd.DataFrame(rows)
         for metric in metrics:
             res = _decided(frame, pairs, metric, family, decide=decide, n_boot=n_boot, seed=seed)
-            for col in ("diff_pp", "ci_low_pp", "ci_high_pp", "p_adj", "verdict"):
+            for col in ("delta", "delta_low", "delta_high", "p_adj", "delta_mde", "verdict"):
                 table[f"{metric}_{col}"] = res[col].to_numpy()
-            table[f"{metric}_mde_pp"] = 100 * res["mde"].to_numpy(np.float64)
         tables.append(table)
     return pd.concat(tables, ignore_index=True)
 
@@ -1093,7 +1052,7 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
     Holm over every (method, budget) row).
 
     Args:
-        records: :func:`sweep` records holding ``reference`` and the methods.
+        records: :meth:`STUDY.sweep` records holding ``reference`` and the methods.
         metric: a 0/1 or numeric record field (differences of a 0/1 field ×100, pp).
         reference: the method every row is compared with (the paper's SUR).
         methods: the methods to compare (default: those of :data:`ABLATION` present, in that order).
@@ -1101,9 +1060,10 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
 
     Returns:
         One row per (method, budget): ``method``, ``factor``, ``change``, ``budget_pct``, ``mean_tokens``,
-        ``reference_tokens``, ``mean_intervals``, ``value`` and ``reference_value`` (mean ×100), ``diff_pp``,
-        ``ci_low_pp``, ``ci_high_pp``, ``n_cases``, ``p_adj``, ``verdict`` (method minus SUR), then every column of
-        :func:`sur_lab.analysis.decisions.paired_family` (for :func:`~sur_lab.analysis.decisions.sentence`).
+        ``reference_tokens``, ``mean_intervals``, ``value`` and ``reference_value`` (mean ×100), ``delta``,
+        ``delta_low``, ``delta_high``, ``unit``, ``n`` (cases), ``p_adj``, ``verdict`` (method minus SUR), then every
+        other column of :func:`sur_lab.analysis.decisions.paired_family` and
+        :func:`~sur_lab.analysis.decisions.in_units` (for :func:`~sur_lab.analysis.decisions.sentence`).
 
     Raises:
         ValueError: naming ``metric`` when it is not a record field, ``reference`` when it has no records, or
@@ -1116,7 +1076,7 @@ def ablation_table(records: pd.DataFrame, *, metric: str = "em", reference: str 
     present = set(records["method"])
     methods = [m for m in ABLATION if m in present] if methods is None else list(methods)
     cols = ["method", "factor", "change", "budget_pct", "mean_tokens", "reference_tokens", "mean_intervals", "value",
-            "reference_value", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "p_adj", "verdict"]
+            "reference_value", "delta", "delta_low", "delta_high", "unit", "n", "p_adj", "verdict"]
     rows, pairs = [], []
     for method in methods:
         arm_all = records[records["method"] == method]
@@ -1283,8 +1243,9 @@ def paired_differences(
         decide: ``False`` at a plumbing-check size (:func:`sur_lab.analysis.decisions.decides`).
 
     Returns:
-        One row per (method, budget_pct, baseline): ``diff_pp``, ``ci_low_pp``, ``ci_high_pp``, ``n_cases``,
-        ``p_adj``, ``verdict``, then every column of :func:`sur_lab.analysis.decisions.paired_family`.
+        One row per (method, budget_pct, baseline): ``delta``, ``delta_low``, ``delta_high``, ``unit`` ("pp" for a
+        0/1 metric), ``n`` (cases), ``p_adj``, ``verdict``, then every other column of
+        :func:`sur_lab.analysis.decisions.paired_family` and :func:`~sur_lab.analysis.decisions.in_units`.
 
     Raises:
         ValueError: naming ``metric`` when it is not a record field, or ``records`` when a case of a method lacks
@@ -1303,7 +1264,7 @@ def paired_differences(
             for base in bases:
                 rows.append({"method": method, "budget_pct": float(budget), "baseline": base})
                 pairs.append((f"{method} {budget:g}%", base))
-    cols = ["method", "budget_pct", "baseline", "diff_pp", "ci_low_pp", "ci_high_pp", "n_cases", "p_adj", "verdict"]
+    cols = ["method", "budget_pct", "baseline", "delta", "delta_low", "delta_high", "unit", "n", "p_adj", "verdict"]
     table = pd.DataFrame(rows, columns=cols[:3])
     if not pairs:
         return table.reindex(columns=cols)
@@ -1345,14 +1306,14 @@ def decide_families(records: pd.DataFrame, *, metric: str, decide: bool = True, 
     family is :func:`ablation_table`'s).
 
     Args:
-        records: :func:`sweep` records.
+        records: :meth:`STUDY.sweep` records.
         metric: the lead endpoint (a 0/1 record field).
         decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
         n_boot, seed: as :func:`paired_differences`.
 
     Returns:
         :func:`sur_lab.analysis.decisions.paired_family` rows of the three families (``family`` names each), with
-        ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` and ``n_cases``.
+        the columns of :func:`sur_lab.analysis.decisions.in_units`.
     """
     parts = [_decided(records, pairs, metric, fam, decide=decide, n_boot=n_boot, seed=seed)
              for fam in (PRIMARY, RIVALS, BEYOND) if (pairs := family_pairs(records, fam))]
@@ -1366,7 +1327,7 @@ def conclusion(records: pd.DataFrame, decided: pd.DataFrame, *, metric: str, all
     and every comparison of the secondary families (:func:`decide_families`), each naming its family and size.
 
     Args:
-        records: :func:`sweep` records.
+        records: :meth:`STUDY.sweep` records.
         decided: :func:`decide_families` of the same records.
         metric: the lead endpoint; allocators: the budgeted methods ranked (those that ran).
         decide, n_boot, seed: as :func:`decide_families`.
@@ -1438,7 +1399,7 @@ def plot_budget_curves(
 
 def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict EM"):
     """Forest plot of :func:`paired_differences`: one panel per baseline, one row per (method, budget), the observed
-    difference (pp) with its 95 % interval; filled markers are the differences the family decides ("beats" or
+    difference (in the table's ``unit``) with its 95 % interval; filled markers are the differences the family decides ("beats" or
     "loses to" after Holm over the family).
 
     Args:
@@ -1462,16 +1423,17 @@ def plot_paired_differences(table: pd.DataFrame, *, metric_label: str = "strict 
     for ax, base in zip(axes[0], baselines):
         sub = table[table["baseline"] == base]
         y = [labels.index(f"{m} {b:g}%") for m, b in zip(sub["method"], sub["budget_pct"])]
-        err = [sub["diff_pp"] - sub["ci_low_pp"], sub["ci_high_pp"] - sub["diff_pp"]]
-        ax.errorbar(sub["diff_pp"], y, xerr=err, fmt="none", ecolor="0.4", capsize=3)
+        err = [sub["delta"] - sub["delta_low"], sub["delta_high"] - sub["delta"]]
+        ax.errorbar(sub["delta"], y, xerr=err, fmt="none", ecolor="0.4", capsize=3)
         sep = sub["verdict"].isin(SEPARATED).to_numpy(bool)
-        ax.scatter(sub["diff_pp"][sep], [v for v, k in zip(y, sep) if k], color="tab:blue", zorder=3,
+        ax.scatter(sub["delta"][sep], [v for v, k in zip(y, sep) if k], color="tab:blue", zorder=3,
                    label="separated (Holm over the family)")
-        ax.scatter(sub["diff_pp"][~sep], [v for v, k in zip(y, sep) if not k], facecolor="white",
+        ax.scatter(sub["delta"][~sep], [v for v, k in zip(y, sep) if not k], facecolor="white",
                    edgecolor="tab:blue", zorder=3, label="not separated or not decided")
         ax.axvline(0, color="0.2", lw=0.8)
         ax.set_title(f"minus {base}")
-        ax.set_xlabel(f"{metric_label} difference (pp, 95 % CI)")
+        unit = str(sub["unit"].iloc[0]) if "unit" in sub.columns and len(sub) else "pp"
+        ax.set_xlabel(f"{metric_label} difference ({unit + ', ' if unit else ''}95 % CI)")
         ax.set_yticks(range(len(labels)), labels)
     axes[0][0].invert_yaxis()
     axes[0][-1].legend(loc="lower right", fontsize=8)
@@ -1507,7 +1469,6 @@ def plot_intervals(records: pd.DataFrame):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Across models: Figure 3 one panel per model, Tables 2-6 stacked (issue 28)
-
 
 
 def combine(folders: Sequence[Path | str]) -> pd.DataFrame:
@@ -1654,3 +1615,117 @@ def _allocator_palette(alloc: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
     order = [m for m in PAPER_ALLOCATORS if m in present] + [m for m in present if m not in PAPER_ALLOCATORS]
     others = [m for m in order if m != "SUR"]
     return order, dict(zip(others, sns.color_palette("tab20", max(1, len(others)))), SUR="black")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 02's report: one function per table, figure or printout (issue 39)
+
+#: The endpoints' printed names in notebook 02's tables and figures.
+ENDPOINT_LABELS = {"em": "strict EM (%)", "agree_reprefill": "agreement with Re-prefill (%)",
+                   "tv_reprefill": "first-token TV to Re-prefill"}
+
+
+def geometry_table(records: pd.DataFrame, budgets: Sequence[float]) -> pd.DataFrame:
+    """Table 12 on four endpoints side by side: agreement and strict EM (%), mean first-token TV and mean interval
+    count R of the five allocation rules at ``budgets`` (:func:`table12` of each).
+
+    Returns:
+        Rows are allocator names (paper order), columns ``(endpoint, "2%"|"5%")``: ``"agreement (%)"``, ``"strict EM
+        (%)"``, ``"mean TV"``, ``"mean R"``.
+
+    Raises:
+        ValueError: as :func:`table12`.
+    """
+    return pd.concat({"agreement (%)": table12(records, "agree_reprefill", budgets),
+                      "strict EM (%)": table12(records, "em", budgets),
+                      "mean TV": table12(records, "tv_reprefill", budgets) / 100,
+                      "mean R": table12(records, "num_intervals", budgets) / 100}, axis=1)
+
+
+def plot_budget_heatmap(agree: pd.DataFrame, em: pd.DataFrame):
+    """Tables 2–6 as two heatmaps side by side: agreement with Re-prefill and strict EM (%) of every method at every
+    budget (:func:`budget_table` of each; references in their ``"Reference"`` column). Returns the figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.42 * len(agree) + 1.5), sharey=True)
+    for ax, table, title in zip(axes, [agree, em], ["agreement with Re-prefill (%)", "strict EM (%)"]):
+        sns.heatmap(table, annot=True, fmt=".0f", cmap="viridis", vmin=0, vmax=100, cbar=False, ax=ax,
+                    annot_kws={"fontsize": 8})
+        ax.set_title(title)
+        ax.set_xlabel("budget")
+        ax.set_ylabel("")
+        ax.grid(False)
+    fig.tight_layout()
+    return fig
+
+
+def selection_cost(records: pd.DataFrame, allocators: Sequence[str]) -> pd.DataFrame:
+    """Support geometry and selection cost per allocator over its budgeted records: ``median_R`` (intervals),
+    ``extra_forward_tokens`` (mean), ``extra_forward_layers`` (max), ``select_ms`` and ``refresh_ms`` (medians),
+    ``median_nr_tv``, ``mean_nll`` (of Re-prefill's continuation, nats); one row per allocator in ``allocators``'
+    order, ``method`` a column.
+
+    Raises:
+        ValueError: naming ``allocators`` when one has no budgeted record.
+    """
+    alloc = records[records["budget_pct"].notna()]
+    missing = [m for m in allocators if m not in set(alloc["method"])]
+    if missing:
+        raise ValueError(f"allocators {missing} have no budgeted record")
+    cost = alloc.groupby("method").agg(
+        median_R=("num_intervals", "median"), extra_forward_tokens=("extra_forward_tokens", "mean"),
+        extra_forward_layers=("extra_forward_layers", "max"), select_ms=("select_ms", "median"),
+        refresh_ms=("refresh_ms", "median"), median_nr_tv=("nr_tv", "median"),
+        mean_nll=("nll_reprefill", "mean")).loc[list(allocators)]
+    return cost.reset_index()
+
+
+def ablation(records: pd.DataFrame, *, metrics: Sequence[str], methods: Sequence[str], decide: bool = True,
+             n_boot: int = 10_000, seed: int = 20260928) -> pd.DataFrame:
+    """:func:`ablation_table` of each of ``metrics`` (duplicates dropped), stacked with a ``metric`` column: the
+    ablation family decided per endpoint (Holm within each)."""
+    return pd.concat([ablation_table(records, metric=m, methods=methods, decide=decide, n_boot=n_boot,
+                                     seed=seed).assign(metric=m) for m in dict.fromkeys(metrics)],
+                     ignore_index=True)
+
+
+def table14_lines(table: pd.DataFrame, *, region: str = "SUR", count: str = "whole_units") -> list[str]:
+    """Table 14 in words, per family (:data:`MATCHED`, :data:`MATCHED_BY_LENGTH`): a heading naming its size, then per
+    row the length, budget, mean matched count and B, and per endpoint the region minus token difference with its
+    interval, adjusted p, the smallest separable difference and the verdict.
+
+    Args:
+        table: :func:`table14`.
+        region, count: the region arm (:func:`region_label`).
+    """
+    arm = region_label(region, count)
+    lines = []
+    for family in (MATCHED, MATCHED_BY_LENGTH):
+        rows = table[table["family"] == family.name]
+        lines.append(f"This run ({family.name}, Holm over {len(rows)} comparisons per endpoint):")
+        for row in rows.itertuples():
+            parts = []
+            for m, name in (("em", "EM"), ("agree_reprefill", "agreement")):
+                get = lambda col: getattr(row, f"{m}_{col}")  # noqa: E731
+                mde = (f"{get('delta_mde'):.0f} {row.unit}" if get("delta_mde") <= 100 else "none at this size")
+                parts.append(f"{name} {get('delta'):+.1f} {row.unit} (95 % CI {get('delta_low'):+.1f} to "
+                             f"{get('delta_high'):+.1f}, p_adj {get('p_adj'):.2g}, smallest separable {mde}): "
+                             f"{get('verdict')}")
+            lines.append(f"  {row.length}, {row.budget_pct:g} % (mean n {row.mean_tokens:.1f} matched tokens, mean B "
+                         f"{row.mean_b:.1f}), {arm} minus {row.allocator} over {row.n} case(s): " + "; ".join(parts))
+    return lines
+
+
+def reference_line(records: pd.DataFrame, references: Sequence[str], metric: str) -> str:
+    """The references' mean ``metric`` (%) in words: ``"References (strict EM): Shift 40 %, Re-prefill 100 %."``"""
+    label = ENDPOINT_LABELS.get(metric, metric).removesuffix(" (%)")
+    refs = records[records["method"].isin(references)].groupby("method")[metric].mean().mul(100)
+    return f"References ({label}): " + ", ".join(f"{m} {refs[m]:.0f} %" for m in references if m in refs) + "."
+
+
+def concordance_line(concordance: pd.DataFrame) -> str:
+    """:func:`table12_concordance` summed over the paper's models, per budget, in words."""
+    c = concordance.groupby("budget")[["concordant", "discordant", "tied"]].sum()
+    return ("Table 12 ordering against the paper's, pairs summed over its five models: " + "; ".join(
+        f"{b}: {r.concordant} concordant, {r.discordant} discordant, {r.tied} tied" for b, r in c.iterrows()) + ".")

@@ -74,7 +74,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sur_lab.analysis.decisions import Family, PowerBasis
+from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
 from sur_lab.data.text import char_token_span, join_blocks
 from sur_lab.edits import (
     EditedContext,
@@ -85,6 +85,7 @@ from sur_lab.edits import (
     segment_edit,
     tokenize_segments,
 )
+from sur_lab.studies.base import Report, Study
 
 #: Task families: the three controls of issue 26, then the two of issue 40 whose answer-bearing text lies downstream
 #: of the edit and depends on the edited value (:data:`DERIVED_FAMILIES`).
@@ -819,7 +820,7 @@ CASE_SIZES = ("context_lens", "num_cases", "edit_depths", "distances", "num_keys
 def stale_cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Sequence[Any] | None = None,
                 families: Sequence[str] = FAMILIES, **overrides: Any) -> list[StaleCase]:
     """The :class:`StaleCase` roster of ``preset`` (:data:`PRESETS`; sizes overridden by any non-``None`` keyword of
-    :data:`CASE_SIZES`), built by :func:`build_stale_cases`. :func:`cases` gives them as sweep cases.
+    :data:`CASE_SIZES`), built by :func:`build_stale_cases`. :meth:`STUDY.cases` gives them as sweep cases.
 
     Raises:
         ValueError: naming ``preset`` when unknown or an override that is not a case size; as
@@ -836,7 +837,7 @@ def stale_cases(tokenizer, preset: str = "default", *, seed: int = 0, corpus: Se
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API (notebook 09 and ``sur-lab sweep stale-facts`` call the same functions)
+# The study (notebook 09 and ``sur-lab sweep stale-facts`` call the same methods): declarations on the Study base
 
 #: The study's name in the registry (``sur-lab sweep stale-facts``), its notebook, and its sweep folders' prefix.
 NAME = "stale-facts"
@@ -854,7 +855,7 @@ PRIMARY_BUDGET = 5.0
 #: primary comparison and two small families (the all-pairs table they replace held 38 comparisons per endpoint).
 #: Cases are the paired units (independent constructions).
 PRIMARY = Family("primary", "binary", f"SUR at {PRIMARY_BUDGET:g} % minus Shift on EM", primary=True)
-#: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. No paper reports this
+#: The power statement's basis (issue 40; :data:`POWER`): a planning value, not a measurement. No paper reports this
 #: comparison; SUR and Shift are taken to disagree on half the cases (two arms each right about half the time,
 #: independently), the rate that a measured default run replaces.
 PRIMARY_POWER = PowerBasis(0.5, "a planning value (no published rate): SUR and Shift disagree on half the cases")
@@ -885,132 +886,100 @@ PULL_ARMS = ("Shift", "Dirty", "Erratum", f"SUR {PRIMARY_BUDGET:g}%", "Shift" + 
 MARGIN_ARMS = ("Edit-local window", "Edit-local + SUR")
 
 
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
-
-
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`PRIMARY`) minimal detectable effect at 80 % power, two-sided 5 %, at the size
-    of ``p`` (:func:`params`: ``num_cases`` paired cases) and the stated discordance rate :data:`PRIMARY_POWER`:
-    ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the size cannot reach 80 %)."""
-    from sur_lab.analysis.decisions import mde as primary_mde
-
-    return primary_mde(PRIMARY, PRIMARY_POWER, p["num_cases"])
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 09's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    return power_sentence(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, p["num_cases"])
-
-def methods(p: Mapping[str, Any]) -> list[str]:
-    """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`
-    order (others after, in the given order)."""
-    allocators = list(p["allocators"])
-    ordered = [a for a in STUDY_ALLOCATORS if a in allocators] + [a for a in allocators if a not in STUDY_ALLOCATORS]
-    return list(p["references"]) + ordered
-
-
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, corpus: Sequence[Any] | None = None,
-          **overrides: Any) -> list:
-    """The study's cases at ``preset`` as :class:`sur_lab.sweeps.Case` objects (:meth:`StaleCase.sweep_case`: gold
-    ``(gold,)``, meta :meth:`StaleCase.meta` with ``gold_token``, so each record carries ``gold_margin``).
-
-    Args:
-        tokenizer: the model's tokenizer.
-        preset, overrides: as :func:`params` (only the case sizes and ``families`` shape the cases).
-        seed: roster seed.
-        corpus: filler paragraphs (default :func:`sur_lab.data.qa.load_corpus`).
-
-    Raises:
-        ValueError: as :func:`params` and :func:`build_stale_cases`.
-    """
-    p = params(preset, **overrides)
-    built = stale_cases(tokenizer, preset, seed=seed, corpus=corpus, families=p["families"],
-                        **{k: p[k] for k in CASE_SIZES})
-    return [c.sweep_case() for c in built]
-
-
 def _options(p: Mapping[str, Any]) -> dict[str, Any]:
     """The sweep's options: the Erratum template when it is not the default (so default records keep one digest)."""
     return {} if p["erratum_template"] == "default" else {"erratum_template": p["erratum_template"]}
 
 
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           outputs: Path | None = None) -> Path:
-    """The sweep folder of parameters ``p`` (:func:`sur_lab.sweeps.sweep_folder`: study, sizes, seed, evaluation
-    batch, executor when not the sequential one, the roster's shape as a short digest, and the model's fingerprint).
-    :func:`sweep` uses it, so notebook 09 and ``sur-lab sweep stale-facts`` with the same parameters share a folder."""
-    from sur_lab.fingerprint import digest
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
-
-    extra = {} if executor == "sequential" else {"ex": executor}
-    shape = digest({k: p[k] for k in ("edit_depths", "distances", "num_keys", "families", "erratum_template")})[:8]
-    return sweep_folder(FOLDER, lm, outputs=outputs, ctx=p["context_lens"], n=p["num_cases"], b=p["budgets"],
-                        tok=p["max_new_tokens"], seed=seed, eb=EVAL_BATCH if eval_batch is None else eval_batch,
-                        r=shape, **extra)
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign(f"SUR {PRIMARY_BUDGET:g}% vs Shift on EM", PRIMARY, PRIMARY_POWER, lambda p: p["num_cases"])
 
 
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, share_prefix: bool = True,
-          **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run (or resume) the study's sweep: every case x (references + allocators x budgets), scored by
+class StaleFactsStudy(Study):
+    """Stale facts (notebook 09): every case x (references + allocators x budgets), scored by
     :func:`stale_fact_scorer` (EM), with ``gold_margin`` and ``old_margin`` in every record
     (:func:`sur_lab.sweeps.run_case`). When Erratum is a reference, every replacement case's placement control
     (:meth:`StaleCase.control_case`) also runs :data:`PLACEMENT_METHODS`, in :func:`control_folder`; those records
-    join the others relabelled by :func:`late_records` (``"Shift (late)"``, ``"Re-prefill (late)"``).
+    join the others relabelled by :func:`late_records` (``"Shift (late)"``, ``"Re-prefill (late)"``), and every record
+    gets :func:`add_stale_endpoints` columns. This study has no latency endpoint: its answers are never timed."""
 
-    Args:
-        lm: the model (a :class:`sur_lab.models.LoadedModel`; Ray actors reload it by name, dtype and device).
-        preset, overrides: the parameters (:func:`params`; e.g. ``num_cases=12``, ``context_lens=[384]``).
-        out: the sweep folder (default :func:`folder`).
-        seed: roster and allocator seed.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); ``workers=1``: this process.
-        executor: sparse-refresh executor.
-        eval_batch: records answered together (default :data:`sur_lab.sweeps.EVAL_BATCH`); this study has no latency
-            endpoint, so its answers are never timed.
-        progress: show a progress bar.
-        share_prefix: exact prefix sharing inside each case (:func:`sur_lab.sweeps.run_case`; default on).
+    name, notebook, folder_prefix = NAME, NOTEBOOK, FOLDER
+    presets, fixed = PRESETS, FIXED
+    folder_keys = {"ctx": "context_lens", "n": "num_cases", "b": "budgets", "tok": "max_new_tokens", "seed": "seed",
+                   "eb": "eval_batch", "r": lambda p: _roster_digest(p)}
+    scorer = staticmethod(stale_fact_scorer)
+    power, families = POWER, (PRIMARY, EM_FAMILY, STALE_FAMILY, PLACEMENT_FAMILY)
 
-    Returns:
-        ``(records, folder)``: the records (the placement control's included) with :func:`add_stale_endpoints`
-        columns (``answer_class``, ``stale``, ``margin_recovery``) and the study's folder holding ``parts/`` and
-        ``records.parquet`` (the control's: :func:`control_folder` of it).
+    def methods(self, p: Mapping[str, Any]) -> list[str]:
+        """The sweep's methods for parameters ``p``: the references, then the allocators in :data:`STUDY_ALLOCATORS`
+        order (others after, in the given order)."""
+        allocators = list(p["allocators"])
+        ordered = [a for a in STUDY_ALLOCATORS if a in allocators] + [a for a in allocators
+                                                                      if a not in STUDY_ALLOCATORS]
+        return list(p["references"]) + ordered
 
-    Raises:
-        ValueError: naming a bad parameter, before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
-    """
-    from sur_lab.executors import erratum_templates
-    from sur_lab.sweeps import EVAL_BATCH, run_sweep
+    def check(self, p: Mapping[str, Any]) -> None:
+        """The base's checks, and the Erratum template (:func:`sur_lab.executors.erratum_templates`)."""
+        from sur_lab.executors import erratum_templates
 
-    p = params(preset, **overrides)
-    erratum_templates(p["erratum_template"])  # refused before any work
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    built = stale_cases(lm.tokenizer, preset, seed=seed, families=p["families"], **{k: p[k] for k in CASE_SIZES})
-    the_cases = [c.sweep_case() for c in built]
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor)
-    records = run_sweep(lm, the_cases, methods(p), p["budgets"], where, max_new_tokens=p["max_new_tokens"],
-                        executor=executor, eval_batch=eval_batch, scorer=stale_fact_scorer, seed=seed,
-                        options=_options(p), workers=workers, threads=threads, address=address, progress=progress,
-                        share_prefix=share_prefix)
-    controls = [c.control_case() for c in built if c.control_edit is not None]
-    if "Erratum" in p["references"] and controls:
-        late = run_sweep(lm, controls, list(PLACEMENT_METHODS), p["budgets"], control_folder(where),
-                         max_new_tokens=p["max_new_tokens"], executor=executor, eval_batch=eval_batch,
-                         scorer=stale_fact_scorer, seed=seed, workers=workers, threads=threads, address=address,
-                         progress=progress, share_prefix=share_prefix)
-        records = pd.concat([records, late_records(late)], ignore_index=True)
-    return add_stale_endpoints(records), where
+        erratum_templates(p["erratum_template"])
+        super().check(p)
+
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0, *,
+              corpus: Sequence[Any] | None = None) -> list[StaleCase]:
+        """The study's :class:`StaleCase` roster (:func:`stale_cases`: only the case sizes and ``families`` shape it;
+        ``corpus``: filler paragraphs, default :func:`sur_lab.data.qa.load_corpus`). Each gives its sweep case by
+        :meth:`StaleCase.sweep_case` (gold ``(gold,)``, meta with ``gold_token``, so each record carries
+        ``gold_margin``).
+
+        Raises:
+            ValueError: as :func:`build_stale_cases`.
+        """
+        return build_stale_cases(tokenizer, seed=seed, corpus=corpus, families=tuple(p["families"]),
+                                 **{k: p[k] for k in CASE_SIZES})
+
+    def options(self, p: Mapping[str, Any]) -> dict[str, Any]:
+        """The Erratum template when it is not the default (so default records keep one digest)."""
+        return _options(p)
+
+    def finish(self, lm, records: pd.DataFrame, cases: Sequence[StaleCase], p: Mapping[str, Any], where: Path,
+               **run: Any) -> pd.DataFrame:
+        """The placement control's records (when Erratum is a reference) joined, then :func:`add_stale_endpoints`."""
+        from sur_lab.sweeps import run_sweep
+
+        controls = [c.control_case() for c in cases if c.control_edit is not None]
+        if "Erratum" in p["references"] and controls:
+            late = run_sweep(lm, controls, list(PLACEMENT_METHODS), p["budgets"], control_folder(where),
+                             max_new_tokens=p["max_new_tokens"], scorer=stale_fact_scorer, **run)
+            records = pd.concat([records, late_records(late)], ignore_index=True)
+        return add_stale_endpoints(records)
+
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True,
+               n_boot: int = 10_000) -> Report:
+        """The summary (:func:`summary_table`), the declared paired differences (:func:`paired_differences`), the
+        stale rates (:func:`stale_rates`), the old-value pulls (:func:`old_margin_differences`), the margin
+        differences (:func:`margin_differences`) and the generated conclusion (:func:`conclusion`)."""
+        summary = summary_table(records)
+        diffs = paired_differences(records, n_boot=n_boot, decide=decide)
+        rates = stale_rates(records, decide=decide)
+        pulls = old_margin_differences(records, n_boot=n_boot)
+        margins = margin_differences(records, n_boot=n_boot)
+        model = ", ".join(str(m) for m in records["model"].unique()) if "model" in records else "the model"
+        lines = conclusion(summary, diffs, model=model, n_cases=records["case_id"].nunique(), records=records,
+                           margins=margins, decide=decide, rates=rates, pulls=pulls)
+        return Report(tables={"summary": summary, "paired": diffs, "stale_rates": rates, "old_margin": pulls,
+                              "margins": margins}, conclusion=lines)
+
+
+def _roster_digest(p: Mapping[str, Any]) -> str:
+    """The roster's shape as a short digest (the folder's ``r`` entry)."""
+    from sur_lab.fingerprint import digest
+
+    return digest({k: p[k] for k in ("edit_depths", "distances", "num_keys", "families", "erratum_template")})[:8]
+
+
+STUDY = StaleFactsStudy()
 
 
 def control_folder(where: Path) -> Path:
@@ -1143,14 +1112,15 @@ def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int
 
     Returns:
         :func:`~sur_lab.analysis.decisions.paired_family` rows of the three families with ``metric`` (``"em"`` or
-        ``"stale"``) and ``budget_pct`` (of ``a``; NaN for Erratum), ``diff_pp``, ``ci_low_pp``, ``ci_high_pp`` and
-        ``n_cases``.
+        ``"stale"``) and ``budget_pct`` (of ``a``; NaN for Erratum), and the differences in points
+        (:func:`sur_lab.analysis.decisions.in_units`: ``delta``, ``delta_low``, ``delta_high``, ``delta_mde``, ``unit``
+        "pp").
 
     Raises:
         ValueError: naming ``records`` when a case lacks a compared arm's row.
     """
     from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import COLUMNS, paired_family
+    from sur_lab.analysis.decisions import COLUMNS, DIFF_COLUMNS, in_units, paired_family
 
     df = records.assign(arm=_arm(records), _em=records["em"].astype(float), _stale=records["stale"].astype(float))
     budget_of = dict(zip(df["arm"], df["budget_pct"]))
@@ -1163,11 +1133,8 @@ def paired_differences(records: pd.DataFrame, *, n_boot: int = 10_000, seed: int
         out = paired_family(outcomes, family=fam, n_boot=n_boot, seed=seed, decide=decide)
         parts.append(out.assign(metric=metric, budget_pct=[budget_of[a] for a in out["a"]]))
     if not parts:
-        return pd.DataFrame(columns=[*COLUMNS, "metric", "budget_pct", "diff_pp", "ci_low_pp", "ci_high_pp",
-                                     "n_cases"])
-    out = pd.concat(parts, ignore_index=True)
-    return out.assign(diff_pp=100 * out["estimate"], ci_low_pp=100 * out["ci_low"], ci_high_pp=100 * out["ci_high"],
-                      n_cases=out["n"])
+        return pd.DataFrame(columns=[*COLUMNS, "metric", "budget_pct", *DIFF_COLUMNS])
+    return in_units(pd.concat(parts, ignore_index=True))
 
 
 def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_ARMS, by: str = "answer_in",
@@ -1188,32 +1155,31 @@ def margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = MARGIN_AR
         n_boot, seed: bootstrap replicates (>= 100) and generator seed.
 
     Returns:
-        One row per (``by`` value, budget_pct, a): ``b`` (SUR at that budget), ``diff_logit``, ``ci_low_logit``,
-        ``ci_high_logit`` (a minus b, 95 %; a positive difference favours ``a``), ``n_cases``.
+        One row per (``by`` value, budget_pct, a): ``b`` (SUR at that budget), ``delta``, ``delta_low``, ``delta_high``
+        (a minus b, 95 %; a positive difference favours ``a``), ``unit`` ("logits"), ``n`` (cases): the schema of
+        :func:`sur_lab.analysis.decisions.in_units`.
 
     Raises:
         ValueError: naming ``by`` when it is not a record column.
     """
     from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import paired_family
+    from sur_lab.analysis.decisions import in_units, paired_family
 
     if by not in records.columns:
         raise ValueError(f"by={by!r} is not a record column")
     df = records.assign(arm=_arm(records), _m=records["gold_margin"].astype(float))
     budget_of = dict(zip(df["arm"], df["budget_pct"]))
     budgets = sorted(df.loc[df["method"] == "SUR", "budget_pct"].dropna().unique())
-    cols = [by, "budget_pct", "a", "b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
+    cols = [by, "budget_pct", "a", "b", "delta", "delta_low", "delta_high", "unit", "n"]
     parts = []
     for value, sub in df.groupby(by, sort=True):
         pairs = [(f"{m} {b:g}%", f"SUR {b:g}%") for b in budgets for m in arms]
         outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in set(sub["arm"])], "_m")
         if not outcomes:
             continue
-        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
-        parts.append(pd.DataFrame({by: value, "budget_pct": [budget_of[a] for a in res["a"]],
-                                   "a": res["a"], "b": res["b"], "diff_logit": res["estimate"],
-                                   "ci_low_logit": res["ci_low"], "ci_high_logit": res["ci_high"],
-                                   "n_cases": res["n"]}))
+        res = in_units(paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False),
+                       unit="logits")
+        parts.append(res.assign(**{by: value, "budget_pct": [budget_of[a] for a in res["a"]]})[cols])
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
@@ -1277,18 +1243,19 @@ def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_
         n_boot, seed: bootstrap replicates and generator seed.
 
     Returns:
-        One row per (family, a): ``b``, ``mean_a``, ``mean_b`` (mean pulls), ``diff_logit``, ``ci_low_logit``,
-        ``ci_high_logit`` (a minus b, 95 %), ``n_cases``.
+        One row per (family, a): ``b``, ``mean_a``, ``mean_b`` (mean pulls, logits), ``delta``, ``delta_low``,
+        ``delta_high`` (a minus b, 95 %), ``unit`` ("logits"), ``n`` (cases): the schema of
+        :func:`sur_lab.analysis.decisions.in_units`.
 
     Raises:
         ValueError: naming ``records`` when it has no ``old_margin`` column.
     """
     from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import paired_family
+    from sur_lab.analysis.decisions import in_units, paired_family
 
     if "old_margin" not in records.columns:
         raise ValueError("records lack the column 'old_margin' (sweep records carry it since issue 40)")
-    cols = ["family", "a", "b", "mean_a", "mean_b", "diff_logit", "ci_low_logit", "ci_high_logit", "n_cases"]
+    cols = ["family", "a", "b", "mean_a", "mean_b", "delta", "delta_low", "delta_high", "unit", "n"]
     eligible = records["stale_value"].fillna("").astype(str) != ""
     df = records[eligible].assign(arm=lambda d: _arm(d), _m=lambda d: d["old_margin"].astype(float))
     parts = []
@@ -1298,13 +1265,12 @@ def old_margin_differences(records: pd.DataFrame, *, arms: Sequence[str] = PULL_
         outcomes, _ = paired_outcomes(sub, [p for p in pairs if p[0] in present and p[1] in present], "_m")
         if not outcomes:
             continue
-        res = paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False)
+        res = in_units(paired_family(outcomes, kind="continuous", n_boot=n_boot, seed=seed, decide=False),
+                       unit="logits")
         means = {pair: (float(np.nanmean(x)), float(np.nanmean(y))) for pair, (x, y) in outcomes.items()}
-        parts.append(pd.DataFrame({"family": family, "a": res["a"], "b": res["b"],
-                                   "mean_a": [means[(a, b)][0] for a, b in zip(res["a"], res["b"])],
-                                   "mean_b": [means[(a, b)][1] for a, b in zip(res["a"], res["b"])],
-                                   "diff_logit": res["estimate"], "ci_low_logit": res["ci_low"],
-                                   "ci_high_logit": res["ci_high"], "n_cases": res["n"]}))
+        parts.append(res.assign(family=family,
+                                mean_a=[means[(a, b)][0] for a, b in zip(res["a"], res["b"])],
+                                mean_b=[means[(a, b)][1] for a, b in zip(res["a"], res["b"])])[cols])
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
@@ -1382,19 +1348,19 @@ def conclusion(summary: pd.DataFrame, diffs: pd.DataFrame, *, model: str, n_case
     if pulls is not None and len(pulls):
         for family, block in pulls.groupby("family", sort=False):
             lines.append(f"Old-value pull (old minus gold first-token logit, descriptive intervals), {family}: " + "; ".join(
-                f"{r.a} minus {r.b} {r.diff_logit:+.3g}" + (
-                    f" (95 % CI {r.ci_low_logit:+.3g} to {r.ci_high_logit:+.3g}" if not pd.isna(r.ci_low_logit)
-                    else " (no interval") + f"; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
+                f"{r.a} minus {r.b} {r.delta:+.3g}" + (
+                    f" (95 % CI {r.delta_low:+.3g} to {r.delta_high:+.3g}" if not pd.isna(r.delta_low)
+                    else " (no interval") + f"; {r.n} case{'s' if r.n != 1 else ''})"
                 for r in block.itertuples()) + ".")
     if margins is not None and len(margins):
         for value, block in margins.groupby(by, sort=True):
             lines.append(f"Gold margin (logits, descriptive intervals, not a declared family), answer in the {value} "
                          "text: " + "; ".join(
-                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (95 % CI {r.ci_low_logit:+.3g} to "
-                             f"{r.ci_high_logit:+.3g}; {r.n_cases} case{'s' if r.n_cases != 1 else ''})"
-                             if not pd.isna(r.ci_low_logit) else
-                             f"{r.a} minus {r.b} {r.diff_logit:+.3g} (no interval; {r.n_cases} case"
-                             f"{'s' if r.n_cases != 1 else ''})"
+                             f"{r.a} minus {r.b} {r.delta:+.3g} (95 % CI {r.delta_low:+.3g} to "
+                             f"{r.delta_high:+.3g}; {r.n} case{'s' if r.n != 1 else ''})"
+                             if not pd.isna(r.delta_low) else
+                             f"{r.a} minus {r.b} {r.delta:+.3g} (no interval; {r.n} case"
+                             f"{'s' if r.n != 1 else ''})"
                              for r in block.itertuples()) + ".")
     return lines
 

@@ -2,8 +2,8 @@
 
 * :mod:`~sur_lab.sweeps.record`: :class:`Record`, the one schema of a sweep record (JSON lines, Parquet rows).
 * :mod:`~sur_lab.sweeps.case`: :class:`Case` and :func:`run_case`, the only place that turns one case into records.
-* :mod:`~sur_lab.sweeps.store`: :class:`SweepStore`, part files, the fingerprint check, ``sweep.json``,
-  ``records.parquet``, resume; :func:`sweep_folder` names a folder per study, parameters and model fingerprint.
+* :mod:`~sur_lab.sweeps.store`: :class:`SweepStore`, part files (records, or keyed rows), the fingerprint check,
+  ``sweep.json``, ``records.parquet``, resume; :func:`sweep_folder` names a folder per study, parameters and model fingerprint.
 * :mod:`~sur_lab.sweeps.local` and :mod:`~sur_lab.sweeps.ray`: schedulers (this process, Ray actors).
 * :mod:`~sur_lab.sweeps.run`: :func:`run_sweep`, which checks the arguments and picks a scheduler.
 

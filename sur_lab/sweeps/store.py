@@ -22,6 +22,21 @@ A ``records.parquet`` whose cases have no part files (``parts/`` deleted, or cop
 those records: before anything can overwrite it, :meth:`SweepStore.adopt_consolidated` checks its records against the
 run's fingerprint and refuses a mismatch (``ValueError`` naming ``out_dir``); matching records are written back as
 part files, so the run resumes them instead of losing them.
+
+Keyed rows (:meth:`SweepStore.run_keyed`) are the store of the studies whose unit is not one sweep record: an agent
+trace's turns, an agent episode's edits, an execution-path cell's decodes. A case there produces several plain rows
+(mappings of JSON values), each named by its ``key`` fields (e.g. ``("turn", "path")``), in one computation that
+cannot be split (a path's state at turn t depends on its turns before). The same folder layout holds them:
+
+- ``parts/<case>.jsonl``: one line per row, ``{"case_id", "key", "fingerprint", "row"}``, the case's rows written
+  together, atomically (:meth:`SweepStore.write_rows`): a case's rows are on disk whole or not at all, so an
+  interrupted run loses only the case in flight and the next call resumes after the finished ones;
+- ``sweep.json``: the fingerprint of the last call (:meth:`SweepStore.write_manifest`);
+- the study's table (e.g. ``turns.parquet``), every case's rows in case order, written atomically at the end.
+
+A stored case made with another fingerprint is refused by the same :func:`check_fingerprint` (``ValueError`` naming
+the folder, the case and the first differing field); a part file that is not keyed rows of its case (torn, edited by
+hand, another format) is reported in a ``UserWarning``, removed and its case recomputed.
 """
 
 from __future__ import annotations
@@ -29,10 +44,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +85,12 @@ def part_name(case_id: str) -> str:
     return f"{safe}-{hashlib.sha1(case_id.encode()).hexdigest()[:8]}"
 
 
-def check_fingerprint(stored: Iterable[Record], expected: Mapping[str, Any], *, out_dir: Path | str,
-                      case_id: str) -> None:
+def check_fingerprint(stored: Iterable[Record | Mapping[str, Any]], expected: Mapping[str, Any], *,
+                      out_dir: Path | str, case_id: str) -> None:
     """The one fingerprint check: every stored record of a case must match ``expected`` on each of its fields.
 
     Args:
-        stored: the case's stored records.
+        stored: the case's stored records (:class:`Record` objects, or the fingerprint mappings of keyed rows).
         expected: fingerprint field -> value the call would write (all of
             :data:`sur_lab.sweeps.record.FINGERPRINT_FIELDS` where known; a driver without the model passes the
             fields it knows and the workers check the rest).
@@ -84,7 +100,7 @@ def check_fingerprint(stored: Iterable[Record], expected: Mapping[str, Any], *, 
         ValueError: naming ``out_dir``, the case and the first differing field with both values.
     """
     for rec in stored:
-        row = rec.to_json()
+        row = rec.to_json() if isinstance(rec, Record) else rec
         bad = first_difference(row, expected)
         if bad is not None:
             raise ValueError(
@@ -247,10 +263,185 @@ class SweepStore:
     def write_manifest(self, config: Mapping[str, Any], **details: Any) -> None:
         """Write ``sweep.json`` atomically: the configuration, its digest (``fingerprint``) and ``details`` (methods,
         budgets, cases, timed cases, workers...)."""
+        self.write_json("sweep.json", {**config, "fingerprint": digest(dict(config)), **details}, indent=1)
+
+    def write_json(self, name: str, value: Any, *, indent: int | None = None) -> Path:
+        """Write ``value`` as JSON to ``out_dir/name`` atomically (the folder's one writer of whole files: a reader
+        sees the previous file or the complete new one); returns the path. Values that are not JSON are written as
+        ``str``."""
+        return self._write(name, lambda tmp: tmp.write_text(json.dumps(value, indent=indent, default=str),
+                                                            encoding="utf-8"))
+
+    def write_table(self, name: str, frame: pd.DataFrame) -> Path:
+        """Write ``frame`` as Parquet to ``out_dir/name`` atomically (no index); returns the path."""
+        return self._write(name, lambda tmp: frame.to_parquet(tmp, index=False))
+
+    def _write(self, name: str, write: Callable[[Path], Any]) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({**config, "fingerprint": digest(dict(config)), **details}, indent=1, default=str)
-        with atomic_path(self.out_dir / "sweep.json") as tmp:
-            tmp.write_text(text, encoding="utf-8")
+        path = self.out_dir / name
+        with atomic_path(path) as tmp:
+            write(tmp)
+        return path
+
+    # -- keyed rows (module docstring) ---------------------------------------------------------------------------
+
+    def write_rows(self, case_id: str, rows: Sequence[Mapping[str, Any]], *, key: Sequence[str],
+                   fingerprint: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Store a case's rows, all at once and atomically (its part file is replaced whole), and return them as they
+        read back (JSON values: NumPy scalars become Python numbers, arrays and tuples lists; NaN kept).
+
+        Args:
+            case_id: the case (a non-empty string).
+            rows: the case's rows (>= 1 mappings of column -> JSON value).
+            key: the columns that name a row within its case (>= 1); no two rows may share their values.
+            fingerprint: field -> JSON value (finite floats): what the rows depend on (checked on read by
+                :func:`check_fingerprint`).
+
+        Raises:
+            ValueError: naming ``case_id`` (empty or not a string), ``rows`` (empty, a row that is not a mapping, lacks
+                a ``key`` column, repeats another row's key, or holds a value that is not JSON), ``key`` (empty or a
+                string) or ``fingerprint`` (not a mapping of JSON values, or a NaN in it); nothing is written then.
+        """
+        _check_case_id(case_id)
+        key = _check_key(key)
+        if not isinstance(fingerprint, Mapping):
+            raise ValueError(f"fingerprint must be a mapping of field -> JSON value, not {type(fingerprint).__name__}")
+        fp = _json_value(dict(fingerprint), "fingerprint", finite=True)
+        if isinstance(rows, (str, bytes, Mapping)) or not len(rows):
+            raise ValueError(f"rows of case {case_id!r} must be a non-empty sequence of mappings")
+        lines, seen = [], set()
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise ValueError(f"rows[{i}] of case {case_id!r} is a {type(row).__name__}, not a mapping")
+            missing = [k for k in key if k not in row]
+            if missing:
+                raise ValueError(f"rows[{i}] of case {case_id!r} lacks the key column(s) {missing}")
+            plain = _json_value(dict(row), f"rows[{i}] of case {case_id!r}")
+            row_key = [plain[k] for k in key]
+            if json.dumps(row_key) in seen:
+                raise ValueError(f"rows[{i}] of case {case_id!r} repeats the key {dict(zip(key, row_key))}")
+            seen.add(json.dumps(row_key))
+            lines.append(json.dumps({"case_id": case_id, "key": row_key, "fingerprint": fp, "row": plain},
+                                    allow_nan=True))
+        self.parts.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.part_path(case_id)) as tmp:
+            with tmp.open("w", encoding="utf-8") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+                fh.flush()
+                os.fsync(fh.fileno())
+        return [json.loads(line)["row"] for line in lines]
+
+    def read_rows(self, case_id: str, *, key: Sequence[str],
+                  fingerprint: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """A case's stored rows in the order written, or ``None`` when the case has none (never run, interrupted
+        before its write, or its part file was not keyed rows of this case: reported in a ``UserWarning`` naming the
+        file and the reason, removed, so the case is recomputed).
+
+        Args:
+            case_id, key: as :meth:`write_rows`.
+            fingerprint: what the rows must have been made with.
+
+        Raises:
+            ValueError: from :func:`check_fingerprint`, naming ``out_dir``, the case and the first differing field,
+                when the stored rows were made with another fingerprint (nothing is removed: use a fresh folder);
+                naming ``case_id`` or ``key`` when invalid.
+        """
+        _check_case_id(case_id)
+        key = _check_key(key)
+        path = self.part_path(case_id)
+        if not path.exists():
+            return None
+        rows, fps, why = [], [], None
+        data = path.read_bytes()
+        if not data.endswith(b"\n"):
+            why = "no line end at the end of the file (a write interrupted by a crash)"
+        for lineno, line in enumerate(data.split(b"\n")[:-1], start=1):
+            if why:
+                break
+            try:
+                obj = json.loads(line)
+            except ValueError as err:
+                why = f"line {lineno} is not JSON ({err})"
+                break
+            if not (isinstance(obj, dict) and set(obj) == {"case_id", "key", "fingerprint", "row"}
+                    and isinstance(obj["row"], dict) and isinstance(obj["fingerprint"], dict)):
+                why = f"line {lineno} is not a keyed row (a sweep record, or another format)"
+            elif obj["case_id"] != case_id:
+                why = f"line {lineno} is a row of case {obj['case_id']!r}, not {case_id!r}"
+            elif obj["key"] != [obj["row"].get(k) for k in key]:
+                why = f"line {lineno} is keyed by {obj['key']!r}, not by the row's {list(key)} values"
+            else:
+                rows.append(obj["row"])
+                fps.append(obj["fingerprint"])
+        if why is None and not rows:
+            why = "no rows"
+        if why is not None:
+            warnings.warn(f"{path}: not the keyed rows of case {case_id!r} ({why}); it is removed and the case "
+                          "recomputed", UserWarning, stacklevel=2)
+            path.unlink(missing_ok=True)
+            return None
+        expected = _json_value(dict(fingerprint), "fingerprint", finite=True)
+        check_fingerprint(fps, expected, out_dir=self.out_dir, case_id=case_id)
+        return rows
+
+    def run_keyed(self, cases: Mapping[str, Any], compute: Callable[[Any], Sequence[Mapping[str, Any]]], *,
+                  key: Sequence[str], fingerprint: Mapping[str, Any],
+                  case_fingerprint: Callable[[Any], Mapping[str, Any]] | None = None, table: str,
+                  finish: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+                  details: Mapping[str, Any] | None = None, progress: bool = False,
+                  desc: str = "cases") -> pd.DataFrame:
+        """The one resume loop of keyed rows: under :meth:`lock`, each case's stored rows are read back
+        (:meth:`read_rows`) or computed (``compute(case)``) and stored at once (:meth:`write_rows`); then every
+        case's rows, in the order of ``cases``, go through ``finish`` (e.g. cumulative columns) and are written to
+        ``out_dir/table`` (:meth:`write_table`), the fingerprint to ``sweep.json``. A fresh run and a resumed one
+        return equal frames: both are built from the rows as they read back.
+
+        Args:
+            cases: case id -> case (anything ``compute`` takes), in table order.
+            compute: a case's rows (see :meth:`write_rows`).
+            key: the columns naming a row within its case.
+            fingerprint: the fields every stored row must match (model, parameters, versions...).
+            case_fingerprint: extra fields per case (e.g. a digest of the case's content), merged over
+                ``fingerprint``.
+            table: the table's file name (``.parquet``).
+            finish: the frame of every case's rows -> the table (default: the frame itself).
+            details: written to ``sweep.json`` beside the fingerprint.
+            progress: a progress bar over the cases to compute. desc: its label.
+
+        Returns:
+            The table: every case's rows as one DataFrame (one row per stored row; columns in first-seen order),
+            through ``finish``.
+
+        Raises:
+            ValueError: naming ``table`` (not a ``.parquet`` name without a folder), ``cases`` (empty) or, from
+                :meth:`read_rows`, a stored case made with another fingerprint (before anything is computed); from
+                :meth:`write_rows`, bad rows.
+            FolderInUseError: another process holds the folder (:meth:`lock`).
+        """
+        if not isinstance(table, str) or not table.endswith(".parquet") or Path(table).name != table:
+            raise ValueError(f"table={table!r} must be a file name ending in .parquet")
+        if not len(cases):
+            raise ValueError("cases is empty; give at least one case")
+        key = _check_key(key)
+
+        def fp_of(case: Any) -> dict[str, Any]:
+            return {**fingerprint, **(case_fingerprint(case) if case_fingerprint else {})}
+
+        from tqdm.auto import tqdm
+
+        with self.lock():
+            stored = {cid: self.read_rows(cid, key=key, fingerprint=fp_of(case)) for cid, case in cases.items()}
+            todo = [cid for cid, rows in stored.items() if rows is None]
+            if progress and len(todo) < len(cases):
+                print(f"{len(cases) - len(todo)} of {len(cases)} {desc} read back from {self.parts}", flush=True)
+            for cid in tqdm(todo, desc=desc, disable=not progress):
+                stored[cid] = self.write_rows(cid, compute(cases[cid]), key=key, fingerprint=fp_of(cases[cid]))
+            frame = pd.DataFrame([row for cid in cases for row in stored[cid]])
+            if finish is not None:
+                frame = finish(frame)
+            self.write_manifest(dict(fingerprint), cases=list(cases), key=list(key), table=table, **(details or {}))
+            self.write_table(table, frame)
+        return frame
 
     def consolidate(self, case_ids: Sequence[str], keys: Sequence[tuple[str, str, str]]) -> pd.DataFrame:
         """The requested records in order (cases, then ``keys``), as a DataFrame also written atomically to
@@ -260,10 +451,48 @@ class SweepStore:
             recs = self.read(cid)
             rows.extend(recs[k] for k in keys if k in recs)
         df = records_frame(rows)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.out_dir / "records.parquet") as tmp:
-            df.to_parquet(tmp, index=False)
+        self.write_table("records.parquet", df)
         return df
+
+
+def _check_case_id(case_id: Any) -> None:
+    if not isinstance(case_id, str) or not case_id:
+        raise ValueError(f"case_id={case_id!r} must be a non-empty string")
+
+
+def _check_key(key: Any) -> tuple[str, ...]:
+    if isinstance(key, str) or not isinstance(key, Sequence) or not key or not all(isinstance(k, str) for k in key):
+        raise ValueError(f"key={key!r} must be a non-empty sequence of column names (e.g. ('turn', 'path'))")
+    return tuple(key)
+
+
+def _json_value(value: Any, name: str, *, finite: bool = False) -> Any:
+    """``value`` as plain JSON values: NumPy scalars as Python numbers, arrays and tuples as lists, mapping keys as
+    strings; NaN and infinities kept (written as ``NaN``/``Infinity``, read back by :mod:`json`).
+
+    Raises:
+        ValueError: naming ``name`` and the type of a value that is not JSON; with ``finite`` (fingerprints: NaN never
+            equals itself, so a stored NaN would never match), naming a NaN or infinite float.
+    """
+    import numpy as np
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if finite and not math.isfinite(value):
+            raise ValueError(f"{name} holds {value!r}; a fingerprint's floats must be finite (digest the value)")
+        return float(value)
+    if isinstance(value, np.generic):
+        return _json_value(value.item(), name, finite=finite)
+    if isinstance(value, np.ndarray):
+        return _json_value(value.tolist(), name, finite=finite)
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v, name, finite=finite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v, name, finite=finite) for v in value]
+    raise ValueError(f"{name} holds a {type(value).__name__} ({value!r:.80}), not a JSON value")
 
 
 def read_records(out_dir: Path | str) -> pd.DataFrame:

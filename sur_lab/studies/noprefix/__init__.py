@@ -8,10 +8,11 @@
   :func:`plan_repair`).
 * :mod:`~sur_lab.studies.noprefix.protocol`: the forward and donor protocols, the repair-unit sets, RAG requests
   built from QA examples (:func:`build_request`).
-* :mod:`~sur_lab.studies.noprefix.study`: the study API (:data:`PRESETS`, :data:`FIXED`, :func:`cases`,
-  :func:`sweep`): composed requests as sweep cases (:class:`ComposedCase`), repair units as sweep methods
-  (:class:`RepairMethod`), records in the one schema through :func:`sur_lab.sweeps.run_case`; :func:`runs_table` and
-  :func:`measure_drift` for the tables.
+* :mod:`~sur_lab.studies.noprefix.study`: the study (:class:`NoprefixStudy` on the
+  :class:`~sur_lab.studies.base.Study` base; :data:`STUDY` the main design, :data:`POSITIONS` the position sweep;
+  :data:`PRESETS`, :data:`FIXED`): composed requests as sweep cases (:class:`ComposedCase`), repair units as sweep
+  methods (:class:`RepairMethod`), records in the one schema through :func:`sur_lab.sweeps.run_case`;
+  :func:`runs_table` and :func:`measure_drift` for the tables.
 * :mod:`~sur_lab.studies.noprefix.reporting`: drift tables, summaries with bootstrap intervals (median and p95 time to
   first logit), the operating rule, the design ledger, the robustness checks (the EM-correct stratum, a second model
   family: :func:`stratum_table`, :func:`robustness_table`), the largest workload's quality gate (:func:`quality_gate`)

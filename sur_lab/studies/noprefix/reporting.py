@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, discordance_from_interval
+from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, discordance_from_interval
 from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
 
 #: The design ledger's paired comparisons (issue 36; :mod:`sur_lab.analysis.decisions`): each route against the one it
@@ -29,7 +29,7 @@ LEDGER = Family("design ledger", "binary",
 #: :data:`LEDGER_MARGIN` (paired over requests, sources clustered; tested alone).
 DONOR_PROXY = Family("donor-copy as a proxy", "binary", "donor-copy minus actual forwarding of suffix K1 (risk), "
                      "preservation", primary=True, margin=LEDGER_MARGIN)
-#: The power statement's basis (issue 40; :func:`mde`): the donor-proxy comparison's discordance rate per request,
+#: The power statement's basis (issue 40; :data:`POWER`): the donor-proxy comparison's discordance rate per request,
 #: from SAFE-KV's Table 20 (Noise64, 50 requests): donor-copy minus forwarding +0.20 [0.06, 0.34] in preservation
 #: (:func:`~sur_lab.analysis.decisions.discordance_from_interval`).
 PRIMARY_POWER = PowerBasis(discordance_from_interval(0.20, 0.06, 0.34, 50),
@@ -43,24 +43,12 @@ def _power_clusters(p: Mapping[str, Any]) -> list[int]:
     return per * len(p["datasets"])
 
 
-def mde(p: Mapping[str, Any]) -> tuple[float, str]:
-    """The primary comparison's (:data:`DONOR_PROXY`) minimal detectable effect at 80 % power, two-sided 5 %, at the
-    size of ``p`` (:func:`~sur_lab.studies.noprefix.study.params`: requests paired, sources clustered) and the stated
-    discordance rate :data:`PRIMARY_POWER`: ``(points, "pp")`` (:func:`sur_lab.analysis.decisions.mde`; NaN when the
-    size cannot reach 80 %). The equivalence verdict needs more: the 90 % interval inside ±5 points."""
-    from sur_lab.analysis.decisions import mde as primary_mde
+#: The primary comparison's power design (issue 40): the study's ``mde`` and ``power_line`` (the
+#: :class:`~sur_lab.studies.base.Study` base's) at its parameters.
+POWER = PowerDesign("donor-copy vs actual forwarding (suffix K1, risk), preservation", DONOR_PROXY,
+                    PRIMARY_POWER, lambda p: (len(_power_clusters(p)), _power_clusters(p)), what="requests",
+                    clusters="sources")
 
-    sizes = _power_clusters(p)
-    return primary_mde(DONOR_PROXY, PRIMARY_POWER, len(sizes), cluster_size=sizes)
-
-
-def power_line(p: Mapping[str, Any]) -> str:
-    """:func:`mde` in words, for notebook 06's "This run" cell (:func:`sur_lab.analysis.decisions.power_sentence`)."""
-    from sur_lab.analysis.decisions import power_sentence
-
-    sizes = _power_clusters(p)
-    return power_sentence("donor-copy vs actual forwarding (suffix K1, risk), preservation", DONOR_PROXY,
-                          PRIMARY_POWER, len(sizes), cluster_size=sizes, what="requests", clusters="sources")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Drift
@@ -888,9 +876,8 @@ def plot_robustness(table: pd.DataFrame, *, title: str = ""):
 
 __all__ = [
     "DONOR_PROXY",
+    "POWER",
     "PRIMARY_POWER",
-    "mde",
-    "power_line",
     "LEDGER",
     "LEDGER_MARGIN",
     "LOCAL_VS_SUFFIX",

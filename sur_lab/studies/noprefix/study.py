@@ -49,6 +49,16 @@ from sur_lab.studies.noprefix.protocol import (
     sweep_specs,
     workload_name,
 )
+from sur_lab.studies.base import Report, Study
+from sur_lab.studies.noprefix.reporting import (
+    DONOR_PROXY,
+    LEDGER,
+    POWER,
+    conclusion,
+    design_ledger,
+    operating_rule,
+    summarize,
+)
 from sur_lab.studies.noprefix.selection import PROTOCOLS, RepairSpec, plan_repair, risk_scores, selector_scores
 from sur_lab.sweeps import Case
 
@@ -241,28 +251,16 @@ class ExampleScorer:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Study API: parameters, cases, the sweep
-
-
-def params(preset: str = "default", **overrides: Any) -> dict[str, Any]:
-    """The study's parameters at ``preset``: its sizes (:data:`PRESETS`) and :data:`FIXED`, overrides applied
-    (``None`` keeps the default).
-
-    Raises:
-        ValueError: naming ``preset`` or an unknown parameter.
-    """
-    from sur_lab.studies.presets import study_params
-
-    return study_params(PRESETS, FIXED, preset, **overrides)
+# The study (issue 39: declarations on the Study base; params, folder, sweep, mde and conclusion are the base's)
 
 
 def robustness_overrides(p: Mapping[str, Any]) -> dict[str, Any]:
-    """Overrides of :func:`sweep` for the robustness model (SAFE-KV Figure 4, right): the main design's workloads with
-    at most :data:`ROBUSTNESS_MAX_DOCS` documents, at most ``p["robustness_sources"]`` sources per dataset each, and
-    no timed request (the check is about answers; its records are answered in batches).
+    """Overrides of :meth:`NoprefixStudy.sweep` for the robustness model (SAFE-KV Figure 4, right): the main design's
+    workloads with at most :data:`ROBUSTNESS_MAX_DOCS` documents, at most ``p["robustness_sources"]`` sources per
+    dataset each, and no timed request (the check is about answers; its records are answered in batches).
 
     Args:
-        p: the study's parameters (:func:`params`).
+        p: the study's parameters (:meth:`NoprefixStudy.params`).
 
     Returns:
         ``num_docs``, ``n_sources`` and ``timed_sources`` to pass with the study's other overrides.
@@ -312,92 +310,97 @@ def _requests(tokenizer, p: Mapping[str, Any], seed: int, design: str) -> list[t
     return out
 
 
-def cases(tokenizer, *, preset: str = "default", seed: int = 0, design: str = "main",
-          **overrides: Any) -> list[ComposedCase]:
-    """The study's cases: one :class:`ComposedCase` per RAG request of ``design`` (meta: dataset, source, number of
-    documents, evidence slot, workload, and ``source_rank``, the source's place in the seeded selection).
-
-    Raises:
-        ValueError: naming ``design``, or as :func:`params` and the request builders.
-    """
-    _check_design(design)
-    return [_case(row) for row in _requests(tokenizer, params(preset, **overrides), seed, design)]
-
-
 def _case(row: tuple) -> ComposedCase:
     cid, req, ex, rank = row
     meta = {**req.meta, "workload": workload_name(req.meta["dataset"], req.meta["num_docs"]), "source_rank": rank}
     return composed_case(cid, req.prompt, tuple(ex.answers), meta)
 
 
-def methods(p: Mapping[str, Any], design: str = "main") -> list:
-    """The sweep's methods: Re-prefill (the answer reference), Replay (full prefill after the shared prefix: the
-    TTFL reference), Shift (prefix composition), then one :class:`RepairMethod` per repair unit and protocol."""
-    _check_design(design)
-    specs = default_specs(p["budgets"]) if design == "main" else sweep_specs()
-    units = [s for s in specs if s.unit not in ("none", "full")]
-    return ["Re-prefill", "Replay", "Shift"] + [RepairMethod(s, proto) for s in units for proto in p["protocols"]]
+class ComposedCases(list):
+    """A design's :class:`ComposedCase` list, with ``examples`` (case id -> its QA example) for the scorer."""
+
+    def __init__(self, cases: Sequence[ComposedCase] = (), examples: Mapping[str, Any] | None = None) -> None:
+        super().__init__(cases)
+        self.examples = dict(examples or {})
 
 
-def folder(lm, p: Mapping[str, Any], *, seed: int = 0, eval_batch: int | None = None, executor: str = "sequential",
-           design: str = "main", outputs: Path | None = None) -> Path:
-    """The sweep folder of parameters ``p`` and ``design`` (:func:`sur_lab.sweeps.sweep_folder`); :func:`sweep` uses
-    it, so notebook 06 and ``sur-lab sweep noprefix`` with the same parameters share a folder."""
-    from sur_lab.sweeps import EVAL_BATCH, sweep_folder
-
-    _check_design(design)
-    extra = {} if executor == "sequential" else {"ex": executor}
-    sizes = ({"n": p["num_docs"], "src": p["n_sources"], "timed": p["timed_sources"]} if design == "main"
-             else {"docs": p["sweep_docs"], "src": p["sweep_sources"]})
-    return sweep_folder(f"{FOLDER}_{design}", lm, outputs=outputs, data=p["datasets"], **sizes,
-                        cap=p["max_doc_tokens"], b=p["budgets"], tok=p["max_new_tokens"], seed=seed,
-                        eb=EVAL_BATCH if eval_batch is None else eval_batch, **extra)
-
-
-def sweep(lm, *, preset: str = "default", out: Path | str | None = None, seed: int = 0, workers: int = 1,
-          threads: int | None = None, address: str | None = None, executor: str = "sequential",
-          eval_batch: int | None = None, progress: bool = True, design: str = "main",
-          **overrides: Any) -> tuple[pd.DataFrame, Path]:
-    """Run (or resume) the study's sweep of ``design`` (``"main"``: every repair unit and protocol over the
-    workloads; ``"positions"``: the evidence position sweep).
-
-    Requests of the first ``timed_sources`` sources per dataset (main design) are answered one record at a time and
-    timed (time to first logit); the rest, and the position sweep, are answered in batches for quality only.
-
-    Args:
-        lm: the model (a :class:`sur_lab.models.LoadedModel`).
-        preset, overrides: the parameters (:func:`params`; e.g. ``n_sources=[24, 8]``).
-        out: the sweep folder (default :func:`folder`).
-        seed: source selection, document order and padding.
-        workers, threads, address: Ray actors (:func:`sur_lab.sweeps.run_sweep`); keep ``workers=1`` for TTFL.
-        executor: executor of the forward protocol.
-        eval_batch: records answered together in untimed cases (default :data:`sur_lab.sweeps.EVAL_BATCH`).
-        progress: show a progress bar.
-        design: ``"main"`` or ``"positions"``.
-
-    Returns:
-        ``(records, folder)``; :func:`runs_table` turns the records into the study's tables' columns.
+class NoprefixStudy(Study):
+    """Non-prefix reuse (notebook 06), one instance per design: ``"main"`` (every repair unit and protocol over the
+    workloads; :data:`STUDY`, registered as ``noprefix``) or ``"positions"`` (the evidence position sweep,
+    :data:`POSITIONS`). Requests of the first ``timed_sources`` sources per dataset (main design) are answered one
+    record at a time and timed (time to first logit); the rest, and the position sweep, are answered in batches for
+    quality only (keep ``workers=1`` for TTFL). :func:`runs_table` turns the records into the study's tables' columns.
 
     Raises:
-        ValueError: naming a bad parameter or ``design``, before any model call; or as
-            :func:`sur_lab.sweeps.run_sweep`.
+        ValueError: naming ``design`` when not one of :data:`DESIGNS`.
     """
-    from sur_lab.sweeps import EVAL_BATCH, run_sweep
 
-    _check_design(design)
-    p = params(preset, **overrides)
-    eval_batch = EVAL_BATCH if eval_batch is None else eval_batch
-    rows = _requests(lm.tokenizer, p, seed, design)
-    the_cases = [_case(row) for row in rows]
-    timed = [c.case_id for c in the_cases if design == "main" and c.meta["source_rank"] < p["timed_sources"]]
-    scorer = ExampleScorer({cid: ex for cid, _, ex, _ in rows})
-    where = Path(out) if out is not None else folder(lm, p, seed=seed, eval_batch=eval_batch, executor=executor,
-                                                     design=design)
-    records = run_sweep(lm, the_cases, methods(p, design), [], where, max_new_tokens=p["max_new_tokens"],
-                        executor=executor, eval_batch=eval_batch, timed=timed, scorer=scorer,
-                        parser=preservation_text, seed=seed, workers=workers, threads=threads, address=address,
-                        progress=progress)
-    return records, where
+    name, notebook = NAME, NOTEBOOK
+    presets, fixed = PRESETS, FIXED
+    parser = staticmethod(preservation_text)
+    power, families = POWER, (DONOR_PROXY, LEDGER)
+
+    def __init__(self, design: str = "main") -> None:
+        _check_design(design)
+        self.design = design
+        self.folder_prefix = f"{FOLDER}_{design}"
+        sizes = ({"n": "num_docs", "src": "n_sources", "timed": "timed_sources"} if design == "main"
+                 else {"docs": "sweep_docs", "src": "sweep_sources"})
+        self.folder_keys = {"data": "datasets", **sizes, "cap": "max_doc_tokens", "b": "budgets",
+                            "tok": "max_new_tokens", "seed": "seed", "eb": "eval_batch"}
+
+    def cases(self, tokenizer, p: Mapping[str, Any], seed: int = 0) -> ComposedCases:
+        """One :class:`ComposedCase` per RAG request of the design (meta: dataset, source, number of documents,
+        evidence slot, workload, and ``source_rank``, the source's place in the seeded selection).
+
+        Raises:
+            ValueError: as the request builders.
+        """
+        rows = _requests(tokenizer, p, seed, self.design)
+        return ComposedCases([_case(row) for row in rows], {cid: ex for cid, _, ex, _ in rows})
+
+    def methods(self, p: Mapping[str, Any]) -> list:
+        """Re-prefill (the answer reference), Replay (full prefill after the shared prefix: the TTFL reference), Shift
+        (prefix composition), then one :class:`RepairMethod` per repair unit and protocol."""
+        specs = default_specs(p["budgets"]) if self.design == "main" else sweep_specs()
+        units = [s for s in specs if s.unit not in ("none", "full")]
+        return ["Re-prefill", "Replay", "Shift"] + [RepairMethod(s, proto) for s in units for proto in p["protocols"]]
+
+    def budgets(self, p: Mapping[str, Any]) -> list:
+        """None: every :class:`RepairMethod` carries its own budget."""
+        return []
+
+    def sweep_cases(self, cases: ComposedCases, p: Mapping[str, Any]) -> list:
+        """:meth:`cases` are sweep cases already."""
+        return list(cases)
+
+    def timed(self, cases: ComposedCases, p: Mapping[str, Any]) -> list[str]:
+        """The main design's requests of the first ``timed_sources`` sources per dataset."""
+        return [c.case_id for c in cases if self.design == "main" and c.meta["source_rank"] < p["timed_sources"]]
+
+    def scorer_for(self, cases: ComposedCases) -> ExampleScorer:
+        """Each request's dataset rule on the extracted answer (:class:`ExampleScorer`)."""
+        return ExampleScorer(cases.examples)
+
+    def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True,
+               required_preservation: float = 0.95, seed: int = 0, drift=None) -> Report:
+        """The runs (:func:`runs_table`), the summary by workload, the operating rule per workload, the design
+        ledger (with the pooled ``drift`` row of :func:`drift_table` when measured) and the conclusion lines."""
+        runs = runs_table(records)
+        summary = summarize(runs, by=("workload", "label", "protocol"))
+        decisions = {wl: operating_rule(summary[summary["workload"] == wl], runs=runs[runs["workload"] == wl],
+                                        required_preservation=required_preservation, decide=decide, seed=seed)
+                     for wl in dict.fromkeys(summary["workload"])}
+        ledger = design_ledger(summarize(runs, by=("label", "protocol")), runs=runs,
+                               required_preservation=required_preservation, budgets=p["budgets"], drift=drift,
+                               decisions=decisions, seed=seed, decide=decide)
+        lines = conclusion(summary, runs, decisions, ledger, required_preservation=required_preservation,
+                           decide=decide, seed=seed)
+        return Report(tables={"runs": runs, "summary": summary, "ledger": ledger}, conclusion=lines)
+
+
+STUDY = NoprefixStudy("main")
+POSITIONS = NoprefixStudy("positions")
 
 
 def spec_of(method: str, budget_pct: float, budgets: Sequence[float] = ()) -> RepairSpec | None:
@@ -485,7 +488,7 @@ def measure_drift(lm: LoadedModel, cases_: Sequence[ComposedCase]) -> pd.DataFra
 
 __all__ = [
     "DESIGNS", "FIXED", "FOLDER", "NAME", "NOTEBOOK", "PRESETS", "REFERENCE_LABELS", "ROBUSTNESS_MAX_DOCS",
-    "ComposedCase", "ComposedPrepared", "ExampleScorer", "RepairMethod", "cases", "composed_case", "folder",
-    "measure_drift", "methods", "params", "preservation_text", "robustness_overrides", "runs_table", "spec_of",
-    "sweep",
+    "POSITIONS", "STUDY", "ComposedCase", "ComposedCases", "ComposedPrepared", "ExampleScorer", "NoprefixStudy",
+    "RepairMethod", "composed_case", "measure_drift", "preservation_text", "robustness_overrides", "runs_table",
+    "spec_of",
 ]
