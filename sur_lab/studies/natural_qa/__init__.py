@@ -14,9 +14,10 @@ Modules:
   (:func:`available_methods`).
 * :mod:`~sur_lab.studies.natural_qa.study`: the study (notebook 03 and ``sur-lab sweep natural-qa`` call the same
   methods): :data:`STUDY`, a :class:`~sur_lab.studies.base.Study` declaring :data:`PRESETS`, :data:`FIXED`, its
-  placement cases (:meth:`STUDY.cases`), methods, timed cases and scorer; ``params``, ``folder`` and ``sweep`` are the
-  base's. The declared families (:data:`PRIMARY`, :data:`REFERENCE_FAMILY`, :data:`RIVALS`, :data:`LATENCY`), the
-  power design :data:`POWER` and :func:`decide_families`; the latency design (Eq. 20).
+  placement cases (:meth:`~sur_lab.studies.natural_qa.study.NaturalQAStudy.cases`), methods, timed cases and scorer;
+  ``params``, ``folder`` and ``sweep`` are the base's. The declared families (:data:`PRIMARY`,
+  :data:`REFERENCE_FAMILY`, :data:`RIVALS`, :data:`LATENCY`), the power design :data:`POWER` and
+  :func:`decide_families`; the latency design (Eq. 20).
 * :mod:`~sur_lab.studies.natural_qa.report`: the report functions (:func:`results_table`,
   :func:`quality_latency_table`, :func:`dataset_em_table`, :func:`paired_difference_table`,
   :func:`transition_table`, the figures) and notebook 03's conclusion lines.
