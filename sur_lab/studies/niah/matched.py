@@ -205,16 +205,16 @@ def matched_sweep(lm, *, preset: str = "default", out: Path | str | None = None,
                   **overrides: Any) -> tuple[pd.DataFrame, Path]:
     """Run (or resume) the matched-token study (Table 14 analogue) on the frozen holdout roster.
 
-    The roster is :meth:`STUDY.cases` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
+    The roster is ``STUDY.cases`` at the preset's sizes, ``p["matched_cases"]`` of them (alternating over
     ``context_lens``), with seed ``p["holdout_seed"]`` (:data:`~sur_lab.studies.niah.design.HOLDOUT_SEED`, never used
     for design); the methods are :func:`matched_methods`: the region arm at each matched budget
     (:class:`MatchedRegion`: SUR's whole units up to its stopping point by default), and each token-level allocator at
     that exact count on the same case (:class:`MatchedTokens`). Records come from :func:`sur_lab.sweeps.run_sweep`,
-    strictly scored like :meth:`STUDY.sweep`'s.
+    strictly scored like ``STUDY.sweep``'s.
 
     Args:
-        lm, out, workers, threads, address, executor, eval_batch, progress: as :meth:`STUDY.sweep`.
-        preset, overrides: the parameters (:meth:`STUDY.params`; e.g. ``matched_allocators=["Dense tokens"]``,
+        lm, out, workers, threads, address, executor, eval_batch, progress: as ``STUDY.sweep``.
+        preset, overrides: the parameters (``STUDY.params``; e.g. ``matched_allocators=["Dense tokens"]``,
             ``matched_budgets=[2, 5]``, ``matched_count="whole_units"``, ``holdout_seed=...``).
 
     Returns:
