@@ -263,7 +263,7 @@ def test_public_api_is_importable_from_the_top_level():
 #: Reasons a module of the package may import inside a function (issue 39: top-level imports except for optional
 #: dependencies); every other import is at the top of its module, where it shows the module's dependencies.
 _TRITON = "optional dependency: sur_lab.executors.kernels imports Triton (the 'triton' extra) when it is installed"
-_CLI = "import cost: a sur-lab subcommand loads its own stack, so `sur-lab --help` and `sur-lab data` load only the core"
+_CLI = "import cost: a sur-lab subcommand loads its own stack; `sur-lab --help` and `sur-lab data` load only the core"
 #: ``(importing module, imported module) -> reason``.
 FUNCTION_LEVEL_IMPORTS = {
     ("sur_lab.allocators.controls", "bm25s"): "import cost: `import sur_lab` loads this module; bm25s only BM25 needs",
