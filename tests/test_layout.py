@@ -10,6 +10,9 @@ Within ``studies/``, no study imports another: a study is a top-level module or 
 (a subpackage's own modules belong to it), and the shared study infrastructure (:data:`SHARED_STUDY_MODULES`) belongs
 to none. The data layer (``data/``) imports only the standard library, third-party packages and the core, also at run
 time.
+
+Imports sit at the top of their module; one inside a function needs an entry, with its reason, in
+:data:`FUNCTION_LEVEL_IMPORTS` (issue 39).
 """
 
 from __future__ import annotations

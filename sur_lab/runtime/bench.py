@@ -31,9 +31,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from sur_lab import models
 from sur_lab.analysis.plotting import run_tag, save_table
 from sur_lab.executors import get_executor
-from sur_lab.models import load_model
 from sur_lab.runtime.params import budget_arg, int_arg
 from sur_lab.studies import bench
 from sur_lab.studies.bench import DELETED_LEN, PREFIX_LEN
@@ -185,7 +185,8 @@ def main(argv=None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    lm = load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
+    # through the module: tests replace sur_lab.models.load_model
+    lm = models.load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
     print(f"model {lm.spec.name} ({lm.spec.num_layers} layers, {lm.spec.num_heads}/{lm.spec.num_kv_heads} heads, "
           f"d_h {lm.spec.head_dim}), {dtype} on {args.device}, torch threads {torch.get_num_threads()}")
     limit = getattr(lm.model.config, "max_position_embeddings", None)

@@ -37,15 +37,7 @@ from sur_lab import models
 from sur_lab.data.fetch import FetchError, fetch, status, status_text
 from sur_lab.data.layout import DATASETS
 from sur_lab.executors import get_executor
-from sur_lab.models import (
-    CACHE_MANIFEST,
-    EMBEDDED_MODEL,
-    _check_device,
-    _check_name,
-    cache_root,
-    check_dtype_arg,
-    load_model,
-)
+from sur_lab.models import CACHE_MANIFEST, EMBEDDED_MODEL, _check_device, _check_name, cache_root, check_dtype_arg
 from sur_lab.paths import REPO_ROOT, default_data_dir, display_path
 from sur_lab.runtime.params import ParameterError, budget_arg, check_notebook_parameters, int_arg
 
@@ -221,7 +213,7 @@ def run_study_sweep(args) -> Path:
     if args.threads and not distributed:
         torch.set_num_threads(args.threads)
     # The driver loads the model too: the sweep folder is named by its fingerprint (weights hash), as the notebook's.
-    lm = load_model(**margs)
+    lm = models.load_model(**margs)  # through the module: tests replace sur_lab.models.load_model
     params = study.params(args.preset, **overrides)
     folder = Path(args.out) if args.out else study.folder(lm, params, seed=args.seed, eval_batch=args.eval_batch,
                                                           executor=args.executor)
