@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from sur_lab.checks import pid_alive as _pid_alive
 
@@ -650,6 +649,9 @@ def _dequantize_gguf(gguf: Path) -> Callable[[Path], None]:
     """A ``build`` function for :func:`cached_model_dir` that dequantizes ``gguf`` with transformers (float32)."""
 
     def build(folder: Path) -> None:
+        # import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay before a load
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The GGUF loader dequantizes to float32 but keeps a (non-serializable) quantizer; the weights are plain tensors.
@@ -742,6 +744,9 @@ def embedded_tokenizer(name: str | None = None):
     Raises:
         FileNotFoundError: when the model's packages are not installed (see :func:`embedded_part_paths`).
     """
+    # import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay before a load
+    from transformers import AutoTokenizer
+
     em = embedded_model(name)
     if em is None:
         raise ValueError(f"name={name!r} is not an embedded model; choose one of {sorted(EMBEDDED_MODELS)}")
@@ -950,6 +955,9 @@ def load_model(
             ``"cuda"`` are refused) or ``device`` (unparsable or unavailable), before anything is loaded; or if an
             embedded model's GGUF fails its size or sha256 check.
     """
+    # import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay before a load
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     check_dtype_arg(dtype)
     device = _check_device(device)
     dtype, reason = resolve_dtype(dtype, device)

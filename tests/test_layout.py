@@ -273,6 +273,7 @@ FUNCTION_LEVEL_IMPORTS = {
     ("sur_lab.attention", "transformers.modeling_utils"): "import cost: ~1,500 modules `import sur_lab` does not need",
     ("sur_lab.attention", "transformers"): "import cost: AttentionInterface loads transformers.modeling_utils",
     ("sur_lab.attention", "transformers.masking_utils"): "import cost: as transformers.modeling_utils",
+    ("sur_lab.models", "transformers"): "import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay",
     ("sur_lab.data.qa", "datasets"): "optional dependency: only a hub source needs it (and it is slow to import)",
     ("sur_lab.executors.kernels.onepass", "torch.utils"): "import cost: cpp_extension only compiles the kernel",
     ("sur_lab.executors.packed", "sur_lab.executors.kernels"): _TRITON,
