@@ -346,7 +346,7 @@ def test_the_matched_count_is_computed_once_per_prepared_edit(llama, monkeypatch
         calls.append((region, request.budget_pct, count))
         return real(region, request, count)
 
-    monkeypatch.setattr(allocators, "region_count", counted)
+    monkeypatch.setattr(niah.matched, "region_count", counted)  # the name the protocol calls (a top-level import)
     edit = random_edit(7, 40, 4, 70)
     prepared, options = prepare(llama, edit), {}
     arms = [niah.MatchedRegion("SUR", 5), niah.MatchedTokens("Dense tokens", "SUR", 5),

@@ -78,7 +78,9 @@ def test_inputs_of_the_real_notebooks():
         assert inputs["model"]["model_name"]["sha256"], path.stem  # every default runs an embedded model
         assert inputs["dtype"] == "float32" and len(inputs["fingerprint"]) == 32
     niah = rel.notebook_inputs(notebooks("02")[0])
-    assert "sur_lab/studies/niah.py" in niah["files"] and "sur_lab/studies/stale_facts.py" not in niah["files"]
+    package = {f"sur_lab/studies/niah/{m}.py" for m in ("__init__", "cases", "design", "study", "report", "figures",
+                                                        "matched")}
+    assert package <= set(niah["files"]) and "sur_lab/studies/stale_facts.py" not in niah["files"]  # every module
     assert niah["parameters"] == {"workers": 2}  # its suite parameters
     assert "sur_lab/executors/kernels/onepass.cpp" in niah["files"]
 

@@ -367,7 +367,7 @@ def _resolved_dtype(values: Mapping[str, Any]) -> str:
 def compare_inputs(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Why a stored result's inputs differ from the current ones, one line per difference (empty: the same).
 
-    The files are named: ``changed: sur_lab/studies/niah.py``, ``now imports: ...``, ``no longer imports: ...``.
+    The files are named: ``changed: sur_lab/studies/niah/report.py``, ``now imports: ...``, ``no longer imports: ...``.
     Under another Python minor version the file hashes are not comparable, and the version alone is reported.
     """
     reasons = []
