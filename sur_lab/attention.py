@@ -96,6 +96,7 @@ def attention_configs(model: torch.nn.Module) -> list[Any]:
 def _native_function(module: torch.nn.Module, native: str | None) -> Callable[..., Any]:
     """The function transformers would call for ``native``: the registered one, or the modeling file's own eager."""
     if native not in (None, "eager"):
+        # import cost: transformers.modeling_utils loads ~1,500 modules; `import sur_lab` does not need them
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         return ALL_ATTENTION_FUNCTIONS[native]
@@ -131,6 +132,7 @@ def _register(native: str | None) -> str:
     name = f"{ROUTER_PREFIX}{native or 'eager'}"
     if name in _REGISTERED:
         return name
+    # import cost: as above (AttentionInterface lives in transformers.modeling_utils)
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -55,9 +56,6 @@ def held_kv(cache, name: str = "cache") -> list[KV]:
             quantized or of another kind (named).
         ValueError: naming ``name`` when a layer is not initialized or the layers hold different numbers of rows.
     """
-    from transformers import StaticCache
-    from transformers.cache_utils import DynamicLayer, StaticLayer
-
     if cache is None:
         raise TypeError(f"{name} is None; pass the transformers DynamicCache (or StaticCache) of the context")
     if isinstance(cache, (tuple, list)):

@@ -33,12 +33,14 @@ import functools
 import hashlib
 import json
 import math
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+import transformers
 
 #: The digest size of every fingerprint hash, bytes (32 hex characters).
 DIGEST_BYTES = 16
@@ -53,10 +55,6 @@ _WEIGHTS_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, str]]" = 
 
 def versions() -> str:
     """``"sur_lab X, torch Y, transformers Z"``: the software a stored result was computed with."""
-    import sys
-
-    import transformers
-
     # The package is imported before any of its modules, so it is in sys.modules; importing it here instead would be an
     # import cycle (sur_lab/__init__ imports the modules that use this one).
     version = sys.modules["sur_lab"].__version__

@@ -649,6 +649,7 @@ def _dequantize_gguf(gguf: Path) -> Callable[[Path], None]:
     """A ``build`` function for :func:`cached_model_dir` that dequantizes ``gguf`` with transformers (float32)."""
 
     def build(folder: Path) -> None:
+        # import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay before a load
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -743,6 +744,7 @@ def embedded_tokenizer(name: str | None = None):
     Raises:
         FileNotFoundError: when the model's packages are not installed (see :func:`embedded_part_paths`).
     """
+    # import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay before a load
     from transformers import AutoTokenizer
 
     em = embedded_model(name)
@@ -953,6 +955,7 @@ def load_model(
             ``"cuda"`` are refused) or ``device`` (unparsable or unavailable), before anything is loaded; or if an
             embedded model's GGUF fails its size or sha256 check.
     """
+    # import cost: the Auto classes take ~0.3 s that `import sur_lab` need not pay before a load
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     check_dtype_arg(dtype)

@@ -39,7 +39,7 @@ from transformers import DynamicCache
 
 from sur_lab.allocators import ALLOCATORS, AllocationRequest, allocate, allowance_for
 from sur_lab.budget import Selection, Support, check_budget, fractions_expected, warn_if_fraction
-from sur_lab.cache_ops import clone_cache
+from sur_lab.cache_ops import cache_length, clone_cache
 from sur_lab.checks import as_count, as_token_ids, check_vocab
 from sur_lab.edits import EditedContext
 from sur_lab.executors import (
@@ -634,8 +634,6 @@ def recover(
     Warns:
         BudgetFractionWarning: as :func:`repair`, when 0 < ``budget_pct`` < 1.
     """
-    from sur_lab.cache_ops import cache_length
-
     as_count(seed, "seed", minimum=0)
     if method not in ALLOCATORS:
         raise ValueError(f"unknown method={method!r}; recover takes an allocator ({', '.join(sorted(ALLOCATORS))})")

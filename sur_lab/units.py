@@ -15,6 +15,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+import pysbd
+
 from sur_lab.checks import as_count
 from sur_lab.edits import EditedContext
 
@@ -48,8 +50,6 @@ def _segmenter():
     locate one thread's sentences in the other's text and silently drop them."""
     segmenter = getattr(_LOCAL, "segmenter", None)
     if segmenter is None:
-        import pysbd
-
         segmenter = _LOCAL.segmenter = pysbd.Segmenter(language="en", clean=False, char_span=False)
     return segmenter
 

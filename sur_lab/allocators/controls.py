@@ -142,6 +142,7 @@ def bm25_scores(
     present = [t for t in query_terms if t in vocab]
     if not present:
         return np.zeros(len(documents), dtype=np.float64)
+    # import cost: bm25s (~0.2 s) is loaded only when a BM25 control runs, not by `import sur_lab`
     import bm25s
 
     index = bm25s.BM25(k1=k1, b=b, method="lucene", dtype="float64")

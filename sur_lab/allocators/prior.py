@@ -52,7 +52,7 @@ from sur_lab.cache_ops import (
     to_tensors,
 )
 from sur_lab.executors import replay
-from sur_lab.models import EMBEDDED_MODEL, LoadedModel
+from sur_lab.models import EMBEDDED_MODEL, LoadedModel, load_model
 
 #: Cache-Craft-Adapted replays the dirty suffix in chunks of this many tokens (Table 1).
 CACHE_CRAFT_CHUNK = 64
@@ -407,8 +407,6 @@ def cachetune_adapted(request: AllocationRequest) -> Selection:
 
 @functools.lru_cache(maxsize=1)
 def _embedded_model() -> LoadedModel:
-    from sur_lab.models import load_model
-
     return load_model()
 
 

@@ -39,11 +39,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import brentq
+from scipy.stats import binom, binomtest, nct, norm, permutation_test
+from scipy.stats import t as student_t
+
+from sur_lab.analysis.stats import bootstrap_p_value, holm
+from sur_lab.checks import as_count
 
 #: Family-wise significance level of every family (and of the primary comparison, tested alone).
 ALPHA = 0.05
@@ -175,8 +181,6 @@ class Family:
 def _z(confidence: float) -> float:
     """The standard normal quantile of a two-sided ``confidence`` (cached: ``norm.ppf`` costs more than a Wilson
     interval)."""
-    from scipy.stats import norm
-
     return float(norm.ppf(0.5 + confidence / 2.0))
 
 
@@ -253,8 +257,6 @@ def sign_test_p(k_plus, k_minus) -> np.ndarray:
     """Two-sided exact sign test (the exact McNemar test on discordant pairs): ``min(1, 2 P(X <= min(k+, k-)))``,
     ``X ~ Binomial(k+ + k-, 1/2)``; 1 when there is no discordant unit. Vectorised; equal to
     ``scipy.stats.binomtest(k_plus, k_plus + k_minus).pvalue``. Seven discordant pairs, all one way: 0.0156."""
-    from scipy.stats import binom
-
     kp, km = np.asarray(k_plus, dtype=np.int64), np.asarray(k_minus, dtype=np.int64)
     m = kp + km
     p = np.minimum(1.0, 2.0 * binom.cdf(np.minimum(kp, km), np.maximum(m, 1), 0.5))
@@ -268,8 +270,6 @@ def proportion_interval(k: int, n: int, *, alpha: float = ALPHA) -> tuple[float,
     Raises:
         ValueError: naming ``n`` when < 1, ``k`` outside [0, n], ``alpha`` outside (0, 1).
     """
-    from scipy.stats import binomtest
-
     k, n = int(k), int(n)
     if n < 1:
         raise ValueError(f"n={n!r} must be >= 1")
@@ -292,8 +292,6 @@ def bootstrap_p(replicates, n_units: int, null: float = 0.0) -> float:
     """Two-sided bootstrap p of ``null`` (:func:`sur_lab.analysis.stats.bootstrap_p_value`), never below
     :func:`p_floor` of the ``n_units`` resampled: the decision rule for a statistic whose only test is its
     bootstrap (the evidence-location factorial contrasts)."""
-    from sur_lab.analysis.stats import bootstrap_p_value
-
     return max(bootstrap_p_value(replicates, null), p_floor(n_units))
 
 
@@ -403,8 +401,6 @@ def _percentile(reps: np.ndarray, alpha: float) -> tuple[float, float]:
 
 def _sign_flip_p(sums: np.ndarray, n_boot: int, rng: np.random.Generator) -> float:
     """Two-sided sign-flip randomization p of ``sum(sums) = 0`` (exact when ``2**k <= n_boot``)."""
-    from scipy.stats import permutation_test
-
     s = sums[sums != 0]
     if s.size <= 1:  # no unit, or one: both signs are equally extreme (scipy needs two observations)
         return 1.0
@@ -552,9 +548,6 @@ def paired_family(diffs: Mapping, *, kind: str | None = None, alpha: float = ALP
             ``n_boot`` or ``margin`` out of range, ``cluster`` when its length differs from a comparison's units,
             ``family`` when the family holds more comparisons than its ``max_size``.
     """
-    from sur_lab.analysis.stats import holm
-    from sur_lab.checks import as_count
-
     fam = family if isinstance(family, Family) else None
     if fam is not None and kind is not None and kind != fam.kind:
         raise ValueError(f"kind={kind!r} contradicts family {fam.name!r} (kind {fam.kind!r})")
@@ -689,8 +682,6 @@ class PowerBasis:
 
 
 def _check_power_args(alpha: float, family_size, power: float | None = None) -> int:
-    from sur_lab.checks import as_count
-
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1)")
     if power is not None and not (isinstance(power, (int, float)) and 0 < power < 1):
@@ -754,10 +745,6 @@ def sign_test_power(n: int, p_plus: float, p_minus: float, *, alpha: float = ALP
         ValueError: naming ``n`` when negative, ``p_plus``/``p_minus`` outside [0, 1] or summing above 1, ``alpha``
             outside (0, 1).
     """
-    from scipy.stats import binom
-
-    from sur_lab.checks import as_count
-
     n = as_count(n, "n", minimum=0)
     pp, pm = _unit_rate(p_plus, "p_plus", low_open=False), _unit_rate(p_minus, "p_minus", low_open=False)
     if pp + pm > 1 + 1e-12:
@@ -816,8 +803,6 @@ def binary_power(effect: float, n: int, discordance: float, *, cluster_size: int
         TypeError / ValueError: naming ``effect`` outside ``[-q, q]``, ``discordance`` outside (0, 1], ``n``,
             ``cluster_size`` or ``family_size`` not an integer in range, ``alpha`` outside (0, 1).
     """
-    from sur_lab.checks import as_count
-
     q = _unit_rate(discordance, "discordance")
     if isinstance(effect, bool) or not isinstance(effect, (int, float, np.floating, np.integer)) \
             or not math.isfinite(float(effect)):
@@ -885,11 +870,6 @@ def continuous_power(effect: float, n: int, sd: float, *, alpha: float = ALPHA, 
         TypeError / ValueError: naming ``effect`` (not finite), ``n`` (not an integer >= 2), ``sd`` (not > 0),
             ``alpha``, ``family_size``.
     """
-    from scipy.stats import nct
-    from scipy.stats import t as student_t
-
-    from sur_lab.checks import as_count
-
     n = as_count(n, "n", minimum=2)
     if isinstance(sd, bool) or not isinstance(sd, (int, float, np.floating)) or not (math.isfinite(sd) and sd > 0):
         raise ValueError(f"sd={sd!r} must be a finite number > 0")
@@ -914,8 +894,6 @@ def continuous_mde(n: int, sd: float, *, alpha: float = ALPHA, family_size: int 
     Raises:
         ValueError: naming ``power`` outside (0, 1); TypeError / ValueError: as :func:`continuous_power`.
     """
-    from scipy.optimize import brentq
-
     m = _check_power_args(alpha, family_size, power)
     continuous_power(0.0, n, sd, alpha=alpha, family_size=family_size)  # checks the arguments
     if p_floor(n) >= alpha / m:
@@ -952,8 +930,6 @@ def discordance_from_interval(estimate: float, low: float, high: float, n: int, 
         ValueError: naming ``low`` when ``low > high``, ``estimate`` outside [-1, 1], ``n`` < 1, ``confidence``
             outside (0, 1).
     """
-    from sur_lab.checks import as_count
-
     n = as_count(n, "n", minimum=1)
     if not -1 <= estimate <= 1:
         raise ValueError(f"estimate={estimate!r} must be a difference of proportions in [-1, 1]")
@@ -972,8 +948,6 @@ def sd_from_interval(low: float, high: float, n: int, *, confidence: float = 1 -
     Raises:
         ValueError: naming ``low`` when ``low >= high``, ``n`` < 1, ``confidence`` outside (0, 1).
     """
-    from sur_lab.checks import as_count
-
     n = as_count(n, "n", minimum=1)
     if not low < high:
         raise ValueError(f"low={low!r} must be < high={high!r}")

@@ -32,15 +32,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import torch
+from scipy.special import rel_entr
 from transformers import DynamicCache
 
 from sur_lab.analysis.scoring import _as_float64, _softmax64
 from sur_lab.cache_ops import cache_length, layer_deviation, num_layers, to_tensors
+from sur_lab.checks import as_count
 
 #: Upper bound of the Jensen-Shannon divergence in nats (natural logarithm): ``ln 2``.
 JSD_MAX = math.log(2.0)
-
-from sur_lab.checks import as_count
 
 
 def nr_tv(tv_method: float, tv_dirty: float) -> float:
@@ -114,8 +116,6 @@ def first_token_jsd(p_logits: Any, q_logits: Any) -> float:
         ValueError: naming ``p_logits``/``q_logits`` when a shape is not (vocab,), the vocab sizes differ, or a vector
             has no finite maximum.
     """
-    from scipy.special import rel_entr
-
     p_raw, q_raw = _pair64(p_logits, q_logits)
     p = _softmax64(p_raw, "p_logits")
     q = _softmax64(q_raw, "q_logits")
@@ -139,8 +139,6 @@ def argmax_agree(p_logits: Any, q_logits: Any) -> bool:
 
 def _float32_bytes(logits: Any, name: str) -> bytes:
     if hasattr(logits, "detach"):  # torch.Tensor: bfloat16/float16 widen to float32 exactly; float64 is refused
-        import torch
-
         t = logits.detach().cpu()
         if t.dtype == torch.float64:
             raise ValueError(f"{name} is float64; logits_identical compares the recorded float32 vectors")
@@ -529,8 +527,6 @@ def margin_recovery_table(records, *, margin: str = "gold_margin", value: str = 
         ValueError: naming ``records`` when a column is missing or a case lacks its Shift or Re-prefill record; as
             :func:`pooled_margin_recovery`.
     """
-    import pandas as pd
-
     by = list(by)
     missing = [c for c in [*by, value] if c not in records.columns]
     if missing:

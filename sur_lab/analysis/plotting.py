@@ -21,16 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ipywidgets as widgets
+import matplotlib as mpl
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+import seaborn as sns
+from IPython.display import display
 
+from sur_lab.budget import Support
 from sur_lab.paths import atomic_path, outputs_dir
 
 
 def setup_style() -> None:
     """Apply the house plot style (seaborn ``whitegrid``, ``talk``-sized fonts scaled for reports)."""
-    import matplotlib as mpl
-    import seaborn as sns
-
     sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
     mpl.rcParams.update({"figure.dpi": 110, "savefig.dpi": 200, "savefig.bbox": "tight", "pdf.fonttype": 42})
 
@@ -109,8 +113,6 @@ def flat_columns(df):
     Raises:
         ValueError: naming ``df`` when two flattened names coincide.
     """
-    import pandas as pd
-
     if not isinstance(df.columns, pd.MultiIndex):
         return df
     names = [LEVEL_SEPARATOR.join(str(level) for level in col if str(level) != "") for col in df.columns]
@@ -156,9 +158,6 @@ def plot_relevance_and_supports(token_scores, units, supports: dict, *, title: s
     Returns:
         The matplotlib Figure.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     S = len(token_scores)
     fig, (ax, bx) = plt.subplots(
         2, 1, figsize=(11, 3.2 + 0.35 * len(supports)), sharex=True,
@@ -193,8 +192,6 @@ def plot_latency_breakdown(df, *, label_col: str = "label", title: str = ""):
     Args:
         df: records with ``select_ms``, ``shift_ms``, ``refresh_ms``, ``answer_ms`` and a label column.
     """
-    import matplotlib.pyplot as plt
-
     parts = ["select_ms", "shift_ms", "refresh_ms", "answer_ms"]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(df) + 1.5))
     left = None
@@ -213,8 +210,6 @@ def plot_latency_breakdown(df, *, label_col: str = "label", title: str = ""):
 
 def method_label(method: str, budget_pct) -> str:
     """``"SUR 5%"`` for budgeted methods, the plain name for reference operators (NaN budget)."""
-    import math
-
     if budget_pct is None or (isinstance(budget_pct, float) and math.isnan(budget_pct)):
         return method
     return f"{method} {budget_pct:g}%"
@@ -463,8 +458,6 @@ class TokenView:
         Raises:
             ImportError: when ipywidgets is not installed.
         """
-        import ipywidgets as widgets
-
         methods = {label: self.methods.get(label, (label, float("nan"))) for label in self.labels}
         names = list(dict.fromkeys(m for m, _ in methods.values()))
 
@@ -491,8 +484,6 @@ class TokenView:
         """Display the view: the ipywidgets control in a live Jupyter session, with the static HTML as its fallback;
         only the static HTML while the notebook runner executes the notebook (``$SUR_LAB_STATIC_OUTPUTS``), so that
         executed copies and the documentation keep a rendering that needs no kernel."""
-        from IPython.display import display
-
         bundle = {"text/html": self.html()}
         if os.environ.get(STATIC_OUTPUTS_ENV) != "1":
             try:
@@ -540,8 +531,6 @@ def token_view(
             outside ``[0, p + S)``, ``relevance`` or ``deviation`` of the wrong length or negative, ``units`` when a
             start lies outside ``[0, S)``, or ``deviation`` keyed by a repair not in ``refreshed``.
     """
-    from sur_lab.budget import Support
-
     pieces = tuple(str(x) for x in pieces)
     n = len(pieces)
     if not (isinstance(prefix_len, (int, np.integer)) and 0 <= prefix_len <= n):

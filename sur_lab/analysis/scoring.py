@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 # Chat-template end-of-turn / end-of-text markers (Qwen, Llama 3, GLM, Gemma, SentencePiece). Text after the first one
 # was generated past the end of the turn and is discarded.
@@ -254,8 +255,6 @@ def drop_f1(prediction: str | Sequence[str], gold: str | Sequence[str]) -> float
     Returns:
         F1 in [0, 1].
     """
-    from scipy.optimize import linear_sum_assignment
-
     _, pred_bags = _drop_bags(prediction)
     _, gold_bags = _drop_bags(gold)
     scores = np.zeros((len(gold_bags), len(pred_bags)))

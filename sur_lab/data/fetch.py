@@ -35,6 +35,7 @@ complete one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -50,10 +51,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 
 from sur_lab.data.layout import (CHECKSUM_FILE, CORPUS_FILE, DATA_FILES, DATASETS, HELD_OUT_FILES, checksum_text,
                                  layout_files, read_checksums, sha256_file)
-from sur_lab.paths import atomic_path, data_dir_candidates, fetched_data_dir
+from sur_lab.paths import atomic_path, data_dir_candidates, default_data_dir, fetched_data_dir
 
 #: Seed of every draw a fetch makes (dev, test, corpus and train samples).
 SAMPLE_SEED = 0
@@ -164,7 +166,6 @@ def download(url: str, target: Path, *, expected_sha256: str | None = None, log:
             (nothing is left at ``target`` then).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    import hashlib
 
     h = hashlib.sha256()
     size = 0
@@ -453,8 +454,6 @@ def fetch(dest: Path | str | None = None, *, datasets: Sequence[str] = DATASETS,
         FetchError: when a download fails, a checksum differs, or a release does not hold what its converter reads
             (the message names the release); ``dest``'s ``SHA256SUMS`` is then left as it was.
     """
-    from filelock import FileLock
-
     unknown = [d for d in datasets if d not in DATASETS]
     if unknown or not datasets:
         raise ValueError(f"datasets={list(datasets)!r}: choose one or more of {', '.join(DATASETS)}")
@@ -576,8 +575,6 @@ def status(root: Path | str | None = None) -> DataStatus:
     Returns:
         A :class:`DataStatus`; nothing raises for a missing or damaged folder, it is reported.
     """
-    from sur_lab.paths import default_data_dir
-
     candidates = [(p, p.is_dir()) for p in data_dir_candidates()]
     error = ""
     if root is None:

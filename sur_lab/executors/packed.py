@@ -83,6 +83,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import DynamicCache
 
 from sur_lab.attention import RoutedMask, install_router, native_implementation
@@ -234,6 +235,7 @@ def check_packed_backend(lm: LoadedModel, backend: str, *, fused_scatter: bool =
     if fused_scatter and backend != "triton":
         raise ValueError(f"fused_scatter=True needs backend='triton', got backend={backend!r}")
     if backend == "triton":
+        # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
         from sur_lab.executors.kernels.indexed_attention import (
             SUPPORTED_DTYPES,
             SUPPORTED_HEAD_DIMS,
@@ -349,8 +351,7 @@ def flex_block_mask(positions: torch.Tensor, kv_len: int, *, block_size: int = F
     Raises:
         ValueError: naming ``positions`` (see :func:`sur_lab.executors.kernels.build_indexed_attention_plan`) or ``kv_len``.
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
+    # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
     from sur_lab.executors.kernels import build_indexed_attention_plan
 
     plan = build_indexed_attention_plan(positions, block_m=block_size, block_n=block_size)
@@ -398,7 +399,6 @@ def _flex_attention(compiled: bool) -> Callable:
     to compile with them (``CppCompileError``: an undeclared ``cur_qSplitSize``), so they are not used.
     """
     global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
@@ -442,9 +442,11 @@ class _PackedAttention(RoutedMask):
                 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
                 return self.flex(query, key, value, block_mask=self.block_mask, scale=scale, enable_gqa=True)
         if self.backend == "cpp":
+            # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
             from sur_lab.executors.kernels.onepass import _attend
 
             return _attend(query, key, value, self.plan, scale)
+        # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
         from sur_lab.executors.kernels import indexed_attention
 
         return indexed_attention(query, key, value, self.plan, scale=scale)
@@ -714,6 +716,7 @@ def _make_attention(
     num_kv_groups: int = 1,
 ) -> _PackedAttention:
     if backend == "cpp":
+        # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
         from sur_lab.executors.kernels import onepass
 
         if positions.device.type == "cpu" and positions.numel() and onepass.onepass_available():
@@ -814,6 +817,7 @@ def _index_copy_writer(positions: torch.Tensor) -> Callable[..., None]:
 
 
 def _fused_writer(plan: Any) -> Callable[..., None]:
+    # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
     from sur_lab.executors.kernels import indexed_scatter_kv
 
     def write(k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
@@ -891,6 +895,7 @@ def refresh_packed(
     check_context_length(lm, kv_end)  # the traversal computes rows up to the last selected position
     plan = None
     if backend == "triton":
+        # optional dependency: sur_lab.executors.kernels imports Triton (extra) when installed, ~0.4 s
         from sur_lab.executors.kernels import build_indexed_attention_plan
 
         plan = build_indexed_attention_plan(absolute)  # once per refresh, reused by every layer

@@ -11,6 +11,7 @@ from :mod:`sur_lab.executors.packed`, imported on first lookup.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from transformers import DynamicCache
@@ -76,8 +77,6 @@ def executor_consumes_input(name: str) -> bool:
 
 def _load_optional_executors() -> None:
     """Import modules that register further executors (packed backends) when they exist."""
-    import importlib
-
     for module in ("sur_lab.executors.packed",):
         try:
             importlib.import_module(module)

@@ -22,6 +22,7 @@ from sur_lab.cache_ops import (
     write_rows_,
 )
 from sur_lab.edits import EditedContext
+from sur_lab.executors.erratum import pre_edit_ids
 from sur_lab.executors.registry import check_batch_one, check_support, register_executor
 from sur_lab.forward import forward_tokens, prefill
 from sur_lab.models import LoadedModel
@@ -74,8 +75,6 @@ def dirty(lm: LoadedModel, edit: EditedContext) -> DynamicCache:
     (:class:`sur_lab.session.EditSession`).
     """
     if edit.inserted_len:
-        from sur_lab.executors.erratum import pre_edit_ids
-
         return prefill(lm, pre_edit_ids(edit))[0]
     return prefill(lm, edit.original_ids)[0]
 

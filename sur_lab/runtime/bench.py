@@ -29,8 +29,13 @@ import time
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
+from sur_lab import models
+from sur_lab.analysis.plotting import run_tag, save_table
+from sur_lab.executors import get_executor
 from sur_lab.runtime.params import budget_arg, int_arg
+from sur_lab.studies import bench
 from sur_lab.studies.bench import DELETED_LEN, PREFIX_LEN
 
 #: Smallest natural-text edit of the overlap comparison (``sur_lab.studies.bench.text_edit``).
@@ -114,9 +119,6 @@ def check_args(args: argparse.Namespace) -> str | None:
     or ``None``: every (N, R) of the grid must admit a matched support of B positions inside the suffix
     (``sur_lab.studies.bench.matched_support``), and every executor name must be registered (in-place form for
     ``--overlap-executor``)."""
-    from sur_lab.executors import get_executor
-    from sur_lab.studies import bench
-
     for n in args.context_lens:
         suffix = n - PREFIX_LEN
         if args.num_selected > suffix:
@@ -177,17 +179,14 @@ def main(argv=None) -> int:
     """Run the benchmark with command-line ``argv`` (``None``: ``sys.argv[1:]``) and print its tables; returns the exit
     code 0 (a bad argument exits with 2 and a message naming it, before the model loads)."""
     args = parse_args(argv)
-    from tqdm.auto import tqdm
-
-    from sur_lab.models import load_model
-    from sur_lab.studies import bench
 
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    lm = load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
+    # through the module: tests replace sur_lab.models.load_model
+    lm = models.load_model(args.model, dtype=getattr(torch, dtype), device=args.device)
     print(f"model {lm.spec.name} ({lm.spec.num_layers} layers, {lm.spec.num_heads}/{lm.spec.num_kv_heads} heads, "
           f"d_h {lm.spec.head_dim}), {dtype} on {args.device}, torch threads {torch.get_num_threads()}")
     limit = getattr(lm.model.config, "max_position_embeddings", None)
@@ -297,8 +296,6 @@ def main(argv=None) -> int:
             print(f"  {row.ratio:32s} {row.value:8.4f}   target {row.target:9s} {verdict} {row.note}")
 
     if args.save:
-        from sur_lab.analysis.plotting import run_tag, save_table
-
         tag = run_tag(model=lm.spec.name, device=args.device, B=args.num_selected, N=args.context_lens)
         save_table(timings, "bench_packed_timings", tag=tag)
         save_table(medians, "bench_packed_medians", tag=tag)

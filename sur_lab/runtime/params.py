@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 #: Annotations this module checks; parameters annotated otherwise are left alone.
 CHECKED_TYPES = (bool, int, float, str, list, dict, tuple)
 _BY_NAME = {t.__name__: t for t in CHECKED_TYPES}
@@ -226,8 +228,6 @@ def _parse_container(name: str, text: str, kind: type) -> Any:
         parsed = json.loads(text)
     except ValueError:
         try:
-            import yaml
-
             parsed = yaml.safe_load(text)
         except Exception:  # noqa: BLE001 - any YAML error means "not a list"
             parsed = None
@@ -357,8 +357,6 @@ def validate_parameters(
 
 def parameters_cell(path: str | Path) -> str:
     """The source of the notebook's cell tagged ``parameters`` ("" when it has none)."""
-    import json  # not nbformat: importing it costs seconds
-
     cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
     return next(("".join(c.get("source", "")) for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])),
                 "")

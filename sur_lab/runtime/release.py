@@ -47,21 +47,38 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from sur_lab.paths import REPO_ROOT, atomic_path
+import nbformat
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+from filelock import FileLock, Timeout
+from tqdm import tqdm
+
+from sur_lab.analysis.plotting import FIGURE_DPI_ENV, FIGURE_FORMATS_ENV, TABLE_FORMATS_ENV
+from sur_lab.fingerprint import digest
+from sur_lab.models import embedded_model, resolve_dtype
+from sur_lab.paths import REPO_ROOT, atomic_path, default_data_dir
+from sur_lab.runtime.claims import write_claims
+from sur_lab.runtime.params import literal_defaults, parameters_cell
 from sur_lab.runtime.run_notebooks import (
     NOTEBOOK_DIR,
+    NotebookBusyError,
     failed_path,
+    machine_stamp,
     notebooks,
     run_notebook,
     smoke_parameters,
@@ -267,8 +284,6 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:
@@ -277,8 +292,6 @@ def _version(package: str) -> str:
 
 def effective_parameters(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, Any]:
     """The literal defaults of the notebook's ``parameters`` cell overridden by ``parameters``."""
-    from sur_lab.runtime.params import literal_defaults, parameters_cell
-
     return {**literal_defaults(parameters_cell(notebook)), **dict(parameters)}
 
 
@@ -287,8 +300,6 @@ def model_inputs(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     ``values``: an embedded model's label and pinned GGUF sha256 (its weights), another name with ``sha256`` None
     (a hub id or a path: its weights hash is only known once it is loaded, and is recorded after the run). A notebook
     without a model parameter loads the embedded default model."""
-    from sur_lab.models import embedded_model
-
     out = {}
     for key in MODEL_PARAMETERS:
         if key not in values or (key != "model_name" and str(values[key]).lower() == "none"):
@@ -305,8 +316,6 @@ def model_inputs(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def data_hash() -> str | None:
     """A short hash of the QA data's ``SHA256SUMS`` (every loader verifies its files against it); None when the data
     folder or the file is not found."""
-    from sur_lab.paths import default_data_dir
-
     try:
         sums = default_data_dir() / "SHA256SUMS"
     except FileNotFoundError:
@@ -326,8 +335,6 @@ def notebook_inputs(notebook: Path, parameters: Mapping[str, Any] | None = None,
     Returns:
         ``{"fingerprint": 32 hex, "files": {path: hash}, "parameters", "model", "dtype", "versions", "data"}``.
     """
-    from sur_lab.fingerprint import digest
-
     notebook = Path(notebook)
     params = dict(suite_parameters(notebook) if parameters is None else parameters)
     files = input_files(notebook, root)
@@ -349,8 +356,6 @@ def notebook_inputs(notebook: Path, parameters: Mapping[str, Any] | None = None,
 def _resolved_dtype(values: Mapping[str, Any]) -> str:
     """The dtype a notebook's run computes in (``"auto"`` resolved for its ``device`` on this machine by
     :func:`sur_lab.models.resolve_dtype`, so the manifest names what ran, e.g. ``"float32"``)."""
-    from sur_lab.models import resolve_dtype
-
     dtype = values.get("dtype", "float32")
     try:
         resolved, _ = resolve_dtype(dtype, values.get("device", "cpu"))
@@ -465,23 +470,15 @@ def _parse_problem(path: Path) -> str | None:
         if path.suffix in (".json", ".ipynb"):
             data = json.loads(path.read_text(encoding="utf-8"))
             if path.suffix == ".ipynb":
-                import nbformat
-
                 nbformat.validate(nbformat.from_dict(data))
         elif path.suffix == ".csv":
-            import pandas as pd
-
             pd.read_csv(path)
         elif path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
             pq.read_metadata(path)
         elif path.suffix == ".png":
             if path.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
                 return "not a PNG file"
         elif path.suffix == ".svg":
-            import xml.etree.ElementTree as ET
-
             if not ET.parse(path).getroot().tag.endswith("svg"):
                 return "not an SVG document"
     except Exception as err:  # noqa: BLE001 - any parser's error is the answer
@@ -678,12 +675,8 @@ def cpu_facts() -> dict[str, Any]:
             elif key in ("flags", "Features") and not flags:
                 flags = set(value.split())
     if not model:
-        import platform
-
         model = platform.processor() or platform.machine()
     try:
-        import torch
-
         capability = torch.backends.cpu.get_cpu_capability()
     except (ImportError, AttributeError):
         capability = None
@@ -695,6 +688,7 @@ def _rss_of_children() -> int | None:
     """Summed resident memory of this process's descendants (the kernel, its Ray workers), bytes; None without
     psutil."""
     try:
+        # optional dependency: psutil is not a requirement of sur_lab
         import psutil
     except ImportError:
         return None
@@ -737,8 +731,6 @@ class RunWatch:
 
     def __enter__(self) -> RunWatch:
         if self.progress:
-            from tqdm import tqdm
-
             # one unit per minute of wall time: tqdm's rate is then 1, and its remaining time the last run's remainder
             fmt = ("{desc}: {percentage:3.0f}%|{bar}| {elapsed} of about {total:.0f} min, ETA {remaining}"
                    if self.expected else "{desc}: {elapsed} (no earlier run to estimate from)")
@@ -776,8 +768,6 @@ class RunWatch:
                 continue
             done, planned = sweep_progress(folder)
             if folder.name not in self._bars:
-                from tqdm import tqdm
-
                 self._bars[folder.name] = tqdm(total=planned, initial=done, desc=f"  {folder.name[:40]}",
                                                unit="record", leave=False)
             sweep_bar = self._bars[folder.name]
@@ -791,6 +781,7 @@ class RunWatch:
 
 def _children_maxrss_mib() -> float:
     """The largest resident set of any waited-for child process so far, MiB (``getrusage``; Linux reports KiB)."""
+    # POSIX only: `resource` does not exist on Windows
     import resource
 
     scale = 1 if sys.platform == "darwin" else 1024
@@ -848,8 +839,6 @@ def link_figures(executed: Path, results: Path, written: Sequence[Path]) -> int:
 def _release_environment(results: Path) -> Iterator[None]:
     """The environment the kernels inherit: outputs under ``results`` (absolute, since kernels run from
     ``notebooks/``), PNG (at :data:`FIGURE_DPI`) + SVG figures, CSV + Parquet tables."""
-    from sur_lab.analysis.plotting import FIGURE_DPI_ENV, FIGURE_FORMATS_ENV, TABLE_FORMATS_ENV
-
     values = {"SUR_LAB_OUTPUTS_DIR": str(Path(results).resolve()), FIGURE_FORMATS_ENV: FIGURE_FORMATS,
               FIGURE_DPI_ENV: str(FIGURE_DPI), TABLE_FORMATS_ENV: TABLE_FORMATS}
     previous = {k: os.environ.get(k) for k in values}
@@ -871,8 +860,6 @@ def release_lock(results: Path) -> Iterator[None]:
     Raises:
         ReleaseBusyError: naming the folder when another process holds it.
     """
-    from filelock import FileLock, Timeout
-
     Path(results).mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(Path(results) / ".release.lock"))
     try:
@@ -919,8 +906,6 @@ def run_one(path: Path, results: Path, manifest: dict[str, Any], *, runner: Runn
     Raises:
         KeyboardInterrupt: on Ctrl-C or SIGTERM, after the entry (status ``failed``) is stored.
     """
-    from sur_lab.runtime.run_notebooks import NotebookBusyError, machine_stamp
-
     results = Path(results)
     params = PRESETS[preset](path)
     inputs = notebook_inputs(path, params)
@@ -1122,8 +1107,6 @@ def write_index(results: Path, manifest: dict[str, Any] | None = None) -> list[P
     """Write the manifest with a ``missing`` entry for every notebook never run (its parameters at the folder's
     preset), ``results/README.md`` (:func:`index_markdown`) and the claims table (``claims.md``, ``claims.csv``;
     :func:`sur_lab.runtime.claims.write_claims`), each atomically; returns their paths."""
-    from sur_lab.runtime.claims import write_claims
-
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(results) if manifest is None else manifest

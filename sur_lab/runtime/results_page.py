@@ -14,10 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from sur_lab.models import embedded_model
+from sur_lab.runtime.claims import claim_rows, claims_markdown
+from sur_lab.runtime.params import literal_defaults
+from sur_lab.runtime.release import check, format_minutes, manifest_preset, read_manifest
+from sur_lab.studies.presets import SMOKE_BANNER
 
 HEADER = """# Measured times
 
@@ -45,8 +55,6 @@ def format_seconds(seconds: float | None) -> str:
 
 def _declared_defaults(nb: dict) -> dict:
     """Literal defaults of the notebook's tagged ``parameters`` cell (papermill keeps it in the executed copy)."""
-    from sur_lab.runtime.params import literal_defaults
-
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
             return literal_defaults("".join(cell.get("source", [])))
@@ -54,8 +62,6 @@ def _declared_defaults(nb: dict) -> dict:
 
 
 def _model_label(name) -> str:
-    from sur_lab.models import embedded_model
-
     embedded = embedded_model(name if name else None)
     return embedded.label if embedded is not None else str(name)
 
@@ -138,8 +144,6 @@ def folder_markdown(title: str, records: list[dict]) -> str:
     failed = [r for r in records if r["status"] == "failed"]
     lines = [f"## {title}", "", _machine_line(records), ""]
     if any(r["suite"] == "smoke" for r in records):
-        from sur_lab.studies.presets import SMOKE_BANNER
-
         lines += [f"Smoke runs are a plumbing check ({SMOKE_BANNER.removeprefix('plumbing check: ')}): they show "
                   "that every notebook runs; their verdicts and numbers are not results. The default suite (`make "
                   "notebooks`) runs the studies.", ""]
@@ -208,8 +212,6 @@ TABLE_ROWS, TABLE_COLUMNS = 25, 14
 
 
 def _cell(value) -> str:
-    import math
-
     if isinstance(value, float):
         if math.isnan(value):
             return ""
@@ -258,10 +260,6 @@ def release_notebook_page(results: Path, check, preset: str = "default",
     """One notebook's results page (Markdown) and the files it shows or links (site path -> file): its banner
     (stale, naming what changed; failed; not run), the run's facts, its figures, its tables (small ones shown, all
     linked), its sweep records and its executed copy. ``title``: the page title (default from the notebook's name)."""
-    import pandas as pd
-
-    from sur_lab.runtime.release import format_minutes
-
     entry, stem = check.entry, check.notebook
     title = title or _title(stem)
     outs = list(entry.get("outputs", {}))
@@ -314,8 +312,6 @@ def release_notebook_page(results: Path, check, preset: str = "default",
                 lines += [markdown_table(df) + more, ""]
     sweeps = [r for r in outs if r.startswith("sweeps/") and r.endswith(".parquet")]
     if sweeps:
-        import pyarrow.parquet as pq
-
         lines += ["## Sweep records", ""]
         lines += [f"- `results/{r}`: {pq.read_metadata(Path(results) / r).num_rows} rows" for r in sweeps]
         lines.append("")
@@ -336,9 +332,6 @@ def release_pages(results: Path, titles: Mapping[str, str] | None = None) -> tup
     peak memory, and the machine. ``release/<notebook>.md`` holds one notebook's results
     (:func:`release_notebook_page`); a stale one opens with a banner naming what changed.
     """
-    from sur_lab.runtime.claims import claim_rows, claims_markdown
-    from sur_lab.runtime.release import check, format_minutes, manifest_preset, read_manifest
-
     results = Path(results)
     try:
         manifest = read_manifest(results)

@@ -42,15 +42,26 @@ import argparse
 import ast
 import contextlib
 import fnmatch
+import html
+import json
 import os
+import platform
 import signal
 import sys
 import threading
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from sur_lab.paths import REPO_ROOT, display_path, outputs_dir
+import nbformat
+import papermill as pm
+from filelock import FileLock, Timeout
+
+from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
 from sur_lab.checks import pid_alive as _pid_alive
+from sur_lab.paths import REPO_ROOT, display_path, outputs_dir
+from sur_lab.runtime.params import ParameterError, check_notebook_parameters
+from sur_lab.studies.presets import PRESET_ENV
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 _RUNNING = ".running.ipynb"
@@ -74,8 +85,6 @@ def notebooks(pattern: str = "*", folder: Path | None = None) -> list[Path]:
 
 
 def _metadata_parameters(path: Path, key: str) -> dict:
-    import json  # not nbformat: importing it costs seconds, and `sur-lab release --check` reads every notebook
-
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     return dict(nb.get("metadata", {}).get("sur_lab", {}).get(key, {}))
 
@@ -94,8 +103,6 @@ def suite_parameters(path: Path) -> dict:
 
 def declared_parameters(path: Path) -> dict:
     """Parameters declared in the notebook's ``parameters`` cell (papermill's inspection)."""
-    import papermill as pm
-
     return pm.inspect_notebook(str(path))
 
 
@@ -107,8 +114,6 @@ def failed_path(target: Path) -> Path:
 def _mark_failed(source: Path, dest: Path, message: str) -> Path:
     """Move a partial notebook to ``dest`` with an error marker: a first markdown cell, ``metadata.sur_lab.run_error``
     and ``metadata.papermill.exception``; cells papermill left "running" are marked "failed"."""
-    import nbformat
-
     try:
         nb = nbformat.read(source, as_version=4)
     except Exception:  # noqa: BLE001 - a torn or missing partial notebook: keep the marker alone
@@ -184,9 +189,6 @@ def kernel_environment(outputs: Path, preset: str | None) -> dict[str, str | Non
     figures go beside the executed copy), the preset it runs (``$SUR_LAB_PRESET``; unset when not known), and that
     nobody will interact with it (:data:`sur_lab.analysis.plotting.STATIC_OUTPUTS_ENV`: views that offer an
     ipywidgets control write static HTML instead)."""
-    from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
-    from sur_lab.studies.presets import PRESET_ENV
-
     return {"SUR_LAB_OUTPUTS_DIR": str(Path(outputs).absolute()), PRESET_ENV: preset, STATIC_OUTPUTS_ENV: "1"}
 
 
@@ -197,8 +199,6 @@ _WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 def _progress_text(state: dict, model_id: str) -> str | None:
     """The final text of a tqdm notebook bar (an HBox of description HTML, a progress bar and the counts HTML), as
     tqdm prints it in a terminal; None when ``model_id`` is not such a bar."""
-    import html
-
     box = state.get(model_id, {})
     children = box.get("state", {}).get("children", []) if box.get("model_name") == "HBoxModel" else []
     parts = [state.get(str(c).removeprefix("IPY_MODEL_"), {}) for c in children]
@@ -249,9 +249,6 @@ def machine_stamp() -> dict:
     """Where a run happened: ``cpus`` (``os.cpu_count()``), ``platform``, ``python`` and ``torch`` versions, and
     ``load_1min`` (the 1-minute load average when the run finished: how busy the machine was). Stored as
     ``metadata.sur_lab.run`` of every executed copy, for the generated results page (:mod:`sur_lab.runtime.results_page`)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         torch_version = version("torch")
     except PackageNotFoundError:
@@ -263,8 +260,6 @@ def machine_stamp() -> dict:
 
 def _stamp_machine(path: Path) -> None:
     """Stamp the executed copy with :func:`machine_stamp` and leave its progress bars in their final state."""
-    import nbformat
-
     nb = nbformat.read(path, as_version=4)
     nb.metadata.setdefault("sur_lab", {})["run"] = machine_stamp()
     final_progress_bars(nb)
@@ -302,11 +297,6 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
         papermill.PapermillExecutionError: when a cell fails (see ``<name>.failed.ipynb``).
         KeyboardInterrupt: on Ctrl-C or SIGTERM (:class:`RunInterrupted`), after keeping ``<name>.failed.ipynb``.
     """
-    import papermill as pm
-    from filelock import FileLock, Timeout
-
-    from sur_lab.runtime.params import check_notebook_parameters
-
     path = Path(path)
     check_notebook_parameters(path, parameters)
     out_dir = (Path(outputs).expanduser() if outputs is not None else outputs_dir()).absolute()
@@ -373,7 +363,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-p {unknown[0]}: no selected notebook declares a parameter named {unknown[0]!r} (selected: {names}); "
               "nothing was run", file=sys.stderr)
         return 2
-    from sur_lab.runtime.params import ParameterError, check_notebook_parameters
 
     plans = {}
     for path in paths:

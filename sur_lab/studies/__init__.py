@@ -25,6 +25,11 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
+from sur_lab.analysis.decisions import effect_text
+from sur_lab.studies.base import Study
+
 if TYPE_CHECKING:  # the base is imported when a study is first handed out, so `import sur_lab.studies` stays cheap
     from sur_lab.studies.base import Study
 
@@ -78,8 +83,6 @@ def _checked(study, what: str) -> str:
     Raises:
         TypeError: naming ``what`` and the type it has.
     """
-    from sur_lab.studies.base import Study
-
     if not isinstance(study, Study):
         raise TypeError(f"{what} must be a sur_lab.studies.base.Study instance; got {type(study).__name__}")
     return study.name
@@ -124,10 +127,6 @@ def power_table(presets=("smoke", "default", "paper")):
     Raises:
         ValueError: naming a preset a study does not define.
     """
-    import pandas as pd
-
-    from sur_lab.analysis.decisions import effect_text
-
     rows = []
     for name in POWER_STUDIES:
         study = get_study(name)

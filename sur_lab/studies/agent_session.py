@@ -20,17 +20,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign
+from sur_lab.analysis.conclusions import paired_outcomes
+from sur_lab.analysis.decisions import COLUMNS, Family, PowerBasis, PowerDesign, family_lines, paired_family
+from sur_lab.analysis.endpoints import row_deviation
+from sur_lab.analysis.plotting import token_pieces, token_view
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
 from sur_lab.cache_ops import to_tensors
-from sur_lab.models import LoadedModel
-from sur_lab.session import EditSession
 from sur_lab.data.qa import QAExample, select_sources
 from sur_lab.data.text import passage_block
+from sur_lab.fingerprint import digest, model_fingerprint, versions
+from sur_lab.models import LoadedModel
+from sur_lab.session import EditSession
+from sur_lab.sweeps.store import SweepStore
 
 TASK = ("You are a research agent. Search results arrive as tool outputs; outdated results are removed when a newer "
         "one supersedes them. Answer each question with a short answer only.")
@@ -301,9 +308,6 @@ def edit_token_view(lm: LoadedModel, episode: Episode, arms: Sequence[Arm], *, e
     Raises:
         ValueError: naming ``edit`` outside [1, k], or ``arms`` as :func:`run_episode` does.
     """
-    from sur_lab.analysis.plotting import token_pieces, token_view
-    from sur_lab.analysis.endpoints import row_deviation
-
     k = episode.k
     edit = k if edit is None else edit
     if not 1 <= edit <= k:
@@ -393,8 +397,6 @@ def run_episodes(lm: LoadedModel, episodes: Sequence[Episode], arms: Sequence[Ar
     if out is None:
         return add_cumulative(pd.DataFrame([row for episode in tqdm(episodes, desc="episodes", disable=not progress)
                                             for row in rows_of(episode)]))
-    from sur_lab.fingerprint import digest, model_fingerprint, versions
-    from sur_lab.sweeps.store import SweepStore
 
     fp = {**model_fingerprint(lm), "arms": digest({"arms": [asdict(a) for a in arms]}), "executor": executor,
           "max_new_tokens": int(max_new_tokens), "seed": int(seed), "versions": versions()}
@@ -463,9 +465,6 @@ def decide_families(df: pd.DataFrame, arms: Sequence[Arm], *, decide: bool = Tru
     Returns:
         The families' rows (``family`` names each); empty when no comparison ran.
     """
-    from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import COLUMNS, paired_family
-
     data = df.assign(_unit=df["episode"].astype(str) + "/" + df["edit"].astype(str), _a=df["agree"].astype(float))
     debt = [a for a in arms if a.debt_pct > 0]
     plain = {a.budget_pct: a for a in arms if a.method not in ("Shift", REFERENCE) and a.debt_pct == 0}
@@ -482,8 +481,6 @@ def decide_families(df: pd.DataFrame, arms: Sequence[Arm], *, decide: bool = Tru
 def conclusion(decided: pd.DataFrame) -> list[str]:
     """The verdict lines of notebook 07's conclusion: each family of :func:`decide_families` with its size, then each
     comparison (:func:`sur_lab.analysis.decisions.sentence`)."""
-    from sur_lab.analysis.decisions import family_lines
-
     return family_lines(decided, what="questions", clusters="episodes")
 
 
@@ -493,9 +490,6 @@ def _arm_styles(arms: Sequence[str]) -> dict:
 
 def plot_quality_per_edit(table: pd.DataFrame):
     """Agreement with Re-prefill (left) and EM (right) per edit index, one line per arm."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     arms = list(dict.fromkeys(table["arm"]))
     style = _arm_styles(arms)
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharex=True)
@@ -517,9 +511,6 @@ def plot_cumulative_cost(table: pd.DataFrame):
     """Cumulative tokens forwarded (left) and cumulative repair time (right) per edit index, on a symmetric log scale
     (logarithmic above one token or one ms, linear below it): Shift forwards nothing, and its zero is drawn at 0, not
     clipped to a made-up small value."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     arms = list(dict.fromkeys(table["arm"]))
     style = _arm_styles(arms)
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharex=True)
@@ -540,9 +531,6 @@ def plot_cumulative_cost(table: pd.DataFrame):
 
 def plot_staleness(table: pd.DataFrame):
     """Key / value deviation from a clean prefill and the stale-row fraction per edit index (Re-prefill omitted)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     arms = [a for a in dict.fromkeys(table["arm"]) if a != REFERENCE]
     style = _arm_styles(list(dict.fromkeys(table["arm"])))
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), sharex=True)
@@ -565,8 +553,6 @@ def plot_staleness(table: pd.DataFrame):
 def plot_cost_quality(summary: pd.DataFrame):
     """Agreement with Re-prefill against total cost relative to Re-prefill (tokens forwarded), one point per arm, on a
     symmetric log axis (linear below 0.1 %, so Shift's zero cost is drawn at 0)."""
-    import matplotlib.pyplot as plt
-
     style = _arm_styles(list(summary["arm"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for _, row in summary.iterrows():

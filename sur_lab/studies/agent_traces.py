@@ -61,20 +61,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign
+from sur_lab.analysis.decisions import (
+    BEATS,
+    FAILS,
+    HOLDS,
+    LOSES,
+    Family,
+    Margin,
+    PowerBasis,
+    PowerDesign,
+    bound_claim,
+    bound_sentence,
+    family_lines,
+    in_units,
+    paired_family,
+    proportion_interval,
+)
 from sur_lab.analysis.scoring import NONE_PREDICTIONS, agreement, exact_match, extract_answer, normalize_answer
 from sur_lab.answer import AnswerBatch
-from sur_lab.edits import chat_segments
-from sur_lab.models import LoadedModel
-from sur_lab.session import EditSession
 from sur_lab.data.qa import QAExample, load_qa, select_sources
 from sur_lab.data.text import passage_block
+from sur_lab.edits import chat_segments
+from sur_lab.executors import get_executor
+from sur_lab.fingerprint import digest, model_fingerprint, versions
+from sur_lab.models import LoadedModel
+from sur_lab.session import EditSession
 from sur_lab.studies.base import Report, Study
+from sur_lab.sweeps.store import SweepStore
 from sur_lab.sync import SyncPolicy
 
 #: The study's name in the registry (``sur-lab sweep agent-traces``), its notebook, and its sweep folders' prefix.
@@ -521,8 +540,6 @@ def check_params(p: Mapping[str, Any]) -> None:
             ``max_doc_tokens`` (< 8), ``max_new_tokens`` (< 1), ``datasets`` (empty, or outside
             :data:`TRACE_DATASETS`) or ``executor`` (unknown).
     """
-    from sur_lab.executors import get_executor
-
     default_paths(p["budgets"])
     for name, low in (("n_traces", 1), ("turns", 2), ("max_doc_tokens", 8), ("max_new_tokens", 1)):
         if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < low:
@@ -533,8 +550,6 @@ def check_params(p: Mapping[str, Any]) -> None:
 
 def _fingerprint(lm, p: Mapping[str, Any], seed: int, executor: str) -> dict:
     """What every stored row depends on besides its trace (:meth:`sur_lab.sweeps.SweepStore.run_keyed`)."""
-    from sur_lab.fingerprint import model_fingerprint, versions
-
     return {**model_fingerprint(lm), "params": dict(p), "seed": int(seed), "executor": executor,
             "versions": versions()}
 
@@ -602,9 +617,6 @@ class AgentTracesStudy(Study):
                 another fingerprint.
             RuntimeError: when another process is running a sweep in the same folder.
         """
-        from sur_lab.fingerprint import digest
-        from sur_lab.sweeps.store import SweepStore
-
         paths = self.methods(p)
         if threads:
             torch.set_num_threads(threads)
@@ -675,8 +687,6 @@ def comparison_table(runs: pd.DataFrame, by: str = "region", *, against: str = P
     Raises:
         ValueError: naming ``by`` when not ``"region"`` or ``"kind"``, ``against`` when it is not a path of ``runs``.
     """
-    from sur_lab.analysis.decisions import in_units, paired_family, proportion_interval
-
     if by not in ("region", "kind"):
         raise ValueError(f"by={by!r} must be 'region' or 'kind'")
     if against not in set(runs["path"]):
@@ -756,8 +766,6 @@ def _styles(paths: Sequence[str]) -> dict:
 def plot_cost_agreement(table: pd.DataFrame):
     """Per turn: cumulative tokens recomputed (left, log), cumulative TTFT (middle, log) and agreement with
     re-prefill (right), one line per path (``table``: :func:`per_turn_table`)."""
-    import matplotlib.pyplot as plt
-
     paths = list(dict.fromkeys(table["path"]))
     style = _styles(paths)
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), sharex=True)
@@ -780,8 +788,6 @@ def plot_cost_agreement(table: pd.DataFrame):
 
 
 def _plot_groups(table: pd.DataFrame, by: str, names: Sequence[str], xlabel: str, panels: Sequence[tuple[str, str]]):
-    import matplotlib.pyplot as plt
-
     paths = list(dict.fromkeys(table["path"]))
     names = [g for g in names if g in set(table[by])]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8))
@@ -847,8 +853,6 @@ def primary_table(runs: pd.DataFrame, *, sync: str = "sync 5%", clustered: bool 
     Raises:
         ValueError: naming ``sync`` when it is not a path of ``runs``.
     """
-    from sur_lab.analysis.decisions import paired_family
-
     if sync not in set(runs["path"]):
         raise ValueError(f"sync={sync!r} is not a path of runs; paths: {sorted(set(runs['path']))}")
     wide, meta = _later_wide(runs)
@@ -904,8 +908,6 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
     Raises:
         ValueError: naming ``sync`` when it is not a path of the tables, ``max_agreement_loss`` outside [0, 1].
     """
-    from sur_lab.analysis.decisions import BEATS, FAILS, HOLDS, LOSES, bound_claim, bound_sentence, family_lines
-
     if sync not in set(regions["path"]):
         raise ValueError(f"sync={sync!r} is not a path of the tables; paths: {sorted(set(regions['path']))}")
     if not 0 <= max_agreement_loss <= 1:

@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+from sur_lab.analysis.decisions import decides
+from sur_lab.studies.presets import smoke_banner, study_params
+from sur_lab.sweeps import EVAL_BATCH, method_grid, run_sweep, sweep_folder
+
 #: The run arguments a ``folder_keys`` entry may name besides the study's parameters.
 RUN_ARGUMENTS = ("seed", "eval_batch", "executor")
 
@@ -108,8 +112,6 @@ class Study(ABC):
         Raises:
             ValueError: naming ``preset`` or an unknown parameter.
         """
-        from sur_lab.studies.presets import study_params
-
         return study_params(self.presets, self.fixed, preset, **overrides)
 
     def default_executor(self, params: Mapping[str, Any]) -> str:
@@ -121,8 +123,6 @@ class Study(ABC):
                    executor: str | None = None) -> dict[str, Any]:
         """The folder name's entries (:attr:`folder_keys` resolved against ``params`` and the run arguments; ``ex``
         appended when the executor is not the sequential one and the keys do not list it)."""
-        from sur_lab.sweeps import EVAL_BATCH
-
         run = {"seed": seed, "eval_batch": EVAL_BATCH if eval_batch is None else eval_batch,
                "executor": executor or self.default_executor(params)}
         merged = {**params, **run}
@@ -136,8 +136,6 @@ class Study(ABC):
         """The sweep folder of ``params`` (:func:`sur_lab.sweeps.sweep_folder`: the prefix, :meth:`folder_tag` and the
         model's fingerprint), so the notebook and ``sur-lab sweep NAME`` with the same parameters resume each other's
         records."""
-        from sur_lab.sweeps import sweep_folder
-
         return sweep_folder(self.folder_prefix, lm, outputs=outputs,
                             **self.folder_tag(params, seed=seed, eval_batch=eval_batch, executor=executor))
 
@@ -148,8 +146,6 @@ class Study(ABC):
         Raises:
             ValueError: naming the bad method or budget.
         """
-        from sur_lab.sweeps import method_grid
-
         method_grid(self.methods(params), self.budgets(params))
 
     def budgets(self, params: Mapping[str, Any]) -> Sequence[float]:
@@ -176,8 +172,6 @@ class Study(ABC):
         """The records of ``cases`` in ``where``: :func:`sur_lab.sweeps.run_sweep` of :meth:`sweep_cases`,
         :meth:`methods` and :meth:`budgets`, with ``run`` (seed, executor, eval_batch, workers, threads, address,
         progress, share_prefix)."""
-        from sur_lab.sweeps import run_sweep
-
         return run_sweep(lm, self.sweep_cases(cases, params), self.methods(params), self.budgets(params), where,
                          max_new_tokens=params["max_new_tokens"], timed=self.timed(cases, params),
                          scorer=self.scorer_for(cases), parser=type(self).parser, options=self.options(params), **run)
@@ -212,8 +206,6 @@ class Study(ABC):
             ValueError: naming a bad parameter, ``workers`` or ``address`` (a study that is not :attr:`distributed`),
                 before any model call; or as :func:`sur_lab.sweeps.run_sweep`.
         """
-        from sur_lab.sweeps import EVAL_BATCH
-
         if not self.distributed and (workers != 1 or address is not None):
             raise ValueError(f"workers={workers}, address={address!r}: the {self.name} study times requests one at a "
                              "time in one process; use workers=1 and no address")
@@ -254,9 +246,6 @@ class Study(ABC):
         """The notebook's closing lines: the smoke banner on a smoke run, the power statement (:meth:`power_line`),
         then the report's conclusion lines (:meth:`report`, deciding only where the notebook does:
         ``decide=decides(preset)``, so a smoke run's verdicts are "not decided")."""
-        from sur_lab.analysis.decisions import decides
-        from sur_lab.studies.presets import smoke_banner
-
         banner = smoke_banner(preset)
         lines = self.report(records, params, decide=decides(preset)).conclusion
         return [*([banner] if banner else []), self.power_line(params), *lines]

@@ -33,14 +33,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from sur_lab.analysis.endpoints import gold_nll, logits_digest, sequence_agree
 from sur_lab.answer import answer
 from sur_lab.cache_ops import clone_cache
 from sur_lab.edits import EditedContext
 from sur_lab.executors import dirty, replay, reprefill
+from sur_lab.fingerprint import device_name, model_fingerprint, versions
 from sur_lab.forward import forward_tokens
 from sur_lab.models import LoadedModel
+from sur_lab.sweeps.case import case_fingerprint
+from sur_lab.sweeps.store import SweepStore
 
 #: The three conditions of a cell (appendix 11).
 CONDITIONS = ("shared", "reprefill", "replay")
@@ -312,12 +316,6 @@ def run(lm: LoadedModel, cases: Sequence, *, repeats: int = REPEATS, max_new_tok
         ValueError: naming ``cases`` when empty or a case id repeats; as :func:`run_cell`; with ``out``, naming the
             folder, the cell and the first differing field when a stored cell was made with another fingerprint.
     """
-    from tqdm.auto import tqdm
-
-    from sur_lab.fingerprint import device_name, model_fingerprint, versions
-    from sur_lab.sweeps.case import case_fingerprint
-    from sur_lab.sweeps.store import SweepStore
-
     ids = [case.case_id for case in cases]
     if not ids or len(set(ids)) != len(ids):
         raise ValueError(f"cases must be non-empty with unique case ids; got {len(ids)} cases, "

@@ -11,8 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sur_lab.edits import EditedContext, chat_edit, format_passages
+import pandas as pd
+from tqdm.auto import tqdm
+
+from sur_lab.analysis.scoring import extract_answer, score_example
 from sur_lab.data.qa import QAExample, load_qa
+from sur_lab.edits import EditedContext, chat_edit, format_passages
+from sur_lab.models import load_model
+from sur_lab.sweeps import Case, records_frame, run_case
 
 
 def quickstart_edit(tokenizer, example: QAExample, distractor_index: int = 0) -> EditedContext:
@@ -40,8 +46,6 @@ def quickstart_edit(tokenizer, example: QAExample, distractor_index: int = 0) ->
 def quickstart_scorer(example: QAExample):
     """A ``scorer(case, answer_text) -> bool`` for :func:`sur_lab.sweeps.run_case`: the example's dataset rule on the
     extracted answer (:func:`sur_lab.analysis.scoring.score_example`)."""
-    from sur_lab.analysis.scoring import extract_answer, score_example
-
     def scorer(case, text: str, example=example) -> bool:
         return score_example(extract_answer(text), example)
 
@@ -57,11 +61,6 @@ def agreement_study(lm, examples, budget_pct: float = 5.0, max_new_tokens: int =
     Returns:
         pandas DataFrame, one row per (example, method).
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from sur_lab.sweeps import Case, records_frame, run_case
-
     frames = []
     for ex in tqdm(examples, desc="examples", disable=not progress):
         case = Case(ex.id, quickstart_edit(lm.tokenizer, ex), tuple(ex.answers))
@@ -82,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=5.0, help="SUR budget, %% of the suffix")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args(argv)
-    from sur_lab.models import load_model
 
     lm = load_model(args.model)
     examples = [ex for ex in load_qa(args.data) if ex.distractors and ex.supporting][: args.examples]

@@ -17,11 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from sur_lab.allocators import AllocationRequest, allocate, get_allocator, top_b
 from sur_lab.allocators.sur import sur_token_scores
 from sur_lab.analysis.endpoints import row_deviation
+from sur_lab.analysis.plotting import token_pieces, token_view
 from sur_lab.budget import Support, allowance
 from sur_lab.cache_ops import cache_length, num_layers, to_tensors
 from sur_lab.edits import EditedContext
@@ -115,8 +118,6 @@ def distance_profile(dev: KVDeviation, *, num_bins: int = 12) -> "pd.DataFrame":
     Raises:
         ValueError: naming ``num_bins`` when below 1.
     """
-    import pandas as pd
-
     if num_bins < 1:
         raise ValueError(f"num_bins={num_bins} must be >= 1")
     L, S = dev.keys.shape
@@ -212,9 +213,6 @@ def residual_by_budget(
         fraction of Shift's), ``keys_refreshed, values_refreshed, keys_unrefreshed, values_unrefreshed`` (restricted
         to refreshed / unrefreshed positions).
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     edit = prepared.edit
     S = edit.suffix_len
     ex = pick_executor(executor)
@@ -267,8 +265,6 @@ def repair_token_view(lm: LoadedModel, prepared, repairs, *, executor: str = "se
     Raises:
         ValueError: for an unknown method or executor, or a budget outside [0, 100].
     """
-    from sur_lab.analysis.plotting import token_pieces, token_view
-
     edit = prepared.edit
     S = edit.suffix_len
     reference = reprefill(lm, edit)

@@ -32,6 +32,14 @@ from sur_lab.budget import Support
 from sur_lab.cache_ops import caches_equal, clone_cache, from_tensors, to_tensors
 from sur_lab.edits import EditedContext
 from sur_lab.executors import get_executor
+from sur_lab.executors.kernels import (
+    build_indexed_attention_plan,
+    causal_attention_oracle,
+    indexed_attention,
+    kernel_error_floor,
+    packed_sdpa_reference,
+    uses_triton,
+)
 from sur_lab.forward import forward_tokens
 from sur_lab.models import LoadedModel, wrap_model
 
@@ -250,15 +258,6 @@ def kernel_oracle_errors(
         ``max_abs / (2 sdpa_max_abs + floor)`` with floor :func:`sur_lab.executors.kernels.kernel_error_floor` (one output ulp
         plus the FP32 exp2-softmax budget), and ``passed`` (both ratios <= 1).
     """
-    from sur_lab.executors.kernels import (
-        build_indexed_attention_plan,
-        causal_attention_oracle,
-        indexed_attention,
-        kernel_error_floor,
-        packed_sdpa_reference,
-        uses_triton,
-    )
-
     device = torch.device(device)
     rows = []
     for i, case in enumerate(cases if cases is not None else kernel_cases()):

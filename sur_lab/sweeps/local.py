@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from sur_lab.models import LoadedModel
 from sur_lab.sweeps.case import Case, grid_keys, run_case, shared_prefix
@@ -48,8 +49,6 @@ def run_local(
             configuration (before any model call).
         RuntimeError: when another process is sweeping into the folder.
     """
-    from tqdm.auto import tqdm
-
     config = config_fields(lm, **{k: case_args[k] for k in ("seed", "executor", "max_new_tokens", "eval_batch",
                                                               "options")})
     keys = grid_keys(methods, budgets)

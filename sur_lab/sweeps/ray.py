@@ -28,7 +28,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
 
+from sur_lab.models import EMBEDDED_MODEL, LoadedModel, embedded_model, load_model
 from sur_lab.sweeps.case import Case, grid_keys, run_case, shared_prefix
 from sur_lab.sweeps.record import config_fields
 from sur_lab.sweeps.store import SweepStore, check_fingerprint
@@ -102,8 +106,6 @@ def check_local_gpus(model_args: Mapping, workers: int, address: str | None, ava
     if not device.startswith("cuda") or address not in (None, "local"):
         return
     if available is None:
-        import torch
-
         available = torch.cuda.device_count()
     if workers > available:
         raise ValueError(
@@ -123,8 +125,6 @@ def model_args_of(lm: Any) -> dict:
     Raises:
         ValueError: if ``lm`` is neither a mapping with a ``name`` key nor a LoadedModel.
     """
-    from sur_lab.models import EMBEDDED_MODEL, LoadedModel
-
     if isinstance(lm, Mapping):
         if "name" not in lm:
             raise ValueError(f"model_args must hold the load_model arguments, including 'name'; got keys {sorted(lm)}")
@@ -137,8 +137,6 @@ def model_args_of(lm: Any) -> dict:
 
 def model_label(model_args: Mapping) -> str:
     """The ``model`` field a model loaded from ``model_args`` will have (``ModelSpec.name``)."""
-    from sur_lab.models import embedded_model
-
     name = model_args.get("name")
     em = embedded_model(name)
     return em.label if em is not None else str(name)
@@ -153,19 +151,12 @@ class _CaseRunner:
     """One Ray actor's state: the model, loaded once, and the pinned thread count (wrapped by ``ray.remote``)."""
 
     def __init__(self, model_args: Mapping, threads: int, workers: int) -> None:
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        from sur_lab.models import load_model
-
         hf_logging.disable_progress_bar()  # the driver draws the one progress bar
         torch.set_num_threads(int(threads))
         self.lm = load_model(**dict(model_args))
         self.workers = int(workers)
 
     def describe(self) -> dict:
-        import torch
-
         return {"pid": os.getpid(), "model": self.lm.spec.name, "threads": torch.get_num_threads()}
 
     def run(self, case: Case, methods, budgets, out_dir: str, case_args: dict, timed: bool) -> tuple[str, int]:
@@ -274,8 +265,6 @@ def run_ray(
         RuntimeError: when one case killed its actor more than :data:`MAX_CASE_RETRIES` times, or another process is
             sweeping into the folder.
     """
-    from tqdm.auto import tqdm
-
     check_workers(workers, address, threads)
     model_args = model_args_of(lm)
     check_local_gpus(model_args, workers, address)

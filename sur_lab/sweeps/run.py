@@ -8,8 +8,8 @@ depend on the scheduler (only ``workers``/``threads`` say how they were measured
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
 import zlib
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ import pandas as pd
 from sur_lab.fingerprint import dtype_reason
 from sur_lab.models import LoadedModel
 from sur_lab.sweeps.case import EVAL_BATCH, Case, Method, check_run_args, method_name
+from sur_lab.sweeps.local import run_local
+from sur_lab.sweeps.ray import check_workers, run_ray
 from sur_lab.sweeps.store import SweepStore
 
 
@@ -122,12 +124,9 @@ def run_sweep(
         manifest["dtype_reason"] = dtype_reason(lm)
     store = SweepStore(out_dir)
     if type(workers) is not int or workers != 1 or address is not None:
-        from sur_lab.sweeps.ray import check_workers, run_ray
-
         check_workers(workers, address, threads)
         return run_ray(lm, cases, methods, budgets, store, case_args=case_args, timed=timed_ids, manifest=manifest,
                        workers=workers, address=address, threads=threads, progress=progress)
-    from sur_lab.sweeps.local import run_local
 
     return run_local(lm, cases, methods, budgets, store, case_args=case_args, timed=timed_ids, manifest=manifest,
                      progress=progress)

@@ -52,8 +52,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from filelock import FileLock, Timeout
+from tqdm.auto import tqdm
 
+from sur_lab.analysis.plotting import run_tag
 from sur_lab.fingerprint import digest, first_difference, model_fingerprint
 from sur_lab.paths import atomic_path, outputs_dir
 from sur_lab.sweeps.record import Record, frame_records, parse_line, records_frame
@@ -71,8 +75,6 @@ def sweep_folder(name: str, lm, *, outputs: Path | None = None, **params: Any) -
         outputs: outputs root (default :func:`sur_lab.paths.outputs_dir`).
         params: parameter values for the name (:func:`sur_lab.analysis.plotting.run_tag`).
     """
-    from sur_lab.analysis.plotting import run_tag
-
     fp = model_fingerprint(lm)
     device = fp["device"].split(" ")[0].replace(":", "")
     tag = run_tag(**{**params, "dtype": fp["dtype"], "device": device, "w": fp["model_weights"][:8]})
@@ -138,8 +140,6 @@ class SweepStore:
             FolderInUseError: (a ``RuntimeError``) naming ``out_dir`` when another process holds the lock (nothing is
                 written).
         """
-        from filelock import FileLock, Timeout
-
         self.out_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(self.out_dir / ".sweep.lock"))
         try:
@@ -427,8 +427,6 @@ class SweepStore:
         def fp_of(case: Any) -> dict[str, Any]:
             return {**fingerprint, **(case_fingerprint(case) if case_fingerprint else {})}
 
-        from tqdm.auto import tqdm
-
         with self.lock():
             stored = {cid: self.read_rows(cid, key=key, fingerprint=fp_of(case)) for cid, case in cases.items()}
             todo = [cid for cid, rows in stored.items() if rows is None]
@@ -474,8 +472,6 @@ def _json_value(value: Any, name: str, *, finite: bool = False) -> Any:
         ValueError: naming ``name`` and the type of a value that is not JSON; with ``finite`` (fingerprints: NaN never
             equals itself, so a stored NaN would never match), naming a NaN or infinite float.
     """
-    import numpy as np
-
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):

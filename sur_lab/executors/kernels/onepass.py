@@ -62,8 +62,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from sur_lab.executors.kernels.reference import as_positions, check_attention_shapes, packed_sdpa_reference
+from sur_lab.models import cache_root
 
 __all__ = [
     "ONEPASS_BLOCK_N",
@@ -319,8 +321,6 @@ def onepass_build_dir() -> Path:
 
 
 def _build_dir(inputs: dict) -> Path:
-    from sur_lab.models import cache_root
-
     return cache_root() / "kernels" / f"onepass-{_digest(inputs)}"
 
 
@@ -390,6 +390,7 @@ def _build(folder: Path, inputs: dict) -> Path:
     """Compile into a fresh folder, probe the library in a subprocess, write its manifest, then rename the folder into
     place (an old folder is moved aside first): a killed build leaves no half-built library behind, and no process
     ever sees a library without its manifest."""
+    # import cost: cpp_extension (~0.2 s) is needed only to compile the kernel on first use
     from torch.utils import cpp_extension
 
     tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -428,8 +429,6 @@ def _library_path() -> Path:
         RuntimeError: naming the cached file and what was wrong with it when its rebuild fails too; the build's own
             error when there was nothing cached.
     """
-    from filelock import FileLock
-
     inputs = _build_inputs()
     folder = _build_dir(inputs)
     library = folder / f"{_NAME}.so"

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from transformers import DynamicCache
 
-from sur_lab.analysis.scoring import normalize_answer
+from sur_lab.analysis.scoring import normalize_answer, score_example
 from sur_lab.budget import Support
 from sur_lab.cache_ops import (
     cache_length,
@@ -227,8 +227,6 @@ def build_request(tokenizer, example, num_docs: int, *, seed: int = 0, filler: S
     Raises:
         ValueError: see :func:`rag_passages`, :func:`place_evidence` and :func:`compose_prompt`.
     """
-    from sur_lab.analysis.scoring import score_example
-
     passages = rag_passages(example, num_docs, seed=seed, filler=filler)
     if slot is not None:
         passages = place_evidence(passages, slot)

@@ -8,13 +8,31 @@ Source: SAFE-KV (Zhang, 2026), Figures 2-5, Tables 20 and 27.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from scipy.stats import pearsonr, rankdata, spearmanr
 
-from sur_lab.analysis.decisions import Family, Margin, PowerBasis, PowerDesign, discordance_from_interval
+from sur_lab.analysis.conclusions import paired_outcomes
+from sur_lab.analysis.decisions import (
+    BEATS,
+    HOLDS,
+    Family,
+    Margin,
+    PowerBasis,
+    PowerDesign,
+    best_of,
+    bound_claim,
+    discordance_from_interval,
+    paired_family,
+    proportion_interval,
+    ratio_verdict,
+    sentence,
+)
+from sur_lab.analysis.stats import paired_bootstrap
 from sur_lab.studies.noprefix.selection import PROTOCOL_LABELS, PROTOCOLS, UNITS
 
 #: The design ledger's paired comparisons (issue 36; :mod:`sur_lab.analysis.decisions`): each route against the one it
@@ -69,8 +87,6 @@ def drift_table(runs: pd.DataFrame, by: str = "workload") -> pd.DataFrame:
     Raises:
         ValueError: naming ``runs`` when it has no ``drift``/``risk`` columns.
     """
-    from scipy.stats import pearsonr, rankdata, spearmanr
-
     if "drift" not in runs.columns or "risk" not in runs.columns:
         raise ValueError("runs has no drift/risk columns; pass sur_lab.studies.noprefix.measure_drift's rows")
     full = runs[runs["unit"] == "full"]
@@ -116,8 +132,6 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "num_docs", "lab
     Raises:
         ValueError: naming ``by`` when a column is missing.
     """
-    from sur_lab.analysis.decisions import paired_family, proportion_interval
-
     missing = [c for c in by if c not in df.columns]
     if missing:
         raise ValueError(f"by={tuple(by)!r}: {missing} are not columns of df")
@@ -270,8 +284,6 @@ def protocol_gap(runs: pd.DataFrame, label: str = "Suffix K1 · risk", *, n_boot
         ValueError: naming ``label`` when the runs lack its donor or forward rows, ``runs`` when a source lacks one
             protocol's rows; or as :func:`~sur_lab.analysis.stats.paired_bootstrap`.
     """
-    from sur_lab.analysis.stats import paired_bootstrap
-
     sub = runs[runs["label"] == label]
     missing = [p for p in ("donor", "forward") if p not in set(sub["protocol"])]
     if missing:
@@ -375,8 +387,6 @@ def operating_rule(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, r
         ValueError: naming ``required_preservation`` outside [0, 1], ``summary`` when it has no full-prefill row or
             mixes workloads (several full-prefill TTFLs).
     """
-    from sur_lab.analysis.decisions import BEATS, HOLDS, bound_claim, proportion_interval, ratio_verdict
-
     if not 0.0 <= required_preservation <= 1.0:
         raise ValueError(f"required_preservation={required_preservation!r} must lie in [0, 1]")
     full_rows = summary[summary["unit"] == "full"]
@@ -430,8 +440,6 @@ def _speed_family(cand: pd.DataFrame, runs: pd.DataFrame, *, protocol: str, alph
                   n_boot: int) -> dict[str, str]:
     """label -> verdict of each candidate's per-request speed-up over full prefill (timed requests), decided as one
     family (ratios, Holm, a source's requests clustered)."""
-    from sur_lab.analysis.decisions import paired_family
-
     timed = runs[(runs["protocol"] == protocol) & np.isfinite(runs["ttfl_ms"].astype(float))
                  & np.isfinite(runs["full_ttfl_ms"].astype(float))]
     outcomes, clusters = {}, {}
@@ -508,9 +516,6 @@ def design_ledger(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, re
     Raises:
         ValueError: naming ``proxy_margin`` outside (0, 1].
     """
-    from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import bound_claim, paired_family, sentence
-
     if not 0.0 < proxy_margin <= 1.0:
         raise ValueError(f"proxy_margin={proxy_margin!r} must lie in (0, 1]")
     b = max(budgets) if budgets else None
@@ -598,11 +603,6 @@ def _donor_row(suf1: pd.Series | None, dsuf: pd.Series | None, runs: pd.DataFram
                seed: int, decide: bool) -> tuple:
     """The ledger's donor-copy row: donor minus forward preservation of suffix K1 (risk), paired over requests with
     the sources clustered, equivalent to 0 within ``±margin`` (:data:`DONOR_PROXY`)."""
-    from dataclasses import replace
-
-    from sur_lab.analysis.conclusions import paired_outcomes
-    from sur_lab.analysis.decisions import Margin, paired_family, sentence
-
     name = "Donor-copy vs actual forwarding (suffix K1, risk)"
     criterion = (f"donor − forward preservation equivalent to 0 within ±{100 * margin:g} points (paired over requests, "
                  "sources clustered, 90 % interval inside the margin): the diagnostic is a usable proxy")
@@ -642,8 +642,6 @@ def conclusion(summary: pd.DataFrame, runs: pd.DataFrame, decisions: Mapping[str
         ledger: :func:`design_ledger`.
         required_preservation, decide, seed: as :func:`operating_rule` and :func:`design_ledger`.
     """
-    from sur_lab.analysis.decisions import HOLDS, best_of, bound_claim
-
     lines = []
     fwd = summary[summary["protocol"] == "forward"]
     for wl in dict.fromkeys(fwd["workload"]):
@@ -697,8 +695,6 @@ def plot_local_vs_suffix(summary: pd.DataFrame, *, labels: Sequence[str] = LOCAL
         The matplotlib figure: methods on the x axis with their mean repair ratio under the name; filled circles for
         actual forwarding, open squares for donor-copy (diagnostic upper bound), side by side.
     """
-    import matplotlib.pyplot as plt
-
     workloads = list(dict.fromkeys(summary["workload"]))
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.0 * len(workloads), 3.8), sharey=True, squeeze=False)
     xs = np.arange(len(labels))
@@ -736,8 +732,6 @@ def plot_position_sweep(summary: pd.DataFrame, *, title: str = ""):
     Returns:
         The matplotlib figure.
     """
-    import matplotlib.pyplot as plt
-
     protocols = [p for p in PROTOCOLS if p in set(summary["protocol"])]
     fig, axes = plt.subplots(1, len(protocols), figsize=(4.8 * len(protocols), 3.6), sharey=True, squeeze=False)
     for ax, proto in zip(axes[0], protocols):
@@ -780,8 +774,6 @@ def plot_pareto_ttfl(summary: pd.DataFrame, *,
         repair unit, marker = selector (circle risk / none, triangle query, diamond oracle), filled = actual
         forwarding, open = donor-copy (diagnostic upper bound); inverted triangle hybrid. Right: median TTFL per workload, labels = mean ratio.
     """
-    import matplotlib.pyplot as plt
-
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4), gridspec_kw={"width_ratios": [1.15, 1]})
     keys = ["label", "protocol", "unit", "selector"]
     pooled = summary.groupby(keys, sort=False)[["repair_ratio", "preservation"]].mean().reset_index()
@@ -842,8 +834,6 @@ def plot_robustness(table: pd.DataFrame, *, title: str = ""):
         under the panel title); filled actual forwarding, open donor-copy (diagnostic upper bound). A panel whose
         model has no EM-correct request says so.
     """
-    import matplotlib.pyplot as plt
-
     models = list(dict.fromkeys(table["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.9), sharey=True, squeeze=False)
     for ax, model in zip(axes[0], models):

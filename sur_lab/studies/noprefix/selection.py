@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import rankdata
 from transformers import DynamicCache
 
 from sur_lab.allocators import AllocationRequest, allocate
@@ -104,8 +105,6 @@ def query_scores(lm: LoadedModel, prompt: ComposedPrompt) -> np.ndarray:
 def rank_scale(scores) -> np.ndarray:
     """Scores as ranks scaled to (0, 1]: ``rank / n`` with rank 1 for the lowest score and tied scores sharing their
     average rank (float64 ``[n]``); the scale on which :func:`hybrid_scores` averages two selectors."""
-    from scipy.stats import rankdata
-
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     return rankdata(s, method="average") / len(s) if len(s) else s
 

@@ -35,11 +35,14 @@ import pandas as pd
 from transformers import DynamicCache
 
 from sur_lab.allocators import Selection
-from sur_lab.analysis.scoring import agreement, extract_answer, normalize_answer
+from sur_lab.analysis.scoring import agreement, extract_answer, normalize_answer, score_example
+from sur_lab.cache_ops import clone_cache
+from sur_lab.data.qa import load_qa, select_sources
 from sur_lab.executors import get_executor
-from sur_lab.fingerprint import model_fingerprint
+from sur_lab.fingerprint import digest, model_fingerprint
 from sur_lab.models import LoadedModel
 from sur_lab.repair import PreparedEdit, RepairResult
+from sur_lab.studies.base import Report, Study
 from sur_lab.studies.noprefix.composition import ComposedPrompt, build_caches, composition_edit, prefix_cache
 from sur_lab.studies.noprefix.protocol import (
     build_request,
@@ -49,7 +52,6 @@ from sur_lab.studies.noprefix.protocol import (
     sweep_specs,
     workload_name,
 )
-from sur_lab.studies.base import Report, Study
 from sur_lab.studies.noprefix.reporting import (
     DONOR_PROXY,
     LEDGER,
@@ -149,8 +151,6 @@ class ComposedCase(Case):
 
     def fingerprint(self) -> str:
         """The edit, gold and meta hash, and the documents' segmentation (each is cached on its own)."""
-        from sur_lab.fingerprint import digest
-
         return digest({"case": super().fingerprint(), "doc_lens": self.prompt.doc_lens.tolist()})[:16]
 
     def prepare(self, lm: LoadedModel) -> ComposedPrepared:
@@ -217,8 +217,6 @@ class RepairMethod:
                            composed=prepared.shift_cache, units=prepared.units)
         t0 = time.perf_counter()
         if plan.support.size == 0:
-            from sur_lab.cache_ops import clone_cache
-
             cache = clone_cache(prepared.shift_cache)
         elif self.protocol == "forward":
             cache = get_executor(executor)(lm, prepared.shift_cache, prepared.edit, plan.support)
@@ -245,8 +243,6 @@ class ExampleScorer:
         self.examples = dict(examples)
 
     def __call__(self, case, text: str) -> bool:
-        from sur_lab.analysis.scoring import score_example
-
         return score_example(extract_answer(text), self.examples[case.case_id])
 
 
@@ -286,8 +282,6 @@ def _check_design(design: str) -> None:
 def _requests(tokenizer, p: Mapping[str, Any], seed: int, design: str) -> list[tuple[str, Any, Any, int]]:
     """``(case_id, RagRequest, example, source rank)`` of the design, in the notebook's order (nested source
     selections; the rank is the source's place in its dataset's seeded selection)."""
-    from sur_lab.data.qa import load_qa, select_sources
-
     out = []
     for ds in p["datasets"]:
         pool = load_qa(ds, split="dev")

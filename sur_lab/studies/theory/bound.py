@@ -25,13 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from sur_lab.attention import attention_hook, native_implementation
 from sur_lab.budget import Support
 from sur_lab.cache_ops import layer_kv, slice_rows
-from sur_lab.edits import EditedContext
+from sur_lab.checks import as_count
+from sur_lab.data.qa import is_held_out, load_corpus, load_example
+from sur_lab.edits import EditedContext, chat_edit, format_passages
 from sur_lab.executors import check_support, get_executor
 from sur_lab.forward import forward_tokens
 from sur_lab.models import LoadedModel
@@ -412,8 +416,6 @@ def bound_rows(
         (``logit_dev ≤ logit_bound26``), ``allowance`` (:func:`bound_rounding_allowance`) and ``slack``
         (``bound25 / lhs``).
     """
-    import pandas as pd
-
     pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
     frames = []
     for layer in sorted(captured_a):
@@ -508,9 +510,6 @@ def bound_study(
         ValueError: naming ``supports`` when one is empty or full (B = 0 or B = S leave nothing to bound), or
             ``replay_capture`` when it lacks a sampled layer.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     edit = prepared.edit
     for label, sup in supports.items():
         if not 0 < sup.size < edit.suffix_len:
@@ -542,8 +541,6 @@ def bound_summary(df) -> "pd.DataFrame":  # noqa: F821
         violations_beyond_rounding, max_violation, median_slack, median_log10_slack, frac_eq28_under`` (Eq. 28 below
         the left side), ``max_capture_err``.
     """
-    import pandas as pd
-
     ok = df[df["lhs"] > 0]
     heads = df.groupby(["label", "layer", "head"])["holds"].all()
     gap = df["lhs"] - df["bound25"]
@@ -620,10 +617,6 @@ def theory_edit(
             last example (:func:`sur_lab.data.qa.load_example`), or ``source`` when it names a held-out
             split.
     """
-    from sur_lab.checks import as_count
-    from sur_lab.edits import chat_edit, format_passages
-    from sur_lab.data.qa import is_held_out, load_corpus, load_example
-
     as_count(example_index, "example_index", minimum=0)
     as_count(num_passages, "num_passages", minimum=2)
     as_count(haystack_passages, "haystack_passages", minimum=0)

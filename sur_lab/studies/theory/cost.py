@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
+from scipy.optimize import lsq_linear
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from sur_lab.budget import Support, allowance, spread_support
@@ -139,8 +142,6 @@ def cost_table(lm: LoadedModel, edit: EditedContext, supports: dict[Any, Support
         flops_replay, flops_ratio`` (Eq. 16–17), ``pairs, pairs_replay, pair_ratio, pair_ratio_max`` (the last-B
         support) and ``pair_ratio_bound`` (``min(1, 2B/S)``, Eq. 18).
     """
-    import pandas as pd
-
     P, S = edit.prefix_len, edit.suffix_len
     full = np.arange(P, P + S)
     f_replay = useful_flops(lm, P, full)
@@ -272,8 +273,6 @@ def fit_traversal_model(df) -> TraversalFit:
     Raises:
         ValueError: naming ``df`` when it lacks a column or has fewer rows than parameters.
     """
-    from scipy.optimize import lsq_linear
-
     for col in ("executor", "R", "B", "pairs", "ms"):
         if col not in df.columns:
             raise ValueError(f"df lacks column {col!r}")
@@ -333,9 +332,6 @@ def timing_study(
     Returns:
         DataFrame, one row per measurement: ``executor, kind, label, budget_pct, B, R, pairs, repeat, ms``.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     edit = prepared.edit
     S, P = edit.suffix_len, edit.prefix_len
     executors = list(executors or available_executors())
