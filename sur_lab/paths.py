@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # sur_lab/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -79,6 +81,16 @@ def default_data_dir() -> Path:
         f"{fetched_data_dir()} (or set SUR_LAB_DATA_DIR to a QA data folder, or pass a path). Tried: "
         + ", ".join(map(str, tried))
     )
+
+
+def run_tag(**params: Any) -> str:
+    """A file-name-safe tag from parameter values (the run-specific part of output and sweep folder names), e.g. ``run_tag(model="x/y", n=10)`` -> ``"model-x-y_n-10"``."""
+    parts = []
+    for key, value in params.items():
+        if isinstance(value, (list, tuple)):
+            value = "-".join(str(v) for v in value)
+        parts.append(f"{key}-{value}")
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join(parts)).strip("-")
 
 
 def outputs_dir(create: bool = True) -> Path:

@@ -30,23 +30,13 @@ import seaborn as sns
 from IPython.display import display
 
 from sur_lab.budget import Support
-from sur_lab.paths import atomic_path, outputs_dir
+from sur_lab.paths import atomic_path, outputs_dir, run_tag  # noqa: F401  (run_tag: re-exported for notebooks)
 
 
 def setup_style() -> None:
     """Apply the house plot style (seaborn ``whitegrid``, ``talk``-sized fonts scaled for reports)."""
     sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
     mpl.rcParams.update({"figure.dpi": 110, "savefig.dpi": 200, "savefig.bbox": "tight", "pdf.fonttype": 42})
-
-
-def run_tag(**params: Any) -> str:
-    """A file-name-safe tag from parameter values, e.g. ``run_tag(model="x/y", n=10)`` -> ``"model-x-y_n-10"``."""
-    parts = []
-    for key, value in params.items():
-        if isinstance(value, (list, tuple)):
-            value = "-".join(str(v) for v in value)
-        parts.append(f"{key}-{value}")
-    return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join(parts)).strip("-")
 
 
 #: Environment variables a runner sets for the kernels it starts (comma-separated suffixes): the figure formats

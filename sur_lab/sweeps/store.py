@@ -57,7 +57,7 @@ import pandas as pd
 from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
-from sur_lab.analysis.plotting import run_tag
+from sur_lab.paths import run_tag
 from sur_lab.fingerprint import digest, first_difference, model_fingerprint
 from sur_lab.paths import atomic_path, outputs_dir
 from sur_lab.sweeps.record import Record, frame_records, parse_line, records_frame
@@ -73,7 +73,7 @@ def sweep_folder(name: str, lm, *, outputs: Path | None = None, **params: Any) -
         name: study prefix, e.g. ``"02_niah"``.
         lm: the model.
         outputs: outputs root (default :func:`sur_lab.paths.outputs_dir`).
-        params: parameter values for the name (:func:`sur_lab.analysis.plotting.run_tag`).
+        params: parameter values for the name (:func:`sur_lab.paths.run_tag`).
     """
     fp = model_fingerprint(lm)
     device = fp["device"].split(" ")[0].replace(":", "")
