@@ -47,7 +47,7 @@ from sur_lab.forward import prefill
 from sur_lab.models import load_model
 from sur_lab.repair import prepare, repair
 from sur_lab.session import EditSession
-from sur_lab.studies.stale_facts import FAMILIES, STUDY_ALLOCATORS, answer_class, build_stale_cases
+from sur_lab.studies.stale_facts import ALL_FAMILIES, FAMILIES, STUDY_ALLOCATORS, answer_class, build_stale_cases
 
 
 def reference_caches(lm, case):
@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rates", action="store_true", help="the study sweep's stale rates per family (references only)")
-    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=ALL_FAMILIES)
     ap.add_argument("--out", default=None, help="sweep folder for --rates (default: the study's folder)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -193,7 +193,8 @@ def main() -> None:
     if args.rates:
         stale_rates_of_the_sweep(lm, args, n)
     elif n:
-        cases = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=n, seed=args.seed)
+        cases = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=n, seed=args.seed,
+                                  families=args.families)
         probe(lm, cases, args.max_new_tokens)
     if args.time:
         case = build_stale_cases(lm.tokenizer, context_lens=[args.context_len], num_cases=1, seed=args.seed)[0]

@@ -41,6 +41,14 @@ def derived(tokenizer, corpus):
                 for inv in (True, False))]
 
 
+@pytest.fixture(scope="module")
+def rebound(tokenizer, corpus):
+    # The rebound family over 2 depths x 2 distances at 256 tokens.
+    return [sf.build_stale_case(tokenizer, corpus, family="rebound_reference", context_len=256, edit_depth=depth,
+                                distance=dist, seed=70 + i)
+            for i, (depth, dist) in enumerate((d, r) for d in (0.2, 0.5) for r in (0.1, 0.4))]
+
+
 def _count(text: str, value: str) -> int:
     return len(re.findall(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text))
 
@@ -293,11 +301,11 @@ def test_derived_gold_value_changes_with_the_edit(tokenizer, derived):
         assert all(sf.answer_class(case, f" {v}") == "distractor" for v in case.others)
 
 
-def test_placement_control_moves_the_inserted_block_before_the_question(tokenizer, derived, cases):
+def test_placement_control_moves_the_inserted_block_before_the_question(tokenizer, derived, rebound, cases):
     from collections import Counter
 
-    replaced = [c for c in [*derived, *cases] if c.inserted_len]
-    assert {c.family for c in replaced} == {"value_update", "multi_key", *sf.DERIVED_FAMILIES}
+    replaced = [c for c in [*derived, *rebound, *cases] if c.inserted_len]
+    assert {c.family for c in replaced} == {"value_update", "multi_key", *sf.DERIVED_FAMILIES, *sf.REBOUND_FAMILIES}
     for case in replaced:
         edit, ctl, m, p = case.edit, case.control_edit, case.inserted_len, case.edit.prefix_len
         inserted = edit.edited_ids[p - m : p]
@@ -328,3 +336,67 @@ def test_late_records_pair_with_the_case(tokenizer):
     out = sf.late_records(late)
     assert out["case_id"].tolist() == ["stale-256-003"] * 2
     assert out["method"].tolist() == ["Shift (late)", "Re-prefill (late)"] and late["method"][0] == "Shift"
+
+
+def _pointer(text: str, key: str) -> list[str]:
+    """The services whose deploy target the text says ``key`` uses (a derived record)."""
+    return re.findall(rf"service {re.escape(key)} is the canary of service ([\w-]+) ", text)
+
+
+def test_rebound_answer_bearing_records_are_downstream_of_the_edited_reference(tokenizer, rebound):
+    """rebound_reference: the edit re-points the asked service from one referent to another; both referents' value
+    records lie in the suffix (their states computed while the old reference was visible), and the gold value
+    changes with the edit from the old referent's value to the new one's."""
+    for case in rebound:
+        edit, p, m, d = case.edit, case.edit.prefix_len, case.inserted_len, case.edit.deleted_len
+        before = _decode(tokenizer, sf.pre_edit_context_ids(case))
+        after = _decode(tokenizer, edit.edited_ids)
+        (old_ref,), (new_ref,) = _pointer(before, case.key), _pointer(after, case.key)
+        assert case.key == case.edited_key and old_ref != new_ref
+        assert case.values == {old_ref: case.old, new_ref: case.new}
+        assert case.gold == case.new != case.old and case.stale_value == case.old
+        # The inserted block and the deleted one name services, no value.
+        inserted = _decode(tokenizer, edit.edited_ids[p - m : p])
+        deleted = _decode(tokenizer, edit.original_ids[p : p + d])
+        assert new_ref in inserted and old_ref in deleted and case.key in inserted and case.key in deleted
+        assert all(_count(x, v) == 0 for x in (inserted, deleted) for v in (case.old, case.new))
+        # Each value once, in its referent's record, before and after the edit; both records in the suffix.
+        for text in (before, after):
+            assert re.findall(rf"deploy target for service {re.escape(old_ref)} is ([\w-]+)\.", text) == [case.old]
+            assert re.findall(rf"deploy target for service {re.escape(new_ref)} is ([\w-]+)\.", text) == [case.new]
+            assert _count(text, case.old) == _count(text, case.new) == 1
+        ga, gb = case.answer_token_span
+        assert p <= ga < gb <= edit.edited_len and _decode(tokenizer, edit.edited_ids[ga:gb]) == " " + case.gold
+        oa, ob = case.old_token_span
+        assert p + d <= oa < ob and _decode(tokenizer, edit.original_ids[oa:ob]) == " " + case.old
+        a, b = case.bearing_token_span
+        assert p <= a <= ga < gb <= b and case.answer_in == "suffix" and case.answer_distance_tokens == a - p >= 0
+        assert _decode(tokenizer, edit.edited_ids[a:b]).strip() == f"Service record: the deploy target for service " \
+            f"{new_ref} is {case.new}."
+        query = _decode(tokenizer, edit.query_ids)
+        assert case.key in query and case.old not in query and case.gold not in query
+        assert sf.answer_class(case, f" {case.old}.") == "stale" and sf.answer_class(case, f" {case.gold}") == "correct"
+        assert case.meta()["stale_value"] == case.old
+
+
+def test_derived_wording_may_name_the_candidates(tokenizer, corpus):
+    """A ``StaleTemplates.derived`` / ``note`` wording with ``{values}`` lists the case's values (the inventory's
+    shuffled list) in the derived block itself, downstream of the edit; the answer and old spans stay in the edit."""
+    import dataclasses
+
+    wording = dataclasses.replace(
+        sf.DEFAULT_TEMPLATES,
+        derived=sf.DEFAULT_TEMPLATES.derived[:-1] + ", one of {values}.",
+        note=sf.DEFAULT_TEMPLATES.note[:-1] + ", one of {values}.")
+    for family in sf.DERIVED_FAMILIES:
+        case = sf.build_stale_case(tokenizer, corpus, family=family, context_len=256, edit_depth=0.2, distance=0.4,
+                                   seed=90, templates=wording)
+        a, b = case.bearing_token_span
+        bearing = _decode(tokenizer, case.edit.edited_ids[a:b])
+        listed = re.findall(r"one of ([^\n]*)\.$", bearing.strip())
+        assert len(listed) == 1 and sorted(listed[0].split(", ")) == sorted([case.old, case.new, *case.others])
+        p, m, d = case.edit.prefix_len, case.inserted_len, case.edit.deleted_len
+        ga, gb = case.answer_token_span
+        assert p - m <= ga < gb <= p and p <= a
+        oa, ob = case.old_token_span
+        assert p <= oa < ob <= p + d

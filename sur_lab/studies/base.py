@@ -94,8 +94,10 @@ class Study(ABC):
         """The sweep's methods for ``params`` (names or :class:`sur_lab.sweeps.Method` objects)."""
 
     @abstractmethod
-    def report(self, records, params: Mapping[str, Any]) -> Report:
-        """The study's tables, figures and conclusion lines from its records (wrapping its report functions)."""
+    def report(self, records, params: Mapping[str, Any], *, decide: bool = True) -> Report:
+        """The study's tables, figures and conclusion lines from its records (wrapping its report functions).
+        ``decide``: ``False`` at a plumbing-check size (:func:`sur_lab.analysis.decisions.decides`), where every
+        verdict is "not decided"."""
 
     # -- written once ------------------------------------------------------------------------------------------------
 
@@ -250,11 +252,14 @@ class Study(ABC):
 
     def conclusion(self, records, params: Mapping[str, Any], *, preset: str | None = None) -> list[str]:
         """The notebook's closing lines: the smoke banner on a smoke run, the power statement (:meth:`power_line`),
-        then the report's conclusion lines (:meth:`report`)."""
+        then the report's conclusion lines (:meth:`report`, deciding only where the notebook does:
+        ``decide=decides(preset)``, so a smoke run's verdicts are "not decided")."""
+        from sur_lab.analysis.decisions import decides
         from sur_lab.studies.presets import smoke_banner
 
         banner = smoke_banner(preset)
-        return [*([banner] if banner else []), self.power_line(params), *self.report(records, params).conclusion]
+        lines = self.report(records, params, decide=decides(preset)).conclusion
+        return [*([banner] if banner else []), self.power_line(params), *lines]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} (notebook {self.notebook})>"

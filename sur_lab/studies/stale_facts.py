@@ -35,6 +35,13 @@ derived block, in the suffix. Each replacement case also carries its Erratum pla
 (:func:`placement_control`): the same inserted block right before the question, where Erratum's note sits, so Erratum
 and the repairs can be compared at equal recency.
 
+An exploratory family (:data:`REBOUND_FAMILIES`, built on request, not in the roster) moves the values themselves
+downstream: ``rebound_reference`` replaces the derived record "service KEY ... uses the same deploy target as service
+A" by the same record naming service B, and both A's and B's fact blocks follow it (their states computed while the
+old reference was visible); the query asks KEY, gold is B's value, stale A's. On the study model the answer did not
+follow the reference under any arm (Dirty included), so it is not a study family; docs/studies/stale_facts.md says
+what issue 40's reachability check found and how to rerun it.
+
 Every block holding the key or a value is its own passage segment; the key (``" " + KEY``) and every value
 (``" " + V``) are whole token spans in the prompt, tokenized exactly as on their own (checked at construction, with
 values redrawn until they are; tested on the SmolLM2 and Qwen tokenizers). The old value appears exactly once in the
@@ -87,6 +94,15 @@ FAMILIES = ("value_update", "superseded_tool_output", "multi_key", "derived_reco
 #: derived record, an agent note written after the tool output): their states were computed while the old value was
 #: visible, so they are the states that can carry a stale answer (issue 40).
 DERIVED_FAMILIES = ("derived_record", "agent_note")
+#: Exploratory families, built on request (``families=``) but not in the study's roster (:data:`FAMILIES`):
+#: ``rebound_reference`` re-points a derived record from one service to another, and both services' value records
+#: follow it, so the answer-bearing states were computed while the old reference was visible and the stale value is
+#: in the suffix. It was tried for issue 40's reachability check (``scripts/stale_facts_probe.py --families
+#: rebound_reference``); on the study model the answer did not follow the reference under any arm, Dirty included, so
+#: it cannot tell a stale state from a misread one and is not a study family.
+REBOUND_FAMILIES = ("rebound_reference",)
+#: Every family :func:`build_stale_case` builds.
+ALL_FAMILIES = FAMILIES + REBOUND_FAMILIES
 #: The three families of issue 26, kept as controls: their answer-bearing text is the inserted block or an untouched
 #: block, so every arm but Dirty sees the answer in clean states.
 CONTROL_FAMILIES = ("value_update", "superseded_tool_output", "multi_key")
@@ -113,8 +129,11 @@ class StaleTemplates:
         answer_prefix: appended after the chat template's generation prompt; field ``{key}``. The value follows it
             after one space, so the first answer token is the first token of ``" " + value``.
         derived: the derived record (``derived_record``): a later line that refers to the edited key's value without
-            restating it; fields ``{derived}`` (the derived service, the asked key) and ``{key}`` (the edited one).
-        note: the agent note (``agent_note``) written after the tool output, naming no value; field ``{key}``.
+            restating it; fields ``{derived}`` (the derived service, the asked key) and ``{key}`` (the edited one),
+            and optionally ``{values}`` (the inventory's shuffled list, for a wording that names the candidates in
+            the derived block itself; the default does not).
+        note: the agent note (``agent_note``) written after the tool output, naming no value; field ``{key}`` (and
+            optionally ``{values}``, as ``derived``).
         note_question, note_answer_prefix: the ``agent_note`` question and answer prefix (about the note's plan);
             field ``{key}``.
         inventory: an earlier tool output listing the case's values (the old one among them, in another role) in
@@ -202,7 +221,8 @@ class StaleCase:
             0 when the answer-bearing text is the inserted block).
         answer_in: where the answer-bearing text is: ``"inserted"`` (the end of the prefix) or ``"suffix"``.
         answer_token_span: the gold value's token span in ``edit.edited_ids`` (``" " + gold``).
-        old_token_span: the old value's token span in ``edit.original_ids`` (inside the deleted span).
+        old_token_span: the old value's token span in ``edit.original_ids`` (inside the deleted span; for
+            ``rebound_reference``, its referent's record in the suffix).
         key_token_spans: every token span of ``" " + key`` in ``edit.edited_ids``.
         gold_token: the first token of ``" " + gold`` (the first answer step after the answer prefix).
         old_token: the first token of ``" " + old``.
@@ -465,7 +485,8 @@ def build_stale_case(
     Args:
         tokenizer: the target model's fast byte-level tokenizer with a chat template.
         corpus: filler paragraphs with ``title`` and ``text`` (:func:`sur_lab.data.qa.load_corpus`).
-        family: one of :data:`FAMILIES`.
+        family: one of :data:`ALL_FAMILIES` (the study's :data:`FAMILIES` or an exploratory
+            :data:`REBOUND_FAMILIES` one).
         context_len: target pre-query length in tokens (>= 128); filler paragraphs are added in a seeded order until
             the prompt reaches it, skipping those that would overshoot it by more than :data:`LENGTH_SLACK` (the
             chat template's head is not counted: the prompt is a few dozen tokens longer).
@@ -473,10 +494,11 @@ def build_stale_case(
             the paragraph boundary nearest to it.
         distance: the answer-bearing block's depth minus ``edit_depth`` (fraction of the filler tokens, > 0, with
             ``edit_depth + distance <= 1``) for ``superseded_tool_output``, the derived families (the derived record
-            or agent note) and a ``multi_key`` case that asks an untouched key; ignored (recorded as 0) when the
+            or agent note), ``rebound_reference`` (the two referents' value records) and a ``multi_key`` case that asks an untouched key; ignored (recorded as 0) when the
             answer-bearing text is the inserted block.
         num_keys: keys of a ``multi_key`` case (>= 2); ``derived_record`` has two (the edited and the derived
-            service), other families one.
+            service), ``rebound_reference`` three (the asked service, whose record the edit re-points, and its old
+            and new referents), other families one.
         ask_edited: for ``multi_key``, ask the updated key (True) or an untouched one (False).
         seed: seed for keys, values and filler order.
         case_id: identifier (default ``stale-{family}-{context_len}-s{seed}``).
@@ -492,14 +514,16 @@ def build_stale_case(
         ValueError: naming ``family``, ``context_len``, ``edit_depth``, ``distance``, ``num_keys`` or ``corpus`` (too
             small), before any tokenization.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r} is not one of {FAMILIES}")
+    if family not in ALL_FAMILIES:
+        raise ValueError(f"family={family!r} is not one of {ALL_FAMILIES}")
     if isinstance(context_len, bool) or int(context_len) != context_len or context_len < 128:
         raise ValueError(f"context_len must be an integer >= 128 tokens; got {context_len!r}")
     if not 0.0 <= float(edit_depth) <= 1.0:
         raise ValueError(f"edit_depth must be a fraction in [0, 1]; got {edit_depth!r}")
     derived = family in DERIVED_FAMILIES
-    downstream = family == "superseded_tool_output" or derived or (family == "multi_key" and not ask_edited)
+    rebound = family in REBOUND_FAMILIES
+    downstream = (family == "superseded_tool_output" or derived or rebound
+                  or (family == "multi_key" and not ask_edited))
     if downstream and not (0.0 < float(distance) and float(edit_depth) + float(distance) <= 1.0):
         raise ValueError(
             f"distance must be > 0 with edit_depth + distance <= 1 for an answer-bearing block downstream of the "
@@ -510,14 +534,16 @@ def build_stale_case(
     if len(corpus) == 0:
         raise ValueError("corpus is empty")
     rng = np.random.default_rng(seed)
-    k = int(num_keys) if family == "multi_key" else 2 if family == "derived_record" else 1
+    k = (int(num_keys) if family == "multi_key" else 2 if family == "derived_record" else 3 if rebound else 1)
     keys = [f"{s}-api" for s in rng.choice(SERVICES, size=k, replace=False)]
     edited_key = keys[0]
-    # The derived families draw one more value: the inventory's third entry (neither old nor new).
-    values = _draw_values(tokenizer, rng, (k + 1) if not derived else 3, templates, edited_key)
+    # The derived families draw one more value: the inventory's third entry (neither old nor new). A rebound case
+    # draws the two referents' values: the old referent's is the stale answer, the new referent's the gold one.
+    values = _draw_values(tokenizer, rng, 3 if derived else 2 if rebound else k + 1, templates, edited_key)
     old, new = values[0], values[1]
     others = tuple(values[2:]) if derived else ()
-    key_values = dict(zip(keys, [old, *values[2:]])) if not derived else {edited_key: old}
+    key_values = ({edited_key: old} if derived else {keys[1]: old, keys[2]: new} if rebound
+                  else dict(zip(keys, [old, *values[2:]])))
     asked = keys[1] if family == "derived_record" or (family == "multi_key" and not ask_edited) else edited_key
 
     # Record blocks and their depths (fractions of the filler tokens); the edited block first.
@@ -526,17 +552,29 @@ def build_stale_case(
         old_block = templates.tool_output.format(key=edited_key, value=old, call=TOOL_CALLS[0])
         new_block = templates.tool_output.format(
             key=edited_key, value=new, call=TOOL_CALLS[1] if family == "superseded_tool_output" else TOOL_CALLS[0])
+    elif rebound:
+        # The edit re-points the derived service (the asked key) from keys[1] to keys[2]; the records it points to
+        # follow it, in a seeded order, at the answer-bearing depth.
+        old_block = templates.derived.format(derived=edited_key, key=keys[1])
+        new_block = templates.derived.format(derived=edited_key, key=keys[2])
     else:
         old_block = templates.fact.format(key=edited_key, value=old)
         new_block = templates.fact.format(key=edited_key, value=new)
     records = [(float(edit_depth), old_block)]
     if family == "superseded_tool_output":
         records.append((float(edit_depth) + float(distance), new_block))
+    elif rebound:
+        pointed = [(keys[1], old), (keys[2], new)]
+        pointed = [pointed[int(j)] for j in rng.permutation(2)]
+        records += [(float(edit_depth) + float(distance), templates.fact.format(key=key, value=v))
+                    for key, v in pointed]
     elif derived:
-        bearing_block = (templates.derived.format(derived=asked, key=edited_key) if family == "derived_record"
-                         else templates.note.format(key=edited_key))
         listed = [old, new, *others]
         listed = [listed[int(j)] for j in rng.permutation(len(listed))]
+        # A wording may name the candidates in the derived block itself (field ``{values}``, the inventory's list).
+        bearing_block = (templates.derived.format(derived=asked, key=edited_key, values=", ".join(listed))
+                         if family == "derived_record" else
+                         templates.note.format(key=edited_key, values=", ".join(listed)))
         records.append((float(edit_depth) + float(distance), bearing_block))
         if inventory:
             records.append((float(edit_depth) / 2, templates.inventory.format(values=", ".join(listed))))
@@ -612,6 +650,9 @@ def build_stale_case(
         at = edited_text.find(bearing_block)
         bearing = char_token_span(edit.edited_offsets, at, at + len(bearing_block))
         answer_in = "suffix"
+    if rebound:
+        at = edited_text.find(templates.fact.format(key=keys[2], value=new))
+        bearing = char_token_span(edit.edited_offsets, at, at + len(templates.fact.format(key=keys[2], value=new)))
     if answer_in == "inserted" and asked == edited_key:
         distance = 0.0
     return StaleCase(
@@ -724,7 +765,7 @@ def build_stale_cases(
         edit_depths: edit depths in [0, 1].
         distances: answer-bearing distances in (0, 1].
         num_keys: keys per ``multi_key`` case (>= 2).
-        families: task families (a subset of :data:`FAMILIES`).
+        families: task families (a subset of :data:`ALL_FAMILIES`).
         seed: roster seed.
         corpus: filler paragraphs (default: :func:`sur_lab.data.qa.load_corpus`).
         templates: the prompt wording.
@@ -741,8 +782,8 @@ def build_stale_cases(
         raise ValueError(f"edit_depths must be non-empty fractions in [0, 1); got {edit_depths!r}")
     if not distances or any(not 0.0 < float(x) <= 1.0 for x in distances):
         raise ValueError(f"distances must be non-empty fractions in (0, 1]; got {distances!r}")
-    if not families or any(f not in FAMILIES for f in families):
-        raise ValueError(f"families must be a non-empty subset of {FAMILIES}; got {families!r}")
+    if not families or any(f not in ALL_FAMILIES for f in families):
+        raise ValueError(f"families must be a non-empty subset of {ALL_FAMILIES}; got {families!r}")
     if corpus is None:
         from sur_lab.data.qa import load_corpus
 
