@@ -94,7 +94,7 @@ STUDIES = StudyRegistry({
     "niah": "sur_lab.studies.niah",
     "natural-qa": "sur_lab.studies.natural_qa",
     "noprefix": "sur_lab.studies.noprefix.study",
-    "evidence-location": "sur_lab.studies.evidence_location",
+    "evidence-location": "sur_lab.studies.evidence_location.study",
     "stale-facts": "sur_lab.studies.stale_facts",
     "agent-traces": "sur_lab.studies.agent_traces",
 })
