@@ -321,7 +321,7 @@ FUNCTION_LEVEL_IMPORTS = {
         "sur_lab.studies", "sur_lab.studies.presets", "sur_lab.sweeps", "sur_lab.sweeps.ray", "sur_lab.sweeps.store")},
 }
 #: Studies being split into subpackages (issue 39, item 3), whose imports move to the top in that split.
-PENDING_STUDIES = ("niah", "evidence_location", "natural_qa", "bench", "stale_facts")
+PENDING_STUDIES = ("stale_facts",)
 
 
 def _function_level_imports(path: Path) -> list[tuple[int, str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -315,7 +316,6 @@ def plot_cells(means: pd.DataFrame, endpoints: Sequence[str] = ("gold_nll", "em"
                title: str = ""):
     """The four cells: one panel per endpoint, the cells on the x axis (upstream/downstream within each tail), one
     line per condition. Returns the figure."""
-    import matplotlib.pyplot as plt  # lazily, as every study's figures: importing a study selects no backend
 
     labels = {"gold_nll": "gold NLL (nats/token)", "em": "EM (%)", "sequence_agree": "sequence agreement (%)",
               "argmax_agree": "argmax agreement (%)", "tv_reprefill": "first-token TV", "jsd_reprefill": "JSD"}

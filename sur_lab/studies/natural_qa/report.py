@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from sur_lab.analysis.decisions import family_lines
@@ -348,7 +349,6 @@ def plot_quality_latency(summary: pd.DataFrame, *, title: str = "", em_col: str 
     Returns:
         The matplotlib Figure.
     """
-    import matplotlib.pyplot as plt  # on demand: pyplot picks a backend when imported; tables and sweeps never need it
 
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -400,7 +400,6 @@ def panel_table(cases: Sequence[PlacementCase], timed: Iterable[str] = ()) -> pd
 def plot_figure4(summary: pd.DataFrame, *, title: str = ""):
     """Figure 4 in two panels: exact match and agreement with Re-prefill against mean post-edit latency
     (:func:`plot_quality_latency` of each), ``title`` above them. Returns the figure."""
-    import matplotlib.pyplot as plt  # on demand: pyplot picks a backend when imported; tables and sweeps never need it
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     plot_quality_latency(summary, em_col="em_pct", ax=axes[0], title="exact match")
@@ -433,7 +432,6 @@ def transitions(table: pd.DataFrame, reference: str = "Shift") -> pd.DataFrame:
 def plot_transitions(transitions: pd.DataFrame, reference: str = "Shift"):
     """The error transitions of :func:`transitions`, one panel per metric: repairs (reference wrong, condition right)
     to the right, regressions to the left, in % of cases. Returns the figure."""
-    import matplotlib.pyplot as plt  # on demand: pyplot picks a backend when imported; tables and sweeps never need it
 
     metrics = list(dict.fromkeys(transitions["metric"]))
     fig, axes = plt.subplots(1, len(metrics), figsize=(12, 0.4 * len(transitions) / 2 + 1.8), sharey=True,
