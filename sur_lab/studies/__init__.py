@@ -95,7 +95,7 @@ STUDIES = StudyRegistry({
     "natural-qa": "sur_lab.studies.natural_qa",
     "noprefix": "sur_lab.studies.noprefix.study",
     "evidence-location": "sur_lab.studies.evidence_location.study",
-    "stale-facts": "sur_lab.studies.stale_facts",
+    "stale-facts": "sur_lab.studies.stale_facts.study",
     "agent-traces": "sur_lab.studies.agent_traces",
 })
 
