@@ -276,8 +276,13 @@ def test_natural_qa_rows(tmp_path):
 
 
 def _t15_row(condition, hypothesis, estimate, low, high, *, p=0.5, holm_p=0.5, tost=(np.nan, np.nan), n=40):
-    return {"condition": condition, "hypothesis": hypothesis, "estimate": estimate, "low": low, "high": high,
-            "tost_low": tost[0], "tost_high": tost[1], "p": p, "holm_p": holm_p, "n_sources": n}
+    """A row of ``08_table15`` in the one paired-difference schema; ``estimate``, ``low``, ``high`` and ``tost`` in
+    the printed unit (pp for EM: the decision columns hold fractions)."""
+    k = 100.0 if hypothesis.startswith("EM") else 1.0
+    return {"condition": condition, "hypothesis": hypothesis, "kind": "binary" if k == 100.0 else "continuous",
+            "estimate": estimate / k, "ci_low": low / k, "ci_high": high / k, "tost_low": tost[0] / k,
+            "tost_high": tost[1] / k, "p": p, "p_adj": holm_p, "n": n, "n_clusters": n, "delta": estimate,
+            "delta_low": low, "delta_high": high, "unit": "pp" if k == 100.0 else "nats"}
 
 
 def test_evidence_location_rows(tmp_path):
