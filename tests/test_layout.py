@@ -135,12 +135,6 @@ def test_no_study_imports_another_study(name):
 #: The most lines a module of a study subpackage (``studies/<name>/``) may have: a study split into a subpackage
 #: (issue 39, item 3: ``cases``, ``study``, ``report``, ...) keeps each module under about 600 lines.
 STUDY_MODULE_LINES = 650
-#: Subpackage modules over :data:`STUDY_MODULE_LINES` from before the rule, each with why it is left: their own split
-#: removes them from here (the rule then holds them too).
-OVERSIZE_STUDY_MODULES = {
-    "sur_lab.studies.noprefix.reporting": "split before issue 39; its tables and figures are not yet divided",
-    "sur_lab.studies.theory.bound": "notebook 01's bound and its checks, not yet divided",
-}
 
 
 def _in_study_package(path: Path) -> bool:
@@ -152,8 +146,6 @@ def _in_study_package(path: Path) -> bool:
                          ids=lambda n: n.removeprefix("sur_lab."))
 def test_study_package_modules_stay_small(name):
     lines = len(NAMES[name].read_text().splitlines())
-    if name in OVERSIZE_STUDY_MODULES:
-        pytest.skip(f"{name}: {lines} lines, left over the limit: {OVERSIZE_STUDY_MODULES[name]}")
     assert lines <= STUDY_MODULE_LINES, f"{name} has {lines} lines (> {STUDY_MODULE_LINES}); divide it within its " \
                                         f"study's subpackage"
 
@@ -163,7 +155,6 @@ def test_study_package_rule_covers_the_split_studies():
     assert {"niah", "noprefix", "theory"} <= packaged
     assert _in_study_package(NAMES["sur_lab.studies.niah.matched"]) and _in_study_package(NAMES["sur_lab.studies.niah"])
     assert not _in_study_package(NAMES["sur_lab.studies.base"]) and not _in_study_package(NAMES["sur_lab.studies"])
-    assert set(OVERSIZE_STUDY_MODULES) <= set(NAMES), "an exempted module no longer exists: drop it from the list"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in NAMES if _layer_of(n) == "data"),

@@ -14,9 +14,12 @@
   methods (:class:`RepairMethod`), records in the one schema through :func:`sur_lab.sweeps.run_case`;
   :func:`runs_table` and :func:`measure_drift` for the tables.
 * :mod:`~sur_lab.studies.noprefix.reporting`: drift tables, summaries with bootstrap intervals (median and p95 time to
-  first logit), the operating rule, the design ledger, the robustness checks (the EM-correct stratum, a second model
-  family: :func:`stratum_table`, :func:`robustness_table`), the largest workload's quality gate (:func:`quality_gate`)
-  with the paired donor − forward bootstrap (:func:`protocol_gap`), and the figures.
+  first logit), the robustness checks (the EM-correct stratum, a second model family: :func:`stratum_table`,
+  :func:`robustness_table`) and the largest workload's quality gate (:func:`quality_gate`) with the paired donor −
+  forward bootstrap (:func:`protocol_gap`).
+* :mod:`~sur_lab.studies.noprefix.ledger`: the declared comparisons and the primary one's power design (:data:`POWER`),
+  the operating rule (:func:`operating_rule`), the design ledger (:func:`design_ledger`) and the conclusion lines.
+* :mod:`~sur_lab.studies.noprefix.figures`: the figures (SAFE-KV Figures 2-5 analogues).
 
 
 A composed cache (:mod:`sur_lab.studies.noprefix.composition`) is repaired by re-encoding a *repair unit*, a set of document positions
@@ -54,11 +57,14 @@ Source: SAFE-KV (Zhang, 2026): abstract, Figures 1–5, Tables 20 and 27; SUR: s
 budgeted KV-cache repair paper.
 """
 
-from sur_lab.studies.noprefix import composition, protocol, reporting, selection, study
+from sur_lab.studies.noprefix import composition, figures, ledger, protocol, reporting, selection, study
 from sur_lab.studies.noprefix.composition import *  # noqa: F403
 from sur_lab.studies.noprefix.selection import *  # noqa: F403
 from sur_lab.studies.noprefix.protocol import *  # noqa: F403
 from sur_lab.studies.noprefix.reporting import *  # noqa: F403
+from sur_lab.studies.noprefix.ledger import *  # noqa: F403
+from sur_lab.studies.noprefix.figures import *  # noqa: F403
 from sur_lab.studies.noprefix.study import *  # noqa: F403
 
-__all__ = [*composition.__all__, *selection.__all__, *protocol.__all__, *reporting.__all__, *study.__all__]
+__all__ = [*composition.__all__, *selection.__all__, *protocol.__all__, *reporting.__all__, *ledger.__all__,
+           *figures.__all__, *study.__all__]

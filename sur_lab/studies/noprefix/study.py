@@ -52,15 +52,8 @@ from sur_lab.studies.noprefix.protocol import (
     sweep_specs,
     workload_name,
 )
-from sur_lab.studies.noprefix.reporting import (
-    DONOR_PROXY,
-    LEDGER,
-    POWER,
-    conclusion,
-    design_ledger,
-    operating_rule,
-    summarize,
-)
+from sur_lab.studies.noprefix.ledger import DONOR_PROXY, LEDGER, POWER, conclusion, design_ledger, operating_rule
+from sur_lab.studies.noprefix.reporting import summarize
 from sur_lab.studies.noprefix.selection import PROTOCOLS, RepairSpec, plan_repair, risk_scores, selector_scores
 from sur_lab.sweeps import Case
 
