@@ -309,9 +309,10 @@ def _evidence_records(df: pd.DataFrame, params: dict) -> None:
 
 def _evidence_table15(df: pd.DataFrame, params: dict) -> None:
     assert set(df["hypothesis"]) == {f"{e} {c}" for e in ("NLL", "EM") for c in ("side", "tail", "interaction")}
-    assert df.loc[df["hypothesis"] == "NLL side", "holm_p"].isna().all(), "the primary is not Holm-corrected"
+    assert df.loc[df["hypothesis"] == "NLL side", "p_adj"].isna().all(), "the primary is not Holm-corrected"
     nll = df[df["endpoint"] == "NLL"]
-    assert (nll["n_sources"] == _evidence_cells(params) // 4).all()
+    assert (nll["n_clusters"] == _evidence_cells(params) // 4).all() and (nll["n"] == nll["n_clusters"]).all()
+    assert (nll["unit"] == "nats").all() and (df.loc[df["endpoint"] == "EM", "unit"] == "pp").all()
 
 
 def _evidence_findings(df: pd.DataFrame, params: dict) -> None:
@@ -681,11 +682,12 @@ EXPECTED: dict[str, Expected] = {
                 check=_evidence_records),
             "08_cell_means": Table(columns=("condition", "side", "tail", "em", "gold_nll", "sequence_agree"),
                                    rows=lambda p: 4 * _evidence_methods(p), not_null=("gold_nll",)),
-            "08_table15": Table(columns=("condition", "hypothesis", "estimate", "low", "high", "p", "holm_p",
-                                         "n_sources"),
+            "08_table15": Table(columns=("condition", "hypothesis", "estimate", "ci_low", "ci_high", "p", "p_adj",
+                                         "n", "n_clusters", "delta", "delta_low", "delta_high", "unit"),
                                 rows=lambda p: 2 * 6, check=_evidence_table15),
-            "08_table16": Table(columns=("endpoint", "condition", "estimate", "low", "high", "n_sources"),
-                                rows=lambda p: 2 * 5, not_null=("estimate",)),
+            "08_table16": Table(columns=("endpoint", "condition", "estimate", "ci_low", "ci_high", "n", "n_clusters",
+                                         "delta", "delta_low", "delta_high", "delta_mde", "unit"),
+                                rows=lambda p: 2 * 5, not_null=("estimate", "delta")),
             "08_findings": Table(columns=("finding", "rule", "verdict", "evidence", "reproduced"), rows=lambda p: 3,
                                  check=_evidence_findings),
         },

@@ -275,20 +275,25 @@ def test_natural_qa_rows(tmp_path):
     assert "lead endpoint is agreement" in _row_of(results, "P9")["note"]
 
 
-def _t15_row(condition, hypothesis, estimate, low, high, *, p=0.5, holm_p=0.5, tost=(np.nan, np.nan), n=40):
-    return {"condition": condition, "hypothesis": hypothesis, "estimate": estimate, "low": low, "high": high,
-            "tost_low": tost[0], "tost_high": tost[1], "p": p, "holm_p": holm_p, "n_sources": n}
+def _t15_row(condition, hypothesis, estimate, low, high, *, p=0.5, p_adj=0.5, tost=(np.nan, np.nan), n=40):
+    """A row of ``08_table15`` in the one paired-difference schema; ``estimate``, ``low``, ``high`` and ``tost`` in
+    the printed unit (pp for EM: the decision columns hold fractions)."""
+    k = 100.0 if hypothesis.startswith("EM") else 1.0
+    return {"condition": condition, "hypothesis": hypothesis, "kind": "binary" if k == 100.0 else "continuous",
+            "estimate": estimate / k, "ci_low": low / k, "ci_high": high / k, "tost_low": tost[0] / k,
+            "tost_high": tost[1] / k, "p": p, "p_adj": p_adj, "n": n, "n_clusters": n, "delta": estimate,
+            "delta_low": low, "delta_high": high, "unit": "pp" if k == 100.0 else "nats"}
 
 
 def test_evidence_location_rows(tmp_path):
     t15 = pd.DataFrame([
         _t15_row("Replay", "NLL side", -0.01, -0.05, 0.03, tost=(-0.04, 0.02)),
-        _t15_row("Replay", "EM side", 6.0, 3.0, 9.0, p=0.0004, holm_p=0.002),
+        _t15_row("Replay", "EM side", 6.0, 3.0, 9.0, p=0.0004, p_adj=0.002),
         _t15_row("Replay", "NLL tail", -0.03, -0.07, 0.004),
         _t15_row("Replay", "NLL interaction", 0.01, -0.02, 0.04),
         _t15_row("Replay", "EM tail", 0.5, -1.6, 2.6),
         _t15_row("Replay", "EM interaction", -1.2, -4.8, 2.2),
-        _t15_row("Fixed slot", "NLL side", -0.2, -0.3, -0.1, p=0.001, holm_p=0.004, tost=(-0.28, -0.12))])
+        _t15_row("Fixed slot", "NLL side", -0.2, -0.3, -0.1, p=0.001, p_adj=0.004, tost=(-0.28, -0.12))])
     findings = pd.DataFrame([{"finding": "fixed-slot refresh carries the side effect", "rule": "r",
                               "verdict": "not carried", "evidence": "TV: ...", "reproduced": False}])
     results = _results(tmp_path, {"08_table15": t15, "08_findings": findings})
@@ -351,8 +356,8 @@ def test_threshold_claim_and_all_of():
 
 
 def test_an_empty_em_stratum_is_not_computed(tmp_path):
-    t15 = pd.DataFrame([_t15_row("Replay", "EM side", np.nan, np.nan, np.nan, p=np.nan, holm_p=np.nan, n=0),
-                        _t15_row("Replay", "EM tail", np.nan, np.nan, np.nan, p=np.nan, holm_p=np.nan, n=0),
+    t15 = pd.DataFrame([_t15_row("Replay", "EM side", np.nan, np.nan, np.nan, p=np.nan, p_adj=np.nan, n=0),
+                        _t15_row("Replay", "EM tail", np.nan, np.nan, np.nan, p=np.nan, p_adj=np.nan, n=0),
                         _t15_row("Replay", "NLL tail", -0.03, -0.07, 0.004),
                         _t15_row("Replay", "NLL interaction", 0.01, -0.02, 0.04)])
     results = _results(tmp_path, {"08_table15": t15})

@@ -329,15 +329,18 @@ def test_table15_holm_over_the_secondary_family():
     tab = table15(nll, em.rename(columns={"em": "g"}), n_boot=300, seed=1)
     assert len(tab) == 6
     side = tab.set_index("hypothesis").loc["NLL side"]
-    assert side["estimate"] == pytest.approx(0.5, abs=0.1) and side["low"] > 0 and np.isnan(side["holm_p"])
+    assert side["estimate"] == pytest.approx(0.5, abs=0.1) and side["ci_low"] > 0 and np.isnan(side["p_adj"])
+    assert side["unit"] == "nats" and side["delta"] == side["estimate"] and side["delta_low"] == side["ci_low"]
     secondary = tab[tab["hypothesis"].isin(SECONDARY_FAMILY)]
-    assert secondary["holm_p"].tolist() == pytest.approx(
+    assert secondary["p_adj"].tolist() == pytest.approx(
         list(holm(dict(zip(secondary["hypothesis"], secondary["p"]))).values()))
     from sur_lab.analysis.stats import factorial_contrasts
 
     raw = factorial_contrasts(em.rename(columns={"em": "g"}), "g")
-    got = tab[tab.endpoint == "EM"].set_index("contrast")["estimate"]
-    assert {c: got[c] for c in raw} == pytest.approx({c: 100 * v for c, v in raw.items()})  # percentage points
+    em_rows = tab[tab.endpoint == "EM"].set_index("contrast")
+    assert (em_rows["kind"] == "binary").all() and (em_rows["unit"] == "pp").all()
+    assert {c: em_rows["estimate"][c] for c in raw} == pytest.approx(raw)  # fractions: the decision columns
+    assert {c: em_rows["delta"][c] for c in raw} == pytest.approx({c: 100 * v for c, v in raw.items()})  # points
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -412,21 +415,22 @@ def test_report_tables_on_synthetic_records():
     assert len(t15) == 12 and set(t15["condition"]) == {"Replay", "Fixed slot"}
     nll = t15[(t15.condition == "Replay") & (t15.hypothesis == "NLL side")].iloc[0]
     oracle = factorial_contrasts(advantage(t, "Replay", "gold_nll", sign=-1.0), "g")["side"]
-    assert nll.estimate == pytest.approx(oracle) and nll.low <= 0 <= nll.high  # no NLL side effect was planted
-    assert nll.low < nll.tost_low <= nll.estimate <= nll.tost_high < nll.high  # the 90 % interval inside the 95 %
+    assert nll.estimate == pytest.approx(oracle) and nll.ci_low <= 0 <= nll.ci_high  # no NLL side effect was planted
+    assert nll.ci_low < nll.tost_low <= nll.estimate <= nll.tost_high < nll.ci_high  # the 90 % interval inside the 95 %
     em = t15[(t15.condition == "Replay") & (t15.hypothesis == "EM side")].iloc[0]
-    assert em.n_sources == 8  # the stratum: even sources, where Re-prefill is right in every cell
+    assert em.n_clusters == em.n == 8  # the stratum: even sources, where Re-prefill is right in every cell
     t16 = table16(t, n_boot=400, seed=1)
     assert len(t16) == 10
     tv = t16[(t16.endpoint == "First-token TV") & (t16.condition == "Replay")].iloc[0]
-    assert tv.estimate == pytest.approx(0.5, abs=0.02) and tv.low > 0
-    seq = t16[(t16.endpoint == "Sequence agreement (pp)") & (t16.condition == "Fixed slot")].iloc[0]
-    assert seq.estimate == pytest.approx(100.0, abs=15)  # Shift disagrees exactly in the downstream cells
+    assert tv.estimate == pytest.approx(0.5, abs=0.02) and tv.ci_low > 0
+    seq = t16[(t16.endpoint == "Sequence agreement") & (t16.condition == "Fixed slot")].iloc[0]
+    assert seq.estimate == pytest.approx(1.0, abs=0.15) and seq.delta == pytest.approx(100 * seq.estimate)
+    assert (seq.kind, seq.unit, tv.unit) == ("binary", "pp", "")  # Shift disagrees exactly in the downstream cells
     means = cell_means(t)
     assert len(means) == 16 and (means["sources"] == 16).all()
     gaps = slot_gap_table(t, n_boot=400, seed=1)
-    assert list(gaps.endpoint) == ["First-token TV", "First-token JSD", "Argmax agreement (pp)",
-                                   "Sequence agreement (pp)"]
+    assert list(gaps.endpoint) == ["First-token TV", "First-token JSD", "Argmax agreement", "Sequence agreement"]
+    assert list(gaps.unit) == ["", "", "pp", "pp"] and (gaps.n == gaps.n_clusters).all()
     # With noise 0.2 nats per record over 16 sources, the NLL side interval is wider than ±0.1: not separated, and
     # the null is not "reproduced" from the absence of evidence.
     found = findings(t15, t16, gaps).set_index("finding")
@@ -460,7 +464,7 @@ def test_a_small_em_stratum_decides_nothing():
     t = results_table(_records(stratum=lambda s: s < 5, datasets=("a",), sources=8))
     t15 = factorial_table(t, ["Replay"], n_boot=200, seed=1)
     em = t15[t15.hypothesis == "EM side"].iloc[0]
-    assert em.n_sources == 5 and em.p >= 2.0**-4
+    assert em.n_clusters == 5 and em.p >= 2.0**-4
     row = findings(t15, table16(t, ["Replay"], n_boot=200, seed=1)).set_index("finding").loc[
         "EM side contrast positive"]
     assert row.reproduced is None and row.verdict == "not separated at this size"
@@ -492,15 +496,16 @@ def test_an_empty_em_stratum_gives_nan_rows_and_keeps_the_holm_family():
     t = results_table(records)
     t15 = factorial_table(t, ["Replay"], n_boot=200, seed=1)
     em = t15[t15.endpoint == "EM"]
-    assert em[["estimate", "low", "high", "p", "holm_p"]].isna().all().all() and (em.n_sources == 0).all()
+    assert em[["estimate", "ci_low", "ci_high", "p", "p_adj", "delta"]].isna().all().all()
+    assert (em.n == 0).all() and (em.n_clusters == 0).all() and (em.unit == "pp").all()
     # the undefined EM members count as p = 1: the family keeps its five hypotheses (dropping them would multiply
     # the NLL tail p by two, not five)
     nll = t15[t15.endpoint == "NLL"].set_index("hypothesis")
     assert 0 < nll.loc["NLL tail", "p"] < 0.2
     five = holm({"NLL tail": nll.loc["NLL tail", "p"], "NLL interaction": nll.loc["NLL interaction", "p"],
                  "EM side": 1.0, "EM tail": 1.0, "EM interaction": 1.0}, family=SECONDARY_FAMILY)
-    assert nll.loc["NLL tail", "holm_p"] == pytest.approx(five["NLL tail"])
-    assert nll.loc["NLL interaction", "holm_p"] == pytest.approx(five["NLL interaction"])
+    assert nll.loc["NLL tail", "p_adj"] == pytest.approx(five["NLL tail"])
+    assert nll.loc["NLL interaction", "p_adj"] == pytest.approx(five["NLL interaction"])
     verdicts = findings(t15, table16(t, ["Replay"], n_boot=200, seed=1)).set_index("finding")["reproduced"]
     assert verdicts["EM side contrast positive"] is None
     assert verdicts["fixed-slot refresh carries the side effect"] is None
@@ -608,7 +613,7 @@ def test_combine_pools_runs_on_the_common_panel_and_refuses_other_differences(tm
             summary["dropped"], summary["built at another geometry"]) == (3, 3, 2, 4, 2, 0)
     report = pooled_report(pooled, n_boot=200, seed=1)
     side = report["table15"].set_index("hypothesis").loc["NLL side"]
-    assert (side["n_sources"], side["n_units"]) == (2, 4)
+    assert (side["n_clusters"], side["n"]) == (2, 4)
     assert "(4 source-model units)" in report["findings"].set_index("finding").loc["NLL side contrast null",
                                                                                    "evidence"]
     from sur_lab.analysis.stats import factorial_contrasts
@@ -687,17 +692,17 @@ def test_the_bootstrap_carries_a_sources_cells_of_every_model_together():
     one = side(_contrast_frame("m1", c))
     same = pd.concat([_contrast_frame("m1", c), _contrast_frame("m2", c)], ignore_index=True)
     pooled = side(same)
-    assert (pooled["n_sources"], pooled["n_units"], one["n_units"]) == (24, 48, 24)
+    assert (pooled["n_clusters"], pooled["n"], one["n"]) == (24, 48, 24)
     assert pooled["estimate"] == one["estimate"]
-    assert (pooled["low"], pooled["high"], pooled["tost_low"], pooled["tost_high"]) == \
-        (one["low"], one["high"], one["tost_low"], one["tost_high"])
+    assert (pooled["ci_low"], pooled["ci_high"], pooled["tost_low"], pooled["tost_high"]) == \
+        (one["ci_low"], one["ci_high"], one["tost_low"], one["tost_high"])
     unit = side(by_unit(same))
-    assert unit["n_sources"] == 48 and unit["estimate"] == pytest.approx(pooled["estimate"], abs=1e-15)
-    ratio = (unit["high"] - unit["low"]) / (pooled["high"] - pooled["low"])
+    assert unit["n_clusters"] == 48 and unit["estimate"] == pytest.approx(pooled["estimate"], abs=1e-15)
+    ratio = (unit["ci_high"] - unit["ci_low"]) / (pooled["ci_high"] - pooled["ci_low"])
     assert 0.6 < ratio < 0.82  # about 1 / sqrt(2): the unit bootstrap overstates the sample
     opposite = pd.concat([_contrast_frame("m1", c), _contrast_frame("m2", -0.5 * c)], ignore_index=True)
-    assert side(opposite)["high"] - side(opposite)["low"] < side(by_unit(opposite))["high"] - \
-        side(by_unit(opposite))["low"]
+    assert side(opposite)["ci_high"] - side(opposite)["ci_low"] < side(by_unit(opposite))["ci_high"] - \
+        side(by_unit(opposite))["ci_low"]
 
 
 def test_margin_sizing_says_how_wide_the_interval_is():

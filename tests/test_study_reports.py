@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import make_tiny_model
-from sur_lab.analysis.decisions import COLUMNS, NA, NOT_DECIDED, VERDICTS
+from sur_lab.analysis.decisions import COLUMNS, DIFF_COLUMNS, NA, NOT_DECIDED, VERDICTS
 from sur_lab.studies import get_study
 from sur_lab.studies.base import Report
 from sur_lab.studies.presets import smoke_banner
@@ -167,7 +167,8 @@ def test_evidence_location_report_and_conclusion(lm, tmp_path):
     assert len(table) == len(records) == p["sources_per_dataset"] * 4 * arms  # sources x cells x arms
     assert set(table.groupby("source_id").cell.nunique()) == {4}
     t15 = report.tables["table15"]
-    assert {"condition", "endpoint", "contrast", "estimate", "low", "high", "n_sources", "holm_p"} <= set(t15.columns)
+    assert {"condition", "endpoint", "contrast", "estimate", "ci_low", "ci_high", "p_adj", "n", "n_clusters",
+            *DIFF_COLUMNS} <= set(t15.columns)
     assert set(t15.condition) == {"Replay", "Fixed slot"} and len(t15) == 2 * 2 * 3  # conditions x endpoints x contrasts
     findings = report.tables["findings"]
     assert list(findings.columns) == ["finding", "rule", "verdict", "evidence", "reproduced"] and len(findings) == 3
@@ -178,8 +179,8 @@ def test_evidence_location_report_and_conclusion(lm, tmp_path):
     nll = table.pivot_table(index=["source_id", "side", "tail"], columns="condition", values="gold_nll")
     g = (nll["Shift"] - nll["Replay"]).unstack("side")
     expected = float((g["downstream"] - g["upstream"]).groupby("source_id").mean().mean())
-    assert side.n_sources == p["sources_per_dataset"] and expected != 0.0
-    assert side.estimate == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert side.n == side.n_clusters == p["sources_per_dataset"] and expected != 0.0
+    assert side.estimate == pytest.approx(expected, rel=1e-12, abs=1e-15) and side.delta == side.estimate
     text = _check_conclusion(study, records, p, "NLL side contrast", "findings",
                              undecided=("not decided at this size",))
     assert text.count("\n") == len(findings) - 1

@@ -551,19 +551,21 @@ def _t15(results: Path, condition: str, hypothesis: str, *, expect: str, margin:
     secondary family, or the raw p of the preregistered primary, and the primary's TOST against ``margin``)."""
     df = read_table(results, "08_table15")
     r = _row(df, "08_table15", f"{condition}, {hypothesis}", condition=condition, hypothesis=hypothesis)
-    n = int(_finite(r.get("n_sources")) or 0)
+    n = int(_finite(r.get("n_clusters")) or 0)  # sources: the resampled units
     if n == 0:
         raise NotComputed(f"{condition}'s {hypothesis} contrast has no source"
                           + (" (the EM stratum, the sources Re-prefill answers, is empty)" if "EM" in hypothesis
                              else ""))
-    p = _finite(r.get("holm_p") if holm else r.get("p"))
-    word = judge(r["estimate"], r["low"], r["high"], p_adj=p, n=n, margin=margin,
+    p = _finite(r.get("p_adj") if holm else r.get("p"))
+    word = judge(r["estimate"], r["ci_low"], r["ci_high"], p_adj=p, n=n, margin=margin,
                  tost=(r.get("tost_low"), r.get("tost_high")) if margin is not None else None,
                  decide=_decides(results, _EVID))
-    unit = "nats" if hypothesis.startswith("NLL") else "pp EM"
-    how = f"90 % interval against ±{margin:g} {unit} (TOST)" if margin is not None else (
+    # The difference in the table's ``unit`` (decisions.in_units' columns: nats for the NLL, pp for EM).
+    unit = f"{r['unit']} EM" if r.get("unit") == "pp" else str(r.get("unit") or "")
+    how = f"90 % interval against ±{margin:g} {r.get('unit')} (TOST)" if margin is not None else (
         "Holm p over the secondary family" if holm else "tested alone")
-    return decide({"estimate": r["estimate"], "ci_low": r["low"], "ci_high": r["high"], "n": n, "verdict": word},
+    return decide({"estimate": r["delta"], "ci_low": r["delta_low"], "ci_high": r["delta_high"], "n": n,
+                   "verdict": word},
                   expect=expect, unit=unit, note=f"{condition}: {hypothesis} contrast over {n} sources; {how}")
 
 

@@ -19,6 +19,7 @@ from sur_lab.analysis.conclusions import arm_labels
 from sur_lab.analysis.decisions import (
     ALPHA,
     BEATS,
+    DIFF_COLUMNS,
     EQUIVALENT,
     LOSES,
     NA,
@@ -27,6 +28,7 @@ from sur_lab.analysis.decisions import (
     SEPARATED,
     Margin,
     bootstrap_p,
+    in_units,
     judge,
     min_separating_units,
     p_floor,
@@ -88,36 +90,49 @@ def em_stratum(table: pd.DataFrame, *, reference: str = "Re-prefill", correct_co
     return table[idx.isin(keep)].copy()
 
 
-def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g", scale: dict[str, float] | None = None,
-                   n_boot: int = 10_000, seed: int | None = None) -> pd.DataFrame:
+def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g", kinds: dict[str, str] | None = None,
+                   units: dict[str, str] | None = None, n_boot: int = 10_000, seed: int | None = None) -> pd.DataFrame:
     """Eq. 10-12 with source-bootstrap intervals for several endpoints (:func:`sur_lab.analysis.stats.
-    factorial_bootstrap`).
+    factorial_bootstrap`), in the one paired-difference schema (:func:`sur_lab.analysis.decisions.in_units`).
 
     Args:
         advantages: ``{label: frame}``, each frame one row per (model, dataset, source_id, side, tail) with the cell's
             repair advantage in ``value_col`` (:func:`sur_lab.analysis.stats.method_difference`; e.g. ``"NLL"`` =
             NLL_Shift - NLL_Replay, ``"EM"`` = EM_Replay - EM_Shift on :func:`em_stratum`).
         value_col: the advantage column.
-        scale: multiplier per label for presentation (100 for EM in percentage points); default 1.
+        kinds: ``"binary"`` (0/1 endpoints: the decision columns are fractions, ``delta`` in pp) or ``"continuous"``
+            per label; default ``"continuous"``.
+        units: the printed unit of each continuous label (``"nats"``; default ``""``).
         n_boot: replicates. seed: generator seed (default appendix 8.3's).
 
     Returns:
-        One row per (label, contrast): ``endpoint``, ``contrast``, ``estimate``, ``low``, ``high`` (95 %),
-        ``tost_low``, ``tost_high`` (90 %: the equivalence test's interval), ``p`` (two-sided bootstrap p, never
-        below :func:`sur_lab.analysis.decisions.p_floor` of the sources: no exact test on n sources goes lower),
-        ``n_sources`` (the resampled (dataset, source) units: a source carries its cells of every model), ``n_units``
-        (the (model, dataset, source) units, e.g. 825 for the paper's three models on 275 sources),
-        ``undefined_replicates``. A degenerate bootstrap (every replicate equal) has no interval (NaN: never a
-        zero-width one). A frame without rows (e.g. an empty EM stratum) gives NaN rows with ``n_sources`` 0.
+        One row per (label, contrast): ``endpoint``, ``contrast``, ``kind``, ``estimate``, ``ci_low``, ``ci_high``
+        (95 %), ``tost_low``, ``tost_high`` (90 %: the equivalence test's interval), ``p`` (two-sided bootstrap p,
+        never below :func:`sur_lab.analysis.decisions.p_floor` of the sources: no exact test on n sources goes
+        lower), ``n`` (the (model, dataset, source) units, e.g. 825 for the paper's three models on 275 sources),
+        ``n_clusters`` (the resampled (dataset, source) units: a source carries its cells of every model),
+        ``undefined_replicates``, ``mde`` (NaN: a bootstrap contrast states no detectable size), then
+        :data:`sur_lab.analysis.decisions.DIFF_COLUMNS` (``delta``, ``delta_low``, ``delta_high``, ``delta_mde``,
+        ``unit``: the difference in its printed unit). A degenerate bootstrap (every replicate equal) has no interval
+        (NaN: never a zero-width one). A frame without rows (e.g. an empty EM stratum) gives NaN rows with ``n`` and
+        ``n_clusters`` 0.
+
+    Raises:
+        ValueError: naming ``kinds`` when a kind is neither ``"binary"`` nor ``"continuous"``.
     """
+    kinds, units = kinds or {}, units or {}
+    bad = sorted({k for k in kinds.values()} - {"binary", "continuous"})
+    if bad:
+        raise ValueError(f"kinds holds {bad}; each is 'binary' or 'continuous'")
     rows = []
     nan = float("nan")
     for label, frame in advantages.items():
-        k = (scale or {}).get(label, 1.0)
+        kind = kinds.get(label, "continuous")
+        head = {"endpoint": label, "kind": kind}
         if len(frame) == 0:
-            rows.extend({"endpoint": label, "contrast": c, "estimate": nan, "low": nan, "high": nan, "tost_low": nan,
-                         "tost_high": nan, "p": nan, "n_sources": 0, "n_units": 0, "undefined_replicates": 0}
-                        for c in CONTRASTS)
+            rows.extend({**head, "contrast": c, "estimate": nan, "ci_low": nan, "ci_high": nan, "tost_low": nan,
+                         "tost_high": nan, "p": nan, "n": 0, "n_clusters": 0, "undefined_replicates": 0,
+                         "mde": nan, "_unit": units.get(label, "")} for c in CONTRASTS)
             continue
         res = factorial_bootstrap(frame, value_col, n_boot=n_boot, seed=BOOTSTRAP_SEED if seed is None else seed)
         n_units = len(frame[list(UNIT_KEYS)].drop_duplicates())
@@ -126,18 +141,25 @@ def contrast_table(advantages: dict[str, pd.DataFrame], *, value_col: str = "g",
             degenerate = finite.size == 0 or np.ptp(finite) == 0
             t_low, t_high = (np.percentile(finite, [100 * ALPHA, 100 * (1 - ALPHA)]) if not degenerate
                              else (nan, nan))
-            rows.append({"endpoint": label, "contrast": contrast, "estimate": k * r.diff,
-                         "low": nan if degenerate else k * r.low, "high": nan if degenerate else k * r.high,
-                         "tost_low": k * t_low, "tost_high": k * t_high,
-                         "p": bootstrap_p(finite, r.n_sources) if finite.size else nan, "n_sources": r.n_sources,
-                         "n_units": n_units, "undefined_replicates": int(np.isnan(r.replicates).sum())})
-    return pd.DataFrame(rows)
+            rows.append({**head, "contrast": contrast, "estimate": r.diff, "ci_low": nan if degenerate else r.low,
+                         "ci_high": nan if degenerate else r.high, "tost_low": t_low, "tost_high": t_high,
+                         "p": bootstrap_p(finite, r.n_sources) if finite.size else nan, "n": n_units,
+                         "n_clusters": r.n_sources, "undefined_replicates": int(np.isnan(r.replicates).sum()),
+                         "mde": nan, "_unit": units.get(label, "")})
+    cols = ["endpoint", "contrast", "kind", "estimate", "ci_low", "ci_high", "tost_low", "tost_high", "p", "n",
+            "n_clusters", "undefined_replicates", "mde"]
+    df = pd.DataFrame(rows, columns=[*cols, "_unit"])
+    parts = [in_units(g.drop(columns="_unit"), unit=u) for u, g in df.groupby("_unit", sort=False)]
+    if not parts:
+        return pd.DataFrame(columns=[*cols, *DIFF_COLUMNS])
+    return pd.concat(parts).sort_index()
 
 
 def table15(nll: pd.DataFrame, em: pd.DataFrame, *, value_col: str = "g", n_boot: int = 10_000,
             seed: int | None = None) -> pd.DataFrame:
-    """Table 15: NLL (nats) and EM (percentage points) factorial effects with 95 % intervals and Holm p over the
-    pooled secondary family :data:`SECONDARY_FAMILY`; the preregistered primary (NLL side) has no Holm p (NaN).
+    """Table 15: NLL (nats) and EM (a binary endpoint: ``delta`` in percentage points) factorial effects with 95 %
+    intervals and Holm p over the pooled secondary family :data:`SECONDARY_FAMILY`; the preregistered primary (NLL
+    side) has no Holm p (NaN).
     An undefined member (an empty EM stratum) enters the correction with p = 1, so the family keeps its five
     hypotheses, and its own Holm p is NaN.
 
@@ -147,27 +169,34 @@ def table15(nll: pd.DataFrame, em: pd.DataFrame, *, value_col: str = "g", n_boot
         value_col, n_boot, seed: as :func:`contrast_table`.
 
     Returns:
-        :func:`contrast_table`'s rows with ``hypothesis`` (e.g. ``"EM side"``) and ``holm_p``.
+        :func:`contrast_table`'s rows with ``hypothesis`` (e.g. ``"EM side"``) and ``p_adj`` (the Holm p).
     """
-    out = contrast_table({"NLL": nll, "EM": em}, value_col=value_col, scale={"EM": 100.0}, n_boot=n_boot, seed=seed)
+    out = contrast_table({"NLL": nll, "EM": em}, value_col=value_col, kinds={"EM": "binary"},
+                         units={"NLL": "nats"}, n_boot=n_boot, seed=seed)
     out["hypothesis"] = out["endpoint"] + " " + out["contrast"]
     raw = {h: (1.0 if np.isnan(p) else float(p)) for h, p in zip(out["hypothesis"], out["p"])}
     adjusted = holm(raw, family=SECONDARY_FAMILY)
-    out["holm_p"] = [adjusted.get(h, np.nan) if not np.isnan(p) else np.nan for h, p in zip(out["hypothesis"], out["p"])]
+    out["p_adj"] = [adjusted.get(h, np.nan) if not np.isnan(p) else np.nan for h, p in zip(out["hypothesis"], out["p"])]
     return out
 
 
 
-#: Table 16's endpoints: label -> (record column, sign, scale). The advantage of a method over Shift is
-#: ``sign * (value(method) - value(Shift))``, reported times ``scale``: reductions of TV, JSD and the gold NLL,
-#: agreement gains in percentage points.
+#: Table 16's endpoints: label -> (record column, sign, kind, unit). The advantage of a method over Shift is
+#: ``sign * (value(method) - value(Shift))``: reductions of TV, JSD and the gold NLL (continuous, in ``unit``),
+#: agreement gains (binary: fractions in ``estimate``, percentage points in ``delta``).
 FIDELITY_ENDPOINTS = {
-    "First-token TV": ("tv_reprefill", -1.0, 1.0),
-    "First-token JSD": ("jsd_reprefill", -1.0, 1.0),
-    "Argmax agreement (pp)": ("argmax_agree", 1.0, 100.0),
-    "Sequence agreement (pp)": ("sequence_agree", 1.0, 100.0),
-    "Gold NLL": ("gold_nll", -1.0, 1.0),
+    "First-token TV": ("tv_reprefill", -1.0, "continuous", ""),
+    "First-token JSD": ("jsd_reprefill", -1.0, "continuous", ""),
+    "Argmax agreement": ("argmax_agree", 1.0, "binary", "pp"),
+    "Sequence agreement": ("sequence_agree", 1.0, "binary", "pp"),
+    "Gold NLL": ("gold_nll", -1.0, "continuous", "nats"),
 }
+
+
+def _fidelity_contrasts(frames: dict[str, pd.DataFrame], n_boot: int, seed: int) -> pd.DataFrame:
+    kinds = {label: FIDELITY_ENDPOINTS[label][2] for label in frames}
+    units = {label: FIDELITY_ENDPOINTS[label][3] for label in frames}
+    return contrast_table(frames, kinds=kinds, units=units, n_boot=n_boot, seed=seed)
 
 
 def results_table(records: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
@@ -178,7 +207,7 @@ def results_table(records: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
         ValueError: naming ``records`` when a required column is missing.
     """
     df = pd.DataFrame(records).copy()
-    need = [*CELL_KEYS, "method", "budget_pct", "em", "gold_nll", *(c for c, _, _ in FIDELITY_ENDPOINTS.values())]
+    need = [*CELL_KEYS, "method", "budget_pct", "em", "gold_nll", *(c for c, *_ in FIDELITY_ENDPOINTS.values())]
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise ValueError(f"records lack columns {missing}")
@@ -208,7 +237,7 @@ def factorial_table(table: pd.DataFrame, conditions: Sequence[str] = (COMPLETE_R
 
     NLL: ``G = NLL_Shift - NLL_condition`` (the gold answer's mean NLL, nats per token) on every source. EM:
     ``G = EM_condition - EM_Shift`` on the :func:`em_stratum` sources (the clean reference answers correctly in all
-    four cells; NaN rows with ``n_sources`` 0 when the stratum is empty).
+    four cells; NaN rows with ``n`` 0 when the stratum is empty).
 
     Args:
         table: :func:`results_table`.
@@ -243,12 +272,14 @@ def table16(table: pd.DataFrame, conditions: Sequence[str] = (COMPLETE_REPLAY, F
     refresh (appendix 10.3), and the gold-NLL side contrast of each (:func:`contrast_table`).
 
     Each endpoint of :data:`FIDELITY_ENDPOINTS` is a per-cell advantage over Shift (TV and JSD reductions, argmax and
-    sequence agreement gains in pp, the gold NLL reduction in nats); a positive side effect means a larger repair
+    sequence agreement gains, the gold NLL reduction in nats); a positive side effect means a larger repair
     benefit with downstream evidence. Every source counts (no stratum).
 
     Returns:
-        One row per (endpoint, condition): the side contrast's ``estimate``, ``low``, ``high`` (95 % source
-        bootstrap), ``p``, ``n_sources``; the tail and interaction estimates as ``tail`` and ``interaction``.
+        One row per (endpoint, condition): the side contrast in :func:`contrast_table`'s schema (``kind``,
+        ``estimate``, ``ci_low``, ``ci_high`` (95 % source bootstrap), ``tost_low``, ``tost_high``, ``p``, ``n``,
+        ``n_clusters``, ``mde``, then ``delta``, ``delta_low``, ``delta_high``, ``delta_mde``, ``unit``); the tail
+        and interaction estimates in ``unit`` as ``tail`` and ``interaction``.
 
     Raises:
         ValueError: naming a condition absent from ``table``.
@@ -257,19 +288,18 @@ def table16(table: pd.DataFrame, conditions: Sequence[str] = (COMPLETE_REPLAY, F
     for cond in conditions:
         _check_condition(table, cond)
         frames = {label: advantage(table, cond, column, sign=sign)
-                  for label, (column, sign, _) in FIDELITY_ENDPOINTS.items()}
-        scale = {label: k for label, (_, _, k) in FIDELITY_ENDPOINTS.items()}
-        long = contrast_table(frames, scale=scale, n_boot=n_boot, seed=seed)
+                  for label, (column, sign, *_) in FIDELITY_ENDPOINTS.items()}
+        long = _fidelity_contrasts(frames, n_boot, seed)
         wide = long[long["contrast"] == "side"].drop(columns=["contrast"]).set_index("endpoint")
         for other in ("tail", "interaction"):
-            wide[other] = long[long["contrast"] == other].set_index("endpoint")["estimate"]
+            wide[other] = long[long["contrast"] == other].set_index("endpoint")["delta"]
         out.append(wide.reset_index().assign(condition=cond))
     df = pd.concat(out, ignore_index=True)
     order = {label: i for i, label in enumerate(FIDELITY_ENDPOINTS)}
     df = df.sort_values(["endpoint", "condition"], key=lambda c: c.map(order) if c.name == "endpoint" else
                         c.map({k: i for i, k in enumerate(conditions)}), kind="stable").reset_index(drop=True)
-    return df[["endpoint", "condition", "estimate", "low", "high", "tost_low", "tost_high", "p", "n_sources", "tail",
-               "interaction"]]
+    return df[["endpoint", "condition", "kind", "estimate", "ci_low", "ci_high", "tost_low", "tost_high", "p", "n",
+               "n_clusters", "mde", *DIFF_COLUMNS, "tail", "interaction"]]
 
 
 def slot_gap_table(table: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 20260928) -> pd.DataFrame:
@@ -279,8 +309,9 @@ def slot_gap_table(table: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 202
     (:func:`contrast_table`). Positive: replay's side effect is larger.
 
     Returns:
-        One row per endpoint: ``endpoint``, ``estimate``, ``low``, ``high``, ``tost_low``, ``tost_high``, ``p``,
-        ``n_sources``.
+        One row per endpoint: ``endpoint``, ``kind``, ``estimate``, ``ci_low``, ``ci_high``, ``tost_low``,
+        ``tost_high``, ``p``, ``n``, ``n_clusters``, ``mde``, ``delta``, ``delta_low``, ``delta_high``,
+        ``delta_mde``, ``unit`` (:func:`contrast_table`'s schema).
 
     Raises:
         ValueError: naming a condition (Replay, the fixed slot) absent from ``table``.
@@ -288,17 +319,16 @@ def slot_gap_table(table: pd.DataFrame, *, n_boot: int = 10_000, seed: int = 202
     for cond in (COMPLETE_REPLAY, FIXED_SLOT_LABEL):
         _check_condition(table, cond)
     frames = {}
-    for label, (column, sign, _) in FIDELITY_ENDPOINTS.items():
+    for label, (column, sign, *_) in FIDELITY_ENDPOINTS.items():
         if label == "Gold NLL":
             continue
         rep, fix = (advantage(table, c, column, sign=sign) for c in (COMPLETE_REPLAY, FIXED_SLOT_LABEL))
         merged = rep.merge(fix, on=list(CELL_KEYS), suffixes=("_r", "_f"))
         frames[label] = merged.assign(g=merged["g_r"] - merged["g_f"])[[*CELL_KEYS, "g"]]
-    scale = {label: k for label, (_, _, k) in FIDELITY_ENDPOINTS.items()}
-    long = contrast_table(frames, scale=scale, n_boot=n_boot, seed=seed)
+    long = _fidelity_contrasts(frames, n_boot, seed)
     side = long[long["contrast"] == "side"]
-    return side[["endpoint", "estimate", "low", "high", "tost_low", "tost_high", "p", "n_sources"]] \
-        .reset_index(drop=True)
+    return side[["endpoint", "kind", "estimate", "ci_low", "ci_high", "tost_low", "tost_high", "p", "n", "n_clusters",
+                 "mde", *DIFF_COLUMNS]].reset_index(drop=True)
 
 
 def cell_means(table: pd.DataFrame, conditions: Sequence[str] | None = None) -> pd.DataFrame:
@@ -418,30 +448,31 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
             sel = sel[sel[k] == v]
         return sel.iloc[0] if len(sel) else None
 
-    def ci(r, unit=""):
-        interval = "no interval" if pd.isna(r.low) else f"95 % CI {r.low:+.4g} to {r.high:+.4g}"
-        return f"{r.estimate:+.4g}{unit} ({interval})"
+    def ci(r):
+        unit = f" {r.unit}" if r.unit else ""
+        interval = "no interval" if pd.isna(r.delta_low) else f"95 % CI {r.delta_low:+.4g} to {r.delta_high:+.4g}"
+        return f"{r.delta:+.4g}{unit} ({interval})"
 
     def sources(n):
         return f"{int(n)} source{'' if int(n) == 1 else 's'}"
 
     def over(r):
-        units = int(getattr(r, "n_units", r.n_sources) or r.n_sources)
-        return sources(r.n_sources) + (f" ({units} source-model units)" if units != r.n_sources else "")
+        units = int(r.n or r.n_clusters)
+        return sources(r.n_clusters) + (f" ({units} source-model units)" if units != r.n_clusters else "")
 
     out = []
     r = pick(t15, COMPLETE_REPLAY, hypothesis="NLL side")
     m = NLL_SIDE_MARGIN.value
-    if r is None or not r.n_sources:
+    if r is None or not r.n_clusters:
         v, evidence = (NA if decide else NOT_DECIDED), "n/a"
     else:
-        v = judge(r.estimate, r.low, r.high, p_adj=r.p, alpha=alpha, tost=(r.tost_low, r.tost_high), margin=m,
-                  n=int(r.n_sources), decide=decide)
+        v = judge(r.estimate, r.ci_low, r.ci_high, p_adj=r.p, alpha=alpha, tost=(r.tost_low, r.tost_high), margin=m,
+                  n=int(r.n), decide=decide)
         tost = ("no 90 % interval" if pd.isna(r.tost_low) else
                 f"90 % CI {r.tost_low:+.4g} to {r.tost_high:+.4g} against ±{m:g} nats")
-        evidence = f"{ci(r, ' nats')}, {tost}, p {r.p:.3g}, over {over(r)}"
+        evidence = f"{ci(r)}, {tost}, p {r.p:.3g}, over {over(r)}"
         if v == NOT_SEPARATED and not pd.isna(r.tost_low):
-            evidence += "; " + margin_sizing(r.estimate, r.tost_low, r.tost_high, int(r.n_sources))
+            evidence += "; " + margin_sizing(r.estimate, r.tost_low, r.tost_high, int(r.n_clusters))
     words = {EQUIVALENT: f"equivalent within ±{m:g} nats", BEATS: "separated from 0 (above)",
              LOSES: "separated from 0 (below)", NA: "n/a", NOT_DECIDED: "not decided at this size"}
     out.append({"finding": "NLL side contrast null",
@@ -451,15 +482,15 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
                 "reproduced": {EQUIVALENT: True, BEATS: False, LOSES: False}.get(v)})
 
     r = pick(t15, COMPLETE_REPLAY, hypothesis="EM side")
-    if r is None or not r.n_sources:
+    if r is None or not r.n_clusters:
         v, evidence = (NA if decide else NOT_DECIDED), "empty EM stratum"
     else:
-        v = judge(r.estimate, r.low, r.high, p_adj=r.holm_p, alpha=alpha, n=int(r.n_sources), decide=decide)
-        evidence = f"{ci(r, ' pp')}, Holm p {r.holm_p:.3g} over {len(SECONDARY_FAMILY)}, {over(r)}"
+        v = judge(r.estimate, r.ci_low, r.ci_high, p_adj=r.p_adj, alpha=alpha, n=int(r.n), decide=decide)
+        evidence = f"{ci(r)}, Holm p {r.p_adj:.3g} over {len(SECONDARY_FAMILY)}, {over(r)}"
         need = min_separable_sources(len(SECONDARY_FAMILY), alpha)
-        if decide and v not in SEPARATED and r.n_sources < need:
-            evidence += (f"; a stratum of {sources(r.n_sources)} cannot separate (its smallest Holm p is "
-                         f"{min(1.0, len(SECONDARY_FAMILY) * p_floor(int(r.n_sources))):.3g}): it needs >= {need}")
+        if decide and v not in SEPARATED and r.n_clusters < need:
+            evidence += (f"; a stratum of {sources(r.n_clusters)} cannot separate (its smallest Holm p is "
+                         f"{min(1.0, len(SECONDARY_FAMILY) * p_floor(int(r.n_clusters))):.3g}): it needs >= {need}")
     out.append({"finding": "EM side contrast positive",
                 "rule": f"replay's EM side interval above 0 and Holm p < {alpha:g} over the secondary family",
                 "verdict": {BEATS: "positive", LOSES: "negative", NA: "n/a (empty EM stratum)",
@@ -471,21 +502,23 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
     rep = {label: pick(t16, COMPLETE_REPLAY, endpoint=label) for label in labels}
     gap = {label: pick(gaps, None, endpoint=label) for label in labels}
     parts, calls = [], []
-    complete = all(x is not None and x.n_sources for x in (*fixed.values(), *rep.values(), *gap.values()))
+    complete = all(x is not None and x.n_clusters for x in (*fixed.values(), *rep.values(), *gap.values()))
     if complete:
         adjusted = holm({label: float(fixed[label].p) for label in labels})
         gap_adjusted = holm({label: float(gap[label].p) for label in labels})
         for label in labels:
             f, g, rp = fixed[label], gap[label], rep[label]
-            side = judge(f.estimate, f.low, f.high, p_adj=adjusted[label], alpha=alpha, n=int(f.n_sources),
+            side = judge(f.estimate, f.ci_low, f.ci_high, p_adj=adjusted[label], alpha=alpha, n=int(f.n),
                          decide=decide)
             margin = FIXED_SLOT_SHARE * abs(float(rp.estimate))
-            same = judge(g.estimate, g.low, g.high, p_adj=gap_adjusted[label], alpha=alpha,
+            same = judge(g.estimate, g.ci_low, g.ci_high, p_adj=gap_adjusted[label], alpha=alpha,
                          tost=(g.tost_low, g.tost_high),
-                         margin=margin if margin > 0 else None, n=int(g.n_sources), decide=decide)
+                         margin=margin if margin > 0 else None, n=int(g.n), decide=decide)
             calls.append((side, same))
-            against = f"against ±{margin:.3g}" if margin > 0 else "no margin (replay's estimate is 0)"
-            parts.append(f"{label}: fixed slot {ci(f)} (Holm p {adjusted[label]:.3g}), replay {rp.estimate:+.4g}, "
+            shown = margin * (100.0 if g.kind == "binary" else 1.0)  # the margin in the printed unit
+            against = (f"against ±{shown:.3g}{f' {g.unit}' if g.unit else ''}" if margin > 0
+                       else "no margin (replay's estimate is 0)")
+            parts.append(f"{label}: fixed slot {ci(f)} (Holm p {adjusted[label]:.3g}), replay {rp.delta:+.4g}, "
                          f"replay minus fixed slot {ci(g)} {against}")
     if not decide:
         v, ok = "not decided at this size", None
