@@ -7,8 +7,8 @@ SAFE-KV), ``evidence_location`` (08: the preregistered evidence-location experim
 (09: edits that supersede a value, issue 26), ``agent_traces`` (10: whole agent prompts synced against prefix
 reuse) and ``staleness`` (where staleness lives, used by 01). The QA loaders and text helpers they share live in the
 data layer (:mod:`sur_lab.data.qa`, :mod:`sur_lab.data.text`). Nothing below this package imports it, and no study
-imports another: shared study infrastructure is this package's ``__init__`` and :mod:`sur_lab.studies.presets` only
-(``tests/test_layout.py``).
+imports another: shared study infrastructure is this package's ``__init__``, :mod:`sur_lab.studies.base` and
+:mod:`sur_lab.studies.presets` only (``tests/test_layout.py``).
 
 The sweepable studies are :class:`sur_lab.studies.base.Study` instances registered in :data:`STUDIES` (``sur-lab
 sweep NAME`` looks them up there; a new study adds one line). A study is a page of declarations (name, notebook,
@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from sur_lab.analysis.decisions import effect_text
 from sur_lab.studies.base import Study
-
-if TYPE_CHECKING:  # the base is imported when a study is first handed out, so `import sur_lab.studies` stays cheap
-    from sur_lab.studies.base import Study
 
 
 class StudyRegistry(Mapping):
