@@ -350,3 +350,20 @@ def test_in_units_is_the_one_paired_difference_schema():
     assert in_units(binary.iloc[:0]).empty
     with pytest.raises(ValueError, match="lacks"):
         in_units(binary.drop(columns=["mde"]))
+
+
+def test_claim_of_outcome_bound_rank_and_reading():
+    """The claim verdicts that read an outcome decided elsewhere: one mapping, negation flips only decided outcomes."""
+    holds, fails, undecided = d.CLAIM_VERDICTS
+    assert [d.claim_of_outcome(o) for o in (True, False, None)] == [holds, fails, undecided]
+    assert [d.claim_of_outcome(o, negate=True) for o in (True, False, None)] == [fails, holds, undecided]
+    assert [d.claim_of_bound(w) for w in (d.HOLDS, d.FAILS, d.NOT_SHOWN, d.NOT_DECIDED)] == [holds, fails, undecided,
+                                                                                           undecided]
+    assert d.claim_of_bound(d.bound_claim(0, 40, at_least=0.95), negate=True) == holds  # upper bound 8.8 % < 95 %
+    assert sorted(d.CLAIM_VERDICTS, key=d.claim_rank) == [fails, undecided, holds]
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        d.claim_rank("beats")
+    assert d.claim_reading("SUR-IDF", "SUR") == "'holds' reads SUR-IDF beats SUR"
+    assert d.claim_reading("A", "B", expect="equivalent") == "'holds' reads A is equivalent to B"
+    with pytest.raises(ValueError, match="expect must be one of"):
+        d.claim_reading("A", "B", expect="more")

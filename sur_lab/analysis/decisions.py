@@ -1280,6 +1280,49 @@ def claim_verdict(verdict: str, expect: str) -> str:
     return CLAIM_VERDICTS[0] if verdict == holds else CLAIM_VERDICTS[1] if verdict in fails else CLAIM_VERDICTS[2]
 
 
+def claim_of_outcome(outcome: bool | None, *, negate: bool = False) -> str:
+    """A claim's verdict (:data:`CLAIM_VERDICTS`) from an outcome decided elsewhere in this module: ``True`` (the
+    decided result says what the claim says) -> "holds", ``False`` -> "does not hold", ``None`` (not decided, not
+    separated, not run) -> "undecided at this size". ``negate=True`` is for a claim that states the opposite of the
+    decided result (e.g. "falls short of" read from a bound that says "reaches"): a decided outcome flips, an
+    undecided one stays undecided."""
+    if outcome is None:
+        return CLAIM_VERDICTS[2]
+    return CLAIM_VERDICTS[0] if bool(outcome) != negate else CLAIM_VERDICTS[1]
+
+
+def claim_of_bound(word: str, *, negate: bool = False) -> str:
+    """:func:`claim_of_outcome` of a :func:`bound_claim` word: "holds" -> ``True``, "fails" -> ``False``, anything
+    else ("not shown", "not decided") -> undecided."""
+    return claim_of_outcome({HOLDS: True, FAILS: False}.get(word), negate=negate)
+
+
+def claim_rank(verdict: str) -> int:
+    """How strongly a claim verdict supports its claim, for a conjunction's weakest part: "does not hold" 0,
+    "undecided at this size" 1, "holds" 2.
+
+    Raises:
+        ValueError: naming ``verdict`` when it is not one of :data:`CLAIM_VERDICTS`.
+    """
+    order = (CLAIM_VERDICTS[1], CLAIM_VERDICTS[2], CLAIM_VERDICTS[0])
+    if verdict not in order:
+        raise ValueError(f"verdict must be one of {CLAIM_VERDICTS}; got {verdict!r}")
+    return order.index(verdict)
+
+
+def claim_reading(a: str, b: str, *, expect: str = "greater") -> str:
+    """What a claim's "holds" means for the comparison ``a`` vs ``b``, in this module's words: ``"'holds' reads
+    SUR-IDF beats SUR"``.
+
+    Raises:
+        ValueError: naming ``expect`` when it is not one of :data:`CLAIM_EXPECTATIONS`.
+    """
+    if expect not in CLAIM_EXPECTATIONS:
+        raise ValueError(f"expect must be one of {CLAIM_EXPECTATIONS}; got {expect!r}")
+    word = {"greater": BEATS, "less": LOSES, "equivalent": f"is {EQUIVALENT} to"}[expect]
+    return f"'{CLAIM_VERDICTS[0]}' reads {a} {word} {b}"
+
+
 def bound_sentence(what: str, k: int, n: int, *, at_least: float | None = None, at_most: float | None = None,
                    alpha: float = ALPHA, decide: bool = True, units: str = "requests") -> str:
     """:func:`bound_claim` in words, with the bound it read: ``"preserves 100 % (2 of 2 requests; 95 % CI 16 % to 100

@@ -34,10 +34,12 @@ from typing import Any
 import pandas as pd
 
 from sur_lab.analysis.decisions import (
-    FAILS,
-    HOLDS,
     NOT_DECIDED,
     bound_claim,
+    claim_of_bound,
+    claim_of_outcome,
+    claim_rank,
+    claim_reading,
     claim_verdict,
     decides,
     judge,
@@ -294,9 +296,6 @@ def threshold_claim(row: Mapping[str, Any], threshold: float, *, expect: str, un
     return decide(_scaled({**row, "verdict": word}, scale), expect=expect, unit=unit, note=note)
 
 
-_RANK = {VERDICTS[1]: 0, VERDICTS[2]: 1, VERDICTS[0]: 2}
-
-
 def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Estimate:
     """A claim that is the conjunction of several decided comparisons ("beats each of four allocators"): the part
     whose verdict is weakest ("does not hold", then "undecided at this size", then "holds"; the first in order on a
@@ -308,7 +307,7 @@ def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Est
     """
     if not parts:
         raise NotComputed("none of the comparisons ran" + (f" ({', '.join(missing)})" if missing else ""))
-    label, weakest = min(parts.items(), key=lambda kv: _RANK[kv[1].verdict])
+    label, weakest = min(parts.items(), key=lambda kv: claim_rank(kv[1].verdict))
     listed = "; ".join(f"{k}: {format_estimate(vars(e))} {e.verdict}" for k, e in parts.items())
     note = f"all of {len(parts)} must hold; shown: {label}. {listed}"
     if missing:
@@ -366,13 +365,14 @@ def p1_sur_vs_dense(results: Path) -> Estimate:
 P2_EM_FLOOR = 0.896
 
 
-def _bound(k: int, n: int, *, at_least: float, decide_: bool, unit: str, note: str) -> Estimate:
+def _bound(k: int, n: int, *, at_least: float, decide_: bool, unit: str, note: str,
+           negate: bool = False) -> Estimate:
     """An "at least" claim about one proportion: ``sur_lab.analysis.decisions.bound_claim`` on its Clopper-Pearson
-    bounds, its words as the claim's ("holds", "fails" -> "does not hold", "not shown" -> "undecided at this
-    size")."""
+    bounds, read as the claim's verdict by ``decisions.claim_of_bound`` (``negate=True``: the claim says the
+    proportion falls short)."""
     word = bound_claim(k, n, at_least=at_least, decide=decide_)
     est, low, high = proportion_interval(k, n)
-    verdict = {HOLDS: VERDICTS[0], FAILS: VERDICTS[1]}.get(word, VERDICTS[2])
+    verdict = claim_of_bound(word, negate=negate)
     return Estimate(100 * est, 100 * low, 100 * high, unit, verdict, n=n, note=note)
 
 
@@ -594,13 +594,13 @@ def a10_3_tail_interaction_null(results: Path) -> Estimate:
 
 def a10_4_fixed_slot_carries(results: Path) -> Estimate:
     """A10-4: the study's decided finding "fixed-slot refresh carries the side effect" (``08_findings``: every
-    fidelity endpoint's side contrast beats 0 and replay minus the fixed slot is equivalent within the study's
-    declared share): reproduced -> holds, not reproduced -> does not hold, undecided -> undecided. No single
+    fidelity endpoint's side contrast separated above 0 and replay minus the fixed slot within the study's
+    declared share), read by ``decisions.claim_of_outcome`` of its ``reproduced`` flag. No single
     estimate: the finding is an intersection over the endpoints (its evidence is the note)."""
     df = read_table(results, "08_findings")
     r = _row(df, "08_findings", "the fixed-slot finding", finding="fixed-slot refresh carries the side effect")
-    rep = str(r.get("reproduced")).strip().lower()
-    verdict = {"true": VERDICTS[0], "false": VERDICTS[1]}.get(rep, VERDICTS[2])
+    outcome = {"true": True, "false": False}.get(str(r.get("reproduced")).strip().lower())
+    verdict = claim_of_outcome(outcome)
     return Estimate(None, None, None, "", verdict, note=f"{r.get('verdict')}: {r.get('evidence')}")
 
 
@@ -617,17 +617,17 @@ def _stale(results: Path, family: str, comparison: str, metric: str) -> Estimate
     df = read_table(results, "09_paired_differences")
     row = _row(df, "09_paired_differences", f"{comparison!r} ({metric})", family=family, comparison=comparison,
                metric=metric)
-    what = "EM" if metric == "em" else "stale-answer rate (lower is better: 'beats' is lower)"
+    what = "EM" if metric == "em" else "stale-answer rate (lower is better)"
     return decide(_scaled(row, 100.0), expect="greater", unit="pp EM" if metric == "em" else "pp stale",
-                  note=f"{comparison} on {what}; {family}, Holm over {row.get('family_size')}; 'holds' reads "
-                       f"{row.get('a')} beats {row.get('b')}")
+                  note=f"{comparison} on {what}; {family}, Holm over {row.get('family_size')}; "
+                       f"{claim_reading(row.get('a'), row.get('b'))}")
 
 
 def _against_sur(arm: str) -> Callable[[Path], Estimate]:
     def compute(results: Path) -> Estimate:
         return _stale(results, EM_FAMILY.name, f"{arm} vs SUR 5%", "em")
 
-    compute.__doc__ = f"{arm} minus SUR at 5 % on EM (``09_paired_differences``); 'holds' reads {arm} beats SUR."
+    compute.__doc__ = f"{arm} minus SUR at 5 % on EM (``09_paired_differences``); {claim_reading(arm, 'SUR')}."
     return compute
 
 
@@ -711,14 +711,12 @@ def _preservation(results: Path, label: str, *, fails: bool) -> Estimate:
     n = int(sel["n"].sum())
     k = int(round(float((sel["preservation"] * sel["n"]).sum())))
     req = _required_preservation(results)
-    est = _bound(k, n, at_least=req, decide_=_decides(results, _NOPREFIX), unit="% preserved",
-                 note=f"{label}, actual forwarding, {len(sel)} workload(s) pooled; exact 95 % interval against the "
-                      f"required {100 * req:g} %")
-    if fails and est.verdict != VERDICTS[2]:
-        est = Estimate(est.estimate, est.ci_low, est.ci_high, est.unit,
-                       VERDICTS[1] if est.verdict == VERDICTS[0] else VERDICTS[0], n=est.n,
-                       note=est.note + f" (the claim holds when the upper bound is below {100 * req:g} %)")
-    return est
+    note = (f"{label}, actual forwarding, {len(sel)} workload(s) pooled; exact 95 % interval against the required "
+            f"{100 * req:g} %")
+    if fails:
+        note += f" (the claim {VERDICTS[0]} when the upper bound is below {100 * req:g} %)"
+    return _bound(k, n, at_least=req, decide_=_decides(results, _NOPREFIX), unit="% preserved", note=note,
+                  negate=fails)
 
 
 def s1_composition_loses(results: Path) -> Estimate:
@@ -749,7 +747,7 @@ def _ledger(results: Path, experiment: str) -> Estimate:
     r = match.iloc[0]
     if r["verdict"] == "not run":
         raise NotComputed(f"the design ledger did not run {experiment!r}: {r['key_result']}")
-    verdict = {"did not": VERDICTS[0], "worked": VERDICTS[1]}.get(str(r["verdict"]), VERDICTS[2])
+    verdict = claim_of_outcome({"did not": True, "worked": False}.get(str(r["verdict"])))
     return Estimate(None, None, None, "", verdict, note=f"ledger: {r['verdict']} ({r['criterion']}): {r['key_result']}")
 
 
@@ -778,8 +776,9 @@ def s9_full_prefill_everywhere(results: Path) -> Estimate:
     repaired = df[df["serve"] == "repair"]
     reasons = "; ".join(f"{r.workload}: {r.serve} ({r.reason})" for r in df.itertuples())
     if not _decides(results, _NOPREFIX):
-        return Estimate(None, None, None, "", VERDICTS[2], n=len(df), note=f"not decided at this size. {reasons}")
-    verdict = VERDICTS[1] if len(repaired) else VERDICTS[2]
+        return Estimate(None, None, None, "", claim_of_outcome(None), n=len(df),
+                        note=f"not decided at this size. {reasons}")
+    verdict = claim_of_outcome(False if len(repaired) else None)
     return Estimate(None, None, None, "", verdict, n=len(df), note=reasons)
 
 
