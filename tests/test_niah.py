@@ -313,3 +313,30 @@ def test_paired_differences_refuses_unknown_metric_and_unpaired_cases():
     unpaired = records[~((records.case_id == "c1") & (records.method == "Shift"))]
     with pytest.raises(ValueError, match="lacks rows"):
         paired_differences(unpaired, baselines=("Shift",), n_boot=100)
+
+
+def test_draw_filler_takes_blocks_until_the_length_and_passes_over_skipped_ones():
+    """data.text.draw_filler, the one filler loop of NIAH and stale facts: blocks in the rng's order, one token of
+    separator each, stopping once the blocks and the overhead reach the length; ceiling and skip pass blocks over."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from sur_lab.data.text import draw_filler
+
+    corpus = [SimpleNamespace(title=f"T{i}", text="w " * (i + 1)) for i in range(6)]
+    count = lambda text: len(text.split())  # noqa: E731  ("Title:", "Ti", then i + 1 words)
+    order = [int(i) for i in np.random.default_rng(3).permutation(6)]
+    blocks, lengths, total = draw_filler(count, corpus, np.random.default_rng(3), context_len=12, overhead=2)
+    expected, acc = [], 0
+    for i in order:
+        if acc + 2 >= 12:
+            break
+        expected.append(i)
+        acc += (i + 3) + 1
+    assert blocks == [f"Title: T{i}\n{corpus[i].text.strip()}" for i in expected]
+    assert lengths == [i + 4 for i in expected] and total == acc == sum(lengths)
+    kept, lens, _ = draw_filler(count, corpus, np.random.default_rng(3), context_len=100, overhead=0,
+                                skip=lambda b: b.startswith("Title: T0"), ceiling=20)
+    assert "Title: T0\nw" not in kept and all(n <= 20 for n in lens)
+    assert sum(lens) <= 20

@@ -13,7 +13,7 @@ Part of the data layer: it imports the core and :mod:`sur_lab.data.qa` only (``t
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,3 +159,35 @@ def passage_block(tokenizer, passages: Sequence, max_tokens: int) -> str:
 
 __all__ = ["PanelConfig", "char_token_span", "is_eligible", "join_blocks", "passage_block", "source_rng",
            "truncate_text"]
+
+
+def draw_filler(count: Callable[[str], int], corpus: Sequence, rng: np.random.Generator, *, context_len: int,
+                overhead: int, ceiling: float | None = None,
+                skip: Callable[[str], bool] | None = None) -> tuple[list[str], list[int], int]:
+    """Filler passages for a synthetic context (Erasing-NIAH, stale facts): ``"Title: ...\n<text>"`` blocks of
+    ``corpus`` (objects with ``title`` and ``text``) in ``rng``'s random order, taken until they and ``overhead``
+    tokens reach ``context_len``.
+
+    Args:
+        count: the tokens of a text (the study's tokenizer, no special tokens); each block counts one more (its
+            separator).
+        ceiling: when given, a block that would take the total past it is passed over (tokens).
+        skip: when given, a block for which it returns True is passed over (e.g. one that names a case's key).
+
+    Returns:
+        ``(blocks, lengths, total)``: the blocks in drawn order, their token counts (separator included) and their
+        sum. The caller checks that the total is long enough (the corpus may run out).
+    """
+    blocks, lengths, total = [], [], 0
+    for idx in rng.permutation(len(corpus)):
+        if total + overhead >= context_len:
+            break
+        p = corpus[int(idx)]
+        block = f"Title: {p.title}\n{p.text.strip()}"
+        n = count(block) + 1
+        if (ceiling is not None and total + overhead + n > ceiling) or (skip is not None and skip(block)):
+            continue
+        blocks.append(block)
+        lengths.append(n)
+        total += n
+    return blocks, lengths, total

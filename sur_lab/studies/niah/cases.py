@@ -27,7 +27,7 @@ import numpy as np
 from sur_lab.analysis.endpoints import canonical_answer_ids
 from sur_lab.analysis.scoring import END_OF_TURN_TOKENS
 from sur_lab.data.qa import load_corpus
-from sur_lab.data.text import char_token_span, join_blocks
+from sur_lab.data.text import char_token_span, draw_filler, join_blocks
 from sur_lab.edits import EditedContext, build_edit, chat_cuts, render_chat
 from sur_lab.sweeps import Case
 
@@ -249,19 +249,9 @@ def build_niah_case(
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     overhead = count(NIAH_INSTRUCTION) + 2 * count(NEEDLE_TEMPLATE.format(key=key, value=first_value)) + 40
-    filler, filler_tokens, lengths = [], 0, []
-    for idx in rng.permutation(len(corpus)):
-        if filler_tokens + overhead >= context_len:
-            break
-        p = corpus[int(idx)]
-        block = f"Title: {p.title}\n{p.text.strip()}"
-        n = count(block) + 1
-        filler.append(block)
-        lengths.append(n)
-        filler_tokens += n
-    else:
-        if filler_tokens + overhead < context_len:
-            raise ValueError(f"corpus has too few paragraphs ({len(corpus)}) for context_len={context_len}")
+    filler, lengths, filler_tokens = draw_filler(count, corpus, rng, context_len=context_len, overhead=overhead)
+    if filler_tokens + overhead < context_len:
+        raise ValueError(f"corpus has too few paragraphs ({len(corpus)}) for context_len={context_len}")
     # Insert each needle at the paragraph boundary whose filler-token depth is closest to the requested one.
     bounds = np.concatenate(([0], np.cumsum(lengths))) / max(1, filler_tokens)
     slots = [int(np.argmin(np.abs(bounds - float(x)))) for x in depths]

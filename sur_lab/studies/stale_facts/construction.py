@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from sur_lab.data.qa import load_corpus
-from sur_lab.data.text import char_token_span, join_blocks
+from sur_lab.data.text import char_token_span, draw_filler, join_blocks
 from sur_lab.edits import (
     EditedContext,
     build_edit,
@@ -98,20 +98,11 @@ def _filler(tokenizer, corpus, rng, context_len: int, overhead: int, banned: Seq
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    blocks, lengths, total = [], [], 0
-    ceiling = context_len * (1.0 + LENGTH_SLACK)
-    for idx in rng.permutation(len(corpus)):
-        if total + overhead >= context_len:
-            break
-        p = corpus[int(idx)]
-        block = f"Title: {p.title}\n{p.text.strip()}"
-        n = count(block) + 1
-        if total + overhead + n > ceiling or any(_mentions(block, b) for b in banned):
-            # Too long for the remaining room, or it names a case key or value (an ambiguous context).
-            continue
-        blocks.append(block)
-        lengths.append(n)
-        total += n
+    # A block too long for the remaining room, or one that names a case key or value (an ambiguous context), is
+    # passed over.
+    blocks, lengths, total = draw_filler(count, corpus, rng, context_len=context_len, overhead=overhead,
+                                         ceiling=context_len * (1.0 + LENGTH_SLACK),
+                                         skip=lambda block: any(_mentions(block, b) for b in banned))
     if total + overhead < context_len * (1.0 - LENGTH_SLACK) or not blocks:
         raise ValueError(f"corpus has too few paragraphs ({len(corpus)}) for context_len={context_len}")
     return blocks, np.asarray(lengths), total
