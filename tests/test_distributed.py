@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from conftest import make_tiny_model
 from sur_lab.analysis.stats import CONCURRENCY_FIELDS, check_concurrency
 from sur_lab.sweeps import TIMING_FIELDS, run_sweep
 from sur_lab.sweeps import ray as distributed
-from sur_lab.sweeps.ray import check_workers, model_args_of
+from sur_lab.sweeps.ray import POLL_S, check_workers, model_args_of
 from sur_lab.studies.niah import build_niah_case, niah_scorer, parse_niah_answer
 from test_allocators import char_tokenizer
 from test_niah import CORPUS
@@ -148,6 +149,18 @@ class KillOnce:
         return niah_scorer(case, text)
 
 
+class SlowScorer:
+    """A scorer that waits ``seconds`` before it scores like :func:`niah_scorer`, so that a case is still running
+    (with some of its records written) across several of the driver's polls, whatever the CPU's speed."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, case, text):
+        time.sleep(self.seconds)
+        return niah_scorer(case, text)
+
+
 # --- no Ray needed -----------------------------------------------------------------------------------------------
 
 
@@ -272,8 +285,10 @@ def test_resume_after_the_driver_is_interrupted(ray_session, args, cases, serial
 
     monkeypatch.setattr(SweepStore, "count", interrupt_once_records_exist)
     # One record per batch, so that a case's records reach its part file one by one while it runs.
-    kwargs = dict(workers=2, threads=1, max_new_tokens=4, scorer=niah_scorer, parser=parse_niah_answer, seed=1,
-                  progress=False, eval_batch=1)
+    # The slow scorer keeps every case in flight for several polls (POLL_S), so the driver sees written records of a
+    # running case on any CPU; with the plain scorer a fast machine finished each case between two polls.
+    kwargs = dict(workers=2, threads=1, max_new_tokens=4, scorer=SlowScorer(2 * POLL_S / RECORDS_PER_CASE + 0.1),
+                  parser=parse_niah_answer, seed=1, progress=False, eval_batch=1)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(args, cases, METHODS, BUDGETS, tmp_path, **kwargs)
     assert not (tmp_path / "records.parquet").exists()
