@@ -103,7 +103,8 @@ def test_layers_cover_the_core_modules():
     # runtime/ holds the entry points only
     assert {n for n in NAMES if _layer_of(n) == "runtime"} == {
         "sur_lab.runtime", "sur_lab.runtime.bench", "sur_lab.runtime.claims", "sur_lab.runtime.cli",
-        "sur_lab.runtime.params", "sur_lab.runtime.release", "sur_lab.runtime.results_page", "sur_lab.runtime.run_notebooks"}
+        "sur_lab.runtime.params", "sur_lab.runtime.release", "sur_lab.runtime.results_page", "sur_lab.runtime.run_notebooks",
+        "sur_lab.runtime.sizes"}
 
 
 @pytest.mark.parametrize("name", sorted(NAMES), ids=lambda n: n.removeprefix("sur_lab."))

@@ -7,6 +7,7 @@
     sur-lab release --check          # what is stale against the current code and why; runs nothing (seconds)
     sur-lab release --verify         # does results/ parse and match its manifest? (exit 1 when it does not)
     sur-lab release --index          # rewrite results/README.md and the claims table from the manifest only
+    sur-lab release --sizes [SMOKE]  # print what each study cost and can decide (beside a smoke release's sizes)
     make release                     # sur-lab release
 
 **What a result depends on** (:func:`notebook_inputs`, computed without running anything or loading a model): the
@@ -22,7 +23,7 @@ again; an interrupted notebook resumes its sweeps from their part files.
 
 **Layout** (committed, except what ``.gitignore`` names: part files, locks, temporary and failed copies)::
 
-    results/README.md                 the generated index (runs, then each notebook's files)
+    results/README.md                 the generated index (runs, each study's sizes, then each notebook's files)
     results/claims.md, claims.csv     the paper's claims against this release (sur_lab.runtime.claims)
     results/manifest.json             per notebook: status, parameters, inputs and fingerprint, run facts, outputs
     results/<notebook>.ipynb          executed copies; an image that a cell also saved is replaced by a link to it
@@ -46,6 +47,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -68,15 +70,16 @@ import torch
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
+from sur_lab.analysis.decisions import effect_text
 from sur_lab.analysis.plotting import FIGURE_DPI_ENV, FIGURE_FORMATS_ENV, TABLE_FORMATS_ENV
 from sur_lab.fingerprint import digest
 from sur_lab.models import embedded_model, resolve_dtype
 from sur_lab.paths import REPO_ROOT, atomic_path, default_data_dir
 from sur_lab.runtime.claims import write_claims
-from sur_lab.runtime.params import literal_defaults, parameters_cell
 from sur_lab.runtime.run_notebooks import (
     NOTEBOOK_DIR,
     NotebookBusyError,
+    effective_parameters,
     failed_path,
     machine_stamp,
     notebooks,
@@ -84,6 +87,7 @@ from sur_lab.runtime.run_notebooks import (
     smoke_parameters,
     suite_parameters,
 )
+from sur_lab.runtime.sizes import sizes_table
 
 #: The committed results folder.
 RESULTS_DIR = REPO_ROOT / "results"
@@ -288,11 +292,6 @@ def _version(package: str) -> str:
         return version(package)
     except PackageNotFoundError:
         return "not installed"
-
-
-def effective_parameters(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The literal defaults of the notebook's ``parameters`` cell overridden by ``parameters``."""
-    return {**literal_defaults(parameters_cell(notebook)), **dict(parameters)}
 
 
 def model_inputs(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -1045,9 +1044,32 @@ def _link(rel: str) -> str:
     return f"[{Path(rel).name}]({rel})"
 
 
+def sizes_markdown(table: pd.DataFrame, *, smoke_preset: str = "smoke") -> list[str]:
+    """The lines of a :func:`sur_lab.runtime.sizes.sizes_table` as a Markdown table (its ``smoke_*`` columns, when
+    present, headed by ``smoke_preset``): notebook, preset, cases, wall time (:func:`format_minutes`), the primary
+    comparison (family and words), its MDE (:func:`sur_lab.analysis.decisions.effect_text`) and its verdict."""
+    def cases(v: Any) -> str:
+        return "–" if pd.isna(v) else str(int(v))
+
+    def minutes(v: float) -> str:
+        return format_minutes(None if math.isnan(v) else float(v))
+
+    smoke = "smoke_cases" in table.columns
+    head = ["notebook", "preset", "cases", "wall time", "primary comparison", "MDE (80 % power)", "verdict"]
+    head += [f"{smoke_preset} cases", f"{smoke_preset} wall time", f"{smoke_preset} MDE"] if smoke else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table.itertuples(index=False):
+        cells = [f"`{r.notebook}`", r.preset, cases(r.cases), minutes(r.wall_minutes), f"{r.family}: {r.comparison}",
+                 effect_text(r.mde, r.mde_unit), r.verdict]
+        if smoke:
+            cells += [cases(r.smoke_cases), minutes(r.smoke_minutes), effect_text(r.smoke_mde, r.mde_unit)]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
 def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
     """``results/README.md``: what the folder is, the runs table (status, wall time, peak memory, commit), the
-    machine, then each notebook's files."""
+    machine, what each study cost and can decide (:func:`sizes_markdown`), then each notebook's files."""
     entries = manifest["notebooks"]
     preset = manifest.get("preset", "default")
     stems = sorted(set(entries) | {p.stem for p in notebooks("*")})
@@ -1081,6 +1103,12 @@ def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
     lines += ["", f"Total wall time of the {finished} finished notebooks: {format_minutes(total)}." if finished else
               "No notebook has finished in this release yet.", ""]
     lines += [f"Machine: {m}." for m in sorted(machines)] or ["Machine: no notebook has run yet."]
+    lines += ["", "## What each study cost, and what it can decide", "",
+              "One row per notebook with a sweepable study (`sur_lab.runtime.sizes`): its cases (distinct case ids in "
+              "its sweep records), its wall time, its primary comparison's minimal detectable effect at 80 % power, "
+              "two-sided 5 %, at this run's parameters (\"none\": this size cannot reach 80 %), and the verdict of "
+              "the notebook's saved decided table. `sur-lab release --sizes SMOKE_DIR` prints it beside a smoke "
+              "release's.", "", *sizes_markdown(sizes_table(results, manifest))]
     for stem in stems:
         entry = entries.get(stem)
         if not entry or not entry.get("outputs"):
@@ -1159,6 +1187,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only verify that results/ parses and matches its manifest (exit 1 when not)")
     mode.add_argument("--index", action="store_true",
                       help="rewrite results/README.md and the claims table from the manifest; runs nothing")
+    mode.add_argument("--sizes", nargs="?", const="", default=None, metavar="SMOKE_DIR",
+                      help="print, as Markdown, what each study's run in --results cost and what it can decide "
+                           "(cases, wall time, primary comparison's MDE and verdict), with SMOKE_DIR's cases, wall "
+                           "time and MDE beside them when given (e.g. a --preset smoke release); runs nothing")
     parser.add_argument("--force", action="store_true", help="run the selected notebooks even when fresh")
     parser.add_argument("--preset", choices=list(PRESETS), default=None,
                         help="default (the committed results/) or smoke (a quick plumbing release into another "
@@ -1166,6 +1198,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="the results folder (default: results/)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def sizes_report(results: Path, smoke: Path | None = None) -> str:
+    """``--sizes``: :func:`sizes_markdown` of ``results`` (beside ``smoke``'s cases, wall time and MDE when given).
+
+    Raises:
+        ValueError: naming ``--results`` or ``--sizes`` when the folder has no ``manifest.json``, or as
+            :func:`read_manifest`.
+    """
+    for flag, folder in (("--results", results), ("--sizes", smoke)):
+        if folder is not None and not (Path(folder) / MANIFEST).is_file():
+            raise ValueError(f"{flag} {str(folder)!r}: no {MANIFEST} there (not a release folder)")
+    manifest = read_manifest(results)
+    other = read_manifest(smoke) if smoke is not None else None
+    table = sizes_table(results, manifest, smoke=smoke, smoke_manifest=other)
+    label = manifest_preset(other) if other is not None else "smoke"
+    return "\n".join(sizes_markdown(table, smoke_preset=label)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1190,6 +1239,9 @@ def main(argv: list[str] | None = None) -> int:
             if not problems:
                 print(f"{results}: parses and matches its manifest")
             return 1 if problems else 0
+        if args.sizes is not None:
+            sys.stdout.write(sizes_report(results, Path(args.sizes) if args.sizes else None))
+            return 0
         if args.index:
             with release_lock(results):
                 for path in write_index(results):

@@ -50,8 +50,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import papermill as pm
@@ -60,7 +62,7 @@ from filelock import FileLock, Timeout
 from sur_lab.analysis.plotting import STATIC_OUTPUTS_ENV
 from sur_lab.checks import pid_alive as _pid_alive
 from sur_lab.paths import REPO_ROOT, display_path, outputs_dir
-from sur_lab.runtime.params import ParameterError, check_notebook_parameters
+from sur_lab.runtime.params import ParameterError, check_notebook_parameters, literal_defaults, parameters_cell
 from sur_lab.studies.presets import PRESET_ENV
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -99,6 +101,14 @@ def suite_parameters(path: Path) -> dict:
     (``make notebooks``, ``sur-lab run --preset default``) passes on top of the notebook's own defaults. Only settings
     that change how a notebook runs, never what it measures, belong there (e.g. ``workers`` of a quality study)."""
     return _metadata_parameters(path, "suite_parameters")
+
+
+def effective_parameters(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters a run of ``notebook`` sees: the literal defaults of its ``parameters`` cell
+    (:func:`sur_lab.runtime.params.literal_defaults`) overridden by ``parameters`` (e.g. :func:`suite_parameters` or
+    :func:`smoke_parameters`, or a release manifest's). Used by the release's fingerprint and its sizes table
+    (:mod:`sur_lab.runtime.sizes`)."""
+    return {**literal_defaults(parameters_cell(notebook)), **dict(parameters)}
 
 
 def declared_parameters(path: Path) -> dict:
