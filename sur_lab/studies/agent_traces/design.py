@@ -1,5 +1,5 @@
-"""Notebook 10's design, fixed before any run: the reference paths' labels (:data:`SHIFT`, :data:`PREFIX`,
-:data:`REFERENCE`), the regions of a turn's first change (:data:`REGIONS`), the agreement margin
+"""Notebook 10's design, fixed before any run: the reference paths' labels (``SHIFT``, ``PREFIX``,
+``REFERENCE``), the regions of a turn's first change (:data:`REGIONS`), the agreement margin
 (:data:`MAX_AGREEMENT_LOSS`, :data:`AGREEMENT_MARGIN`) and the declared comparisons (:data:`PRIMARY`,
 :data:`AGREEMENT_FAMILY`, :data:`KIND_FAMILY`, :data:`REGION_FAMILY`). Below both the study
 (:mod:`sur_lab.studies.agent_traces.study`) and its report (:mod:`sur_lab.studies.agent_traces.report`).
