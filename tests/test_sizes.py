@@ -135,8 +135,15 @@ def test_case_count_rules(tmp_path, monkeypatch):
     # no manifest entry: every folder counts, and two runs' folders are ambiguous
     _records(tmp_path / "sweeps" / f"09_stale_facts_ctx-256_n-4_{W}", ["s1", "s2"])
     assert sizes.case_count(tmp_path, STALE) == 2
-    _records(tmp_path / "sweeps" / f"09_stale_facts_ctx-512_n-4_{W}", ["s1"])
+    path = notebooks("09")[0]
+    p = sizes.study_parameters(STALE, path, {"num_cases": 4, "context_lens": [512]})
+    stem = sizes.folder_stem(STALE, p, sizes.run_values(path, {}))
+    assert stem.startswith("09_stale_facts_ctx-512_n-4_b-") and stem.endswith("_seed-0_eb-16_r-" + stem[-8:])
+    _records(tmp_path / "sweeps" / f"{stem}_{W}", ["s1"])
     assert sizes.case_count(tmp_path, STALE) is None
+    # the folder the run's parameters name settles it (a notebook that runs its study twice, e.g. 06)
+    assert sizes.case_count(tmp_path, STALE, stem=stem) == 1
+    assert sizes.case_count(tmp_path, STALE, stem="09_stale_facts_ctx-9") is None  # names neither
     # a missing notebook counts nothing from leftover folders; a study that exposes its count gives it
     assert sizes.case_count(tmp_path, STALE, {"status": "missing"}) is None
     monkeypatch.setattr(STALE, "case_count", lambda p: p["num_cases"], raising=False)

@@ -5,9 +5,10 @@ For every notebook of a :class:`sur_lab.studies.base.Study` in :data:`sur_lab.st
 reads from a release folder (``results/`` or a ``--preset smoke --results DIR`` one) and its manifest:
 
 - **cases**: the distinct ``case_id`` values of the study's records (``study.table_file``, ``records.parquet`` for most)
-  in its sweep folder under ``sweeps/`` (:func:`case_count`); the case ids listed in the folder's ``sweep.json`` when
-  the table has no ``case_id`` column (keyed rows, e.g. the agent traces' ``turns.parquet``); else the study's own
-  count at the run's parameters when it exposes one (``study.case_count(params)``); else missing;
+  in its sweep folder under ``sweeps/`` (:func:`case_count`; the folder its parameters name, :func:`folder_stem`); the
+  case ids listed in the folder's ``sweep.json`` when the table has no ``case_id`` column (keyed rows, e.g. the agent
+  traces' ``turns.parquet``); else the study's own count at the run's parameters when it exposes one
+  (``study.case_count(params)``); else missing;
 - **wall minutes**: the manifest's ``run.wall_minutes`` (missing for a notebook that never ran);
 - **the primary comparison**: its family's name (``study.primary``) and its words (``study.power.comparison``), and its
   minimal detectable effect at 80 % power, two-sided 5 % (``study.mde``), at the run's parameters
@@ -34,6 +35,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
+from sur_lab.paths import run_tag
 from sur_lab.runtime.run_notebooks import effective_parameters, notebooks
 from sur_lab.studies import STUDIES
 from sur_lab.studies.base import Study
@@ -93,10 +95,26 @@ def _listed(entry: Mapping[str, Any]) -> set[str] | None:
     return set(entry.get("outputs") or {}) or None
 
 
-def sweep_folders(results: Path, study: Study, entry: Mapping[str, Any] | None = None) -> list[Path]:
+def folder_stem(study: Study, params: Mapping[str, Any], values: Mapping[str, Any]) -> str | None:
+    """The name a run's sweep folder starts with: the study's prefix and its folder tag
+    (:meth:`sur_lab.studies.base.Study.folder_tag` of ``params`` and the run's ``seed``, ``eval_batch`` and
+    ``executor`` among ``values``), before the model's part (:func:`sur_lab.sweeps.sweep_folder`); ``None`` when the
+    tag cannot be built from them."""
+    try:
+        tag = study.folder_tag(params, seed=values.get("seed", 0), eval_batch=values.get("eval_batch"),
+                               executor=values.get("executor"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return f"{study.folder_prefix}_{run_tag(**tag)}"
+
+
+def sweep_folders(results: Path, study: Study, entry: Mapping[str, Any] | None = None,
+                  stem: str | None = None) -> list[Path]:
     """The study's own sweep folders in ``results/sweeps``: named ``<folder_prefix>_<first folder key>-...``
     (``02_niah_ctx-...``, not ``02_niah_matched_...``), not a side folder beside another (``<folder>_late``), and,
-    when the manifest ``entry`` lists the notebook's outputs, holding a listed file. Sorted; usually one."""
+    when the manifest ``entry`` lists the notebook's outputs, holding a listed file; of those, the ones named
+    ``<stem>_...`` (:func:`folder_stem`: the run's own parameters) when ``stem`` is given and any is. Sorted;
+    usually one."""
     root = Path(results) / "sweeps"
     if not root.is_dir():
         return []
@@ -105,16 +123,18 @@ def sweep_folders(results: Path, study: Study, entry: Mapping[str, Any] | None =
     listed = _listed(entry or {})
     if listed is not None:
         found = [p for p in found if any(o.startswith(f"sweeps/{p.name}/") for o in listed)]
-    return [p for p in found if not any(p.name.startswith(q.name + "_") for q in found if q != p)]
+    found = [p for p in found if not any(p.name.startswith(q.name + "_") for q in found if q != p)]
+    own = [p for p in found if stem and p.name.startswith(stem + "_")]
+    return own or found
 
 
 def case_count(results: Path, study: Study, entry: Mapping[str, Any] | None = None,
-               params: Mapping[str, Any] | None = None) -> int | None:
+               params: Mapping[str, Any] | None = None, stem: str | None = None) -> int | None:
     """The number of distinct cases the study's run holds in ``results`` (module docstring: its records' ``case_id``
-    values, else its ``sweep.json`` case list, else ``study.case_count(params)`` when the study has one); ``None``
-    when none of these is there, or when several of the study's folders remain (which run to count would be a guess).
-    """
-    folders = sweep_folders(results, study, entry)
+    values, else its ``sweep.json`` case list, else ``study.case_count(params)`` when the study has one), in its
+    folder (:func:`sweep_folders`, narrowed by ``stem``); ``None`` when none of these is there, or when several of the
+    study's folders remain (which run to count would be a guess)."""
+    folders = sweep_folders(results, study, entry, stem)
     if len(folders) == 1:
         table = folders[0] / study.table_file
         if table.is_file() and "case_id" in pq.read_schema(table).names:
@@ -173,10 +193,11 @@ def _facts(results: Path, manifest: Mapping[str, Any], study: Study, path: Path)
     preset = entry.get("preset") or manifest.get("preset") or None
     params = study_parameters(study, path, entry.get("parameters") or {}, preset)
     effect, unit = study.mde(params)
-    chosen = run_values(path, entry.get("parameters") or {}, preset)["preset"]
-    return {"entry": entry, "preset": chosen, "params": params,
-            "cases": case_count(results, study, entry, params), "minutes": _minutes(entry), "mde": float(effect),
-            "unit": unit}
+    values = run_values(path, entry.get("parameters") or {}, preset)
+    stem = folder_stem(study, params, values)
+    return {"entry": entry, "preset": values["preset"], "params": params,
+            "cases": case_count(results, study, entry, params, stem), "minutes": _minutes(entry),
+            "mde": float(effect), "unit": unit}
 
 
 def sizes_table(results: Path, manifest: Mapping[str, Any], *, smoke: Path | None = None,
@@ -225,5 +246,5 @@ def sizes_table(results: Path, manifest: Mapping[str, Any], *, smoke: Path | Non
     return table
 
 
-__all__ = ["COLUMNS", "FAILED", "NOT_RUN", "NOT_SAVED", "SMOKE_COLUMNS", "case_count", "notebook_studies",
-           "primary_verdict", "run_values", "sizes_table", "study_parameters", "sweep_folders"]
+__all__ = ["COLUMNS", "FAILED", "NOT_RUN", "NOT_SAVED", "SMOKE_COLUMNS", "case_count", "folder_stem",
+           "notebook_studies", "primary_verdict", "run_values", "sizes_table", "study_parameters", "sweep_folders"]
