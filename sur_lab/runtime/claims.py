@@ -9,10 +9,12 @@ hold" or "undecided at this size" with the minimal detectable effect. Verdicts c
 (``sur_lab.analysis.decisions``): a decided row that a notebook saved (``paired_family``'s, e.g.
 ``02_sur_vs_allocators``, ``03_decisions``, ``09_paired_differences``) through :func:`decide`; a contrast judged by
 ``decisions.judge`` as its study declares (:func:`threshold_claim` for a magnitude, "by over 80 pp"); a proportion
-by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. A row without a ``compute`` function,
-whose notebook has not finished in the release, or whose quantity the run cannot produce (:class:`NotComputed`: a
-paper model, a GPU measurement, an arm or budget the preset does not run, a table not written) renders as "not yet
-computed" with the reason, never as a verdict. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv``
+by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. Where a notebook saves its records
+but no decided table, the row rebuilds the per-unit table with the study's own function and decides a family declared
+here (appendix 11: notebook 05's decodes, per cell by ``execution_paths.cell_table``). A row without a ``compute``
+function, whose notebook has not finished in the release, or whose quantity the run cannot produce
+(:class:`NotComputed`: a paper model, a GPU measurement, an arm or budget the preset does not run, a table not
+written) renders as "not yet computed" with the reason, never as a verdict. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv``
 (:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
