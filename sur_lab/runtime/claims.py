@@ -14,8 +14,8 @@ but no decided table, the row rebuilds the per-unit table with the study's own f
 here (appendix 11: notebook 05's decodes, per cell by ``execution_paths.cell_table``). A row without a ``compute``
 function, whose notebook has not finished in the release, or whose quantity the run cannot produce
 (:class:`NotComputed`: a paper model, a GPU measurement, an arm or budget the preset does not run, a table not
-written) renders as "not yet computed" with the reason, never as a verdict. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv``
-(:func:`read_table`).
+written) renders as "not yet computed" with the reason, never as a verdict. Each ``compute`` reads
+``results/tables/<table>_<run tag>.csv`` (:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
 release (:mod:`sur_lab.runtime.release`) calls it after every run. Sources: "Budgeted KV-Cache Repair for Evolving
