@@ -103,6 +103,13 @@ def _agent_arms(params: dict) -> int:
     return 2 + len(params["budgets"]) + (1 if params["debt_pct"] > 0 else 0)
 
 
+def _agent_decided(params: dict) -> int:
+    """Notebook 07's decided comparisons (``agent_session.decide_families``): SUR at each budget against Shift, and
+    the primary (the debt arm against SUR at its budget) when the debt arm ran at one of those budgets."""
+    debt = params["debt_pct"] > 0 and float(params["debt_budget"]) in {float(b) for b in params["budgets"]}
+    return len(params["budgets"]) + (1 if debt else 0)
+
+
 def _trace_sizes(params: dict) -> dict:
     """Notebook 10's resolved sizes (its size parameters default to None: the preset's)."""
     from sur_lab.studies import agent_traces
@@ -749,6 +756,8 @@ EXPECTED: dict[str, Expected] = {
             "07_agent_session_summary": Table(
                 columns=("arm", "n", "em_pct", "agree_pct", "token_exact_pct", "cost_ratio", "final_key_dev"),
                 rows=_agent_arms, not_null=("agree_pct", "cost_ratio"), check=_agent_reference),
+            "07_agent_session_decided": Table(  # the conclusion's generated cell: what the claims table (B8) reads
+                columns=DECIDED, rows=_agent_decided, not_null=("a", "b", "verdict"), check=_decided),
         },
         token_views=1,
     ),

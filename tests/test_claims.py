@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -546,3 +547,73 @@ def test_a11_rows_scope_and_plumbing(tmp_path):
     assert "cannot compute yet: ValueError" in _row_of(short, "A11-1")["note"]
     bad = _results(tmp_path, {"05_execution_paths": recs.assign(token_ids="1 2")})
     assert "token_ids '1 2' is not a list of token ids" in _row_of(bad, "A11-2")["note"]
+def _session_runs(debt, sur, shift=ZEROS):
+    """Notebook 07's runs (``agent_session.run_episodes``' columns the decisions read): 12 episodes of 4 edits, one
+    question after each, with each arm's agreement with Re-prefill given per (episode, edit) in episode order."""
+    from sur_lab.studies import agent_session as ag
+
+    rows = []
+    for arm, agree in (("Shift", shift), ("SUR 5%", sur), ("SUR 5% + debt 10%", debt), (ag.REFERENCE, ONES)):
+        for i, a in enumerate(agree):
+            rows.append({"episode": f"e{i // 4:02d}", "edit": i % 4 + 1, "arm": arm, "agree": bool(a)})
+    return pd.DataFrame(rows)
+
+
+def test_agent_session_row_decides_the_debt_arm_from_the_saved_decided_table(tmp_path):
+    from sur_lab.analysis.decisions import COLUMNS
+    from sur_lab.studies import agent_session as ag
+
+    arms = ag.default_arms([5], debt_budget=5, debt_pct=10)
+    episodes = np.repeat([f"e{e:02d}" for e in range(12)], 4)  # the clusters, in the units' order
+    debt, sur = "SUR 5% + debt 10%", "SUR 5%"
+    # the debt arm agrees on every question, SUR 5 % on the last 6 episodes' only: +50 pp, 6 clusters all one way
+    decided = ag.decide_families(_session_runs(ONES, HALF), arms, n_boot=1000, seed=0)
+    assert list(decided.columns) == COLUMNS and set(decided.family) == {ag.PRIMARY.name, ag.BUDGET_FAMILY.name}
+    primary = _decided({(debt, sur): (ONES, HALF)}, family=ag.PRIMARY, cluster=episodes)  # paired_family itself
+    pd.testing.assert_frame_equal(decided[decided.family == ag.PRIMARY.name].reset_index(drop=True), primary)
+    p = primary.iloc[0]
+    assert p.verdict == "beats" and p.p == 2 * 0.5 ** 6 and p.n_clusters == 12  # exact sign test on 6 episodes
+
+    results = _results(tmp_path, {"07_agent_session_decided": decided})
+    row = _row_of(results, "B8")
+    assert row["table"] == "07_agent_session_decided" and row["unit"] == "pp agreement with Re-prefill"
+    assert row["verdict"] == "holds" and row["n"] == 48
+    assert (row["estimate"], row["ci_low"], row["ci_high"]) == (50.0, 100 * p.ci_low, 100 * p.ci_high)
+    assert 0 < row["ci_low"] < 50.0 < row["ci_high"] <= 100.0
+    assert row["note"].startswith(f"{debt} vs {sur}: the debt arm's part") and "tested alone" in row["note"]
+    assert "Not decided: 'close to re-prefill'" in row["note"] and "'a fraction of its recomputation'" in row["note"]
+
+    # the debt arm loses answers SUR kept: -50 pp, separated below 0, so the claim does not hold
+    results = _results(tmp_path, {"07_agent_session_decided": ag.decide_families(
+        _session_runs(ZEROS, HALF), arms, n_boot=1000, seed=0)})
+    row = _row_of(results, "B8")
+    assert row["verdict"] == "does not hold" and row["estimate"] == -50.0 and row["ci_high"] < 0
+    # the same answers: 0 pp, not separated; undecided with the smallest effect 12 episodes could show
+    same = ag.decide_families(_session_runs(HALF, HALF), arms, n_boot=1000, seed=0)
+    row = _row_of(_results(tmp_path, {"07_agent_session_decided": same}), "B8")
+    mde = same[same.family == ag.PRIMARY.name].iloc[0].mde
+    assert row["verdict"] == "undecided at this size" and row["estimate"] == 0.0 and row["mde"] == 100 * mde
+    # a plumbing-check table decides nothing: undecided, never a verdict from its point estimate
+    smoke = ag.decide_families(_session_runs(ONES, HALF), arms, n_boot=1000, seed=0, decide=False)
+    row = _row_of(_results(tmp_path, {"07_agent_session_decided": smoke}), "B8")
+    assert row["verdict"] == "undecided at this size" and row["estimate"] == 50.0
+    # no debt arm ran: only the per-edit family, and B8 is not computed (no verdict)
+    plain = ag.decide_families(_session_runs(ONES, HALF), ag.default_arms([5]), n_boot=1000, seed=0)
+    row = _row_of(_results(tmp_path, {"07_agent_session_decided": plain}), "B8")
+    assert set(plain.family) == {ag.BUDGET_FAMILY.name} and row["verdict"] == cl.NOT_COMPUTED
+    assert "has no row for the debt arm against SUR at its budget" in row["note"]
+
+
+def test_every_computed_claim_reads_a_table_its_notebook_saves():
+    """A computed row reads a table its notebook writes (a ``save_table`` call names it in a code cell): a table that
+    no notebook saves would leave the row "not yet computed" in every release."""
+    code = {p.stem: "".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"]
+                            if c["cell_type"] == "code") for p in notebooks("*")}
+    computed = [c for c in cl.CLAIMS if c.compute is not None and not (c.compute.__doc__ or "").startswith(
+        "Not computed")]
+    assert "B8" in {c.id for c in computed}
+    # arguments may nest calls two deep before the name (notebook 05: ``save_table(df.assign(x=df.x.map(str)), ...``)
+    call = r'save_table\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*?"{}"'
+    unsaved = [(c.id, c.table) for c in computed if not re.search(call.format(c.table), code[c.notebook])]
+    assert not unsaved, unsaved
+    assert re.search(call.format("05_execution_paths"), code["05_kernel_numerical_validation"])

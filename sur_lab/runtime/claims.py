@@ -54,6 +54,7 @@ from sur_lab.analysis.decisions import CLAIM_VERDICTS as VERDICTS
 from sur_lab.paths import atomic_path
 from sur_lab.runtime.run_notebooks import notebooks
 from sur_lab.studies import execution_paths
+from sur_lab.studies.agent_session import PRIMARY as SESSION_PRIMARY
 from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY, SHIFT, primary_table
 from sur_lab.studies.evidence_location import COMPLETE_REPLAY, FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
 from sur_lab.studies.natural_qa import LATENCY, PRIMARY, REFERENCE_FAMILY
@@ -691,6 +692,34 @@ def b7_sync_faster_early(results: Path) -> Estimate:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Notebook 07 (agent session): ``07_agent_session_decided``, its declared comparisons as the notebook decided them
+
+#: What B8 claims that notebook 07 declares no comparison for (the row's note names them).
+B8_NOT_DECIDED = ("'close to re-prefill' (no comparison or equivalence margin against Re-prefill is declared; "
+                  "per-edit SUR against Shift, decided in the same table, is another question) and 'a fraction of its "
+                  "recomputation' (07_agent_session_summary's cost_ratio, a mean without an interval)")
+
+
+def b8_debt_narrows(results: Path) -> Estimate:
+    """B8: the staleness-debt arm minus per-edit SUR at the debt arm's budget on agreement with Re-prefill,
+    notebook 07's primary comparison (``agent_session.PRIMARY``, tested alone, an episode's questions clustered;
+    ``07_agent_session_decided``); "holds" reads the debt arm narrows what per-edit SUR leaves of the gap to
+    Re-prefill. The claim's first part has no declared comparison (:data:`B8_NOT_DECIDED`): the verdict is the
+    decided part's, and the note says which part is not decided.
+
+    Raises:
+        NotComputed: when the run has no debt arm (``debt_pct`` 0, or its budget not among the per-edit budgets).
+    """
+    table = "07_agent_session_decided"
+    row = _row(read_table(results, table), table, "the debt arm against SUR at its budget (its primary comparison)",
+               family=SESSION_PRIMARY.name)
+    scale, unit = _scale_unit(row, "agreement with Re-prefill")
+    note = (f"{row.get('comparison')}: the debt arm's part, notebook 07's primary, tested alone, episodes clustered; "
+            f"{claim_reading(row.get('a'), row.get('b'))}. Not decided: {B8_NOT_DECIDED}")
+    return decide(_scaled(row, scale), expect="greater", unit=unit, note=note)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Notebook 06 (SAFE-KV, non-prefix reuse): preservation bounds and the design ledger's decided words
 
 _NOPREFIX = "06_noprefix_reuse"
@@ -1171,10 +1200,7 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
                          "say in which direction donor copy errs, and the paired row is not saved"), None),
     "B6": (b6_sync_answers_alike, "10_agent_traces_runs"),
     "B7": (b7_sync_faster_early, "10_agent_traces_runs"),
-    "B8": (_unavailable("notebook 07 prints its decided comparisons but saves no decided table "
-                        "(07_agent_session_summary holds means only); re-deciding them needs its arms, rebuilt from "
-                        "the notebook's parameters"),
-           None),
+    "B8": (b8_debt_narrows, "07_agent_session_decided"),
     "P15": (_unavailable("a GPU measurement (H100, B = 64); notebook 04 times a CPU analogue, medians without an "
                          "interval or a declared comparison"), None),
     "P16": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
