@@ -617,3 +617,43 @@ def test_every_computed_claim_reads_a_table_its_notebook_saves():
     unsaved = [(c.id, c.table) for c in computed if not re.search(call.format(c.table), code[c.notebook])]
     assert not unsaved, unsaved
     assert re.search(call.format("05_execution_paths"), code["05_kernel_numerical_validation"])
+
+
+def test_a11_reads_the_decodes_as_notebook_05_saves_them(tmp_path):
+    """``execution_paths.run`` on a tiny bfloat16 model, saved as notebook 05 saves it (``save_table`` with the run
+    tag, ``token_ids`` as text): the rows equal the bound and the paired comparisons of ``cell_table`` on the
+    in-memory records."""
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import make_tiny_model
+
+    from sur_lab.analysis.decisions import bound_claim, claim_of_bound, claim_verdict
+    from sur_lab.analysis.plotting import run_tag, save_table
+    from sur_lab.edits import token_edit
+    from sur_lab.studies import execution_paths as ep
+
+    lm = make_tiny_model("llama", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    cases = [SimpleNamespace(case_id=f"hotpotqa/{i}/cell", meta={"dataset": "hotpotqa", "source_id": str(i // 2),
+                                                                   "cell": "downstream/short"},
+                             edit=token_edit(torch.randint(1, 90, (40,), generator=g), 4, 3, [7, 8]),
+                             answer_ids=[5, 6]) for i in range(4)]
+    records = ep.run(lm, cases, repeats=3, max_new_tokens=2)
+    save_table(records.assign(token_ids=records.token_ids.map(str)), "05_execution_paths", outputs=tmp_path,
+               tag=run_tag(model=lm.spec.name, device="cpu", preset="default", dtypes=["bfloat16"], repeats=3))
+    results = _results(tmp_path, {}, finished=["05_kernel_numerical_validation"])
+    cells = ep.cell_table(records)
+    assert len(cells) == 4 and set(cells["dtype"]) == {"bfloat16"}
+    k = int((cells["cross_exact_logits"] == 0).sum())
+    a1 = _row_of(results, "A11-1")
+    word = bound_claim(k, 4, at_least=cl.A11_EVERY_CELL)
+    assert a1["n"] == 4 and math.isclose(a1["estimate"], 100 * k / 4) and a1["verdict"] == claim_of_bound(word)
+    a3 = _row_of(results, "A11-3")
+    nll = paired_family({("cross-path |dNLL|", "within-Re-prefill |dNLL|"): (cells["nll_cross"],
+                                                                            cells["nll_within"])},
+                        family=cl.A11_NLL).iloc[0]
+    assert a3["n"] == 4 and a3["estimate"] == nll.estimate
+    assert a3["verdict"] == claim_verdict(nll.verdict, "greater")
+    a2 = _row_of(results, "A11-2")
+    assert a2["n"] == 4 and a2["verdict"] in cl.VERDICTS
