@@ -104,10 +104,11 @@ def _agent_arms(params: dict) -> int:
 
 
 def _agent_decided(params: dict) -> int:
-    """Notebook 07's decided comparisons (``agent_session.decide_families``): SUR at each budget against Shift, and
-    the primary (the debt arm against SUR at its budget) when the debt arm ran at one of those budgets."""
+    """Notebook 07's decided comparisons (``agent_session.decide_families``): SUR at each budget against Shift, SUR at
+    the lead budget against Re-prefill (equivalence within the declared margin), and the primary (the debt arm
+    against SUR at its budget) when the debt arm ran at one of those budgets."""
     debt = params["debt_pct"] > 0 and float(params["debt_budget"]) in {float(b) for b in params["budgets"]}
-    return len(params["budgets"]) + (1 if debt else 0)
+    return len(params["budgets"]) + 1 + (1 if debt else 0)
 
 
 def _trace_sizes(params: dict) -> dict:

@@ -13,8 +13,8 @@ from sur_lab.analysis.scoring import exact_match
 from sur_lab.edits import chat_segments, tokenize_segments
 from sur_lab.studies import agent_traces as at
 from sur_lab.studies import get_study
-from sur_lab.data.qa import Passage, QAExample
-from sur_lab.sync import diff_tokens
+from sur_lab.data.qa import Passage, QAExample, load_qa
+from sur_lab.sync import SyncPolicy, diff_tokens
 from test_sync import chat_lm, qwen_tokenizer
 
 
@@ -134,7 +134,7 @@ def test_traces_read_development_files_only(monkeypatch):
         splits.append((ds, split))
         return _examples(20)
 
-    monkeypatch.setattr(at, "load_qa", fake_load)
+    monkeypatch.setattr(at.cases, "load_qa", fake_load)  # where build_traces looks it up
     p = at.STUDY.params("smoke", n_traces=3, turns=2, datasets=["hotpotqa", "musique"])
     traces = at.build_traces(tok, p, seed=0)
     assert splits == [("hotpotqa", "dev"), ("musique", "dev")]
@@ -172,7 +172,7 @@ def test_run_trace_on_a_tiny_model():
     re-prefill does."""
     lm = chat_lm()
     trace = at.build_trace(lm.tokenizer, _examples(4), max_doc_tokens=12)
-    paths = [at.TracePath("sync 100%", "SUR", 100.0, at.SyncPolicy(0, 1.0)), *at.default_paths([5])]
+    paths = [at.TracePath("sync 100%", "SUR", 100.0, SyncPolicy(0, 1.0)), *at.default_paths([5])]
     df = at.run_traces(lm, [trace], paths, executor="sequential", max_new_tokens=3, progress=False)
     assert len(df) == 4 * len(paths)
     ref = df[df.path == at.REFERENCE]
@@ -206,7 +206,7 @@ def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
     traces = [at.build_trace(lm.tokenizer, _examples(3), max_doc_tokens=12) for _ in range(3)]
     for i, trace in enumerate(traces):
         trace["id"] = f"trace-{i}"
-    monkeypatch.setattr(at, "build_traces", lambda tok, p, seed=0: [dict(t) for t in traces])
+    monkeypatch.setattr(at.study, "build_traces", lambda tok, p, seed=0: [dict(t) for t in traces])  # the study's cases
     real, calls, stop = at.run_trace, [], ["trace-1"]
 
     def counting(lm_, trace, *args, **kwargs):
@@ -216,7 +216,7 @@ def test_sweep_resumes_after_an_interruption(tmp_path, monkeypatch):
             raise _Stopped  # the first run is stopped in its second trace
         return real(lm_, trace, *args, **kwargs)
 
-    monkeypatch.setattr(at, "run_trace", counting)
+    monkeypatch.setattr(at.study, "run_trace", counting)  # the study's run
     kw = dict(preset="smoke", out=tmp_path, executor="sequential", budgets=[5], max_new_tokens=2, progress=False)
     with pytest.raises(_Stopped):
         at.STUDY.sweep(lm, **kw)
@@ -389,7 +389,7 @@ def test_traces_are_split_by_the_pools_capacity():
     assert paper["n_traces"] >= 48 and paper["turns"] >= 8
     assert paper["max_doc_tokens"] == default["max_doc_tokens"] == 96
     try:
-        pools = [[ex for ex in at.load_qa(ds, split="dev") if ex.distractors and ex.supporting]
+        pools = [[ex for ex in load_qa(ds, split="dev") if ex.distractors and ex.supporting]
                  for ds in paper["datasets"]]
     except FileNotFoundError as err:
         pytest.skip(str(err))

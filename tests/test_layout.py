@@ -152,7 +152,8 @@ def test_study_package_modules_stay_small(name):
 
 def test_study_package_rule_covers_the_split_studies():
     packaged = {_study_of(n) for n, p in NAMES.items() if _in_study_package(p)}
-    assert {"niah", "natural_qa", "evidence_location", "bench", "stale_facts", "noprefix", "theory"} <= packaged
+    assert {"niah", "natural_qa", "evidence_location", "bench", "stale_facts", "noprefix", "theory",
+            "agent_traces"} <= packaged
     assert _in_study_package(NAMES["sur_lab.studies.niah.matched"]) and _in_study_package(NAMES["sur_lab.studies.niah"])
     assert not _in_study_package(NAMES["sur_lab.studies.base"]) and not _in_study_package(NAMES["sur_lab.studies"])
 

@@ -55,6 +55,7 @@ from sur_lab.paths import atomic_path
 from sur_lab.runtime.run_notebooks import notebooks
 from sur_lab.studies import execution_paths
 from sur_lab.studies.agent_session import PRIMARY as SESSION_PRIMARY
+from sur_lab.studies.agent_session import REPREFILL_FAMILY as SESSION_REPREFILL
 from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY, SHIFT, primary_table
 from sur_lab.studies.evidence_location import COMPLETE_REPLAY, FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
 from sur_lab.studies.natural_qa import LATENCY, PRIMARY, REFERENCE_FAMILY
@@ -694,29 +695,43 @@ def b7_sync_faster_early(results: Path) -> Estimate:
 # ---------------------------------------------------------------------------------------------------------------------
 # Notebook 07 (agent session): ``07_agent_session_decided``, its declared comparisons as the notebook decided them
 
-#: What B8 claims that notebook 07 declares no comparison for (the row's note names them).
-B8_NOT_DECIDED = ("'close to re-prefill' (no comparison or equivalence margin against Re-prefill is declared; "
-                  "per-edit SUR against Shift, decided in the same table, is another question) and 'a fraction of its "
-                  "recomputation' (07_agent_session_summary's cost_ratio, a mean without an interval)")
+#: What B8 claims that notebook 07 declares no comparison for (the row's note names it).
+B8_NOT_DECIDED = ("'a fraction of its recomputation' (07_agent_session_summary's cost_ratio, a mean without an "
+                  "interval)")
+
+
+def _session_part(df, table: str, family: str, what: str, *, expect: str, how: str) -> Estimate:
+    """One declared comparison of ``07_agent_session_decided`` (the one row of ``family``), through :func:`decide`."""
+    row = _row(df, table, what, family=family)
+    scale, unit = _scale_unit(row, "agreement with Re-prefill")
+    return decide(_scaled(row, scale), expect=expect, unit=unit, note=f"{row.get('comparison')}: {how}")
 
 
 def b8_debt_narrows(results: Path) -> Estimate:
-    """B8: the staleness-debt arm minus per-edit SUR at the debt arm's budget on agreement with Re-prefill,
-    notebook 07's primary comparison (``agent_session.PRIMARY``, tested alone, an episode's questions clustered;
-    ``07_agent_session_decided``); "holds" reads the debt arm narrows what per-edit SUR leaves of the gap to
-    Re-prefill. The claim's first part has no declared comparison (:data:`B8_NOT_DECIDED`): the verdict is the
-    decided part's, and the note says which part is not decided.
+    """B8, the conjunction (:func:`all_of`) of notebook 07's two declared comparisons on agreement with Re-prefill
+    (``07_agent_session_decided``, an episode's questions clustered): "close to re-prefill", per-edit SUR at the lead
+    budget minus Re-prefill, equivalent within the study's declared margin (``agent_session.REPREFILL_FAMILY``,
+    ``agent_session.AGREEMENT_MARGIN``); and "the debt arm narrows the rest", the staleness-debt arm minus per-edit
+    SUR at its budget, notebook 07's primary (``agent_session.PRIMARY``, tested alone), "holds" when the debt arm
+    keeps more of Re-prefill's answers. The cost part has no declared comparison (:data:`B8_NOT_DECIDED`): the note
+    names it, undecided.
 
     Raises:
-        NotComputed: when the run has no debt arm (``debt_pct`` 0, or its budget not among the per-edit budgets).
+        NotComputed: when either comparison did not run (no debt arm at one of the per-edit budgets, no per-edit SUR
+            arm, or a table written before the comparison was declared): the claim needs both parts.
     """
     table = "07_agent_session_decided"
-    row = _row(read_table(results, table), table, "the debt arm against SUR at its budget (its primary comparison)",
-               family=SESSION_PRIMARY.name)
-    scale, unit = _scale_unit(row, "agreement with Re-prefill")
-    note = (f"{row.get('comparison')}: the debt arm's part, notebook 07's primary, tested alone, episodes clustered; "
-            f"{claim_reading(row.get('a'), row.get('b'))}. Not decided: {B8_NOT_DECIDED}")
-    return decide(_scaled(row, scale), expect="greater", unit=unit, note=note)
+    df = read_table(results, table)
+    parts = {
+        "close to re-prefill": _session_part(
+            df, table, SESSION_REPREFILL.name, "per-edit SUR against Re-prefill", expect="equivalent",
+            how="equivalent only when the 90 % interval lies within the declared margin, episodes clustered"),
+        "the debt arm narrows the rest": _session_part(
+            df, table, SESSION_PRIMARY.name, "the debt arm against SUR at its budget (its primary comparison)",
+            expect="greater", how="notebook 07's primary, tested alone, episodes clustered"),
+    }
+    est = all_of(parts)
+    return replace(est, note=f"{est.note}. Not decided: {B8_NOT_DECIDED}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

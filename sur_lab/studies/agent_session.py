@@ -27,7 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from tqdm.auto import tqdm
 
 from sur_lab.analysis.conclusions import paired_outcomes
-from sur_lab.analysis.decisions import COLUMNS, Family, PowerBasis, PowerDesign, family_lines, paired_family
+from sur_lab.analysis.decisions import COLUMNS, Family, Margin, PowerBasis, PowerDesign, family_lines, paired_family
 from sur_lab.analysis.endpoints import row_deviation
 from sur_lab.analysis.plotting import token_pieces, token_view
 from sur_lab.analysis.scoring import agreement, extract_answer, score_example
@@ -44,12 +44,34 @@ TASK = ("You are a research agent. Search results arrive as tool outputs; outdat
 REFERENCE = "Re-prefill"
 #: The table :func:`run_episodes` writes in its ``out`` folder.
 TABLE_FILE = "edits.parquet"
+#: The budget of the per-edit SUR arm compared with Re-prefill when no debt arm ran at one of the per-edit budgets
+#: (:func:`lead_arm`): notebook 07's default debt budget, % per edit.
+LEAD_BUDGET = 5.0
+#: "No more than 5 points of agreement lost against re-prefill" (issue 27's tolerance, the one notebook 10 declares as
+#: ``agent_traces.AGREEMENT_MARGIN``; stated again here with the same reason, since studies never import each other
+#: and moving it into :mod:`sur_lab.analysis.decisions` would change the inputs of every notebook): the equivalence
+#: margin of :data:`REPREFILL_FAMILY`.
+MAX_AGREEMENT_LOSS = 0.05
+AGREEMENT_MARGIN = Margin(MAX_AGREEMENT_LOSS, "issue 27's tolerance: at most 5 points of agreement lost against "
+                          "re-prefill")
 #: The declared comparisons of notebook 07 (issue 36; :mod:`sur_lab.analysis.decisions`), fixed before any run, on
 #: agreement with Re-prefill, paired by question with an episode's questions clustered: the debt arm against SUR at
-#: its budget alone (does spending budget on the debt move the answers?), tested alone; and each per-edit SUR budget
-#: against Shift, with Holm.
+#: its budget alone (does spending budget on the debt move the answers?), tested alone; per-edit SUR at the lead
+#: budget against Re-prefill, "equivalent" only when its whole 90 % interval lies within :data:`AGREEMENT_MARGIN`;
+#: and each per-edit SUR budget against Shift, with Holm.
 PRIMARY = Family("primary", "binary", "the debt arm minus SUR at the debt arm's budget, agreement with Re-prefill",
                  primary=True)
+#: Does per-edit SUR keep Re-prefill's answers? Re-prefill agrees with itself on every question, so the difference is
+#: minus SUR's rate of answers that differ from Re-prefill's: it can only be shown to lose, or to lose at most the
+#: margin. Equivalence needs about 55 questions without a loss (Newcombe's 90 % interval; more with losses or with
+#: few episodes): notebook 07's default size (2 episodes of 10 edits) is too small to show it and says so. A debt arm
+#: shown to beat SUR (:data:`PRIMARY`) shows SUR losing Re-prefill's answers on the same questions, and
+#: :func:`~sur_lab.analysis.decisions.judge` reads a shown loss before equivalence: that run says "loses to" here even
+#: when the loss lies within the margin.
+REPREFILL_FAMILY = Family("per-edit SUR against Re-prefill", "binary",
+                          "per-edit SUR at the lead budget (the debt arm's, else 5 % when it ran, else the first "
+                          "per-edit budget) minus Re-prefill, agreement with Re-prefill", margin=AGREEMENT_MARGIN,
+                          max_size=1)
 BUDGET_FAMILY = Family("per-edit SUR against Shift", "binary",
                        "SUR at each per-edit budget minus Shift, agreement with Re-prefill")
 #: The power statement's basis (issue 40; :func:`mde`): a planning value, not a measurement. No paper reports this
@@ -450,16 +472,28 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     return quality.join(total).reset_index()
 
 
+def lead_arm(arms: Sequence[Arm]) -> Arm | None:
+    """The per-edit SUR arm that :data:`REPREFILL_FAMILY` compares with Re-prefill: the one at the debt arm's budget
+    (the arm the primary compares the debt arm with), else the one at :data:`LEAD_BUDGET` when it ran, else the first
+    per-edit budget's; ``None`` when no per-edit budgeted arm ran."""
+    plain = {a.budget_pct: a for a in arms if a.method not in ("Shift", REFERENCE) and a.debt_pct == 0}
+    debt = [a.budget_pct for a in arms if a.debt_pct > 0][:1]
+    for budget in (*debt, LEAD_BUDGET):
+        if budget in plain:
+            return plain[budget]
+    return next(iter(plain.values()), None)
+
+
 def decide_families(df: pd.DataFrame, arms: Sequence[Arm], *, decide: bool = True, n_boot: int = 10_000,
                     seed: int = 0) -> pd.DataFrame:
-    """Notebook 07's declared comparisons (:data:`PRIMARY` when a debt arm ran, :data:`BUDGET_FAMILY`), decided by
-    :func:`sur_lab.analysis.decisions.paired_family` on agreement with Re-prefill, one unit per (episode, edit), the
-    episodes clustered.
+    """Notebook 07's declared comparisons (:data:`PRIMARY` when a debt arm ran, :data:`REPREFILL_FAMILY` with its
+    margin, :data:`BUDGET_FAMILY`, in this order), decided by :func:`sur_lab.analysis.decisions.paired_family` on
+    agreement with Re-prefill, one unit per (episode, edit), the episodes clustered.
 
     Args:
         df: :func:`run_episodes` rows.
         arms: the arms that ran (:func:`default_arms`).
-        decide: ``False`` at a plumbing-check size.
+        decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``): every verdict "not decided".
         n_boot, seed: as :func:`~sur_lab.analysis.decisions.paired_family`.
 
     Returns:
@@ -468,7 +502,9 @@ def decide_families(df: pd.DataFrame, arms: Sequence[Arm], *, decide: bool = Tru
     data = df.assign(_unit=df["episode"].astype(str) + "/" + df["edit"].astype(str), _a=df["agree"].astype(float))
     debt = [a for a in arms if a.debt_pct > 0]
     plain = {a.budget_pct: a for a in arms if a.method not in ("Shift", REFERENCE) and a.debt_pct == 0}
+    lead = lead_arm(arms)
     wanted = {PRIMARY: [(d.label, plain[d.budget_pct].label) for d in debt[:1] if d.budget_pct in plain],
+              REPREFILL_FAMILY: [(lead.label, REFERENCE)] if lead is not None else [],
               BUDGET_FAMILY: [(a.label, "Shift") for a in plain.values()]}
     parts = []
     for fam, pairs in wanted.items():
