@@ -429,6 +429,126 @@ def test_noprefix_rows(tmp_path):
     assert _row_of(results, "S7")["note"].startswith("three parts")
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 05 (execution paths): A11-1..3 rebuilt per cell from the saved decodes
+
+
+def _digest(text):
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _paths_records(n_cells=16, *, dtype="bfloat16", logits_differ=None, argmax_flips=None, seq_flips=None,
+                   nll_within=None, nll_cross=None):
+    """Decodes with the columns of ``execution_paths.run`` as notebook 05 saves them (``token_ids`` as text), one cell
+    per case: ``shared`` and ``reprefill`` repeat one decode; ``replay`` has its own first-logit bytes where
+    ``logits_differ[i]``, its first ``argmax_flips[i]`` repeats another argmax (and so other bytes) and its first
+    ``seq_flips[i]`` repeats another sequence. Re-prefill's NLLs are ``(1, 1 + w, 1)`` (median within |dNLL| ``w``),
+    Replay's ``1 + c`` (median of the nine cross |dNLL|: ``c``)."""
+    rows = []
+    for i in range(n_cells):
+        differ = True if logits_differ is None else logits_differ[i]
+        flips = 0 if argmax_flips is None else argmax_flips[i]
+        seqs = 0 if seq_flips is None else seq_flips[i]
+        w = 0.0 if nll_within is None else nll_within[i]
+        c = 0.05 if nll_cross is None else nll_cross[i]
+        base = {"model": "m", "dtype": dtype, "device": "cpu", "case_id": f"{dtype}-{i:02d}", "dataset": "hotpotqa",
+                "source_id": f"s{i // 4}", "cell": f"g{i % 4}", "text": "x", "finished": True}
+        for cond in ("shared", "reprefill", "replay"):
+            for r in range(3):
+                ids, top, logits, nll = [1, 2], 5, _digest(f"{i}-reprefill"), 1.0
+                if cond == "reprefill":
+                    nll = 1.0 + (w if r == 1 else 0.0)
+                if cond == "replay":
+                    nll = 1.0 + c
+                    logits = _digest(f"{i}-replay") if differ or r < flips else logits
+                    top = 6 if r < flips else 5
+                    if r < flips:
+                        logits = _digest(f"{i}-replay-{r}")
+                    ids = [1, 3] if r < seqs else ids
+                rows.append({**base, "condition": cond, "repeat": r, "token_ids": str(ids), "argmax": top,
+                             "logits_sha256": logits, "gold_nll": nll})
+    return pd.DataFrame(rows)
+
+
+def test_a11_rows_hold_on_bfloat16_cells_whose_logits_always_differ(tmp_path):
+    from sur_lab.studies.execution_paths import cell_table
+
+    flips, seqs = [1, 1] + [0] * 14, [1, 2, 1] + [0] * 13
+    cross = 0.02 + 0.01 * np.arange(16)
+    bf16 = _paths_records(argmax_flips=flips, seq_flips=seqs, nll_cross=cross)
+    fp32 = _paths_records(dtype="float32", logits_differ=[False] * 12 + [True] * 4)  # the note's, decides nothing
+    results = _results(tmp_path, {"05_execution_paths": pd.concat([bf16, fp32], ignore_index=True)})
+    a1 = _row_of(results, "A11-1")  # 16 of 16 differ: lower bound 0.025 ** (1 / 16) = 79.4 % >= 75 %
+    _, low, _ = proportion_interval(16, 16)
+    assert a1["verdict"] == "holds" and (a1["estimate"], a1["ci_low"], a1["ci_high"], a1["n"]) == (100.0, 100 * low,
+                                                                                                   100.0, 16)
+    assert math.isclose(low, 0.025 ** (1 / 16)) and a1["unit"] == "% of cells" and a1["table"] == "05_execution_paths"
+    assert "16 of 16 cells" in a1["note"] and "float32: 4 of 16 cells differ (not decided)" in a1["note"]
+    # A11-2: exact-logit disagreement 1 in every cell; argmax 3/9 in two cells, sequence 3/9 or 6/9 in three
+    a2 = _row_of(results, "A11-2")
+    ct = cell_table(bf16.assign(token_ids=bf16.token_ids.map(json.loads)))
+    assert ct["cross_exact_logits"].eq(0).all() and ct["cross_argmax"].tolist()[:3] == [6 / 9, 6 / 9, 1.0]
+    family = {("exact logits", out): (1 - ct["cross_exact_logits"].to_numpy(), 1 - ct[f"cross_{out}"].to_numpy())
+              for out in ("argmax", "sequence")}
+    decided = paired_family(family, family=cl.A11_GAP)
+    assert list(decided.verdict) == ["beats", "beats"]
+    seq = decided.iloc[1]  # the weaker part on a tie of verdicts is the first: argmax
+    arg = decided.iloc[0]
+    assert a2["verdict"] == "holds" and a2["unit"] == "pp cross-path disagreement" and a2["n"] == 16
+    assert math.isclose(a2["estimate"], 100 * (1 - 2 * (3 / 9) / 16)) and math.isclose(a2["estimate"],
+                                                                                         100 * arg.estimate)
+    assert (a2["ci_low"], a2["ci_high"]) == (100 * arg.ci_low, 100 * arg.ci_high) and a2["ci_low"] > 50
+    assert math.isclose(seq.estimate, 1 - (3 / 9 + 6 / 9 + 3 / 9) / 16)
+    assert a2["note"].startswith("all of 2 must hold; shown: m, bfloat16 on cpu, argmax")
+    # A11-3: within-Re-prefill |dNLL| 0, cross-path 0.02 .. 0.17 nats
+    a3 = _row_of(results, "A11-3")
+    assert np.allclose(ct["nll_cross"], cross) and ct["nll_within"].eq(0).all()
+    nll = paired_family({("cross-path |dNLL|", "within-Re-prefill |dNLL|"): (ct["nll_cross"], ct["nll_within"])},
+                        family=cl.A11_NLL).iloc[0]
+    assert a3["verdict"] == "holds" and a3["unit"] == "nats" and a3["n"] == 16
+    assert math.isclose(a3["estimate"], cross.mean()) and (a3["ci_low"], a3["ci_high"]) == (nll.ci_low, nll.ci_high)
+    assert 0 < a3["ci_low"] < cross.mean() < a3["ci_high"]
+
+
+def test_a11_rows_do_not_hold_when_the_paths_agree_or_argmax_disagrees_as_often(tmp_path):
+    # logit bytes equal in 12 of 16 cells; Re-prefill repeats disagree in NLL more than the paths do
+    recs = _paths_records(logits_differ=[True] * 4 + [False] * 12, nll_within=np.full(16, 0.1),
+                          nll_cross=np.linspace(0.0, 0.05, 16))
+    results = _results(tmp_path, {"05_execution_paths": recs})
+    a1 = _row_of(results, "A11-1")  # 4 of 16: upper bound 52 % < 75 %
+    _, low, high = proportion_interval(4, 16)
+    assert a1["verdict"] == "does not hold" and (a1["estimate"], a1["ci_low"], a1["ci_high"]) == (25.0, 100 * low,
+                                                                                                  100 * high)
+    a3 = _row_of(results, "A11-3")  # cross minus within is negative in every cell: separated below 0
+    assert a3["verdict"] == "does not hold" and math.isclose(a3["estimate"], 0.025 - 0.1) and a3["ci_high"] < 0
+    # exact-logit disagreement 1 in only four cells, argmax 0: +25 pp, four units cannot separate (sign-flip p 0.125)
+    a2 = _row_of(results, "A11-2")
+    assert a2["verdict"] == "undecided at this size" and math.isclose(a2["estimate"], 25.0)
+    # every replay decode but one takes another argmax: argmax disagreement 6/9 against exact-logit 1, a gap of 1/3
+    recs = _paths_records(argmax_flips=[2] * 16, seq_flips=[2] * 16)
+    a2 = _row_of(_results(tmp_path, {"05_execution_paths": recs}), "A11-2")
+    assert a2["verdict"] == "does not hold" and math.isclose(a2["estimate"], 100 / 3)
+    assert math.isnan(a2["ci_low"])  # every cell's gap the same: no bootstrap interval, the test and estimate decide
+
+
+def test_a11_rows_scope_and_plumbing(tmp_path):
+    recs = _paths_records()
+    smoke = _results(tmp_path, {"05_execution_paths": recs}, preset="smoke")
+    rows = {i: _row_of(smoke, i) for i in ("A11-1", "A11-2", "A11-3")}
+    assert {r["verdict"] for r in rows.values()} == {"undecided at this size"}
+    assert rows["A11-1"]["estimate"] == 100.0
+    fp32 = _results(tmp_path, {"05_execution_paths": _paths_records(dtype="float32")})
+    row = _row_of(fp32, "A11-3")
+    assert row["verdict"] == cl.NOT_COMPUTED and row["note"] == (
+        "05_execution_paths has no bfloat16 cell (the paper's precision; this run: float32)")
+    short = _results(tmp_path, {"05_execution_paths": recs[recs.condition != "replay"]})
+    assert "cannot compute yet: ValueError" in _row_of(short, "A11-1")["note"]
+    bad = _results(tmp_path, {"05_execution_paths": recs.assign(token_ids="1 2")})
+    assert "token_ids '1 2' is not a list of token ids" in _row_of(bad, "A11-2")["note"]
+
+
 def _session_runs(debt, sur, shift=None):
     """Notebook 07's runs (``agent_session.run_episodes``' columns the decisions read): 12 episodes of ``len(sur) //
     12`` edits, one question after each, with each arm's agreement with Re-prefill given per (episode, edit) in
@@ -539,5 +659,48 @@ def test_every_computed_claim_reads_a_table_its_notebook_saves():
     computed = [c for c in cl.CLAIMS if c.compute is not None and not (c.compute.__doc__ or "").startswith(
         "Not computed")]
     assert "B8" in {c.id for c in computed}
-    unsaved = [(c.id, c.table) for c in computed if not re.search(rf'save_table\([^)]*"{c.table}"', code[c.notebook])]
+    # arguments may nest calls two deep before the name (notebook 05: ``save_table(df.assign(x=df.x.map(str)), ...``)
+    call = r'save_table\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*?"{}"'
+    unsaved = [(c.id, c.table) for c in computed if not re.search(call.format(c.table), code[c.notebook])]
     assert not unsaved, unsaved
+    assert re.search(call.format("05_execution_paths"), code["05_kernel_numerical_validation"])
+
+
+def test_a11_reads_the_decodes_as_notebook_05_saves_them(tmp_path):
+    """``execution_paths.run`` on a tiny bfloat16 model, saved as notebook 05 saves it (``save_table`` with the run
+    tag, ``token_ids`` as text): the rows equal the bound and the paired comparisons of ``cell_table`` on the
+    in-memory records."""
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import make_tiny_model
+
+    from sur_lab.analysis.decisions import bound_claim, claim_of_bound, claim_verdict
+    from sur_lab.analysis.plotting import run_tag, save_table
+    from sur_lab.edits import token_edit
+    from sur_lab.studies import execution_paths as ep
+
+    lm = make_tiny_model("llama", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    cases = [SimpleNamespace(case_id=f"hotpotqa/{i}/cell", meta={"dataset": "hotpotqa", "source_id": str(i // 2),
+                                                                   "cell": "downstream/short"},
+                             edit=token_edit(torch.randint(1, 90, (40,), generator=g), 4, 3, [7, 8]),
+                             answer_ids=[5, 6]) for i in range(4)]
+    records = ep.run(lm, cases, repeats=3, max_new_tokens=2)
+    save_table(records.assign(token_ids=records.token_ids.map(str)), "05_execution_paths", outputs=tmp_path,
+               tag=run_tag(model=lm.spec.name, device="cpu", preset="default", dtypes=["bfloat16"], repeats=3))
+    results = _results(tmp_path, {}, finished=["05_kernel_numerical_validation"])
+    cells = ep.cell_table(records)
+    assert len(cells) == 4 and set(cells["dtype"]) == {"bfloat16"}
+    k = int((cells["cross_exact_logits"] == 0).sum())
+    a1 = _row_of(results, "A11-1")
+    word = bound_claim(k, 4, at_least=cl.A11_EVERY_CELL)
+    assert a1["n"] == 4 and math.isclose(a1["estimate"], 100 * k / 4) and a1["verdict"] == claim_of_bound(word)
+    a3 = _row_of(results, "A11-3")
+    nll = paired_family({("cross-path |dNLL|", "within-Re-prefill |dNLL|"): (cells["nll_cross"],
+                                                                            cells["nll_within"])},
+                        family=cl.A11_NLL).iloc[0]
+    assert a3["n"] == 4 and a3["estimate"] == nll.estimate
+    assert a3["verdict"] == claim_verdict(nll.verdict, "greater")
+    a2 = _row_of(results, "A11-2")
+    assert a2["n"] == 4 and a2["verdict"] in cl.VERDICTS

@@ -9,11 +9,13 @@ hold" or "undecided at this size" with the minimal detectable effect. Verdicts c
 (``sur_lab.analysis.decisions``): a decided row that a notebook saved (``paired_family``'s, e.g.
 ``02_sur_vs_allocators``, ``03_decisions``, ``09_paired_differences``) through :func:`decide`; a contrast judged by
 ``decisions.judge`` as its study declares (:func:`threshold_claim` for a magnitude, "by over 80 pp"); a proportion
-by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. A row without a ``compute`` function,
-whose notebook has not finished in the release, or whose quantity the run cannot produce (:class:`NotComputed`: a
-paper model, a GPU measurement, an arm or budget the preset does not run, a table not written) renders as "not yet
-computed" with the reason, never as a verdict. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv``
-(:func:`read_table`).
+by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. Where a notebook saves its records
+but no decided table, the row rebuilds the per-unit table with the study's own function and decides a family declared
+here (appendix 11: notebook 05's decodes, per cell by ``execution_paths.cell_table``). A row without a ``compute``
+function, whose notebook has not finished in the release, or whose quantity the run cannot produce
+(:class:`NotComputed`: a paper model, a GPU measurement, an arm or budget the preset does not run, a table not
+written) renders as "not yet computed" with the reason, never as a verdict. Each ``compute`` reads
+``results/tables/<table>_<run tag>.csv`` (:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
 release (:mod:`sur_lab.runtime.release`) calls it after every run. Sources: "Budgeted KV-Cache Repair for Evolving
@@ -35,6 +37,7 @@ import pandas as pd
 
 from sur_lab.analysis.decisions import (
     NOT_DECIDED,
+    Family,
     bound_claim,
     claim_of_bound,
     claim_of_outcome,
@@ -50,6 +53,7 @@ from sur_lab.analysis.decisions import CLAIM_EXPECTATIONS as EXPECTATIONS
 from sur_lab.analysis.decisions import CLAIM_VERDICTS as VERDICTS
 from sur_lab.paths import atomic_path
 from sur_lab.runtime.run_notebooks import notebooks
+from sur_lab.studies import execution_paths
 from sur_lab.studies.agent_session import PRIMARY as SESSION_PRIMARY
 from sur_lab.studies.agent_session import REPREFILL_FAMILY as SESSION_REPREFILL
 from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY, SHIFT, primary_table
@@ -219,9 +223,10 @@ def _notebook_of(table: str) -> str:
     return next((p.stem for p in notebooks("*") if p.stem.startswith(prefix)), "")
 
 
-def read_table(results: Path, table: str):
-    """Table ``table`` of ``results`` as a DataFrame (:func:`table_path`; raises as it does)."""
-    return pd.read_csv(table_path(results, table))
+def read_table(results: Path, table: str, **options: Any):
+    """Table ``table`` of ``results`` as a DataFrame (:func:`table_path`; raises as it does); ``options`` go to
+    ``pandas.read_csv`` (e.g. ``dtype`` for a column that must stay text)."""
+    return pd.read_csv(table_path(results, table), **options)
 
 
 def _decides(results: Path, notebook: str) -> bool:
@@ -826,6 +831,147 @@ def s9_full_prefill_everywhere(results: Path) -> Estimate:
     return Estimate(None, None, None, "", verdict, n=len(df), note=reasons)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Notebook 05 (execution paths, appendix 11): the per-cell table rebuilt from the saved decodes
+
+#: The precision of the paper's Table 17 (appendix 11: Replay and Re-prefill "can disagree numerically under BF16"):
+#: A11's claims are decided on the run's bfloat16 cells. The default preset also runs float32; A11-1's note counts
+#: those cells, which decide nothing.
+A11_DTYPE = "bfloat16"
+#: "Differ in every cell" as a proportion of cells: at least this share by its exact (Clopper-Pearson) lower bound. A
+#: sample cannot show "every", only a high share: 0.75 is the largest multiple of 5 % that the default preset's 16
+#: cells per dtype can show (all 16 differing: lower bound 79.4 %); the paper's 160 cells per model, all differing,
+#: show 97.7 %. It does not hold when the upper bound falls below. A cell differs when none of its nine
+#: Replay-Re-prefill pairs has byte-equal float32 first logits (``cross_exact_logits == 0``: Table 17's 100 %).
+A11_EVERY_CELL = 0.75
+#: "Far smaller" as a gap of over half the pairs: per cell, exact-logit minus argmax (or sequence) cross-path
+#: disagreement (``1 - A_cross``), its mean's interval above 0.5 (50 pp; :func:`threshold_claim`). The paper's gaps
+#: are 89-99 pp (exact logits 100 %; argmax 0.62-8.75 %, sequence 2.29-10.69 %).
+A11_FAR_SMALLER = 0.5
+#: A11-2's comparisons, declared here (notebook 05 saves the decodes, not a decided table): cells are the paired units
+#: (not clustered by source: the default preset has four sources, too few clusters for any test to separate).
+A11_GAP = Family("exact-logit disagreement against argmax and sequence disagreement (A11-2)", "continuous",
+                 "per cell, cross-path exact-logit disagreement minus argmax and minus sequence disagreement, each "
+                 "1 - A_cross over the nine Replay-Re-prefill pairs", max_size=2)
+#: A11-3's comparison: per cell, the median cross-path |dNLL| minus the median within-Re-prefill |dNLL| (nats).
+A11_NLL = Family("cross-path against within-Re-prefill |dNLL| (A11-3)", "continuous",
+                 "per cell, the median of the nine cross-path |dNLL| minus the median of the three within-Re-prefill "
+                 "|dNLL| (execution_paths.nll_differences)", max_size=1)
+
+
+def _token_ids(value: Any) -> list:
+    """Generated ids as notebook 05 saves them (``str`` of the list, ``"[1, 2]"``); a list passes unchanged.
+
+    Raises:
+        ValueError: naming ``token_ids`` when the text is not a JSON list.
+    """
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    try:
+        ids = json.loads(str(value))
+    except ValueError:
+        ids = None
+    if not isinstance(ids, list):
+        raise ValueError(f"05_execution_paths: token_ids {value!r} is not a list of token ids")
+    return ids
+
+
+def _paths_cells(results: Path) -> tuple[pd.DataFrame, bool]:
+    """``(cells, decide)``: :func:`sur_lab.studies.execution_paths.cell_table` of notebook 05's saved decodes
+    (``05_execution_paths``: one row per model, dtype, device, case, condition and repeat), one row per cell and
+    dtype; and whether the run decides (neither the release's preset nor the notebook's ``paths_preset`` is a
+    plumbing check, ``decisions.decides``).
+
+    Raises:
+        NotComputed: when the table holds no decode.
+        FileNotFoundError, ValueError: as :func:`read_table`; as ``cell_table`` (a missing column, a cell short of
+            repeats); naming ``token_ids`` when a saved sequence is not a list.
+    """
+    records = read_table(results, "05_execution_paths", dtype={"logits_sha256": str, "case_id": str})
+    if records.empty:
+        raise NotComputed("05_execution_paths has no decode")
+    if "token_ids" in records.columns:
+        records["token_ids"] = records["token_ids"].map(_token_ids)
+    cells = execution_paths.cell_table(records)
+    params = _manifest_entry(results, _NUM).get("parameters") or {}
+    return cells, _decides(results, _NUM) and decides(params.get("paths_preset") or None)
+
+
+def _per_group(cells: pd.DataFrame, decide_: bool, claim: Callable[[pd.DataFrame, bool, str], Estimate]) -> Estimate:
+    """``claim(group, decide, label)`` on the :data:`A11_DTYPE` cells of each (model, device) of the run; with several
+    (a run over models or devices) each must hold (:func:`all_of`).
+
+    Raises:
+        NotComputed: when the run has no :data:`A11_DTYPE` cell.
+    """
+    scoped = cells[cells["dtype"] == A11_DTYPE]
+    if scoped.empty:
+        ran = ", ".join(sorted(map(str, cells["dtype"].unique())))
+        raise NotComputed(f"05_execution_paths has no {A11_DTYPE} cell (the paper's precision; this run: {ran})")
+    parts = {f"{model}, {A11_DTYPE} on {device}": claim(g, decide_, f"{model}, {A11_DTYPE} on {device}")
+             for (model, device), g in scoped.groupby(["model", "device"], sort=True)}
+    return next(iter(parts.values())) if len(parts) == 1 else all_of(parts)
+
+
+def _differ(g: pd.DataFrame) -> tuple[int, int]:
+    """``(k, n)``: cells of ``g`` whose nine Replay-Re-prefill first-logit pairs all differ in their bytes, of all."""
+    return int((g["cross_exact_logits"] == 0).sum()), len(g)
+
+
+def _every_cell(g: pd.DataFrame, decide_: bool, label: str) -> Estimate:
+    k, n = _differ(g)
+    return _bound(k, n, at_least=A11_EVERY_CELL, decide_=decide_, unit="% of cells",
+                  note=f"{label}: {k} of {n} cells with no byte-equal Replay-Re-prefill first-logit pair (of nine), "
+                       f"exact 95 % interval; 'every cell' read as at least {100 * A11_EVERY_CELL:g} % by the lower "
+                       f"bound")
+
+
+def a11_1_exact_logits_differ(results: Path) -> Estimate:
+    """A11-1: the share of bfloat16 cells whose cross-path exact first-logit vectors differ (all nine pairs), at least
+    :data:`A11_EVERY_CELL` by its Clopper-Pearson lower bound (``decisions.bound_claim``), rebuilt per cell from
+    ``05_execution_paths``; the note counts the other dtypes' cells (not decided)."""
+    cells, decide_ = _paths_cells(results)
+    est = _per_group(cells, decide_, _every_cell)
+    others = [f"{dtype}: {'{} of {}'.format(*_differ(g))} cells differ (not decided)"
+              for dtype, g in cells[cells["dtype"] != A11_DTYPE].groupby("dtype", sort=True)]
+    return replace(est, note="; ".join([est.note, *others]))
+
+
+def _far_smaller(g: pd.DataFrame, decide_: bool, label: str) -> Estimate:
+    exact = 1.0 - g["cross_exact_logits"].to_numpy(dtype=float)
+    family = {("exact logits", out): (exact, 1.0 - g[f"cross_{out}"].to_numpy(dtype=float))
+              for out in ("argmax", "sequence")}
+    rows = paired_family(family, family=A11_GAP, decide=decide_).to_dict("records")
+    return all_of({f"{label}, {r['b']}": threshold_claim(
+        r, A11_FAR_SMALLER, expect="greater", unit="pp cross-path disagreement",
+        note=f"{label}: exact-logit minus {r['b']} cross-path disagreement over {r['n']} cells (paired), Holm over "
+             f"{r['family_size']}; 'far smaller' needs the interval above {100 * A11_FAR_SMALLER:g} pp") for r in rows})
+
+
+def a11_2_argmax_far_below_logits(results: Path) -> Estimate:
+    """A11-2: per bfloat16 cell, exact-logit minus argmax and minus sequence cross-path disagreement (:data:`A11_GAP`,
+    bootstrap interval and sign-flip test over cells), each above :data:`A11_FAR_SMALLER` (:func:`threshold_claim`);
+    both must hold (:func:`all_of`)."""
+    cells, decide_ = _paths_cells(results)
+    return _per_group(cells, decide_, _far_smaller)
+
+
+def _nll_excess(g: pd.DataFrame, decide_: bool, label: str) -> Estimate:
+    pair = ("cross-path |dNLL|", "within-Re-prefill |dNLL|")
+    row = paired_family({pair: (g["nll_cross"].to_numpy(dtype=float), g["nll_within"].to_numpy(dtype=float))},
+                        family=A11_NLL, decide=decide_).iloc[0].to_dict()
+    return decide(row, expect="greater", unit="nats",
+                  note=f"{label}: median cross-path minus median within-Re-prefill |dNLL| over {len(g)} cells "
+                       f"(paired; bootstrap interval, sign-flip test)")
+
+
+def a11_3_nll_cross_exceeds_within(results: Path) -> Estimate:
+    """A11-3: per bfloat16 cell, the cross-path minus the within-Re-prefill median |dNLL| (:data:`A11_NLL`), above 0
+    (``decisions.paired_family``)."""
+    cells, decide_ = _paths_cells(results)
+    return _per_group(cells, decide_, _nll_excess)
+
+
 def _p(id, section, text, paper, notebook, table, compute=None):
     return Claim(id, "paper", section, text, paper, notebook, table, compute)
 
@@ -1076,11 +1222,9 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
                          "comparison"), None),
     "P17": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
                          "comparison"), None),
-    "A11-1": (_unavailable("05_table17 saves percentages averaged over cells, with no per-cell rows or declared "
-                           "comparison to decide 'every cell' from"), None),
-    "A11-2": (_unavailable("05_table17 is descriptive (cell means, no interval or declared comparison)"), None),
-    "A11-3": (_unavailable("05_table17_nll saves the mean over cells only; the excess needs per-cell differences "
-                           "and a declared comparison"), None),
+    "A11-1": (a11_1_exact_logits_differ, "05_execution_paths"),
+    "A11-2": (a11_2_argmax_far_below_logits, "05_execution_paths"),
+    "A11-3": (a11_3_nll_cross_exceeds_within, "05_execution_paths"),
 }
 
 
