@@ -67,6 +67,22 @@ def test_decide_maps_the_decision_words(expect, word, verdict):
     assert est.verdict == verdict and (est.estimate, est.ci_low, est.ci_high, est.n) == (12.5, 4.2, 20.8, 96)
 
 
+def test_the_estimate_shows_the_p_value_its_verdict_read():
+    """An unadjusted interval that excludes 0 beside "undecided": the row says the Holm p (or the cluster count)
+    the verdict was read from; clusters equal to n (no clustering) and a missing p add nothing."""
+    holm = cl.decide(_family_row("not separated", p=0.0129, p_adj=0.1035, family_size=8, n_clusters=96),
+                     expect="greater", unit="pp EM")
+    assert (holm.p, holm.family_size, holm.n_clusters) == (0.1035, 8, None)
+    assert cl.format_estimate(vars(holm)) == "+12.5 pp EM [+4.2, +20.8] (n 96; Holm p 0.1 over 8)"
+    alone = cl.decide(_family_row("not separated", p_adj=0.5, family_size=1, n_clusters=2), expect="greater",
+                      unit="pp EM")
+    assert cl.format_estimate(vars(alone)) == "+12.5 pp EM [+4.2, +20.8] (n 96 in 2 clusters; p 0.5)"
+    bare = cl.decide(_family_row("not separated", p_adj=float("nan")), expect="greater", unit="pp EM")
+    assert bare.p is None and cl.format_estimate(vars(bare)) == "+12.5 pp EM [+4.2, +20.8] (n 96)"
+    both = cl.all_of({"a": holm, "b": cl.decide(_family_row("beats", p_adj=0.01), expect="greater", unit="pp EM")})
+    assert (both.p, both.family_size, both.verdict) == (0.1035, 8, "undecided at this size")
+
+
 def test_decide_and_estimate_refuse_bad_input():
     with pytest.raises(ValueError, match="expect must be one of"):
         cl.decide(_family_row("beats"), expect="bigger", unit="pp")
@@ -601,8 +617,9 @@ def test_agent_session_row_is_both_declared_parts_from_the_saved_decided_table(t
     assert row["verdict"] == "undecided at this size" and row["n"] == 240 and row["mde"] == 100 * p.mde == 2.5
     assert (row["estimate"], row["ci_low"], row["ci_high"]) == (0.0, 100 * p.ci_low, 100 * p.ci_high)
     assert row["note"].startswith(f"all of 2 must hold; shown: {narrows}. {close}: ")
-    assert (f"{close}: +0 pp agreement with Re-prefill [-1.58, +1.58] (n 240) holds; {narrows}: +0 pp agreement with "
-            "Re-prefill [-1.58, +1.58] (n 240) undecided at this size.") in row["note"]
+    assert (f"{close}: +0 pp agreement with Re-prefill [-1.58, +1.58] (n 240 in 12 clusters; p 1) holds; {narrows}: "
+            "+0 pp agreement with Re-prefill [-1.58, +1.58] (n 240 in 12 clusters; p 1) undecided at this size."
+            ) in row["note"]
     assert row["note"].endswith("Not decided: 'a fraction of its recomputation' (07_agent_session_summary's "
                                 "cost_ratio, a mean without an interval)")
 

@@ -80,6 +80,12 @@ class Estimate:
         mde: the smallest effect this size could have shown (``unit``), when the verdict is "undecided at this size".
         n: the units the estimate pools (cases, sources, cells).
         note: what the estimate compares, in words.
+        p: the p-value the verdict was read from (the comparison's ``p_adj``: Holm-adjusted inside its family), when
+            the comparison has one. With it the table shows why an interval that excludes 0 can still read
+            "undecided": the interval is unadjusted, the verdict is not.
+        family_size: the comparisons ``p`` was adjusted over (1: tested alone).
+        n_clusters: the independent units ``n`` is grouped into (sources, traces, episodes) when the comparison
+            resampled clusters; the sign test then counts clusters.
     """
 
     estimate: float | None
@@ -90,6 +96,9 @@ class Estimate:
     mde: float | None = None
     n: int | None = None
     note: str = ""
+    p: float | None = None
+    family_size: int | None = None
+    n_clusters: int | None = None
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -144,8 +153,12 @@ def decide(row: Mapping[str, Any], *, expect: str, unit: str, note: str = "") ->
         raise ValueError(f"row lacks {missing}: pass a row of sur_lab.analysis.decisions.paired_family")
     verdict = claim_verdict(row["verdict"], expect)
     n = row.get("n")
+    p = _finite(row.get("p_adj", row.get("p")))
+    size, clusters = _finite(row.get("family_size")), _finite(row.get("n_clusters"))
     return Estimate(float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"]), unit, verdict,
-                    mde=row.get("mde"), n=None if n is None else int(n), note=note)
+                    mde=row.get("mde"), n=None if n is None else int(n), note=note, p=p,
+                    family_size=None if size is None else int(size),
+                    n_clusters=None if clusters is None or n is None or int(clusters) == int(n) else int(clusters))
 
 
 def paired_claim(family: Mapping[str, Any], *, comparison: str, expect: str, unit: str, kind: str = "binary",
@@ -319,8 +332,7 @@ def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Est
     note = f"all of {len(parts)} must hold; shown: {label}. {listed}"
     if missing:
         note += f". Not run here: {', '.join(missing)}"
-    return Estimate(weakest.estimate, weakest.ci_low, weakest.ci_high, weakest.unit, weakest.verdict,
-                    mde=weakest.mde, n=weakest.n, note=note)
+    return replace(weakest, note=note)
 
 
 def _unavailable(reason: str) -> Callable[[Path], Estimate]:
@@ -1257,7 +1269,8 @@ def claim_row(claim: Claim, results: Path, finished: Mapping[str, bool] | None =
     finished = _finished(results) if finished is None else finished
     base = {"id": claim.id, "source": claim.source, "section": claim.section, "claim": claim.text,
             "paper": claim.paper, "notebook": claim.notebook, "table": claim.table}
-    empty = dict(estimate=None, ci_low=None, ci_high=None, unit="", verdict=NOT_COMPUTED, mde=None, n=None)
+    empty = dict(estimate=None, ci_low=None, ci_high=None, unit="", verdict=NOT_COMPUTED, mde=None, n=None, p=None,
+                 family_size=None, n_clusters=None)
     if claim.compute is None:
         return {**base, **empty, "note": "computation not implemented yet"}
     if not finished.get(claim.notebook):
@@ -1269,7 +1282,8 @@ def claim_row(claim: Claim, results: Path, finished: Mapping[str, bool] | None =
     except (ImportError, FileNotFoundError, KeyError, ValueError) as err:
         return {**base, **empty, "note": f"cannot compute yet: {type(err).__name__}: {err}"}
     return {**base, "estimate": est.estimate, "ci_low": est.ci_low, "ci_high": est.ci_high, "unit": est.unit,
-            "verdict": est.verdict, "mde": est.mde, "n": est.n, "note": est.note}
+            "verdict": est.verdict, "mde": est.mde, "n": est.n, "p": est.p, "family_size": est.family_size,
+            "n_clusters": est.n_clusters, "note": est.note}
 
 
 def claim_rows(results: Path, claims: Sequence[Claim] = CLAIMS) -> list[dict[str, Any]]:
@@ -1292,10 +1306,20 @@ def _num(x: float | None) -> str:
 
 
 def format_estimate(row: Mapping[str, Any]) -> str:
-    """``"+12.5 pp EM [+4.2, +20.8] (n 96)"``; ``"–"`` for a row not computed."""
+    """``"+12.5 pp EM [+4.2, +20.8] (n 96)"``; with the verdict's test when the row has one,
+    ``"-20.8 pp EM [-35.3, -5.91] (n 48; Holm p 0.1 over 8)"`` or ``"(n 20 in 2 clusters; p 0.5)"``: the interval
+    is unadjusted, so the p-value says why one that excludes 0 can still be undecided. ``"–"`` for a row not
+    computed."""
     if row["estimate"] is None:
         return "–"
-    n = f" (n {row['n']})" if row.get("n") is not None else ""
+    parts = []
+    if row.get("n") is not None:
+        clusters = row.get("n_clusters")
+        parts.append(f"n {row['n']}" + (f" in {clusters} clusters" if clusters is not None else ""))
+    if row.get("p") is not None:
+        size = row.get("family_size")
+        parts.append(f"Holm p {row['p']:.2g} over {size}" if size is not None and size > 1 else f"p {row['p']:.2g}")
+    n = f" ({'; '.join(parts)})" if parts else ""
     return f"{_num(row['estimate'])} {row['unit']} [{_num(row['ci_low'])}, {_num(row['ci_high'])}]{n}".replace(
         "  ", " ")
 
@@ -1319,7 +1343,11 @@ def claims_markdown(rows: Sequence[Mapping[str, Any]], *, link: Callable[[str], 
              "SAFE-KV's rules, and the questions beyond both, against this release of the suite (every notebook at "
              "its `default` preset on the embedded study model, `sur-lab release`). The *paper* column is the "
              "source's own figure on its models and hardware; *this suite* is the estimate with its interval from "
-             "this release's records, and the verdict comes from the decisions module. Generated by "
+             "this release's records, and the verdict comes from the decisions module. The interval is the "
+             "comparison's own 95 % interval, not adjusted for multiplicity; the p-value beside it is the one the "
+             "verdict reads (Holm-adjusted over the comparisons of its declared family, and counting clusters "
+             "rather than cases where the units cluster), which is why an interval that excludes 0 can still be "
+             "undecided. Generated by "
              "`sur_lab.runtime.claims`; nothing here is typed by hand.", "",
              "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".", ""]
     titles = {"paper": "The paper", "SAFE-KV": "SAFE-KV", "beyond the papers": "Beyond the papers"}
@@ -1342,7 +1370,7 @@ def claims_markdown(rows: Sequence[Mapping[str, Any]], *, link: Callable[[str], 
 
 
 CSV_COLUMNS = ("id", "source", "section", "claim", "paper", "notebook", "table", "estimate", "ci_low", "ci_high",
-               "unit", "verdict", "mde", "n", "note")
+               "unit", "verdict", "mde", "n", "p", "family_size", "n_clusters", "note")
 
 
 def claims_csv(rows: Sequence[Mapping[str, Any]]) -> str:
