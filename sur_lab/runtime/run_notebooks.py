@@ -9,8 +9,8 @@ Usage::
 Notebooks are found by glob, not a hand-kept list. Each notebook's smoke parameters live in its own metadata under
 ``sur_lab.smoke_parameters``. A default (non-smoke) suite run also applies each notebook's ``sur_lab.suite_parameters``
 metadata: how the suite runs it on a dedicated machine, without changing what it computes (notebook 02, a quality
-study whose records do not depend on concurrency, fans its sweep out over two Ray workers, and so does 08; their own
-default stays one).
+study whose records do not depend on concurrency, fans its sweep out over two Ray workers, and so do 08 and 09; their
+own default stays one).
 Parameters given with ``-p`` are passed only to notebooks that declare them and override both (``-p workers 1`` runs
 02 in one process); a ``-p`` NAME that no selected notebook declares is an error before anything runs, and so is a
 value of the wrong type or outside the range its parameters cell declares (``-p example_index -1``;
