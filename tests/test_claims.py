@@ -109,15 +109,20 @@ def test_computed_rows_need_a_finished_notebook(tmp_path):
     rows = cl.claim_rows(tmp_path, claims)
     assert rows[0]["verdict"] == "undecided at this size" and rows[0]["mde"] == 9.3
     assert cl.format_estimate(rows[0]) == "+12.5 pp EM [+4.2, +20.8] (n 96)"
-    assert cl.format_verdict(rows[0]) == "undecided at this size (smallest detectable: 9.3 pp EM)"
+    assert cl.format_verdict(rows[0]) == "undecided at this size (smallest separable: 9.3 pp EM)"
     assert rows[1]["verdict"] == cl.NOT_COMPUTED and "ImportError" in rows[1]["note"]
     assert rows[2]["verdict"] == cl.NOT_COMPUTED
     assert rows[2]["note"] == "09_stale_facts has not finished in this release"
     md = cl.claims_markdown(rows, link=lambda stem: f"../{stem}/")
     assert "| P1 | SUR beats Dense tokens. <small>(§5)</small> | 89.6 vs 7.3 % | +12.5 pp EM [+4.2, +20.8] (n 96) | " \
-           "undecided at this size (smallest detectable: 9.3 pp EM) | [`02`](../02_allocation_geometry/) " \
+           "undecided at this size (smallest separable: 9.3 pp EM) | [`02`](../02_allocation_geometry/) " \
            "`02_table12` |" in md
     assert md.index("## The paper") < md.index("## Beyond the papers")
+    # how each computed verdict was read, under its section's table; a not-computed row's reason stays in its cell
+    read = md.index("How each verdict was read:", md.index("## The paper"))
+    assert md.index("| P2 |") < read < md.index("## Beyond the papers")
+    assert "- **P1**: paired" in md[read:md.index("## Beyond the papers")]
+    assert "- **P2**" not in md and "- **B1**" not in md and md.count("How each verdict was read:") == 1
     with pytest.raises(ValueError, match="repeat the ids"):
         cl.claim_rows(tmp_path, claims + claims[:1])
 
@@ -262,7 +267,25 @@ def test_table14_and_ablation_rows(tmp_path):
     assert row["verdict"] == "undecided at this size" and "shown: Multiple local windows 5% vs SUR 5%" in row["note"]
     assert row["estimate"] == 0.0
     assert _row_of(results, "A9.3-3")["verdict"] == cl.NOT_COMPUTED  # no SUR variant ran
-    assert _row_of(results, "A9.3-3")["note"].startswith("none of the comparisons ran")
+    assert _row_of(results, "A9.3-3")["note"] == (f"the claim's joint arm ({cl.JOINT_ARM} 5%) did not run at this "
+                                                  "preset")
+
+
+def test_design_tie_reads_the_joint_arm_only(tmp_path):
+    """A9.3-3 is about the joint configuration: single-factor rows are context in the note, never the verdict (the
+    mean-aggregation factor separated from SUR by +50 pp does not make the joint tie 'not hold')."""
+    factor = _decided({("SUR[aggregation=mean] 5%", "SUR 5%"): (ONES, HALF)}, family="SUR's design factors")
+    results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_ablation": factor.assign(metric="em")})
+    row = _row_of(results, "A9.3-3")
+    assert row["verdict"] == cl.NOT_COMPUTED and row["estimate"] is None
+    assert row["note"].startswith(f"the claim's joint arm ({cl.JOINT_ARM} 5%) did not run at this preset; single "
+                                  "factors against SUR at 5 %: SUR[aggregation=mean] 5% vs SUR 5%: +50 pp EM [")
+    joint = _decided({("SUR[aggregation=mean] 5%", "SUR 5%"): (ONES, HALF),
+                      (f"{cl.JOINT_ARM} 5%", "SUR 5%"): (ONES, ONES)}, family="SUR's design factors")
+    results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_ablation": joint.assign(metric="em")})
+    row = _row_of(results, "A9.3-3")  # no margin is declared for the ablation family: a tie is never shown
+    assert row["verdict"] == "undecided at this size" and row["estimate"] == 0.0 and row["n"] == 48
+    assert "SUR[aggregation=mean] 5%" not in row["note"]
 
 
 def test_natural_qa_rows(tmp_path):
@@ -361,6 +384,15 @@ def test_threshold_claim_and_all_of():
     row = _decided({("a", "b"): (ONES, ZEROS)}, family="f").iloc[0].to_dict()
     assert cl.threshold_claim(row, 0.8, expect="greater", unit="pp").verdict == "holds"
     assert cl.threshold_claim(row, 0.95, expect="greater", unit="pp").verdict == "undecided at this size"
+    # an interval wholly below the threshold does not hold, whatever the p against 0 (P1: [-10, +6] pp against
+    # "over 80 pp", Holm p 1); just below with an upper end above it stays undecided
+    tie = _decided({("a", "b"): (HALF, HALF[::-1])}, family="f").iloc[0].to_dict()
+    assert tie["p_adj"] > 0.05 and tie["ci_high"] < 0.8
+    assert cl.threshold_claim(tie, 0.8, expect="greater", unit="pp").verdict == "does not hold"
+    assert cl.threshold_claim(tie, tie["ci_high"] + 1e-9, expect="greater", unit="pp").verdict == "does not hold"
+    assert cl.threshold_claim(tie, tie["ci_high"] - 1e-9, expect="greater", unit="pp").verdict == \
+        "undecided at this size"
+    assert cl.threshold_claim(tie, 0.8, expect="greater", unit="pp", decide_=False).verdict == "undecided at this size"
     est = cl.threshold_claim(row, 0.8, expect="greater", unit="pp", decide_=False)
     assert est.verdict == "undecided at this size" and est.estimate == 100.0
     holds = cl.Estimate(1.0, 0.5, 1.5, "pp", "holds")

@@ -301,7 +301,8 @@ def threshold_claim(row: Mapping[str, Any], threshold: float, *, expect: str, un
     """A claim about a difference's magnitude ("by over 80 pp"): ``sur_lab.analysis.decisions.judge`` of the
     decided row's interval and adjusted p against ``threshold`` (in the row's own unit, a fraction for binary
     endpoints) instead of 0, then :func:`decide`. "over 80 pp" holds when the row's p is significant and its whole
-    interval lies above 0.80; it does not hold when the interval lies below; otherwise it is undecided.
+    interval lies above 0.80; it does not hold when the whole interval lies below (the interval decides that alone:
+    the row's p tests 0, not the threshold); otherwise it is undecided.
 
     Raises:
         ValueError: naming ``row`` when it lacks ``estimate``, ``ci_low``, ``ci_high``; as :func:`decide`.
@@ -311,8 +312,14 @@ def threshold_claim(row: Mapping[str, Any], threshold: float, *, expect: str, un
         raise ValueError(f"row lacks {missing}")
     hib = row.get("higher_is_better", True)
     hib = hib if isinstance(hib, bool) else str(hib).strip().lower() != "false"
-    word = judge(row["estimate"], row["ci_low"], row["ci_high"], p_adj=_finite(row.get("p_adj")), null=threshold,
-                 higher_is_better=hib, n=row.get("n"), decide=decide_ and row.get("verdict") != NOT_DECIDED)
+    # The row's p tests the difference against 0, not against the threshold: it is needed before "holds" (a
+    # significant difference whose interval clears the threshold), not before "does not hold" (an interval wholly on
+    # the wrong side of the threshold, e.g. [-10, +6] pp against "over 80 pp"), which the interval alone decides.
+    low, high = _finite(row["ci_low"]), _finite(row["ci_high"])
+    wrong_side = low is not None and high is not None and (high < threshold if hib else low > threshold)
+    p_adj = None if wrong_side else _finite(row.get("p_adj"))
+    word = judge(row["estimate"], row["ci_low"], row["ci_high"], p_adj=p_adj, null=threshold, higher_is_better=hib,
+                 n=row.get("n"), decide=decide_ and row.get("verdict") != NOT_DECIDED)
     return decide(_scaled({**row, "verdict": word}, scale), expect=expect, unit=unit, note=note)
 
 
@@ -481,10 +488,24 @@ def _ablation(results: Path, methods: Sequence[str], budgets: Sequence[float], e
 
 
 def a93_3_design_tie(results: Path) -> Estimate:
-    """A9.3-3: mean aggregation and the prefix partial unit against SUR from 5 % up, each expected equivalent
-    (``02_ablation``; the ablation family declares no margin, so no tie can be shown: at best undecided)."""
-    return _ablation(results, ("SUR[aggregation=mean]", "SUR[partial_unit=prefix]", JOINT_ARM), (5.0,),
-                     "equivalent")
+    """A9.3-3: the joint arm (mean aggregation with the prefix partial unit, :data:`JOINT_ARM`) against SUR (top-four
+    aggregation, forward partial window) at 5 %, expected equivalent (``02_ablation``; the ablation family declares
+    no margin, so no tie can be shown: at best undecided). The claim is about that joint configuration, so a single
+    factor's row does not decide it.
+
+    Raises:
+        NotComputed: when the joint arm did not run (the default preset varies one factor at a time); the message
+            lists the single-factor rows that did, as context.
+    """
+    try:
+        return _ablation(results, (JOINT_ARM,), (5.0,), "equivalent")
+    except NotComputed:
+        try:
+            factors = _ablation(results, ("SUR[aggregation=mean]", "SUR[partial_unit=prefix]"), (5.0,), "equivalent")
+        except NotComputed:
+            factors = None
+        seen = "" if factors is None else f"; single factors against SUR at 5 %: {factors.note.split('. ', 1)[-1]}"
+        raise NotComputed(f"the claim's joint arm ({JOINT_ARM} 5%) did not run at this preset{seen}") from None
 
 
 def a93_4_boundaries(results: Path) -> Estimate:
@@ -1325,9 +1346,11 @@ def format_estimate(row: Mapping[str, Any]) -> str:
 
 
 def format_verdict(row: Mapping[str, Any]) -> str:
-    """The verdict, with the minimal detectable effect when undecided, or "not yet computed"."""
+    """The verdict, with the smallest separable difference when undecided (the comparison's ``mde``: the difference
+    whose units, all one way, would just reach significance at this size; not an 80 %-power effect), or "not yet
+    computed"."""
     if row["verdict"] == "undecided at this size" and row.get("mde") is not None:
-        return f"undecided at this size (smallest detectable: {abs(row['mde']):.3g} {row['unit']})"
+        return f"undecided at this size (smallest separable: {abs(row['mde']):.3g} {row['unit']})"
     return row["verdict"]
 
 
@@ -1347,7 +1370,10 @@ def claims_markdown(rows: Sequence[Mapping[str, Any]], *, link: Callable[[str], 
              "comparison's own 95 % interval, not adjusted for multiplicity; the p-value beside it is the one the "
              "verdict reads (Holm-adjusted over the comparisons of its declared family, and counting clusters "
              "rather than cases where the units cluster), which is why an interval that excludes 0 can still be "
-             "undecided. Generated by "
+             "undecided. \"Smallest separable\" beside an undecided verdict is the difference this size could "
+             "separate if every discordant unit went one way (the notebooks' power lines and results/README.md give "
+             "the minimal detectable effect at 80 % power, which is larger). Under each table, how each computed "
+             "verdict was read: the comparison, its family and the threshold or margin the claim needs. Generated by "
              "`sur_lab.runtime.claims`; nothing here is typed by hand.", "",
              "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".", ""]
     titles = {"paper": "The paper", "SAFE-KV": "SAFE-KV", "beyond the papers": "Beyond the papers"}
@@ -1366,6 +1392,9 @@ def claims_markdown(rows: Sequence[Mapping[str, Any]], *, link: Callable[[str], 
                      verdict, where]
             lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         lines.append("")
+        read = [f"- **{r['id']}**: {r['note']}" for r in chosen if r["verdict"] != NOT_COMPUTED and r.get("note")]
+        if read:
+            lines += ["How each verdict was read:", "", *read, ""]
     return "\n".join(lines)
 
 
