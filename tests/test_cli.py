@@ -206,7 +206,7 @@ def test_preset_parameters_come_from_the_notebook(tmp_path):
 
 def test_suite_parameters_only_set_how_a_notebook_runs():
     """Suite parameters may change how a notebook runs, never what it measures: only `workers`, only on notebooks
-    without timing endpoints (02, 08), each a declared parameter whose own default stays 1 (issue 14)."""
+    without timing endpoints (02, 08, 09), each a declared parameter whose own default stays 1 (issue 14)."""
     from sur_lab.runtime.run_notebooks import declared_parameters, notebooks, suite_parameters
 
     seen = {}
@@ -218,10 +218,11 @@ def test_suite_parameters_only_set_how_a_notebook_runs():
             assert declared[name]["default"] == "1", path.name
         if params:
             seen[path.name] = params
-    assert seen == {"02_allocation_geometry.ipynb": {"workers": 2}, "08_evidence_location.ipynb": {"workers": 2}}
+    assert seen == {"02_allocation_geometry.ipynb": {"workers": 2}, "08_evidence_location.ipynb": {"workers": 2},
+                    "09_stale_facts.ipynb": {"workers": 2}}
     from sur_lab.studies import get_study
 
-    for name in ("niah", "evidence-location"):  # a fanned-out study must not time anything
+    for name in ("niah", "evidence-location", "stale-facts"):  # a fanned-out study must not time anything
         assert "timed_sources" not in get_study(name).presets["default"], name
 
 
