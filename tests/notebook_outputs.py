@@ -698,6 +698,8 @@ EXPECTED: dict[str, Expected] = {
                                 rows=lambda p: 2 * 5, not_null=("estimate", "delta")),
             "08_findings": Table(columns=("finding", "rule", "verdict", "evidence", "reproduced"), rows=lambda p: 3,
                                  check=_evidence_findings),
+            # the preregistered primary decided: what the results index's sizes table reads its verdict from
+            "08_decided": Table(columns=DECIDED, rows=lambda p: 1, not_null=("a", "b", "verdict"), check=_decided),
         },
     ),
     "06_noprefix_reuse": Expected(
@@ -742,6 +744,9 @@ EXPECTED: dict[str, Expected] = {
                                                 rows=_noprefix_workloads, check=_operating_rule),
             "06_noprefix_design_ledger": Table(columns=("experiment", "key_result", "verdict", "criterion"),
                                                rows=lambda p: 11, not_null=("key_result",), check=_noprefix_ledger),
+            # the ledger's paired comparisons decided, the primary (donor-copy as a proxy) first: the claims table's
+            # S10 and the sizes table read it
+            "06_noprefix_decided": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
         },
     ),
     "07_agent_session": Expected(
@@ -814,6 +819,7 @@ EXPECTED: dict[str, Expected] = {
             "10_agent_traces_summary": Table(
                 columns=("path", "turns", "ttft_ms", "agree_pct", "em_pct", "cost_ratio", "time_ratio"),
                 rows=_trace_paths, not_null=("agree_pct", "cost_ratio")),
+            "10_agent_traces_decided": Table(columns=DECIDED, not_null=("a", "b", "verdict"), check=_decided),
         },
     ),
 }

@@ -17,6 +17,7 @@ import pytest
 from sur_lab.analysis.decisions import paired_family, proportion_interval
 from sur_lab.runtime import claims as cl
 from sur_lab.runtime.run_notebooks import notebooks
+from sur_lab.studies.noprefix import decided_table
 
 STEMS = {p.stem for p in notebooks("*")}
 
@@ -475,6 +476,32 @@ def test_noprefix_rows(tmp_path):
     results = _results(tmp_path, {"06_noprefix_operating_rule": rule})
     assert _row_of(results, "S9")["verdict"] == "undecided at this size"
     assert _row_of(results, "S7")["note"].startswith("three parts")
+
+
+
+def _donor_runs(donor_kept: int, n: int = 16) -> pd.DataFrame:
+    """Per-request rows of suffix K1 (risk): forwarding preserves half of ``n`` requests, donor-copy the first
+    ``donor_kept`` (each request its own source)."""
+    rows = [{"label": "Suffix K1 · risk", "protocol": proto, "case_id": f"hotpotqa/s{i}/W", "dataset": "hotpotqa",
+             "source_id": f"s{i}", "preserved": kept}
+            for i in range(n) for proto, kept in (("forward", i < n // 2), ("donor", i < donor_kept))]
+    return pd.DataFrame(rows)
+
+
+def test_s10_reads_the_donor_proxy_row_of_the_saved_decided_table(tmp_path):
+    # Donor-copy preserves 16 of 16, forwarding 8 of 16: +50 pp, 8 discordant pairs all one way (sign p 0.0078), so
+    # donor-copy overstates forwarding: S10 holds, with the table's numbers in pp.
+    table = decided_table(_donor_runs(16), seed=0)
+    s10 = _row_of(_results(tmp_path, {"06_noprefix_decided": table}), "S10")
+    assert s10["verdict"] == "holds" and s10["estimate"] == pytest.approx(50.0) and s10["n"] == 16
+    assert s10["ci_low"] == pytest.approx(table.iloc[0].delta_low) and s10["ci_high"] == pytest.approx(
+        table.iloc[0].delta_high)
+    # Donor-copy preserves exactly forwarding's requests: no discordant pair, undecided (never "holds" on a tie).
+    same = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(8), seed=0)}), "S10")
+    assert same["verdict"] == "undecided at this size" and same["estimate"] == 0.0
+    # Donor-copy below forwarding (0 of 16 against 8): the claim does not hold.
+    below = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(0), seed=0)}), "S10")
+    assert below["verdict"] == "does not hold"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

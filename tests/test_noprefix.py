@@ -10,15 +10,19 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from sur_lab.analysis.decisions import COLUMNS, DIFF_COLUMNS
 from sur_lab.answer import answer
 from sur_lab.answer import greedy_answer
 from sur_lab.budget import Support
 from sur_lab.studies.noprefix import build_caches, compose_tokens, composition_edit
 from sur_lab.studies.noprefix import (
+    DONOR_PROXY,
+    LEDGER,
     RepairMethod,
     RepairSpec,
     adaptive_suffix_support,
     answers_agree,
+    decided_table,
     design_ledger,
     composed_case,
     document_support,
@@ -247,6 +251,34 @@ def test_design_ledger_verdicts():
         "Risk score vs measured document drift", "verdict"] == "not shown"  # rho 0.6 is not shown >= 0.5
     assert (design_ledger(pooled, runs=runs, drift=drift, decide=False)["verdict"]
             .isin(["not decided", "not run"])).all()
+
+
+def test_decided_table_holds_the_ledgers_decisions():
+    # Donor-copy preserves 16 of 16 requests of suffix K1 (risk), forwarding 8 of 16 (8 discordant pairs, all one way:
+    # exact sign p = 2 * 0.5^8 < 0.05), so the proxy is shown *not* equivalent: "beats" in the table, "did not" in the
+    # ledger. w4 against the suffix: 3 of 16 vs 8 of 16, 5 discordant pairs one way, not separated under Holm.
+    n = 16
+    rows = records("Suffix K1 · risk", [True] * 8 + [False] * 8, [True] * n, 0.7, 35.0, 50.0)
+    rows += records("Suffix K1 · risk", [True] * n, [True] * n, 0.7, 35.0, 50.0, protocol="donor")
+    rows += records("w4 K1 · risk", [True] * 3 + [False] * 13, [True] * n, 0.6, 30.0, 50.0, unit="window")
+    runs = pd.DataFrame(rows)
+    table = decided_table(runs, budgets=[50], seed=3)
+    assert list(table.columns) == [*COLUMNS, *DIFF_COLUMNS]
+    assert list(table["family"]) == [DONOR_PROXY.name, LEDGER.name]  # the primary first, then the ledger's pairs
+    donor, w4 = table.iloc[0], table.iloc[1]
+    assert (donor["a"], donor["b"], donor["n"], donor["n_discordant"]) == ("donor", "forward", n, 8)
+    assert donor["delta"] == pytest.approx(50.0) and donor["unit"] == "pp" and donor["verdict"] == "beats"
+    assert donor["p"] == pytest.approx(2 * 0.5 ** 8)
+    assert (w4["a"], w4["b"], w4["n_discordant"]) == ("w4 K1 · risk", "Suffix K1 · risk", 5)
+    assert w4["delta"] == pytest.approx(-100 * 5 / n) and w4["verdict"] == "not separated"
+    # The ledger words the same decisions.
+    ledger = design_ledger(summarize(runs, by=("label", "protocol")), runs=runs, seed=3).set_index("experiment")
+    assert ledger.loc["Donor-copy vs actual forwarding (suffix K1, risk)", "verdict"] == "did not"
+    assert ledger.loc["Downstream window w4 vs suffix K1 (risk, same start)", "verdict"] == "not separated"
+    assert set(decided_table(runs, decide=False)["verdict"]) == {"not decided"}
+    assert decided_table(runs.iloc[:0]).empty
+    with pytest.raises(ValueError, match="proxy_margin"):
+        decided_table(runs, proxy_margin=0.0)
 
 
 def test_answers_agree_normalizes():

@@ -161,7 +161,7 @@ def test_stale_facts_report_and_conclusion(lm, tmp_path):
 
 def test_evidence_location_report_and_conclusion(lm, tmp_path):
     study, records, p, report = _swept(lm, "evidence-location", tmp_path, max_new_tokens=2, datasets=["hotpotqa"])
-    assert set(report.tables) == {"results", "table15", "table16", "gaps", "findings"}
+    assert set(report.tables) == {"results", "table15", "table16", "gaps", "findings", "decided"}
     table = report.tables["results"]
     arms = len(p["references"]) + int(p["fixed_slot"]) + len(p["allocators"]) * len(p["budgets"])
     assert len(table) == len(records) == p["sources_per_dataset"] * 4 * arms  # sources x cells x arms
@@ -181,6 +181,15 @@ def test_evidence_location_report_and_conclusion(lm, tmp_path):
     expected = float((g["downstream"] - g["upstream"]).groupby("source_id").mean().mean())
     assert side.n == side.n_clusters == p["sources_per_dataset"] and expected != 0.0
     assert side.estimate == pytest.approx(expected, rel=1e-12, abs=1e-15) and side.delta == side.estimate
+    # The decided table: the primary's one row, Table 15's numbers, the verdict the "NLL side contrast null" finding
+    # words.
+    decided = report.tables["decided"]
+    _check_decided(decided)
+    assert list(decided.family) == [study.primary.name] and list(decided.columns) == [*COLUMNS, *DIFF_COLUMNS]
+    row = decided.iloc[0]
+    np.testing.assert_array_equal([row.estimate, row.ci_low, row.ci_high, row.n],  # NaN where 1 source: equal
+                                  [side.estimate, side.ci_low, side.ci_high, side.n])
+    assert row.unit == "nats" and findings.iloc[0].verdict.startswith(row.verdict)
     text = _check_conclusion(study, records, p, "NLL side contrast", "findings",
                              undecided=("not decided at this size",))
     assert text.count("\n") == len(findings) - 1
@@ -188,7 +197,7 @@ def test_evidence_location_report_and_conclusion(lm, tmp_path):
 
 def test_noprefix_report_and_conclusion(lm, tmp_path):
     study, records, p, report = _swept(lm, "noprefix", tmp_path, max_new_tokens=2, n_sources=[1], timed_sources=1)
-    assert set(report.tables) == {"runs", "summary", "ledger"}
+    assert set(report.tables) == {"runs", "summary", "ledger", "decided"}
     runs, summary, ledger = report.tables["runs"], report.tables["summary"], report.tables["ledger"]
     assert len(runs) == len(records)
     assert {"workload", "label", "protocol", "n", "n_preserved", "preservation", "ci_low", "ci_high"} <= set(
@@ -201,6 +210,14 @@ def test_noprefix_report_and_conclusion(lm, tmp_path):
     assert list(ledger.columns) == ["experiment", "key_result", "verdict", "criterion"]
     assert set(ledger.verdict) <= {"worked", "did not", "not separated", "not shown", "not run", "not decided"}
     assert "Donor-copy vs actual forwarding (suffix K1, risk)" in set(ledger.experiment)
+    # The decided table: the primary (donor minus forward preservation of suffix K1, risk) first, recomputed here.
+    decided = report.tables["decided"]
+    _check_decided(decided)
+    primary = decided.iloc[0]
+    assert primary.family == study.primary.name and (primary.a, primary.b) == ("donor", "forward")
+    k1 = runs[runs.label == "Suffix K1 · risk"].pivot_table(index="case_id", columns="protocol", values="preserved")
+    assert primary.n == len(k1) > 0
+    assert primary.delta == pytest.approx(100 * (k1["donor"].astype(float) - k1["forward"].astype(float)).mean())
     _check_conclusion(study, records, p, "Donor-copy vs actual forwarding", "ledger",
                       undecided=(NOT_DECIDED, "not shown", "not run"))
 
@@ -210,7 +227,7 @@ def test_agent_traces_report_and_conclusion(lm, tmp_path):
     study, runs, p, report = _swept(lm, "agent-traces", tmp_path, **kw)
     paths = [path.label for path in study.methods(p)]
     assert len(runs) == p["n_traces"] * p["turns"] * len(paths)  # traces x turns x paths
-    assert set(report.tables) == {"summary", "regions", "kinds"}
+    assert set(report.tables) == {"summary", "regions", "kinds", "decided"}
     summary = report.tables["summary"]
     assert list(summary.columns) == ["path", "turns", "ttft_ms", "agree_pct", "em_pct", "total_recomputed",
                                      "total_ttft_ms", "cost_ratio", "time_ratio"]
@@ -223,7 +240,11 @@ def test_agent_traces_report_and_conclusion(lm, tmp_path):
     assert got.loc["re-prefill", "cost_ratio"] == 1.0
     assert got.loc["sync 5%", "cost_ratio"] == pytest.approx(
         runs[runs.path == "sync 5%"].recomputed.sum() / runs[runs.path == "re-prefill"].recomputed.sum())
-    _check_conclusion(study, runs, p, "sync 5% vs prefix reuse", None)  # its families are in the lines only
+    decided = report.tables["decided"]
+    _check_decided(decided)
+    assert decided.iloc[0].family == study.primary.name and decided.iloc[0].unit == "x"
+    assert (decided.iloc[0].a, decided.iloc[0].b) == ("sync 5%", "prefix reuse")
+    _check_conclusion(study, runs, p, "sync 5% vs prefix reuse", "decided")
 
     # Planted agreement: sync 5% loses re-prefill's answer on the last turn only.
     planted = runs.assign(agree=~((runs.path == "sync 5%") & (runs.turn == runs.turn.max())))

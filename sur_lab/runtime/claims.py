@@ -60,6 +60,7 @@ from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY
 from sur_lab.studies.evidence_location import COMPLETE_REPLAY, FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
 from sur_lab.studies.natural_qa import LATENCY, PRIMARY, REFERENCE_FAMILY
 from sur_lab.studies.niah import BOUNDARY_CONTROLS, JOINT_ARM, MATCHED
+from sur_lab.studies.noprefix import DONOR_PROXY
 from sur_lab.studies.presets import lead_endpoint
 from sur_lab.studies.stale_facts import EM_FAMILY, STALE_FAMILY
 
@@ -848,6 +849,17 @@ def s6_adaptive_drifts(results: Path) -> Estimate:
     return _ledger(results, "Adaptive suffix")
 
 
+def s10_donor_overstates(results: Path) -> Estimate:
+    """S10: donor-copy minus actual forwarding of suffix K1 (risk) in answer preservation, above 0: the primary row of
+    ``06_noprefix_decided`` (:func:`sur_lab.studies.noprefix.decided_table`, family ``DONOR_PROXY``: paired over
+    requests, sources clustered). "Beats" holds; "loses to" does not; equivalence within the family's margin or no
+    separation leaves it undecided (:func:`~sur_lab.analysis.decisions.claim_verdict`)."""
+    df = read_table(results, "06_noprefix_decided")
+    row = _row(df, "06_noprefix_decided", "donor-copy vs actual forwarding", family=DONOR_PROXY.name)
+    return decide(_scaled(row, 100.0), expect="greater", unit="pp preservation",
+                  note="donor-copy minus actual forwarding (suffix K1, risk); requests paired, sources clustered")
+
+
 def s9_full_prefill_everywhere(results: Path) -> Estimate:
     """S9: the operating rule (``06_noprefix_operating_rule``) serves every workload by full prefill. A workload
     served by a repair path (shown faster and shown to preserve enough) refutes it; the rule falls back to full prefill
@@ -1244,8 +1256,7 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "S8": (_unavailable("the position sweep (06_noprefix_position_sweep) is descriptive: no declared "
                         "comparison across evidence positions"), None),
     "S9": (s9_full_prefill_everywhere, None),
-    "S10": (_unavailable("the ledger's donor-copy row decides equivalence within ±5 points: its 'did not' does not "
-                         "say in which direction donor copy errs, and the paired row is not saved"), None),
+    "S10": (s10_donor_overstates, "06_noprefix_decided"),
     "B6": (b6_sync_answers_alike, "10_agent_traces_runs"),
     "B7": (b7_sync_faster_early, "10_agent_traces_runs"),
     "B8": (b8_debt_narrows, "07_agent_session_decided"),

@@ -170,7 +170,9 @@ def _later_wide(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def primary_table(runs: pd.DataFrame, *, sync: str = "sync 5%", clustered: bool = True, decide: bool = True,
                   n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
-    """The declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family` rows, in this order):
+    """The declared comparisons, decided (:func:`sur_lab.analysis.decisions.paired_family` rows with each difference in
+    its printed unit, :func:`~sur_lab.analysis.decisions.in_units`: the paired-difference schema that notebook 10
+    saves as ``10_agent_traces_decided`` and the results index reads the primary's verdict from; in this order):
     :data:`PRIMARY` (prefix reuse's TTFT over ``sync``'s on every later turn, tested alone), :data:`AGREEMENT_FAMILY`
     (``sync`` − prefix reuse, agreement with re-prefill on the later turns of a :data:`REACHING` kind, equivalence
     within :data:`AGREEMENT_MARGIN`), :data:`KIND_FAMILY` (the same per question kind, Holm) and
@@ -216,12 +218,12 @@ def primary_table(runs: pd.DataFrame, *, sync: str = "sync 5%", clustered: bool 
         tables.append(family(KIND_FAMILY, kinds, agree, lambda g: f" ({g})"))
     if regions:
         tables.append(family(REGION_FAMILY, regions, times, lambda g: f" ({g})"))
-    return pd.concat(tables, ignore_index=True)
+    return in_units(pd.concat(tables, ignore_index=True))
 
 
 def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame, *, sync: str = "sync 5%",
                kinds: pd.DataFrame | None = None, max_agreement_loss: float = MAX_AGREEMENT_LOSS, decide: bool = True,
-               n_boot: int = 10_000, seed: int = 0) -> list[str]:
+               n_boot: int = 10_000, seed: int = 0, decided: pd.DataFrame | None = None) -> list[str]:
     """The conclusion's sentences from this run's tables, with every verdict from :mod:`sur_lab.analysis.decisions`:
     per region of the first change the path with the lowest median TTFT (a point estimate, the selection named) and
     ``sync``'s numbers against prefix reuse; per question kind ``sync``'s, Shift's and prefix reuse's agreement with
@@ -239,6 +241,8 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
         max_agreement_loss: the agreement loss tolerated by the per-region bounds, a fraction in [0, 1].
         decide: ``False`` at a plumbing-check size (``decisions.decides(preset)``).
         n_boot, seed: as :func:`sur_lab.analysis.decisions.paired_family`.
+        decided: :func:`primary_table` of ``runs`` at the same ``sync``, ``decide``, ``n_boot`` and ``seed``, when
+            already computed (default: computed here).
 
     Raises:
         ValueError: naming ``sync`` when it is not a path of the tables, ``max_agreement_loss`` outside [0, 1].
@@ -276,7 +280,8 @@ def conclusion(regions: pd.DataFrame, summary: pd.DataFrame, runs: pd.DataFrame,
                 f"%): agreement with re-prefill {sync} {t.loc[sync, 'agree_pct']:.0f} %{shift}, prefix reuse "
                 f"{t.loc[PREFIX, 'agree_pct']:.0f} %; EM re-prefill {t.loc[REFERENCE, 'em_pct']:.0f} %, {sync} "
                 f"{t.loc[sync, 'em_pct']:.0f} %.")
-    decided = primary_table(runs, sync=sync, decide=decide, n_boot=n_boot, seed=seed)
+    if decided is None:
+        decided = primary_table(runs, sync=sync, decide=decide, n_boot=n_boot, seed=seed)
     lines += family_lines(decided, what="turns", clusters="traces")
     wide, meta = _later_wide(runs)
     fam = decided[decided["family"] == REGION_FAMILY.name]

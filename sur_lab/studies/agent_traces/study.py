@@ -18,7 +18,7 @@ from sur_lab.executors import get_executor
 from sur_lab.fingerprint import digest
 from sur_lab.studies.agent_traces.cases import _check_datasets, build_traces
 from sur_lab.studies.agent_traces.design import AGREEMENT_FAMILY, KIND_FAMILY, PRIMARY, REGION_FAMILY
-from sur_lab.studies.agent_traces.report import conclusion, kind_table, region_table, summary_table
+from sur_lab.studies.agent_traces.report import conclusion, kind_table, primary_table, region_table, summary_table
 from sur_lab.studies.agent_traces.run import TracePath, _fingerprint, add_cumulative, default_paths, run_trace
 from sur_lab.studies.base import Report, Study
 from sur_lab.sweeps.store import SweepStore
@@ -108,13 +108,16 @@ class AgentTracesStudy(Study):
 
     def report(self, runs: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True) -> Report:
         """The per-turn summary (:func:`summary_table`), the region and question-kind tables (:func:`region_table`,
-        :func:`kind_table`) and the conclusion lines (:func:`conclusion`, on the 5 % sync path when it ran, else the
-        first budget's)."""
+        :func:`kind_table`), the declared comparisons decided (``"decided"``: :func:`primary_table`, the primary
+        first) and the conclusion lines (:func:`conclusion`), all on the 5 % sync path when it ran, else the first
+        budget's."""
         budgets = p["budgets"]
         lead = f"sync {5 if 5 in budgets else budgets[0]:g}%"
         summary, regions, kinds = summary_table(runs), region_table(runs), kind_table(runs)
-        return Report(tables={"summary": summary, "regions": regions, "kinds": kinds},
-                      conclusion=conclusion(regions, summary, runs, sync=lead, kinds=kinds, decide=decide))
+        decided = primary_table(runs, sync=lead, decide=decide)
+        return Report(tables={"summary": summary, "regions": regions, "kinds": kinds, "decided": decided},
+                      conclusion=conclusion(regions, summary, runs, sync=lead, kinds=kinds, decide=decide,
+                                            decided=decided))
 
     def run(self, lm, traces: Sequence[dict], p: Mapping[str, Any], where: Path, *, seed: int = 0,
             executor: str = "packed", threads: int | None = None, progress: bool = True, **_: Any) -> pd.DataFrame:

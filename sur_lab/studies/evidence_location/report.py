@@ -39,7 +39,7 @@ from sur_lab.studies.evidence_location.cases import CELLS
 __all__ = ["SECONDARY_FAMILY", "NLL_SIDE_MARGIN", "FIXED_SLOT_SHARE", "FIXED_SLOT_LABEL", "COMPLETE_REPLAY",
            "UNIT_KEYS", "CELL_KEYS", "em_stratum", "contrast_table", "table15", "FIDELITY_ENDPOINTS", "results_table",
            "advantage", "factorial_table", "table16", "slot_gap_table", "cell_means", "plot_cells",
-           "min_separable_sources", "margin_sizing", "findings"]
+           "min_separable_sources", "margin_sizing", "nll_side_decision", "findings"]
 
 #: The pooled secondary family corrected by Holm (appendix 10.2); the primary hypothesis is the NLL side contrast.
 SECONDARY_FAMILY = ("NLL tail", "NLL interaction", "EM side", "EM tail", "EM interaction")
@@ -414,6 +414,27 @@ def margin_sizing(estimate: float, tost_low: float, tost_high: float, n_sources:
             "estimate and the spread per source held")
 
 
+def nll_side_decision(t15: pd.DataFrame, *, alpha: float = 0.05, decide: bool = True) -> tuple[pd.Series | None, str]:
+    """The preregistered primary decided (issue 36): complete replay's NLL side contrast (Table 15's ``Replay``,
+    ``NLL side`` row), tested alone, "equivalent" when its 90 % interval lies inside ±:data:`NLL_SIDE_MARGIN`
+    (:func:`sur_lab.analysis.decisions.judge`). The one rule :func:`findings` words and the study's decided table
+    (:func:`sur_lab.studies.evidence_location.study.decided_table`) records.
+
+    Args:
+        t15: :func:`factorial_table`. alpha: the level. decide: ``False`` at a plumbing-check size.
+
+    Returns:
+        ``(row, verdict)``: the Table 15 row (``None`` when it is missing or has no source) and one of
+        :data:`sur_lab.analysis.decisions.VERDICTS` ("n/a" without a row, "not decided" without ``decide``).
+    """
+    sel = t15[(t15["condition"] == COMPLETE_REPLAY) & (t15["hypothesis"] == "NLL side")]
+    r = sel.iloc[0] if len(sel) else None
+    if r is None or not r.n_clusters:
+        return None, (NA if decide else NOT_DECIDED)
+    return r, judge(r.estimate, r.ci_low, r.ci_high, p_adj=r.p, alpha=alpha, tost=(r.tost_low, r.tost_high),
+                    margin=NLL_SIDE_MARGIN.value, n=int(r.n), decide=decide)
+
+
 def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = None, *, alpha: float = 0.05,
              decide: bool = True) -> pd.DataFrame:
     """The paper's three findings (appendix 10.2-10.3), each judged on this run's tables by a rule declared here
@@ -461,13 +482,11 @@ def findings(t15: pd.DataFrame, t16: pd.DataFrame, gaps: pd.DataFrame | None = N
         return sources(r.n_clusters) + (f" ({units} source-model units)" if units != r.n_clusters else "")
 
     out = []
-    r = pick(t15, COMPLETE_REPLAY, hypothesis="NLL side")
+    r, v = nll_side_decision(t15, alpha=alpha, decide=decide)
     m = NLL_SIDE_MARGIN.value
-    if r is None or not r.n_clusters:
-        v, evidence = (NA if decide else NOT_DECIDED), "n/a"
+    if r is None:
+        evidence = "n/a"
     else:
-        v = judge(r.estimate, r.ci_low, r.ci_high, p_adj=r.p, alpha=alpha, tost=(r.tost_low, r.tost_high), margin=m,
-                  n=int(r.n), decide=decide)
         tost = ("no 90 % interval" if pd.isna(r.tost_low) else
                 f"90 % CI {r.tost_low:+.4g} to {r.tost_high:+.4g} against ±{m:g} nats")
         evidence = f"{ci(r)}, {tost}, p {r.p:.3g}, over {over(r)}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from sur_lab.analysis.decisions import Family, PowerBasis, PowerDesign, sd_from_interval
+from sur_lab.analysis.decisions import ALPHA, COLUMNS, DIFF_COLUMNS, Family, PowerBasis, PowerDesign, sd_from_interval
 from sur_lab.edits import EditedContext
 from sur_lab.paths import atomic_path
 from sur_lab.repair import repair
@@ -32,6 +32,7 @@ from sur_lab.studies.evidence_location.report import (
     NLL_SIDE_MARGIN,
     factorial_table,
     findings,
+    nll_side_decision,
     results_table,
     slot_gap_table,
     table16,
@@ -40,7 +41,7 @@ from sur_lab.studies.evidence_location.sources import Geometry, _geometries
 from sur_lab.sweeps import make_scorer
 
 __all__ = ["PRESETS", "NAME", "NOTEBOOK", "FOLDER", "FIXED", "PRIMARY_FAMILY", "PRIMARY_POWER",
-           "PAPER_FEASIBLE_SHARE", "SECONDARY", "FIXED_SLOT_FAMILY", "FixedSlotRefresh", "POWER",
+           "PAPER_FEASIBLE_SHARE", "SECONDARY", "FIXED_SLOT_FAMILY", "FixedSlotRefresh", "POWER", "decided_table",
            "EvidenceLocationStudy", "STUDY", "PANEL_FILE", "ANALYSIS_PARAMS", "FEASIBLE", "EXCLUDED", "NOT_EXAMINED",
            "panel_record", "write_panel_file", "read_panel_file"]
 
@@ -151,6 +152,42 @@ POWER = PowerDesign("complete replay's NLL side contrast vs 0", PRIMARY_FAMILY, 
                     lambda p: _power_sources(p), what="sources")
 
 
+def decided_table(t15: pd.DataFrame, *, alpha: float = ALPHA, decide: bool = True) -> pd.DataFrame:
+    """The preregistered primary decided, in the paired-difference schema of the studies' decided tables
+    (:data:`sur_lab.analysis.decisions.COLUMNS` then :data:`~sur_lab.analysis.decisions.DIFF_COLUMNS`): one row of
+    :data:`PRIMARY_FAMILY`, complete replay's NLL side contrast against 0 (nats), its numbers from Table 15's row and
+    its verdict :func:`~sur_lab.studies.evidence_location.report.nll_side_decision`'s (the rule the "NLL side contrast
+    null" finding words). Notebook 08 saves it as ``08_decided``; the results index reads the primary's verdict from
+    it.
+
+    Args:
+        t15: :func:`~sur_lab.studies.evidence_location.report.factorial_table`. alpha: the level.
+        decide: ``False`` at a plumbing-check size ("not decided").
+
+    Returns:
+        One row: ``family`` :data:`PRIMARY_FAMILY`'s name, ``comparison`` :data:`POWER`'s words, ``a`` "Replay",
+        ``b`` "0", ``kind`` "continuous", ``adjust`` "none", the estimate with its 95 % and 90 % (TOST) intervals,
+        ``p`` = ``p_adj`` (tested alone), ``n`` and ``n_clusters`` (source-model units, sources), the margin (nats),
+        ``mde`` NaN (a bootstrap contrast states none), ``verdict``, and ``delta`` ... ``unit`` "nats". NaN numbers
+        and "n/a" ("not decided" without ``decide``) when Table 15 has no such row or no source.
+    """
+    r, verdict = nll_side_decision(t15, alpha=alpha, decide=decide)
+    nan = float("nan")
+
+    def num(col: str, default: float = nan) -> float:
+        return default if r is None else float(r[col])
+
+    row = {"family": PRIMARY_FAMILY.name, "comparison": POWER.comparison, "a": COMPLETE_REPLAY, "b": "0",
+           "kind": PRIMARY_FAMILY.kind, "adjust": PRIMARY_FAMILY.adjust, "estimate": num("estimate"),
+           "ci_low": num("ci_low"), "ci_high": num("ci_high"), "tost_low": num("tost_low"),
+           "tost_high": num("tost_high"), "p": num("p"), "p_adj": num("p"), "n": int(num("n", 0)),
+           "n_clusters": int(num("n_clusters", 0)), "n_discordant": nan, "family_size": 1, "alpha": alpha,
+           "margin": NLL_SIDE_MARGIN.value, "margin_source": NLL_SIDE_MARGIN.source, "higher_is_better": True,
+           "mde": nan, "verdict": verdict, "delta": num("estimate"), "delta_low": num("ci_low"),
+           "delta_high": num("ci_high"), "delta_mde": nan, "unit": "nats"}
+    return pd.DataFrame([row], columns=[*COLUMNS, *DIFF_COLUMNS])
+
+
 class EvidenceLocationStudy(Study):
     """The preregistered evidence-location experiment (notebook 08): every cell x methods x budgets, answers scored by
     the dataset rules (:func:`sur_lab.sweeps.make_scorer`), every record with the endpoints of issue 25. No case is
@@ -223,8 +260,8 @@ class EvidenceLocationStudy(Study):
         word = {True: "reproduced", False: "not reproduced", None: "undecided"}
         lines = [f"- {r.finding}: {word[r.reproduced]}, {r.verdict} ({r.rule}): {r.evidence}"
                  for r in verdicts.itertuples()]
-        return Report(tables={"results": table, "table15": t15, "table16": t16, "gaps": gaps, "findings": verdicts},
-                      conclusion=lines)
+        return Report(tables={"results": table, "table15": t15, "table16": t16, "gaps": gaps, "findings": verdicts,
+                              "decided": decided_table(t15, decide=decide)}, conclusion=lines)
 
 
 STUDY = EvidenceLocationStudy()

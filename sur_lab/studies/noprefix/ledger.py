@@ -18,6 +18,8 @@ import pandas as pd
 from sur_lab.analysis.conclusions import paired_outcomes
 from sur_lab.analysis.decisions import (
     BEATS,
+    COLUMNS,
+    DIFF_COLUMNS,
     HOLDS,
     Family,
     Margin,
@@ -26,6 +28,7 @@ from sur_lab.analysis.decisions import (
     best_of,
     bound_claim,
     discordance_from_interval,
+    in_units,
     paired_family,
     proportion_interval,
     ratio_verdict,
@@ -209,6 +212,90 @@ _LEDGER_WORDS = {"beats": "worked", "equivalent": "worked", "loses to": "did not
                  "not shown": "not shown"}
 
 
+def _ledger_labels(budgets: Sequence[float]) -> dict[str, str]:
+    """Key -> the run label of each route the ledger reads; the adaptive and SUR routes at the largest budget run."""
+    b = max(budgets) if budgets else None
+    return {"comp": "Prefix composition", "doc": "Doc K2 · oracle", "w4": "w4 K1 · risk", "suf1": "Suffix K1 · risk",
+            "suf2": "Suffix K2 · risk", "link": "Linked K2 · oracle", "osuf": "Suffix K1 · oracle",
+            "ada": f"Adaptive K2 {b:g}% · risk" if b is not None else "",
+            "sur": f"SUR {b:g}%" if b is not None else "",
+            "qsuf": "Suffix K2 · query", "hsuf": "Suffix K2 · hybrid"}
+
+
+#: The :data:`LEDGER` family's comparisons: ledger key -> (route, the route it is compared with), keys of
+#: :func:`_ledger_labels`.
+_LEDGER_PAIRS = {"w4": ("w4", "suf1"), "link": ("link", "osuf"), "ada": ("ada", "suf2"), "sur": ("sur", "ada"),
+                 "query": ("qsuf", "suf2"), "hybrid-query": ("hsuf", "qsuf"), "hybrid-risk": ("hsuf", "suf2")}
+
+
+def _sources(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with ``_p`` (preserved, float) and ``_src`` (the cluster: dataset/source)."""
+    return runs.assign(_p=runs["preserved"].astype(float),
+                       _src=runs["dataset"].astype(str) + "/" + runs["source_id"].astype(str))
+
+
+def _ledger_family(runs: pd.DataFrame | None, labels: Mapping[str, str], *, seed: int,
+                   decide: bool) -> pd.DataFrame | None:
+    """:data:`LEDGER` decided on the forwarded requests of ``runs`` (:func:`paired_family` rows), ``None`` when no
+    pair ran."""
+    if runs is None or runs.empty:
+        return None
+    fwd = _sources(runs[runs["protocol"] == "forward"])
+    wanted = [(labels[x], labels[y]) for x, y in _LEDGER_PAIRS.values()]
+    outcomes, clusters = paired_outcomes(fwd, wanted, "_p", arm_col="label", case_col="case_id", cluster_col="_src")
+    if not outcomes:
+        return None
+    return paired_family(outcomes, family=LEDGER, cluster=clusters, seed=seed, decide=decide)
+
+
+def _donor_family(runs: pd.DataFrame, margin: float, *, seed: int, decide: bool) -> pd.DataFrame:
+    """:data:`DONOR_PROXY` decided: donor minus forward preservation of suffix K1 (risk), paired over requests, the
+    sources clustered, equivalence within ``±margin`` (one :func:`paired_family` row)."""
+    sub = _sources(runs[runs["label"] == "Suffix K1 · risk"])
+    outcomes, clusters = paired_outcomes(sub, [("donor", "forward")], "_p", arm_col="protocol", case_col="case_id",
+                                         cluster_col="_src")
+    family = replace(DONOR_PROXY, margin=Margin(margin, LEDGER_MARGIN.source if margin == LEDGER_MARGIN.value
+                                                else "the ledger's proxy_margin argument"))
+    return paired_family(outcomes, family=family, cluster=clusters, seed=seed, decide=decide)
+
+
+def decided_table(runs: pd.DataFrame, *, budgets: Sequence[float] = (50,), proxy_margin: float = LEDGER_MARGIN.value,
+                  seed: int = 0, decide: bool = True) -> pd.DataFrame:
+    """The study's declared comparisons decided, the primary first, in the paired-difference schema of the studies'
+    decided tables (:func:`~sur_lab.analysis.decisions.paired_family` rows through
+    :func:`~sur_lab.analysis.decisions.in_units`, preservation in percentage points): :data:`DONOR_PROXY` (donor-copy
+    minus actual forwarding of suffix K1 (risk), equivalence within ``±proxy_margin``), then :data:`LEDGER` (Holm over
+    the ledger's comparisons). The same rows, seed included, that :func:`design_ledger` words; notebook 06 saves them as
+    ``06_noprefix_decided`` and the results index reads the primary's verdict from it.
+
+    Args:
+        runs: the per-request rows (:func:`~sur_lab.studies.noprefix.study.runs_table`: ``label``, ``protocol``,
+            ``case_id``, ``dataset``, ``source_id``, ``preserved``).
+        budgets: the adaptive/SUR budgets that were run, in percent (the largest is compared).
+        proxy_margin: the donor-copy equivalence margin, a preservation fraction in (0, 1].
+        seed: the generator seed (clustered bootstrap). decide: ``False`` at a plumbing-check size ("not decided").
+
+    Returns:
+        The rows of the comparisons that ran (none when ``runs`` is empty); columns of
+        :data:`~sur_lab.analysis.decisions.COLUMNS` then :data:`~sur_lab.analysis.decisions.DIFF_COLUMNS`.
+
+    Raises:
+        ValueError: naming ``proxy_margin`` outside (0, 1].
+    """
+    if not 0.0 < proxy_margin <= 1.0:
+        raise ValueError(f"proxy_margin={proxy_margin!r} must lie in (0, 1]")
+    frames = []
+    if not runs.empty and "Suffix K1 · risk" in set(runs["label"]):
+        frames.append(_donor_family(runs, proxy_margin, seed=seed, decide=decide))
+    ledger = _ledger_family(runs, _ledger_labels(budgets), seed=seed, decide=decide)
+    if ledger is not None:
+        frames.append(ledger)
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=[*COLUMNS, *DIFF_COLUMNS])
+    return in_units(pd.concat(frames, ignore_index=True))
+
+
 def design_ledger(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, required_preservation: float = 0.95,
                   budgets: Sequence[float] = (50,), drift: Mapping | pd.Series | None = None,
                   decisions: dict[str, OperatingDecision] | None = None, proxy_margin: float = LEDGER_MARGIN.value,
@@ -250,27 +337,14 @@ def design_ledger(summary: pd.DataFrame, *, runs: pd.DataFrame | None = None, re
         raise ValueError(f"proxy_margin={proxy_margin!r} must lie in (0, 1]")
     b = max(budgets) if budgets else None
     req = required_preservation
-    labels = {"comp": "Prefix composition", "doc": "Doc K2 · oracle", "w4": "w4 K1 · risk", "suf1": "Suffix K1 · risk",
-              "suf2": "Suffix K2 · risk", "link": "Linked K2 · oracle", "osuf": "Suffix K1 · oracle",
-              "ada": f"Adaptive K2 {b:g}% · risk" if b is not None else "",
-              "sur": f"SUR {b:g}%" if b is not None else "",
-              "qsuf": "Suffix K2 · query", "hsuf": "Suffix K2 · hybrid"}
+    labels = _ledger_labels(budgets)
     row = {k: _pick(summary, v) for k, v in labels.items()}
-    pairs = {"w4": ("w4", "suf1"), "link": ("link", "osuf"), "ada": ("ada", "suf2"), "sur": ("sur", "ada"),
-             "query": ("qsuf", "suf2"), "hybrid-query": ("hsuf", "qsuf"), "hybrid-risk": ("hsuf", "suf2")}
     paired: dict[str, pd.Series] = {}
-    if runs is not None and not runs.empty:
-        fwd = runs[runs["protocol"] == "forward"].assign(_p=runs["preserved"].astype(float),
-                                                         _src=runs["dataset"].astype(str) + "/"
-                                                         + runs["source_id"].astype(str))
-        wanted = [(labels[x], labels[y]) for x, y in pairs.values()]
-        outcomes, clusters = paired_outcomes(fwd, wanted, "_p", arm_col="label", case_col="case_id",
-                                             cluster_col="_src")
-        if outcomes:
-            res = paired_family(outcomes, family=LEDGER, cluster=clusters, seed=seed, decide=decide)
-            by_pair = {(r["a"], r["b"]): r for _, r in res.iterrows()}
-            paired = {k: by_pair[(labels[x], labels[y])] for k, (x, y) in pairs.items()
-                      if (labels[x], labels[y]) in by_pair}
+    res = _ledger_family(runs, labels, seed=seed, decide=decide)
+    if res is not None:
+        by_pair = {(r["a"], r["b"]): r for _, r in res.iterrows()}
+        paired = {k: by_pair[(labels[x], labels[y])] for k, (x, y) in _LEDGER_PAIRS.items()
+                  if (labels[x], labels[y]) in by_pair}
 
     def absolute(key: str) -> str:
         r = row[key]
@@ -341,14 +415,7 @@ def _donor_row(suf1: pd.Series | None, dsuf: pd.Series | None, runs: pd.DataFram
     if runs is None:
         return name, f"donor {_fmt(dsuf)}; forward {_fmt(suf1)}; no per-request runs for the paired interval", \
             "not run", criterion
-    sub = runs[runs["label"] == "Suffix K1 · risk"]
-    sub = sub.assign(_p=sub["preserved"].astype(float), _src=sub["dataset"].astype(str) + "/"
-                     + sub["source_id"].astype(str))
-    outcomes, clusters = paired_outcomes(sub, [("donor", "forward")], "_p", arm_col="protocol", case_col="case_id",
-                                         cluster_col="_src")
-    family = replace(DONOR_PROXY, margin=Margin(margin, LEDGER_MARGIN.source if margin == LEDGER_MARGIN.value
-                                                else "the ledger's proxy_margin argument"))
-    res = paired_family(outcomes, family=family, cluster=clusters, seed=seed, decide=decide).iloc[0]
+    res = _donor_family(runs, margin, seed=seed, decide=decide).iloc[0]
     verdict = {"equivalent": "worked", "beats": "did not", "loses to": "did not"}.get(
         res["verdict"], _LEDGER_WORDS[res["verdict"]])
     return name, sentence(res, what="requests", clusters="sources"), verdict, criterion
@@ -408,6 +475,7 @@ __all__ = [
     "PRIMARY_POWER",
     "OperatingDecision",
     "conclusion",
+    "decided_table",
     "design_ledger",
     "operating_rule",
 ]

@@ -52,7 +52,15 @@ from sur_lab.studies.noprefix.protocol import (
     sweep_specs,
     workload_name,
 )
-from sur_lab.studies.noprefix.ledger import DONOR_PROXY, LEDGER, POWER, conclusion, design_ledger, operating_rule
+from sur_lab.studies.noprefix.ledger import (
+    DONOR_PROXY,
+    LEDGER,
+    POWER,
+    conclusion,
+    decided_table,
+    design_ledger,
+    operating_rule,
+)
 from sur_lab.studies.noprefix.reporting import summarize
 from sur_lab.studies.noprefix.selection import PROTOCOLS, RepairSpec, plan_repair, risk_scores, selector_scores
 from sur_lab.sweeps import Case
@@ -372,7 +380,9 @@ class NoprefixStudy(Study):
     def report(self, records: pd.DataFrame, p: Mapping[str, Any], *, decide: bool = True,
                required_preservation: float = 0.95, seed: int = 0, drift=None) -> Report:
         """The runs (:func:`runs_table`), the summary by workload, the operating rule per workload, the design
-        ledger (with the pooled ``drift`` row of :func:`drift_table` when measured) and the conclusion lines."""
+        ledger (with the pooled ``drift`` row of :func:`drift_table` when measured), the declared comparisons decided
+        (``"decided"``: :func:`~sur_lab.studies.noprefix.ledger.decided_table`, the primary first) and the conclusion
+        lines."""
         runs = runs_table(records)
         summary = summarize(runs, by=("workload", "label", "protocol"))
         decisions = {wl: operating_rule(summary[summary["workload"] == wl], runs=runs[runs["workload"] == wl],
@@ -383,7 +393,9 @@ class NoprefixStudy(Study):
                                decisions=decisions, seed=seed, decide=decide)
         lines = conclusion(summary, runs, decisions, ledger, required_preservation=required_preservation,
                            decide=decide, seed=seed)
-        return Report(tables={"runs": runs, "summary": summary, "ledger": ledger}, conclusion=lines)
+        decided = decided_table(runs, budgets=p["budgets"], seed=seed, decide=decide)
+        return Report(tables={"runs": runs, "summary": summary, "ledger": ledger, "decided": decided},
+                      conclusion=lines)
 
 
 STUDY = NoprefixStudy("main")
