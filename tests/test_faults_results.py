@@ -442,6 +442,45 @@ def test_concurrent_run_of_the_same_notebook_is_refused(good_run):
     assert _text(target) == before
 
 
+@pytest.mark.parametrize("deaths,ok", [(1, True), (2, True), (3, False)])
+def test_a_kernel_that_dies_at_startup_is_started_again(tmp_path, monkeypatch, deaths, ok):
+    """A kernel that loses the port race at startup (``ZMQError: Address already in use``; CI saw it with two test
+    workers starting kernels at once) dies before it replies to ``kernel_info``, before any cell runs: the run starts a
+    new kernel, up to ``KERNEL_START_ATTEMPTS`` in all, and then fails as any run fails."""
+    from sur_lab.runtime import run_notebooks as rn
+
+    path = _write_notebook(tmp_path / "nbs", NOTEBOOK_BODY)
+    real, calls = rn.pm.execute_notebook, []
+
+    def flaky(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) <= deaths:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rn.pm, "execute_notebook", flaky)
+    assert rn.KERNEL_START_ATTEMPTS == 3
+    if ok:
+        target = rn.run_notebook(path, {"mode": "ok", "value": 5}, outputs=tmp_path / "out", progress=False)
+        assert "result ok 5" in _text(target) and len(calls) == deaths + 1
+        assert not rn.failed_path(target).exists()
+    else:
+        with pytest.raises(RuntimeError, match="kernel_info"):
+            rn.run_notebook(path, {"mode": "ok"}, outputs=tmp_path / "out", progress=False)
+        assert len(calls) == 3 and not (tmp_path / "out" / path.name).exists()
+    assert len(set(calls)) == 1  # every try writes the same running copy, none left behind
+    assert not list((tmp_path / "out").glob(".*.running.ipynb"))
+
+
+def test_kernel_start_failed_matches_only_a_death_before_any_cell():
+    from sur_lab.runtime.run_notebooks import kernel_start_failed
+
+    assert kernel_start_failed(RuntimeError("Kernel died before replying to kernel_info"))
+    assert not kernel_start_failed(RuntimeError("cell failed on purpose"))
+    assert not kernel_start_failed(KeyboardInterrupt())
+    assert not kernel_start_failed(ValueError("Kernel died before replying to kernel_info"))
+
+
 def test_undeclared_parameter_is_an_error_before_anything_runs(tmp_path, capsys):
     from sur_lab.runtime.run_notebooks import main
 

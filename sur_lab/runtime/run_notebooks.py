@@ -68,6 +68,20 @@ from sur_lab.studies.presets import PRESET_ENV
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 _RUNNING = ".running.ipynb"
 
+#: How many kernels :func:`run_notebook` starts before it gives up on a kernel that dies before it answers
+#: (:func:`kernel_start_failed`).
+KERNEL_START_ATTEMPTS = 3
+
+
+def kernel_start_failed(err: BaseException) -> bool:
+    """Whether ``err`` is a kernel that died before it replied to ``kernel_info``: jupyter_client picks the kernel's
+    five TCP ports as free ones and the kernel binds them later, so two kernels started at once (parallel test workers,
+    two notebooks run side by side) can pick the same port, and the loser dies with ``ZMQError: Address already in
+    use`` before any cell runs. Such a run is safe to start again; a kernel that dies later (a cell crashed it) is
+    not matched."""
+    return isinstance(err, RuntimeError) and "before replying to kernel_info" in str(err)
+
+
 
 class NotebookBusyError(RuntimeError):
     """Another process is running the same notebook into the same outputs folder."""
@@ -305,6 +319,8 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
             range (:func:`sur_lab.runtime.params.check_notebook_parameters`), before anything runs or is written.
         NotebookBusyError: when another process is running the same notebook into ``outputs`` (nothing is written).
         papermill.PapermillExecutionError: when a cell fails (see ``<name>.failed.ipynb``).
+        RuntimeError: when :data:`KERNEL_START_ATTEMPTS` kernels in a row die before any cell runs
+            (:func:`kernel_start_failed`; a single such death, a port race at startup, just starts a new kernel).
         KeyboardInterrupt: on Ctrl-C or SIGTERM (:class:`RunInterrupted`), after keeping ``<name>.failed.ipynb``.
     """
     path = Path(path)
@@ -326,16 +342,20 @@ def run_notebook(path: Path, parameters: dict | None = None, *, outputs: Path | 
     try:
         _recover_killed(target)
         tmp = out_dir / f".{path.stem}.{os.getpid()}{_RUNNING}"
-        try:
-            with _sigterm_as_interrupt(), _kernel_environment(kernel_environment(out_dir, preset)):
-                pm.execute_notebook(
-                    str(path), str(tmp), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
-                    progress_bar=progress, log_output=log_output,
-                )
-        except BaseException as err:
-            kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-            _mark_failed(tmp, failed_path(target), f"{kind}: {type(err).__name__}: {err}".strip())
-            raise
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            try:
+                with _sigterm_as_interrupt(), _kernel_environment(kernel_environment(out_dir, preset)):
+                    pm.execute_notebook(
+                        str(path), str(tmp), parameters=parameters or {}, cwd=str(path.parent), kernel_name="python3",
+                        progress_bar=progress, log_output=log_output,
+                    )
+                break
+            except BaseException as err:
+                if attempt < KERNEL_START_ATTEMPTS and kernel_start_failed(err):
+                    continue  # no cell ran: the kernel lost a port race at startup; start a new one
+                kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                _mark_failed(tmp, failed_path(target), f"{kind}: {type(err).__name__}: {err}".strip())
+                raise
         _stamp_machine(tmp)
         os.replace(tmp, target)
         with contextlib.suppress(FileNotFoundError):
