@@ -499,6 +499,8 @@ def test_s10_reads_the_donor_proxy_row_of_the_saved_decided_table(tmp_path):
     # Donor-copy preserves exactly forwarding's requests: no discordant pair, undecided (never "holds" on a tie).
     same = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(8), seed=0)}), "S10")
     assert same["verdict"] == "undecided at this size" and same["estimate"] == 0.0
+    assert same["note"].endswith("0 of 16 request pairs discordant")
+    assert s10["note"].endswith("8 of 16 request pairs discordant")
     # Donor-copy below forwarding (0 of 16 against 8): the claim does not hold.
     below = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(0), seed=0)}), "S10")
     assert below["verdict"] == "does not hold"

@@ -856,8 +856,11 @@ def s10_donor_overstates(results: Path) -> Estimate:
     separation leaves it undecided (:func:`~sur_lab.analysis.decisions.claim_verdict`)."""
     df = read_table(results, "06_noprefix_decided")
     row = _row(df, "06_noprefix_decided", "donor-copy vs actual forwarding", family=DONOR_PROXY.name)
+    discordant = _finite(row.get("n_discordant"))
+    pairs = "" if discordant is None else f"; {int(discordant)} of {int(row['n'])} request pairs discordant"
     return decide(_scaled(row, 100.0), expect="greater", unit="pp preservation",
-                  note="donor-copy minus actual forwarding (suffix K1, risk); requests paired, sources clustered")
+                  note="donor-copy minus actual forwarding (suffix K1, risk); requests paired, sources clustered"
+                  + pairs)
 
 
 def s9_full_prefill_everywhere(results: Path) -> Estimate:
