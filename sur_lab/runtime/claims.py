@@ -852,8 +852,8 @@ def s6_adaptive_drifts(results: Path) -> Estimate:
 def s10_donor_overstates(results: Path) -> Estimate:
     """S10: donor-copy minus actual forwarding of suffix K1 (risk) in answer preservation, above 0: the primary row of
     ``06_noprefix_decided`` (:func:`sur_lab.studies.noprefix.decided_table`, family ``DONOR_PROXY``: paired over
-    requests, sources clustered). "Beats" holds; "loses to" does not; equivalence within the family's margin or no
-    separation leaves it undecided (:func:`~sur_lab.analysis.decisions.claim_verdict`)."""
+    requests, sources clustered), judged as a claim that donor-copy is higher (``expect="greater"``): the mapping is
+    :func:`~sur_lab.analysis.decisions.claim_verdict`'s."""
     df = read_table(results, "06_noprefix_decided")
     row = _row(df, "06_noprefix_decided", "donor-copy vs actual forwarding", family=DONOR_PROXY.name)
     discordant = _finite(row.get("n_discordant"))
