@@ -418,7 +418,7 @@ def test_an_empty_em_stratum_is_not_computed(tmp_path):
     assert "Not run here: Replay's EM tail contrast has no source" in a3["note"]
 
 
-def test_agent_trace_rows_decide_the_saved_runs_with_the_study_declared_families(tmp_path):
+def test_agent_trace_rows_read_the_decided_table_notebook_10_saved(tmp_path):
     from sur_lab.studies import agent_traces as at
 
     rows = []
@@ -429,19 +429,26 @@ def test_agent_trace_rows_decide_the_saved_runs_with_the_study_declared_families
             for path, ms in (("sync 5%", 10.0 + trace), (at.PREFIX, 40.0 + trace), (at.REFERENCE, 50.0)):
                 rows.append({"trace": trace, "turn": turn, "path": path, "ttft_ms": ms if region != "append" else 5.0,
                              "agree": True, "em": True, "region": region, "kind": kind})
-    runs = pd.DataFrame(rows)
-    results = _results(tmp_path, {"10_agent_traces_runs": runs})
+    decided = at.primary_table(pd.DataFrame(rows), sync="sync 5%", seed=0)  # what notebook 10 saves
+    results = _results(tmp_path, {"10_agent_traces_decided": decided})
     b7 = _row_of(results, "B7")
     assert b7["verdict"] == "holds" and b7["unit"] == "x" and b7["ci_low"] > 1
-    expected = at.primary_table(runs, sync="sync 5%", seed=0)
-    region = expected[expected.comparison == "sync 5% (first half) vs prefix reuse (first half)"].iloc[0]
+    region = decided[decided.comparison == "sync 5% (first half) vs prefix reuse (first half)"].iloc[0]
     assert (b7["estimate"], b7["ci_low"], b7["ci_high"]) == (region.estimate, region.ci_low, region.ci_high)
+    assert b7["table"] == "10_agent_traces_decided"
     b6 = _row_of(results, "B6")  # every answer agrees: 0 pp, and 24 units do not fit a ±5 pp 90 % interval
-    agree = expected[expected.family == at.AGREEMENT_FAMILY.name].iloc[0]
+    agree = decided[decided.family == at.AGREEMENT_FAMILY.name].iloc[0]
     assert b6["estimate"] == 0.0 and b6["unit"] == "pp agreement with re-prefill"
     assert b6["verdict"] == {"equivalent": "holds"}.get(agree.verdict, "undecided at this size")
-    assert _row_of(_results(tmp_path, {"10_agent_traces_runs": runs[runs.path != "sync 5%"]}), "B6")["note"] == (
-        "10_agent_traces_runs has no budgeted sync path")
+    # The row follows the saved table, not a recomputation: what the notebook decided is what the claim reports.
+    moved = decided.copy()
+    moved.loc[moved.comparison == region.comparison, ["estimate", "ci_low", "ci_high", "verdict"]] = [
+        0.7, 0.5, 0.9, "loses to"]
+    b7_moved = _row_of(_results(tmp_path, {"10_agent_traces_decided": moved}), "B7")
+    assert b7_moved["verdict"] == "does not hold" and (b7_moved["estimate"], b7_moved["ci_low"]) == (0.7, 0.5)
+    no_sync = decided[~decided["a"].str.startswith("sync ")]
+    assert _row_of(_results(tmp_path, {"10_agent_traces_decided": no_sync}), "B6")["note"] == (
+        "10_agent_traces_decided has no budgeted sync path")
 
 
 def test_noprefix_rows(tmp_path):

@@ -320,3 +320,40 @@ def test_figure_and_table_formats_follow_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(plotting.TABLE_FORMATS_ENV, "csv,parquet")
     csv, parquet = plotting.save_table(pd.DataFrame({"a": [1]}), "t", outputs=tmp_path)
     assert pd.read_parquet(parquet).equals(pd.read_csv(csv))
+
+
+def test_runs_from_several_machines_are_labelled_and_subtotalled():
+    xeon = {"cpu_model": "Xeon", "cpus": 2, "cpu_flags": ["avx512_bf16"], "torch_cpu_capability": "AVX512"}
+    epyc = {"cpu_model": "EPYC", "cpus": 2, "cpu_flags": [], "torch_cpu_capability": "AVX512"}
+    entries = {"00_a": {"status": "finished", "run": {"wall_minutes": 10.0, "machine": xeon}},
+               "01_b": {"status": "finished", "run": {"wall_minutes": 30.0, "machine": epyc}},
+               "02_c": {"status": "finished", "run": {"wall_minutes": 5.0, "machine": dict(xeon)}},
+               "03_d": {"status": "failed", "run": {"wall_minutes": 99.0, "machine": epyc}},
+               "04_e": {"status": "finished", "run": {"wall_minutes": 1.0}}}
+    labels, machines = rel.machine_labels(entries)
+    assert labels == {"00_a": "M1", "01_b": "M2", "02_c": "M1", "03_d": "M2"}  # one label per distinct stamp
+    assert machines == {"M1": "Xeon (2 CPUs; flags avx512_bf16; torch CPU capability AVX512)",
+                        "M2": "EPYC (2 CPUs; flags none recorded; torch CPU capability AVX512)"}
+    line = rel.wall_time_line(entries, sorted(entries))  # the failed run counts nowhere
+    assert line == ("Total wall time of the 4 finished notebooks: 46 min. The runs came from 2 machines (M1 15 min, "
+                    "M2 30 min, unrecorded 1 min): the sum is not one machine's time.")
+    one = {k: v for k, v in entries.items() if k in ("00_a", "02_c")}
+    assert rel.wall_time_line(one, sorted(one)) == "Total wall time of the 2 finished notebooks: 15 min."
+    assert rel.wall_time_line({}, []) == "No notebook has finished in this release yet."
+
+
+def test_the_index_names_each_runs_machine_when_there_are_several(tmp_path):
+    xeon = {"cpu_model": "Xeon", "cpus": 2, "cpu_flags": [], "torch_cpu_capability": "AVX512"}
+    epyc = dict(xeon, cpu_model="EPYC")
+    run = {"wall_minutes": 2.0, "finished": "2026-12-07T10:00:00", "commit": "abc"}
+    manifest = {"schema": 1, "preset": "default", "notebooks": {
+        "00_quickstart": {"status": "finished", "run": dict(run, machine=xeon)},
+        "01_theory_bound": {"status": "finished", "run": dict(run, machine=epyc)}}}
+    text = rel.index_markdown(tmp_path, manifest)
+    assert "| notebook | status | wall time | peak memory | finished | commit | machine |" in text
+    assert "| M1 |" in text and "| M2 |" in text
+    assert "Machine M1: Xeon (2 CPUs" in text and "Machine M2: EPYC (2 CPUs" in text
+    assert "The runs came from 2 machines (M1 2 min, M2 2 min)" in text
+    manifest["notebooks"]["01_theory_bound"]["run"]["machine"] = xeon
+    text = rel.index_markdown(tmp_path, manifest)
+    assert "| machine |" not in text and "Machine: Xeon (2 CPUs" in text and "came from" not in text

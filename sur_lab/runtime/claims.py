@@ -56,7 +56,7 @@ from sur_lab.runtime.run_notebooks import notebooks
 from sur_lab.studies import execution_paths
 from sur_lab.studies.agent_session import PRIMARY as SESSION_PRIMARY
 from sur_lab.studies.agent_session import REPREFILL_FAMILY as SESSION_REPREFILL
-from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY, SHIFT, primary_table
+from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY, SHIFT
 from sur_lab.studies.evidence_location import COMPLETE_REPLAY, FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
 from sur_lab.studies.natural_qa import LATENCY, PRIMARY, REFERENCE_FAMILY
 from sur_lab.studies.niah import BOUNDARY_CONTROLS, JOINT_ARM, MATCHED
@@ -687,22 +687,18 @@ def b5_stale_rate(results: Path) -> Estimate:
 
 
 def _traces_decided(results: Path) -> tuple[Any, str]:
-    """``(agent_traces.primary_table(runs), sync)``: notebook 10's declared comparisons (the primary, the agreement
-    family, per kind and per region), decided from ``10_agent_traces_runs`` by the study's own function, with the
-    notebook's lead sync path (``sync 5%`` when it ran, else the first budgeted sync) and the seed of its
-    parameters (the notebook saves the runs, not the decided rows)."""
-    runs = read_table(results, "10_agent_traces_runs")
-    syncs = [p for p in dict.fromkeys(runs["path"]) if str(p).startswith("sync ") and p != SHIFT]
+    """``(table, sync)``: ``10_agent_traces_decided``, notebook 10's declared comparisons as the notebook decided them
+    (:func:`sur_lab.studies.agent_traces.primary_table`: the primary first, then the agreement family, per kind and
+    per region), and the lead sync path, the primary's ``a`` (``sync 5%`` at the default)."""
+    table = read_table(results, "10_agent_traces_decided")
+    syncs = [a for a in table["a"] if str(a).startswith("sync ") and a != SHIFT] if len(table) else []
     if not syncs:
-        raise NotComputed("10_agent_traces_runs has no budgeted sync path")
-    sync = "sync 5%" if "sync 5%" in syncs else syncs[0]
-    entry = _manifest_entry(results, "10_agent_traces")
-    seed = int((entry.get("parameters") or {}).get("seed", 0))
-    return primary_table(runs, sync=sync, decide=_decides(results, "10_agent_traces"), seed=seed), sync
+        raise NotComputed("10_agent_traces_decided has no budgeted sync path")
+    return table, str(syncs[0])
 
 
 def _traces_row(table, family: str, comparison: str, *, expect: str, endpoint: str, note: str) -> Estimate:
-    row = _row(table, "10_agent_traces (decided)", repr(comparison), family=family, comparison=comparison)
+    row = _row(table, "10_agent_traces_decided", repr(comparison), family=family, comparison=comparison)
     scale, unit = _scale_unit(row, endpoint)
     return decide(_scaled(row, scale), expect=expect, unit=unit, note=f"{comparison}: {note}")
 
@@ -1201,11 +1197,11 @@ CLAIMS: tuple[Claim, ...] = (
        "not in the papers", "09_stale_facts", "09_summary"),
     _b("B6", "issue 27; notebook 10",
        "On agent traces (whole prompts resent every turn), a budgeted sync answers like re-prefill.",
-       "not in the papers", "10_agent_traces", "10_agent_traces_summary"),
+       "not in the papers", "10_agent_traces", "10_agent_traces_decided"),
     _b("B7", "issue 27; notebook 10",
        "A budgeted sync recomputes fewer tokens, and answers sooner, than prefix reuse when a change lands early in "
        "the prompt.",
-       "not in the papers", "10_agent_traces", "10_agent_traces_regions"),
+       "not in the papers", "10_agent_traces", "10_agent_traces_decided"),
     _b("B8", "notebook 07",
        "In one live session of successive deletions, per-edit SUR keeps answers close to re-prefill at a fraction of "
        "its recomputation; a staleness-debt arm narrows the rest.",
@@ -1260,8 +1256,8 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
                         "comparison across evidence positions"), None),
     "S9": (s9_full_prefill_everywhere, None),
     "S10": (s10_donor_overstates, "06_noprefix_decided"),
-    "B6": (b6_sync_answers_alike, "10_agent_traces_runs"),
-    "B7": (b7_sync_faster_early, "10_agent_traces_runs"),
+    "B6": (b6_sync_answers_alike, "10_agent_traces_decided"),
+    "B7": (b7_sync_faster_early, "10_agent_traces_decided"),
     "B8": (b8_debt_narrows, "07_agent_session_decided"),
     "P15": (_unavailable("a GPU measurement (H100, B = 64); notebook 04 times a CPU analogue, medians without an "
                          "interval or a declared comparison"), None),

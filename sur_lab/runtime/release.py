@@ -1067,6 +1067,61 @@ def sizes_markdown(table: pd.DataFrame, *, smoke_preset: str = "smoke") -> list[
     return lines
 
 
+def machine_description(machine: Mapping[str, Any]) -> str:
+    """One run's machine stamp (``run["machine"]`` of a manifest entry) in words: CPU model, CPU count, the recorded
+    CPU flags and torch's CPU capability."""
+    flags = ", ".join(machine.get("cpu_flags", [])) or "none recorded"
+    return (f"{machine.get('cpu_model') or '?'} ({machine.get('cpus')} CPUs; flags {flags}; torch CPU capability "
+            f"{machine.get('torch_cpu_capability')})")
+
+
+def machine_labels(entries: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
+    """Which machine ran each notebook, for a release whose runs may come from several machines (a resumed release,
+    a notebook re-run in a later session on another CPU).
+
+    Args:
+        entries: the manifest's ``notebooks`` (stem -> entry with ``run["machine"]``).
+
+    Returns:
+        ``(by_notebook, machines)``: stem -> label for every entry whose run carries a machine stamp, and label ->
+        :func:`machine_description`. Labels are ``M1``, ``M2``, ... in order of first appearance by notebook name;
+        there is one label per distinct description. Wall times of runs with different labels were measured on
+        different CPUs: a sum over them is not one machine's time.
+    """
+    by_notebook: dict[str, str] = {}
+    machines: dict[str, str] = {}
+    for stem in sorted(entries):
+        stamp = (entries[stem].get("run") or {}).get("machine")
+        if not stamp:
+            continue
+        text = machine_description(stamp)
+        label = next((k for k, v in machines.items() if v == text), None)
+        if label is None:
+            label = f"M{len(machines) + 1}"
+            machines[label] = text
+        by_notebook[stem] = label
+    return by_notebook, machines
+
+
+def wall_time_line(entries: Mapping[str, Mapping[str, Any]], stems: Sequence[str]) -> str:
+    """The release's total wall time over its finished notebooks, with a subtotal per machine when the runs came
+    from more than one (:func:`machine_labels`)."""
+    done = [s for s in stems if entries.get(s, {}).get("status") == "finished"]
+    if not done:
+        return "No notebook has finished in this release yet."
+    minutes = {s: (entries[s].get("run") or {}).get("wall_minutes") or 0 for s in done}
+    line = f"Total wall time of the {len(done)} finished notebooks: {format_minutes(sum(minutes.values()))}."
+    labels, machines = machine_labels({s: entries[s] for s in done})
+    if len(machines) > 1:
+        parts = [f"{label} {format_minutes(sum(m for s, m in minutes.items() if labels.get(s) == label))}"
+                 for label in machines]
+        if any(s not in labels for s in done):
+            parts.append(f"unrecorded {format_minutes(sum(m for s, m in minutes.items() if s not in labels))}")
+        line += (f" The runs came from {len(machines)} machines ({', '.join(parts)}): the sum is not one machine's "
+                 "time.")
+    return line
+
+
 def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
     """``results/README.md``: what the folder is, the runs table (status, wall time, peak memory, commit), the
     machine, what each study cost and can decide (:func:`sizes_markdown`), then each notebook's files."""
@@ -1080,9 +1135,10 @@ def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
              "lists what is stale against the current code.", ""]
     if preset == "smoke":
         lines += ["**A smoke release: plumbing sizes on the small model; it decides nothing.**", ""]
-    lines += ["## Runs", "", "| notebook | status | wall time | peak memory | finished | commit |",
-              "|---|---|---|---|---|---|"]
-    machines = set()
+    labels, machines = machine_labels(entries)
+    several = len(machines) > 1
+    lines += ["## Runs", "", "| notebook | status | wall time | peak memory | finished | commit |"
+              + (" machine |" if several else ""), "|---|---|---|---|---|---|" + ("---|" if several else "")]
     for stem in stems:
         entry = entries.get(stem, {})
         run = entry.get("run") or {}
@@ -1091,18 +1147,11 @@ def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
         commit = (run.get("commit") or "–")[:10] + (" (dirty)" if run.get("dirty") else "")
         name = f"[`{stem}`]({stem}.ipynb)" if f"{stem}.ipynb" in entry.get("outputs", {}) else f"`{stem}`"
         lines.append(f"| {name} | {status} | {format_minutes(run.get('wall_minutes'))} | {peak} | "
-                     f"{(run.get('finished') or '–')[:16].replace('T', ' ')} | {commit} |")
-        m = run.get("machine")
-        if m:
-            flags = ", ".join(m.get("cpu_flags", [])) or "none recorded"
-            machines.add(f"{m.get('cpu_model') or '?'} ({m.get('cpus')} CPUs; flags {flags}; torch CPU capability "
-                         f"{m.get('torch_cpu_capability')})")
-    total = sum((entries.get(s, {}).get("run") or {}).get("wall_minutes") or 0 for s in stems
-                if entries.get(s, {}).get("status") == "finished")
-    finished = sum(entries.get(s, {}).get("status") == "finished" for s in stems)
-    lines += ["", f"Total wall time of the {finished} finished notebooks: {format_minutes(total)}." if finished else
-              "No notebook has finished in this release yet.", ""]
-    lines += [f"Machine: {m}." for m in sorted(machines)] or ["Machine: no notebook has run yet."]
+                     f"{(run.get('finished') or '–')[:16].replace('T', ' ')} | {commit} |"
+                     + (f" {labels.get(stem, '–')} |" if several else ""))
+    lines += ["", wall_time_line(entries, stems), ""]
+    lines += ([f"Machine {label}: {text}." for label, text in machines.items()] if several else
+              [f"Machine: {text}." for text in machines.values()]) or ["Machine: no notebook has run yet."]
     lines += ["", "## What each study cost, and what it can decide", "",
               "One row per notebook with a sweepable study (`sur_lab.runtime.sizes`): its cases (distinct case ids in "
               "its sweep records), its wall time, its primary comparison's minimal detectable effect at 80 % power, "

@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 from sur_lab.models import embedded_model
 from sur_lab.runtime.claims import claim_rows, claims_markdown
 from sur_lab.runtime.params import literal_defaults
-from sur_lab.runtime.release import check, format_minutes, manifest_preset, read_manifest
+from sur_lab.runtime.release import (check, format_minutes, machine_labels, manifest_preset, read_manifest,
+                                     wall_time_line)
 from sur_lab.studies.presets import SMOKE_BANNER
 
 HEADER = """# Measured times
@@ -357,16 +358,21 @@ def release_pages(results: Path, titles: Mapping[str, str] | None = None) -> tup
                   "their pages name what changed.", ""]
     rows = claim_rows(results)
     lines += [claims_markdown(rows, link=lambda stem: f"{stem}.md", level=2), ""]
-    lines += ["## Runs", "", "| notebook | against the code | wall time | peak memory | finished |",
-              "|---|---|---|---|---|"]
+    entries = {c.notebook: c.entry for c in checks}
+    labels, machines = machine_labels(entries)
+    several = len(machines) > 1
+    lines += ["## Runs", "", "| notebook | against the code | wall time | peak memory | finished |"
+              + (" machine |" if several else ""), "|---|---|---|---|---|" + ("---|" if several else "")]
     for c in checks:
         run = c.entry.get("run") or {}
         peak = f"{run['peak_rss_mib']:.0f} MiB" if run.get("peak_rss_mib") is not None else "–"
         lines.append(f"| [`{c.notebook}`]({c.notebook}.md) | {c.status} | {format_minutes(c.wall_minutes)} | {peak} | "
-                     f"{(run.get('finished') or '–')[:16].replace('T', ' ')} |")
-    done = [c.wall_minutes for c in checks if c.entry.get("status") == "finished" and c.wall_minutes is not None]
-    lines += ["", f"Total wall time of the {len(done)} finished notebooks: {format_minutes(sum(done))}. "
-              "The executed copies' own timings are on [Measured times](../results.md).", ""]
+                     f"{(run.get('finished') or '–')[:16].replace('T', ' ')} |"
+                     + (f" {labels.get(c.notebook, '–')} |" if several else ""))
+    lines += ["", wall_time_line(entries, [c.notebook for c in checks])
+              + " The executed copies' own timings are on [Measured times](../results.md).", ""]
+    if several:
+        lines += [f"- Machine {label}: {text}." for label, text in machines.items()] + [""]
     pages[f"{SITE_PREFIX}/index.md"] = "\n".join(lines)
     return pages, assets
 
