@@ -1150,7 +1150,7 @@ def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
                      f"{(run.get('finished') or '–')[:16].replace('T', ' ')} | {commit} |"
                      + (f" {labels.get(stem, '–')} |" if several else ""))
     lines += ["", wall_time_line(entries, stems), ""]
-    lines += ([f"Machine {label}: {text}." for label, text in machines.items()] if several else
+    lines += ([f"- Machine {label}: {text}." for label, text in machines.items()] if several else
               [f"Machine: {text}." for text in machines.values()]) or ["Machine: no notebook has run yet."]
     lines += ["", "## What each study cost, and what it can decide", "",
               "One row per notebook with a sweepable study (`sur_lab.runtime.sizes`): its cases (distinct case ids in "
