@@ -99,6 +99,13 @@ def test_release_pages_render_a_results_folder(tmp_path):
         f"{SITE_PREFIX}/00_quickstart.ipynb": "00_quickstart.ipynb",
         f"{SITE_PREFIX}/01_theory_bound.ipynb": "01_theory_bound.ipynb"}
     assert all(p.is_file() for p in assets.values())
+    assert "| machine |" not in index  # one machine: no column
+    manifest["notebooks"]["01_theory_bound"]["run"]["machine"] = dict(
+        manifest["notebooks"]["00_quickstart"]["run"]["machine"], cpu_model="Another CPU")
+    rel.write_manifest(tmp_path, manifest)
+    index = release_pages(tmp_path)[0][f"{SITE_PREFIX}/index.md"]
+    assert "| finished | machine |" in index and "| M2 |" in index and "- Machine M2: Another CPU (" in index
+    assert "The runs came from 2 machines" in index
     # the measured-times page reads the release's executed copies too
     assert "run in `" + tmp_path.name + "/`" in results_markdown(tmp_path)
     (tmp_path / "manifest.json").write_text("[]")
