@@ -369,13 +369,25 @@ def ordering_flips(base: pd.DataFrame, run: pd.DataFrame, strata: str, names=("A
     return out
 
 
-def parity_holds(em: pd.DataFrame, changes: pd.DataFrame, flips: pd.DataFrame) -> tuple[bool, list[str]]:
+#: Issue 37's answer-agreement target between the two runs, fixed before any parity run. Intervals that are not
+#: separated at a few cases are no evidence that the dtypes agree ("no loss" from a small sample), so the agreement of
+#: the answers themselves is a condition too.
+MIN_ANSWER_AGREEMENT = 0.97
+
+
+def parity_holds(em: pd.DataFrame, changes: pd.DataFrame, flips: pd.DataFrame,
+                 agreement: float | None = None) -> tuple[bool, list[str]]:
     """The parity condition of issue 37 and the reasons it fails: every arm's EM difference interval contains 0, no
-    primary-comparison verdict changed, no flipped pair of arms separates in either run."""
+    primary-comparison verdict changed, no flipped pair of arms separates in either run, and (when ``agreement`` is
+    given: the fraction of records whose answers are equal in both runs, :func:`answer_agreement`) the answers agree
+    on at least :data:`MIN_ANSWER_AGREEMENT` of the records."""
     from sur_lab.analysis.decisions import SEPARATED
 
     reasons = [f"EM of {r.arm} differs: {r.delta:+.1f} {r.unit} [{r.delta_low:+.1f}, {r.delta_high:+.1f}]"
                for r in em.itertuples() if r.verdict in SEPARATED]
+    if agreement is not None and not agreement >= MIN_ANSWER_AGREEMENT:
+        reasons.append(f"answers agree on {100 * agreement:.1f} % of the records, below the "
+                       f"{100 * MIN_ANSWER_AGREEMENT:g} % target")
     verdict_cols = [c for c in changes.columns if c.startswith("verdict_")]
     reasons += [f"primary {r['metric']} {r['a']} vs {r['b']} at {r['budget_pct']}: {r[verdict_cols[0]]} -> "
                 f"{r[verdict_cols[1]]}" for _, r in changes[changes["changed"]].iterrows()]
@@ -480,7 +492,7 @@ def main(argv=None) -> int:
                             **shift_damage(r, strata)} for lab, r in ((la, ra), (lb, rb))])
     changes = verdict_changes(primary_comparisons(args.study, ra), primary_comparisons(args.study, rb), names)
     flips = ordering_flips(ra, rb, strata, names)
-    holds, reasons = parity_holds(em, changes, flips)
+    holds, reasons = parity_holds(em, changes, flips, agreement=answer_agreement(ra, rb)[0])
 
     if args.margins and disagreements:
         from sur_lab.models import load_model

@@ -74,8 +74,11 @@ def test_agreement_and_a_parity_that_holds(bench):
     changes = bench.verdict_changes(bench.primary_comparisons("niah", a), bench.primary_comparisons("niah", b))
     assert not changes["changed"].any() and len(changes) == 4  # two budgeted arms x two baselines
     flips = bench.ordering_flips(a, b, "context_len")
-    holds, reasons = bench.parity_holds(em, changes, flips)
-    assert holds and reasons == [] and flips.empty
+    holds, reasons = bench.parity_holds(em, changes, flips, agreement=overall)
+    assert overall >= bench.MIN_ANSWER_AGREEMENT and holds and reasons == [] and flips.empty
+    # Intervals that do not separate are not enough: answers that agree on too few records fail the parity.
+    holds, reasons = bench.parity_holds(em, changes, flips, agreement=0.95)
+    assert not holds and reasons == ["answers agree on 95.0 % of the records, below the 97 % target"]
 
 
 def test_a_parity_that_fails_names_what_moved(bench):
