@@ -691,7 +691,7 @@ def _traces_decided(results: Path) -> tuple[Any, str]:
     (:func:`sur_lab.studies.agent_traces.primary_table`: the primary first, then the agreement family, per kind and
     per region), and the lead sync path, the primary's ``a`` (``sync 5%`` at the default)."""
     table = read_table(results, "10_agent_traces_decided")
-    syncs = [a for a in table["a"] if str(a).startswith("sync ") and a != SHIFT] if len(table) else []
+    syncs = [a for a in table["a"] if str(a).startswith("sync ") and a != SHIFT]
     if not syncs:
         raise NotComputed("10_agent_traces_decided has no budgeted sync path")
     return table, str(syncs[0])

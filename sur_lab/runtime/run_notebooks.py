@@ -82,7 +82,6 @@ def kernel_start_failed(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and "before replying to kernel_info" in str(err)
 
 
-
 class NotebookBusyError(RuntimeError):
     """Another process is running the same notebook into the same outputs folder."""
 
