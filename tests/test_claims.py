@@ -482,7 +482,71 @@ def test_noprefix_rows(tmp_path):
     rule["serve"] = "full prefill"
     results = _results(tmp_path, {"06_noprefix_operating_rule": rule})
     assert _row_of(results, "S9")["verdict"] == "undecided at this size"
-    assert _row_of(results, "S7")["note"].startswith("three parts")
+    # S7 at these sizes: composition keeps 12 of 24 at <= 4 documents, so "exact up to four documents" fails
+    s7 = _row_of(results, "S7")
+    assert s7["verdict"] == "does not hold" and s7["n"] == 12 and "all of 3 must hold" in s7["note"]
+    assert "composition, 16 documents" in s7["note"] and "suffix K2 · risk, 16 documents" in s7["note"]
+
+
+def test_s7_holds_when_all_three_parts_do(tmp_path):
+    """Composition reaches 95 % on the four-document workloads (100 of 100: exact lower bound 96.4 %), falls short at
+    sixteen (6 of 12: upper bound 79 %), where suffix K2 reaches it (100 of 100)."""
+    endpoints = pd.DataFrame([
+        {"workload": "HotpotQA·4", "label": "Prefix composition", "protocol": "forward", "n": 100, "preservation": 1.0},
+        {"workload": "HotpotQA·16", "label": "Prefix composition", "protocol": "forward", "n": 12, "preservation": 0.5},
+        {"workload": "HotpotQA·16", "label": "Suffix K2 · risk", "protocol": "forward", "n": 100, "preservation": 1.0},
+        {"workload": "HotpotQA·64", "label": "Prefix composition", "protocol": "forward", "n": 2, "preservation": 0.0}])
+    results = _results(tmp_path, {"06_noprefix_endpoints": endpoints})
+    s7 = _row_of(results, "S7")
+    assert s7["verdict"] == "holds" and s7["n"] == 100  # the 64-document workload enters no part
+    endpoints = endpoints[endpoints["workload"] != "HotpotQA·16"]
+    results = _results(tmp_path, {"06_noprefix_endpoints": endpoints})
+    assert _row_of(results, "S7")["verdict"] == cl.NOT_COMPUTED
+    assert "of 16 documents" in _row_of(results, "S7")["note"]
+
+
+def _timings(ms: dict, reps: int = 5) -> pd.DataFrame:
+    """``04_timings`` as notebook 04 saves it: one row per (context length, R, executor, repeat); ``ms`` maps
+    (executor, R) to its time, spread by +-1 % over the repeats and twice as long at the longer context."""
+    rng = np.random.default_rng(0)
+    return pd.DataFrame([{"context_len": n, "num_intervals": r, "executor": e, "rep": k, "order": 0,
+                          "ms": t * (n / 2040) * (1 + 0.01 * rng.uniform(-1, 1)), "pairs": 1}
+                         for n in (2040, 4080) for (e, r), t in ms.items() for k in range(reps)])
+
+
+TABLE18 = {("sequential", 16): 1000.0, ("one-shot", 16): 200.0, ("packed-inplace", 16): 100.0,
+           ("direct-sequential", 1): 90.0, ("packed-inplace", 1): 100.0}
+
+
+def test_table18_rows_decide_the_cpu_timings_as_one_family(tmp_path):
+    timings = _timings(TABLE18)
+    results = _results(tmp_path, {"04_timings": timings})
+    p15, p16, p17 = (_row_of(results, i) for i in ("P15", "P16", "P17"))
+    # P15: interval-wise over packed at R = 16, the geometric mean of the ten paired ratios
+    at16 = timings[timings.num_intervals == 16].pivot_table(index=["context_len", "rep"], columns="executor",
+                                                            values="ms")
+    ratio = math.exp(np.log(at16["sequential"] / at16["packed-inplace"]).mean())
+    assert p15["verdict"] == "holds" and p15["n"] == 10 and p15["estimate"] == pytest.approx(ratio, rel=1e-12)
+    assert p15["ci_low"] > cl.P15_MUCH_FASTER and "CPU analogue" in p15["note"]
+    # ten units: the sign-flip test's smallest p is 2 / 2**10, Holm over the family's four comparisons
+    assert p15["p"] == pytest.approx(4 * 2 / 2 ** 10) and p15["family_size"] == 4
+    assert p16["verdict"] == "holds" and "packed over one-shot" in p16["note"]
+    assert p17["verdict"] == "holds" and p17["estimate"] == pytest.approx(100 / 90, rel=0.03)
+    # packing faster than direct-cache sequential at R = 1: P17 does not hold; packed only 1.5x faster than
+    # interval-wise, its whole interval below 2x: P15 does not hold either
+    slow = {**TABLE18, ("direct-sequential", 1): 110.0, ("sequential", 16): 150.0, ("one-shot", 16): 140.0}
+    results = _results(tmp_path, {"04_timings": _timings(slow)})
+    assert _row_of(results, "P17")["verdict"] == "does not hold"
+    p15 = _row_of(results, "P15")
+    assert p15["verdict"] == "does not hold" and 1 < p15["ci_low"] < p15["ci_high"] < cl.P15_MUCH_FASTER
+    # the notebook's target_executor names the packed executor
+    timings = _timings({(("packed-cpp" if e == "packed-inplace" else e), r): t for (e, r), t in slow.items()})
+    results = _results(tmp_path, {"04_timings": timings})
+    assert _row_of(results, "P17")["verdict"] == cl.NOT_COMPUTED
+    manifest = json.loads((results / "manifest.json").read_text())
+    manifest["notebooks"]["04_packed_refresh_benchmark"]["parameters"] = {"target_executor": "packed-cpp"}
+    (results / "manifest.json").write_text(json.dumps(manifest))
+    assert _row_of(results, "P17")["verdict"] == "does not hold"
 
 
 

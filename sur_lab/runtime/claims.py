@@ -582,6 +582,84 @@ def p13_faster_than_replay(results: Path) -> Estimate:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Notebook 04 (packed refresh): Table 18's executor comparisons on the release machine's CPU (a CPU analogue of the
+# paper's H100 rows), decided from the notebook's repeated timings
+
+#: Table 18's claims as one declared family (P15-P17), on ``04_timings``: each comparison is the ratio of two
+#: executors' times (how many times faster the first is), one unit per context length and repeat (the notebook times
+#: every executor in each repeat, in a shuffled order), Holm over the four comparisons.
+PACKED_FAMILY = Family(
+    "packed refresh on the CPU (Table 18 analogue)", "ratio",
+    "at R = 16 intervals: packed over interval-wise, one-shot over interval-wise, packed over one-shot; at R = 1: "
+    "direct-cache sequential over packed; each the ratio of the two executors' times in the same repeat at each "
+    "context length", max_size=4)
+#: The comparisons of :data:`PACKED_FAMILY`: (faster executor, slower executor, intervals R); ``"packed"`` stands for
+#: the notebook's ``target_executor`` (its default, ``packed-inplace``, the in-place packed executor its targets
+#: are about).
+PACKED_COMPARISONS = (("packed", "sequential", 16), ("one-shot", "sequential", 16), ("packed", "one-shot", 16),
+                      ("direct-sequential", "packed", 1))
+#: "Much faster" (P15) read as at least this many times faster, by the whole interval.
+P15_MUCH_FASTER = 2.0
+
+
+def _packed_rows(results: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """:data:`PACKED_FAMILY` decided on ``04_timings``: (a, b, R) of :data:`PACKED_COMPARISONS` -> its
+    ``paired_family`` row (``estimate``: the geometric-mean ratio b / a, with its percentile bootstrap interval).
+
+    Raises:
+        NotComputed: when an executor or R the comparisons need was not timed.
+    """
+    df = read_table(results, "04_timings")
+    packed = str((_manifest_entry(results, _BENCH).get("parameters") or {}).get("target_executor",
+                                                                                "packed-inplace"))
+    diffs, keys = {}, []
+    for a, b, r in PACKED_COMPARISONS:
+        a, b = (packed if a == "packed" else a), (packed if b == "packed" else b)
+        at_r = df[df["num_intervals"] == r].pivot_table(index=["context_len", "rep"], columns="executor",
+                                                         values="ms", aggfunc="first")
+        lacking = [e for e in (a, b) if e not in at_r.columns]
+        if at_r.empty or lacking:
+            raise NotComputed(f"04_timings has no {', '.join(lacking) or 'timing'} at R = {r}: this run did not "
+                              f"time that cell")
+        both = at_r[[a, b]].dropna()
+        diffs[(f"{a} (R = {r})", f"{b} (R = {r})")] = (both[a].to_numpy(float), both[b].to_numpy(float))
+        keys.append((a, b, r))
+    rows = paired_family(diffs, family=PACKED_FAMILY, decide=_decides(results, _BENCH)).to_dict("records")
+    return dict(zip(PACKED_COMPARISONS, rows))
+
+
+def _packed_note(results: Path, what: str) -> str:
+    return (f"{what}; a CPU analogue of the paper's H100 row: notebook 04's repeated timings on the release machine, "
+            f"one unit per context length and repeat, the geometric-mean ratio with its bootstrap interval, Holm over "
+            f"the {len(PACKED_COMPARISONS)} comparisons of Table 18's family")
+
+
+def p15_packed_much_faster(results: Path) -> Estimate:
+    """P15: interval-wise execution's time over packed refresh's at R = 16, at least :data:`P15_MUCH_FASTER` times by
+    its whole interval (``threshold_claim``)."""
+    row = _packed_rows(results)[PACKED_COMPARISONS[0]]
+    return threshold_claim(row, P15_MUCH_FASTER, expect="greater", unit="x", scale=1.0,
+                           note=_packed_note(results, f"interval-wise over packed at R = 16; 'much faster' read as "
+                                                      f"at least {P15_MUCH_FASTER:g}x by the whole interval"))
+
+
+def p16_one_shot_then_packing(results: Path) -> Estimate:
+    """P16: at R = 16, one-shot sparse execution faster than interval-wise, and packed faster than one-shot (both
+    must hold)."""
+    rows = _packed_rows(results)
+    parts = {"one-shot over interval-wise": decide(rows[PACKED_COMPARISONS[1]], expect="greater", unit="x"),
+             "packed over one-shot": decide(rows[PACKED_COMPARISONS[2]], expect="greater", unit="x")}
+    est = all_of(parts)
+    return replace(est, note=_packed_note(results, est.note))
+
+
+def p17_direct_faster_at_one_interval(results: Path) -> Estimate:
+    """P17: at R = 1, packed refresh's time over direct-cache sequential execution's (the claim: above 1)."""
+    return decide(_packed_rows(results)[PACKED_COMPARISONS[3]], expect="greater", unit="x",
+                  note=_packed_note(results, "packed over direct-cache sequential at R = 1"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Notebook 08 (evidence location): Table 15's contrasts judged by the study's declared rules, and its findings
 
 
@@ -777,21 +855,31 @@ def _required_preservation(results: Path) -> float:
     return float(params.get("required_preservation", 0.95))
 
 
-def _preservation(results: Path, label: str, *, fails: bool) -> Estimate:
+def _workload_docs(workload: str) -> int | None:
+    """The documents of a ``06_noprefix_endpoints`` workload (``"HotpotQA·16"`` -> 16; ``"Noise64"`` -> 64), None
+    when the name carries no count."""
+    digits = "".join(ch for ch in str(workload).rsplit("·", 1)[-1] if ch.isdigit())
+    return int(digits) if digits else None
+
+
+def _preservation(results: Path, label: str, *, fails: bool, docs: Callable[[int], bool] | None = None,
+                  where: str = "") -> Estimate:
     """``label``'s answer preservation under actual forwarding, pooled over the workloads of
-    ``06_noprefix_endpoints``, against the required preservation by its Clopper-Pearson bounds
-    (``decisions.bound_claim``, as the design ledger reads it). ``fails=True``: the claim is that the path does *not*
-    reach it ("loses many answers"), so the bound's "fails" is the claim's "holds" and its "holds" the claim's "does
-    not hold"."""
+    ``06_noprefix_endpoints`` (those whose document count satisfies ``docs``, described by ``where``, when given),
+    against the required preservation by its Clopper-Pearson bounds (``decisions.bound_claim``, as the design ledger
+    reads it). ``fails=True``: the claim is that the path does *not* reach it ("loses many answers"), so the bound's
+    "fails" is the claim's "holds" and its "holds" the claim's "does not hold"."""
     df = read_table(results, "06_noprefix_endpoints")
     sel = df[(df["label"] == label) & (df["protocol"] == "forward")]
+    if docs is not None:
+        sel = sel[[(n := _workload_docs(w)) is not None and docs(n) for w in sel["workload"]]]
     if sel.empty:
-        raise NotComputed(f"06_noprefix_endpoints has no forwarded {label!r} row")
+        raise NotComputed(f"06_noprefix_endpoints has no forwarded {label!r} row" + (f" {where}" if where else ""))
     n = int(sel["n"].sum())
     k = int(round(float((sel["preservation"] * sel["n"]).sum())))
     req = _required_preservation(results)
-    note = (f"{label}, actual forwarding, {len(sel)} workload(s) pooled; exact 95 % interval against the required "
-            f"{100 * req:g} %")
+    note = (f"{label}, actual forwarding, {len(sel)} workload(s) pooled{f' {where}' if where else ''}; exact 95 % "
+            f"interval against the required {100 * req:g} %")
     if fails:
         note += f" (the claim {VERDICTS[0]} when the upper bound is below {100 * req:g} %)"
     return _bound(k, n, at_least=req, decide_=_decides(results, _NOPREFIX), unit="% preserved", note=note,
@@ -811,6 +899,19 @@ def s2_suffix_restores(results: Path) -> Estimate:
 def s3_document_only_short(results: Path) -> Estimate:
     """S3: patching the gold evidence documents alone falls short of the required preservation."""
     return _preservation(results, "Doc K2 · oracle", fails=True)
+
+
+def s7_exact_then_degrades(results: Path) -> Estimate:
+    """S7, its three parts, each by :func:`_preservation`'s bounds on ``06_noprefix_endpoints``: composition without
+    repair reaches the required preservation on the workloads of at most four documents, falls short of it at sixteen,
+    and suffix repair from the risk-selected start (K2) reaches it at sixteen; all three must hold."""
+    return all_of({
+        "composition, <= 4 documents": _preservation(results, "Prefix composition", fails=False,
+                                                      docs=lambda n: n <= 4, where="of at most 4 documents"),
+        "composition, 16 documents": _preservation(results, "Prefix composition", fails=True,
+                                                   docs=lambda n: n == 16, where="of 16 documents"),
+        "suffix K2 · risk, 16 documents": _preservation(results, "Suffix K2 · risk", fails=False,
+                                                        docs=lambda n: n == 16, where="of 16 documents")})
 
 
 def _ledger(results: Path, experiment: str) -> Estimate:
@@ -1250,8 +1351,7 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "S4": (s4_suffix_beats_window, "06_noprefix_design_ledger"),
     "S5": (s5_linked_below_suffix, None),
     "S6": (s6_adaptive_drifts, None),
-    "S7": (_unavailable("three parts (exact at <= 4 documents, degraded at 16, recovered by suffix repair) with no "
-                        "declared comparison between workloads in notebook 06"), None),
+    "S7": (s7_exact_then_degrades, "06_noprefix_endpoints"),
     "S8": (_unavailable("the position sweep (06_noprefix_position_sweep) is descriptive: no declared "
                         "comparison across evidence positions"), None),
     "S9": (s9_full_prefill_everywhere, None),
@@ -1259,12 +1359,9 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "B6": (b6_sync_answers_alike, "10_agent_traces_decided"),
     "B7": (b7_sync_faster_early, "10_agent_traces_decided"),
     "B8": (b8_debt_narrows, "07_agent_session_decided"),
-    "P15": (_unavailable("a GPU measurement (H100, B = 64); notebook 04 times a CPU analogue, medians without an "
-                         "interval or a declared comparison"), None),
-    "P16": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
-                         "comparison"), None),
-    "P17": (_unavailable("a GPU measurement (H100); notebook 04's CPU medians carry no interval or declared "
-                         "comparison"), None),
+    "P15": (p15_packed_much_faster, "04_timings"),
+    "P16": (p16_one_shot_then_packing, "04_timings"),
+    "P17": (p17_direct_faster_at_one_interval, "04_timings"),
     "A11-1": (a11_1_exact_logits_differ, "05_execution_paths"),
     "A11-2": (a11_2_argmax_far_below_logits, "05_execution_paths"),
     "A11-3": (a11_3_nll_cross_exceeds_within, "05_execution_paths"),
