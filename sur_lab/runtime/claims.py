@@ -612,7 +612,7 @@ def _packed_rows(results: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     df = read_table(results, "04_timings")
     packed = str((_manifest_entry(results, _BENCH).get("parameters") or {}).get("target_executor",
                                                                                 "packed-inplace"))
-    diffs, keys = {}, []
+    diffs = {}
     for a, b, r in PACKED_COMPARISONS:
         a, b = (packed if a == "packed" else a), (packed if b == "packed" else b)
         at_r = df[df["num_intervals"] == r].pivot_table(index=["context_len", "rep"], columns="executor",
@@ -623,7 +623,6 @@ def _packed_rows(results: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
                               f"time that cell")
         both = at_r[[a, b]].dropna()
         diffs[(f"{a} (R = {r})", f"{b} (R = {r})")] = (both[a].to_numpy(float), both[b].to_numpy(float))
-        keys.append((a, b, r))
     rows = paired_family(diffs, family=PACKED_FAMILY, decide=_decides(results, _BENCH)).to_dict("records")
     return dict(zip(PACKED_COMPARISONS, rows))
 
