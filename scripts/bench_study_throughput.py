@@ -441,6 +441,8 @@ def main(argv=None) -> int:
     pa, pb = args.parity if args.parity else (0, len(args.runs) - 1)
     if not (0 <= pa < len(args.runs) and 0 <= pb < len(args.runs)):
         raise SystemExit(f"--parity indices must lie in [0, {len(args.runs) - 1}]")
+    if pa == pb and len(args.runs) > 1:
+        raise SystemExit(f"--parity {pa} {pb} compares a run with itself: give two different indices")
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_study_throughput_"))
     root.mkdir(parents=True, exist_ok=True)
     _, strata, _ = STUDIES[args.study]
@@ -481,6 +483,19 @@ def main(argv=None) -> int:
                                   "answer_run": row.answer_run})
     summary["answer_agreement"] = summary["run"].map(agree_rows)
     table = pd.DataFrame([{"run": r["run"], **r["breakdown"]} for r in results])
+    if len(labels) == 1:
+        # One run measures its throughput alone (e.g. each dtype run on its own core into one --out); a later
+        # invocation with both runs resumes their sweeps and compares them.
+        with pd.option_context("display.width", 250, "display.max_columns", 40):
+            print()
+            print(summary.round(2).to_string(index=False))
+            print()
+            print(table.round(2).to_string(index=False))
+            print("\none run: no parity study (give two --runs to compare them)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"summary": summary.to_dict("records"),
+                                                   "breakdown": table.to_dict("records")}, indent=1, default=str))
+        return 0
 
     # Parity: run A against run B (the dtypes' EM, Shift's damage, the primary comparisons, the ordering).
     la, lb = labels[pa], labels[pb]

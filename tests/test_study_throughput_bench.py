@@ -4,6 +4,7 @@ the run syntax, the breakdown, answer agreement and the parity study's decision.
 from __future__ import annotations
 
 import argparse
+import json
 import importlib.util
 import math
 import sys
@@ -98,3 +99,26 @@ def test_a_parity_that_fails_names_what_moved(bench):
     assert not holds and any("EM of SUR 5%" in r for r in reasons) and any("primary" in r for r in reasons)
     assert np.isfinite(bench.shift_damage(a, "context_len")["delta"])
     assert bench.shift_damage(a, "context_len")["delta"] == pytest.approx(100.0)
+
+
+def test_parity_needs_two_different_runs_and_one_run_measures_alone(bench, tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit, match="compares a run with itself"):
+        bench.main(["--runs", "16", "16:packed", "--parity", "1", "1", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())  # refused before any run started
+
+    # One run: its child's result is summarised and no parity is attempted (the child process is stood in for).
+    def child(cmd, check):
+        result = Path(cmd[cmd.index("--child-result") + 1])
+        result.write_text(json.dumps({
+            "run": "16:packed", "eval_batch": 16, "executor": "packed", "dtype": "float32", "dtype_reason": "requested",
+            "sharing": "independent", "records": 48, "cases": 12, "wall_s": 60.0, "records_per_min": 48.0,
+            "model_rss_mb": 1.0, "peak_rss_mb": 2.0, "peak_is_this_run": True, "folder": str(tmp_path),
+            "breakdown": {"prepare_s_per_case": 1.0}}))
+
+    monkeypatch.setattr(bench.subprocess, "run", child)
+    monkeypatch.setattr(bench, "_load", lambda study, folder: _records(BASE))
+    out = tmp_path / "one.json"
+    assert bench.main(["--runs", "16:packed", "--out", str(tmp_path), "--json", str(out)]) == 0
+    assert "one run: no parity study" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["summary"][0]["records_per_min"] == 48.0 and "parity_holds" not in saved

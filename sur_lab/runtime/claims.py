@@ -1192,10 +1192,11 @@ CLAIMS: tuple[Claim, ...] = (
     _p("P16", "§4.4, Table 18",
        "Most of that gain comes from sharing one traversal: one-shot sparse execution captures much of it, and "
        "packing adds a further speed-up.",
-       "packed over one-shot 1.21x at 8K, R = 16", _BENCH, "04_table18"),
+       "packed over one-shot 1.21x at 8K, R = 16 (H100; this suite measures a CPU analogue)", _BENCH,
+       "04_table18"),
     _p("P17", "§4.4, Table 18",
        "With a single interval, direct-cache sequential execution is slightly faster than packing.",
-       "8K, R = 1: 32.571 vs 34.860 ms", _BENCH, "04_table18"),
+       "8K, R = 1: 32.571 vs 34.860 ms (H100; this suite measures a CPU analogue)", _BENCH, "04_table18"),
     # ---- appendix 9.3: matched tokens and design variants
     _p("A9.3-1", "App. 9.3, Table 14",
        "Under a matched-token protocol on a frozen holdout, region-level selection beats token-level selection, "
