@@ -612,11 +612,12 @@ def _packed_rows(results: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     df = read_table(results, "04_timings")
     packed = str((_manifest_entry(results, _BENCH).get("parameters") or {}).get("target_executor",
                                                                                 "packed-inplace"))
+    by_r = {r: df[df["num_intervals"] == r].pivot_table(index=["context_len", "rep"], columns="executor", values="ms",
+                                                        aggfunc="first") for r in {r for *_, r in PACKED_COMPARISONS}}
     diffs = {}
     for a, b, r in PACKED_COMPARISONS:
         a, b = (packed if a == "packed" else a), (packed if b == "packed" else b)
-        at_r = df[df["num_intervals"] == r].pivot_table(index=["context_len", "rep"], columns="executor",
-                                                         values="ms", aggfunc="first")
+        at_r = by_r[r]
         lacking = [e for e in (a, b) if e not in at_r.columns]
         if at_r.empty or lacking:
             raise NotComputed(f"04_timings has no {', '.join(lacking) or 'timing'} at R = {r}: this run did not "
