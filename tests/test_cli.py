@@ -273,7 +273,7 @@ def test_study_presets():
     assert paper["num_cases"] == 96 and paper["budgets"] == [2, 5, 10, 20, 40, 80] and len(paper["allocators"]) == 18
     assert get_study("natural-qa").params("paper")["n_per_dataset"] == 100
     assert get_study("niah").params("default")["num_cases"] == 48
-    assert get_study("noprefix").params("default")["n_sources"] == [6, 2, 1]  # the last: a scaled Noise64
+    assert get_study("noprefix").params("default")["n_sources"] == [6, 2]  # Noise64 is the paper preset's only
     assert get_study("noprefix").params("paper")["num_docs"] == [4, 16, 64]
     with pytest.raises(ValueError, match="preset='huge' is not one of smoke, default, paper"):
         get_study("noprefix").params("huge")

@@ -72,13 +72,16 @@ FOLDER = "06_noprefix"
 #: Study sizes of notebook 06 by preset (issue 13; :func:`sur_lab.studies.presets.resolve_preset`). ``n_sources`` pairs
 #: with ``num_docs`` (sources per dataset for each prompt size, nested); ``timed_sources`` is how many of the first
 #: sources per dataset are answered one record at a time and timed (time to first logit); the others are answered in
-#: batches for quality only. The 64-document workload is SAFE-KV's Noise64 (Table 20: 50 examples; the ``default``
-#: preset runs a scaled one, the first source per dataset). ``robustness_sources`` caps the sources per dataset of the
-#: robustness model's run (:func:`robustness_overrides`).
+#: batches for quality only. The 64-document workload is SAFE-KV's Noise64 (Table 20: 50 examples), run by the
+#: ``paper`` preset only: at ``default`` size it held one source per dataset (2 requests, a quarter of the notebook's
+#: minutes), which decides nothing (certifying 95 % preservation needs >= 59 all-preserved requests), so the
+#: ``default`` keeps the 4- and 16-document workloads and its quality gate (Table 20's analogue) is the 16-document
+#: one (issue 41's 3-hour budget; issue 40: a size the suite cannot hold belongs to ``paper``).
+#: ``robustness_sources`` caps the sources per dataset of the robustness model's run (:func:`robustness_overrides`).
 PRESETS = {
     "smoke": {"datasets": ["hotpotqa"], "num_docs": [4], "n_sources": [2], "timed_sources": 2, "sweep_sources": 1,
               "max_doc_tokens": 40, "max_new_tokens": 6, "robustness_sources": 1},
-    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16, 64], "n_sources": [6, 2, 1],
+    "default": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16], "n_sources": [6, 2],
                 "timed_sources": 6, "sweep_sources": 2, "max_doc_tokens": 48, "max_new_tokens": 8,
                 "robustness_sources": 6},
     "paper": {"datasets": ["hotpotqa", "2wikimultihopqa"], "num_docs": [4, 16, 64], "n_sources": [100, 100, 50],
