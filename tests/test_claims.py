@@ -248,7 +248,10 @@ def test_p8_is_all_of_the_derived_allocators_that_ran(tmp_path):
     assert "Not run here: ProphetKV-Adapted, Cache-Craft-Adapted" in row["note"]
     rivals = _decided({("SUR 2%", "Dense tokens 2%"): (ONES, ZEROS)}, family=RIVALS)
     row = _row_of(_results(tmp_path, {"02_sur_vs_allocators": rivals}), "P8")
-    assert row["verdict"] == cl.NOT_COMPUTED and row["note"].startswith("the run compares none of ProphetKV-Adapted")
+    # none ran (the default preset): undecided with no unit, never "not yet computed" and never a decided word
+    assert row["verdict"] == "undecided at this size" and row["n"] == 0 and row["estimate"] is None
+    assert row["note"].startswith("not run at this preset: notebook 02 compares none of ProphetKV-Adapted")
+    assert cl.format_verdict(row) == "undecided at this size (0 units: this preset does not run it)"
 
 
 def test_table14_and_ablation_rows(tmp_path):
@@ -267,9 +270,10 @@ def test_table14_and_ablation_rows(tmp_path):
     row = _row_of(results, "A9.3-4")  # Multiple local windows ties SUR at 5 %: the conjunction is undecided
     assert row["verdict"] == "undecided at this size" and "shown: Multiple local windows 5% vs SUR 5%" in row["note"]
     assert row["estimate"] == 0.0
-    assert _row_of(results, "A9.3-3")["verdict"] == cl.NOT_COMPUTED  # no SUR variant ran
-    assert _row_of(results, "A9.3-3")["note"] == (f"the claim's joint arm ({cl.JOINT_ARM} 5%) did not run at this "
-                                                  "preset")
+    assert _row_of(results, "A9.3-3")["verdict"] == "undecided at this size"  # no SUR variant ran
+    assert _row_of(results, "A9.3-3")["n"] == 0
+    assert _row_of(results, "A9.3-3")["note"] == (f"not run at this preset: the claim's joint arm ({cl.JOINT_ARM} 5%) "
+                                                  "did not run (the paper preset runs it)")
 
 
 def test_design_tie_reads_the_joint_arm_only(tmp_path):
@@ -278,9 +282,10 @@ def test_design_tie_reads_the_joint_arm_only(tmp_path):
     factor = _decided({("SUR[aggregation=mean] 5%", "SUR 5%"): (ONES, HALF)}, family="SUR's design factors")
     results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_ablation": factor.assign(metric="em")})
     row = _row_of(results, "A9.3-3")
-    assert row["verdict"] == cl.NOT_COMPUTED and row["estimate"] is None
-    assert row["note"].startswith(f"the claim's joint arm ({cl.JOINT_ARM} 5%) did not run at this preset; single "
-                                  "factors against SUR at 5 %: SUR[aggregation=mean] 5% vs SUR 5%: +50 pp EM [")
+    assert row["verdict"] == "undecided at this size" and row["estimate"] is None and row["n"] == 0
+    assert row["note"].startswith(f"not run at this preset: the claim's joint arm ({cl.JOINT_ARM} 5%) did not run "
+                                  "(the paper preset runs it); single factors against SUR at 5 %: "
+                                  "SUR[aggregation=mean] 5% vs SUR 5%: +50 pp EM [")
     joint = _decided({("SUR[aggregation=mean] 5%", "SUR 5%"): (ONES, HALF),
                       (f"{cl.JOINT_ARM} 5%", "SUR 5%"): (ONES, ONES)}, family="SUR's design factors")
     results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_ablation": joint.assign(metric="em")})
@@ -310,7 +315,9 @@ def test_natural_qa_rows(tmp_path):
     lat = decided[decided.family == qa.LATENCY.name].iloc[0]
     assert p12["unit"] == "x" and p12["verdict"] == "holds" and p12["ci_low"] == lat.ci_low > 1
     assert math.isclose(p12["estimate"], lat.estimate)
-    assert _row_of(results, "P13")["verdict"] == cl.NOT_COMPUTED  # no Replay at the default preset
+    p13 = _row_of(results, "P13")  # no Replay at the default preset: undecided, with no unit
+    assert p13["verdict"] == "undecided at this size" and p13["n"] == 0 and p13["estimate"] is None
+    assert p13["note"].startswith("not run at this preset: notebook 03 ran no Replay at this preset")
     t7["em_pct"] = [5.0, 10.0]  # Re-prefill's EM below the lead threshold: agreement leads, no Re-prefill row
     results = _results(tmp_path, {"03_table7_quality_latency": t7})
     assert "lead endpoint is agreement" in _row_of(results, "P9")["note"]
@@ -369,14 +376,20 @@ def test_stale_facts_rows(tmp_path):
 
 
 def test_every_claim_renders_on_empty_and_on_finished_folders(tmp_path):
-    """A finished notebook with no tables: each computed row says why it is not computed; nothing crashes."""
+    """A finished notebook with no tables: each row that reads a table says why it is not computed; the rows whose
+    comparison the default preset never runs (no table needed to know it) are undecided with no unit; nothing
+    crashes."""
     finished = {p.stem for p in notebooks("*")}
     results = _results(tmp_path, {}, finished=finished)
     rows = cl.claim_rows(results)
-    assert all(r["verdict"] == cl.NOT_COMPUTED and r["note"] for r in rows)
+    not_run = {r["id"] for r in rows if r["verdict"] != cl.NOT_COMPUTED}
+    assert not_run == {"P14", "A9.3-2"}
+    assert all(r["verdict"] == cl.NOT_COMPUTED and r["note"] for r in rows if r["id"] not in not_run)
+    assert all(r["verdict"] == "undecided at this size" and r["n"] == 0 and r["note"].startswith(
+        "not run at this preset: ") for r in rows if r["id"] in not_run)
     notes = {r["id"]: r["note"] for r in rows}
     assert notes["P1"].startswith("cannot compute yet: FileNotFoundError: results/tables has no 02_budget_table_em")
-    assert notes["P4"].startswith("the declared families of notebook 02 compare allocators at 2 and 5 % only")
+    assert notes["P4"].startswith("cannot compute yet: FileNotFoundError: results/tables has no 02_budget_table_em")
     md = cl.claims_markdown(rows)
     assert all(f"| {c.id} |" in md for c in cl.CLAIMS)
 
@@ -575,6 +588,14 @@ def test_s10_reads_the_donor_proxy_row_of_the_saved_decided_table(tmp_path):
     # Donor-copy below forwarding (0 of 16 against 8): the claim does not hold.
     below = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(0), seed=0)}), "S10")
     assert below["verdict"] == "does not hold"
+    # With the endpoints table the note says which workloads the estimate pools, and that Noise64 is not among them.
+    ends = pd.DataFrame({"workload": ["HotpotQA·4", "HotpotQA·16"], "label": "Suffix K1 · risk", "protocol": "forward",
+                         "n": 8, "preservation": 1.0})
+    tables = {"06_noprefix_decided": table, "06_noprefix_endpoints": ends}
+    assert _row_of(_results(tmp_path, tables), "S10")["note"].endswith(
+        "; pooled over the workloads of 4, 16 documents (the claim is about Noise64, which only the paper preset runs)")
+    tables["06_noprefix_endpoints"] = ends.assign(workload=["HotpotQA·4", "Noise64"])
+    assert _row_of(_results(tmp_path, tables), "S10")["note"].endswith("; pooled over the workloads of 4, 64 documents")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -853,3 +874,63 @@ def test_a11_reads_the_decodes_as_notebook_05_saves_them(tmp_path):
     assert a3["verdict"] == claim_verdict(nll.verdict, "greater")
     a2 = _row_of(results, "A11-2")
     assert a2["n"] == 4 and a2["verdict"] in cl.VERDICTS
+
+
+def test_p4_can_fail_on_its_first_half_and_is_undecided_while_the_second_is_not_run(tmp_path):
+    """P4 needs Dense tokens at 80 %, which no preset's declared family compares: the conjunction never holds, but a
+    first half that fails (Dense tokens at 5 % beats SUR) makes the claim fail."""
+    rivals = _decided({("SUR 5%", "Dense tokens 5%"): (ONES, ZEROS)}, family=RIVALS)
+    row = _row_of(_results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals}), "P4")
+    assert row["verdict"] == "undecided at this size" and row["estimate"] is None and row["n"] == 0
+    assert "SUR 5% vs Dense tokens 5%: +100 pp EM" in row["note"] and "Dense tokens at 80 %" in row["note"]
+    rivals = _decided({("SUR 5%", "Dense tokens 5%"): (ZEROS, ONES)}, family=RIVALS)
+    row = _row_of(_results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals}), "P4")
+    assert row["verdict"] == "does not hold" and row["estimate"] == -100.0 and row["n"] == 48
+
+
+def _sweep_runs(doc_first, comp_first, suffix_first, suffix_last, *, n):
+    """``06_noprefix_sweep_runs`` as notebook 06 saves it: per source (``n`` of them) and slot (0, 1, 2), the forwarded
+    and donor rows of each path with its ``preserved`` flag; the arguments are each source's flag (arrays)."""
+    rows = []
+    for i in range(n):
+        for slot in (0, 1, 2):
+            flags = {"Doc K2 · oracle": doc_first[i] if slot == 0 else 1,
+                     "Prefix composition": comp_first[i] if slot == 0 else 0,
+                     "Suffix K1 · oracle": suffix_first[i] if slot == 0 else suffix_last[i] if slot == 2 else 1}
+            for label, flag in flags.items():
+                for protocol in ("forward", "donor"):
+                    rows.append({"dataset": "hotpotqa", "source_id": f"s{i}", "slot": slot, "label": label,
+                                 "method": label.split(" · ")[0], "protocol": protocol,
+                                 # the donor rows say the opposite: only the forwarded ones may be read
+                                 "preserved": bool(flag) if protocol == "forward" else not flag})
+    return pd.DataFrame(rows)
+
+
+def test_s8_decides_its_two_halves_on_the_position_sweep_requests(tmp_path):
+    """S8 from ``06_noprefix_sweep_runs``: with the evidence first, document-only patching loses to composition (the
+    "no better than" half holds) and suffix repair keeps every answer in both the first and the last slot (0 of 200
+    discordant: the 90 % interval inside the ledger's 5-point margin, equivalent), so S8 holds; document-only patching
+    that beats composition makes it fail; at four sources it is undecided."""
+    n = 200
+    ones, zeros = np.ones(n), np.zeros(n)
+    half = np.r_[np.zeros(n // 2), np.ones(n // 2)]
+    row = _row_of(_results(tmp_path, {"06_noprefix_sweep_runs": _sweep_runs(zeros, half, ones, ones, n=n)}), "S8")
+    assert row["verdict"] == "holds", row["note"]
+    assert "all of 2 must hold" in row["note"] and "with the evidence in slot 0 minus slot 2" in row["note"]
+    # the shown part is the first (a tie in rank keeps the order): doc-only minus composition, -50 pp
+    assert row["estimate"] == -50.0 and row["n"] == n and row["unit"] == "pp preservation"
+    row = _row_of(_results(tmp_path, {"06_noprefix_sweep_runs": _sweep_runs(ones, half, ones, ones, n=n)}), "S8")
+    assert row["verdict"] == "does not hold" and row["estimate"] == 50.0
+    four = np.ones(4)
+    row = _row_of(_results(tmp_path, {"06_noprefix_sweep_runs": _sweep_runs(four, four, four, four, n=4)}), "S8")
+    assert row["verdict"] == "undecided at this size" and row["n"] == 4
+    one_slot = _sweep_runs(four, four, four, four, n=4).query("slot == 0")
+    row = _row_of(_results(tmp_path, {"06_noprefix_sweep_runs": one_slot}), "S8")
+    assert row["verdict"] == cl.NOT_COMPUTED and "fewer than two evidence slots" in row["note"]
+
+
+def test_no_better_reads_loses_and_equivalent_as_holding():
+    from sur_lab.analysis.decisions import claim_verdict
+
+    assert [claim_verdict(v, cl._no_better(v)) for v in ("loses to", "equivalent", "beats", "not separated")] == [
+        "holds", "holds", "does not hold", "undecided at this size"]

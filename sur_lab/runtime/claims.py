@@ -13,8 +13,10 @@ by ``decisions.bound_claim``; a conjunction of such rows by :func:`all_of`. Wher
 but no decided table, the row rebuilds the per-unit table with the study's own function and decides a family declared
 here (appendix 11: notebook 05's decodes, per cell by ``execution_paths.cell_table``). A row without a ``compute``
 function, whose notebook has not finished in the release, or whose quantity the run cannot produce
-(:class:`NotComputed`: a paper model, a GPU measurement, an arm or budget the preset does not run, a table not
-written) renders as "not yet computed" with the reason, never as a verdict. Each ``compute`` reads
+(:class:`NotComputed`: a table not written, a paper model or a GPU measurement) renders as "not yet computed" with
+the reason, never as a verdict. A claim whose comparison the release's preset does not run (an arm, budget or context
+length that only the ``paper`` preset runs: :class:`NotRun`) is "undecided at this size" with no unit, the verdict
+``decisions.claim_of_outcome(None)`` gives a comparison that was not made, and its note names the preset that runs it. Each ``compute`` reads
 ``results/tables/<table>_<run tag>.csv`` (:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
@@ -36,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from sur_lab.analysis.decisions import (
+    EQUIVALENT,
     NOT_DECIDED,
     Family,
     bound_claim,
@@ -60,7 +63,7 @@ from sur_lab.studies.agent_traces import AGREEMENT_FAMILY, PREFIX, REGION_FAMILY
 from sur_lab.studies.evidence_location import COMPLETE_REPLAY, FIXED_SLOT_LABEL, NLL_SIDE_MARGIN
 from sur_lab.studies.natural_qa import LATENCY, PRIMARY, REFERENCE_FAMILY
 from sur_lab.studies.niah import BOUNDARY_CONTROLS, JOINT_ARM, MATCHED
-from sur_lab.studies.noprefix import DONOR_PROXY
+from sur_lab.studies.noprefix import DONOR_PROXY, LEDGER_MARGIN
 from sur_lab.studies.presets import lead_endpoint
 from sur_lab.studies.stale_facts import EM_FAMILY, STALE_FAMILY
 
@@ -179,9 +182,16 @@ def paired_claim(family: Mapping[str, Any], *, comparison: str, expect: str, uni
 
 
 class NotComputed(Exception):
-    """A claim this release cannot answer: the quantity is outside what the run produced (a paper model, a budget or
-    arm the preset does not run, a table the notebook does not write). Its row reads "not yet computed" with the
-    message as its note; it never carries a verdict."""
+    """A claim this release cannot answer: the quantity is outside what the run produced (a paper model, a table the
+    notebook does not write). Its row reads "not yet computed" with the message as its note; it never carries a
+    verdict."""
+
+
+class NotRun(NotComputed):
+    """A claim whose comparison the release's preset does not make: an arm, budget or context length that another
+    preset (``paper``) runs. Its row reads "undecided at this size" (``decisions.claim_of_outcome(None)``: a comparison
+    not made decides nothing) with no unit (``n`` 0), and the message, naming what is missing and which preset runs it,
+    as its note. A :class:`NotComputed` too, so a ``compute`` that tries several comparisons catches both."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -343,14 +353,21 @@ def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Est
     return replace(weakest, note=note)
 
 
-def _unavailable(reason: str) -> Callable[[Path], Estimate]:
-    """A ``compute`` for a claim this suite's release cannot answer: its row says "not yet computed" and why."""
+def _not_run(reason: str) -> Callable[[Path], Estimate]:
+    """A ``compute`` for a claim whose comparison the release's preset does not run (:class:`NotRun`): its row is
+    "undecided at this size" with no unit, and ``reason`` (what is missing, which preset runs it) is its note."""
 
     def compute(results: Path) -> Estimate:
-        raise NotComputed(reason)
+        raise NotRun(reason)
 
-    compute.__doc__ = f"Not computed: {reason}"
+    compute.__doc__ = f"Not run at this preset: {reason}"
     return compute
+
+
+def not_run_part(reason: str) -> Estimate:
+    """The part of an :func:`all_of` claim that the preset does not run: "undecided at this size" with no unit (a
+    comparison not made decides nothing), so the conjunction can fail on its other parts but never hold."""
+    return Estimate(None, None, None, "", claim_of_outcome(None), n=0, note=f"not run at this preset: {reason}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -420,6 +437,20 @@ def p3_sur_vs_shift(results: Path) -> Estimate:
     return _niah_rival(results, "SUR 2% vs Shift")
 
 
+#: P4's second half: no preset's declared family compares budgets above :data:`niah.FAMILY_BUDGETS` (2 and 5 %).
+P4_NOT_RUN = ("Dense tokens at 80 % against SUR at 5 %: the default runs budgets of 2 and 5 % only, and notebook 02's "
+              "declared families compare allocators at 2 and 5 % (niah.FAMILY_BUDGETS) at every preset, so this half "
+              "is decided by no preset yet")
+
+
+def p4_sur_near_perfect_at_5(results: Path) -> Estimate:
+    """P4, as :func:`all_of` two halves: SUR beats Dense tokens at 5 % (``02_sur_vs_allocators``), and Dense tokens
+    approaches SUR only at 80 % (:data:`P4_NOT_RUN`: :func:`not_run_part`). The claim can fail on its first half and is
+    at best undecided while the second is not run."""
+    return all_of({"SUR 5% vs Dense tokens 5%": _niah_rival(results, "SUR 5% vs Dense tokens 5%"),
+                   "Dense tokens at 80 %": not_run_part(P4_NOT_RUN)})
+
+
 def p5_sur_vs_random_units(results: Path) -> Estimate:
     """P5: SUR minus random semantic units at 2 %."""
     return _niah_rival(results, "SUR 2% vs Random semantic units 2%")
@@ -447,8 +478,8 @@ def p8_sur_vs_derived(results: Path) -> Estimate:
         except NotComputed:
             missing.append(name)
     if not parts:
-        raise NotComputed(f"the run compares none of {', '.join(P8_ALLOCATORS)} (the paper preset runs them; "
-                          "default does not)")
+        raise NotRun(f"notebook 02 compares none of {', '.join(P8_ALLOCATORS)} at this preset (the paper preset runs "
+                     "them)")
     return all_of(parts, missing=missing)
 
 
@@ -495,8 +526,8 @@ def a93_3_design_tie(results: Path) -> Estimate:
     factor's row does not decide it.
 
     Raises:
-        NotComputed: when the joint arm did not run (the default preset varies one factor at a time); the message
-            lists the single-factor rows that did, as context.
+        NotRun: when the joint arm did not run (the default preset varies one factor at a time); the message lists the
+            single-factor rows that did, as context.
     """
     try:
         return _ablation(results, (JOINT_ARM,), (5.0,), "equivalent")
@@ -506,7 +537,7 @@ def a93_3_design_tie(results: Path) -> Estimate:
         except NotComputed:
             factors = None
         seen = "" if factors is None else f"; single factors against SUR at 5 %: {factors.note.split('. ', 1)[-1]}"
-        raise NotComputed(f"the claim's joint arm ({JOINT_ARM} 5%) did not run at this preset{seen}") from None
+        raise NotRun(f"the claim's joint arm ({JOINT_ARM} 5%) did not run (the paper preset runs it){seen}") from None
 
 
 def a93_4_boundaries(results: Path) -> Estimate:
@@ -577,8 +608,12 @@ def p12_faster_than_reprefill(results: Path) -> Estimate:
 
 
 def p13_faster_than_replay(results: Path) -> Estimate:
-    """P13: Replay's post-edit latency over SUR's at 5 %."""
-    return _qa_latency(results, "Replay")
+    """P13: Replay's post-edit latency over SUR's at 5 % (:class:`NotRun` when notebook 03 ran no Replay: its
+    ``default`` references are Shift and Re-prefill, the ``paper`` preset adds Replay)."""
+    try:
+        return _qa_latency(results, "Replay")
+    except NotComputed as err:
+        raise NotRun(f"notebook 03 ran no Replay at this preset (the paper preset does): {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -946,6 +981,81 @@ def s6_adaptive_drifts(results: Path) -> Estimate:
     return _ledger(results, "Adaptive suffix")
 
 
+#: S8's two halves as one declared family, decided here (notebook 06 saves the position sweep's requests,
+#: ``06_noprefix_sweep_runs``, but no decided table of them): requests paired by source, answer preservation under
+#: actual forwarding, Holm over the two, the design ledger's margin (:data:`LEDGER_MARGIN`) for "no better than" and
+#: "removes the position dependence".
+POSITION_FAMILY = Family(
+    "evidence position (S8)", "binary",
+    "with the evidence document first: patching it alone (Doc K2, oracle) minus prefix composition; suffix repair "
+    "(Suffix K1, oracle) with the evidence first minus with it last; preservation, requests paired by source",
+    margin=LEDGER_MARGIN, max_size=2)
+#: The position sweep's labels of the three paths S8 compares.
+S8_DOC, S8_COMPOSITION, S8_SUFFIX = "Doc K2 · oracle", "Prefix composition", "Suffix K1 · oracle"
+
+
+def _no_better(verdict: str) -> str:
+    """The expectation (:data:`EXPECTATIONS`) that reads a claim "A is *no better than* B" from the decided A - B
+    comparison's verdict: "equivalent" when it is equivalent within the family's margin, else "less". So the claim
+    holds when A loses to B or is equivalent, does not hold when A beats B, and is undecided otherwise (a difference
+    that is merely not separated is no evidence of "no better")."""
+    return "equivalent" if verdict == EQUIVALENT else "less"
+
+
+def s8_position_dependence(results: Path) -> Estimate:
+    """S8, as :func:`all_of` its two halves, :data:`POSITION_FAMILY` decided on ``06_noprefix_sweep_runs`` (the
+    position sweep's requests; actual forwarding):
+
+    - with the evidence document in the first slot, patching it alone is *no better than* composition
+      (:func:`_no_better`: it loses, or is equivalent within the margin);
+    - suffix repair "removes most of the position dependence", read as: suffix repair's preservation with the evidence
+      first and with it last is equivalent within the margin (the slots are the sweep's first and last).
+
+    Raises:
+        NotComputed: when the table lacks a path or a slot (a sweep of one slot has no position to compare).
+    """
+    table = "06_noprefix_sweep_runs"
+    df = read_table(results, table)
+    df = df[df["protocol"] == "forward"]
+    missing = [c for c in ("slot", "label", "preserved", *("dataset", "source_id")) if c not in df.columns]
+    if missing:
+        raise ValueError(f"{table} lacks the columns {missing}")
+    if df["slot"].nunique() < 2:
+        raise NotComputed(f"{table} has fewer than two evidence slots")
+    first, last = int(df["slot"].min()), int(df["slot"].max())
+    keys = ["dataset", "source_id"]
+
+    def preserved(label: str, slot: int) -> pd.Series:
+        sel = df[(df["label"] == label) & (df["slot"] == slot)]
+        if sel.empty:
+            raise NotComputed(f"{table} has no forwarded {label!r} request in slot {slot}")
+        flags = sel["preserved"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
+        return pd.Series(flags.astype(int).to_numpy(), index=pd.MultiIndex.from_frame(sel[keys]))
+
+    def paired(a: pd.Series, b: pd.Series) -> tuple[Any, Any]:
+        both = a.index.intersection(b.index)
+        return a.loc[both].to_numpy(), b.loc[both].to_numpy()
+
+    diffs = {(S8_DOC, S8_COMPOSITION): paired(preserved(S8_DOC, first), preserved(S8_COMPOSITION, first)),
+             (f"{S8_SUFFIX} first", f"{S8_SUFFIX} last"): paired(preserved(S8_SUFFIX, first),
+                                                                  preserved(S8_SUFFIX, last))}
+    rows = paired_family(diffs, family=POSITION_FAMILY, decide=_decides(results, _NOPREFIX)).to_dict("records")
+    doc, suffix = rows
+    margin = f"the margin ±{100 * LEDGER_MARGIN.value:g} points ({LEDGER_MARGIN.source})"
+    how = f"{POSITION_FAMILY.name}, Holm over 2; slots {first} (first) and {last} (last); requests paired by source"
+    parts = {
+        "patching the evidence document alone, evidence first: no better than composition": decide(
+            _scaled(doc, 100.0), expect=_no_better(doc["verdict"]), unit="pp preservation"),
+        "suffix repair: first and last slot alike": decide(
+            _scaled(suffix, 100.0), expect="equivalent", unit="pp preservation"),
+    }
+    est = all_of(parts)
+    return replace(est, note=f"{est.note}. Read as: {S8_DOC} minus {S8_COMPOSITION} with the evidence in slot {first}, "
+                             f"holding when it loses or is equivalent within {margin}; {S8_SUFFIX} with the evidence "
+                             f"in slot {first} minus slot {last}, equivalent only when its 90 % interval lies within "
+                             f"the margin; {how}")
+
+
 def s10_donor_overstates(results: Path) -> Estimate:
     """S10: donor-copy minus actual forwarding of suffix K1 (risk) in answer preservation, above 0: the primary row of
     ``06_noprefix_decided`` (:func:`sur_lab.studies.noprefix.decided_table`, family ``DONOR_PROXY``: paired over
@@ -955,9 +1065,17 @@ def s10_donor_overstates(results: Path) -> Estimate:
     row = _row(df, "06_noprefix_decided", "donor-copy vs actual forwarding", family=DONOR_PROXY.name)
     discordant = _finite(row.get("n_discordant"))
     pairs = "" if discordant is None else f"; {int(discordant)} of {int(row['n'])} request pairs discordant"
+    try:
+        docs = sorted({d for w in read_table(results, "06_noprefix_endpoints")["workload"]
+                       if (d := _workload_docs(w)) is not None})
+    except (FileNotFoundError, KeyError, ValueError):
+        docs = []
+    pooled = "" if not docs else (
+        f"; pooled over the workloads of {', '.join(map(str, docs))} documents"
+        + ("" if 64 in docs else " (the claim is about Noise64, which only the paper preset runs)"))
     return decide(_scaled(row, 100.0), expect="greater", unit="pp preservation",
                   note="donor-copy minus actual forwarding (suffix K1, risk); requests paired, sources clustered"
-                  + pairs)
+                  + pairs + pooled)
 
 
 def s9_full_prefill_everywhere(results: Path) -> Estimate:
@@ -1317,9 +1435,7 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "P1": (p1_sur_vs_dense, "02_sur_vs_allocators"),
     "P2": (p2_sur_em_at_2, "02_niah_records"),
     "P3": (p3_sur_vs_shift, "02_sur_vs_allocators"),
-    "P4": (_unavailable("the declared families of notebook 02 compare allocators at 2 and 5 % only "
-                        "(niah.FAMILY_BUDGETS) and the default preset runs no 80 % budget: Dense tokens at 80 % is not "
-                        "a decided comparison"), None),
+    "P4": (p4_sur_near_perfect_at_5, "02_sur_vs_allocators"),
     "P5": (p5_sur_vs_random_units, "02_sur_vs_allocators"),
     "P6": (p6_sur_vs_window, "02_sur_vs_allocators"),
     "P7": (p7_sur_vs_bm25, "02_sur_vs_allocators"),
@@ -1329,11 +1445,12 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "P11": (p11_sur2_below_reprefill, "03_decisions"),
     "P12": (p12_faster_than_reprefill, "03_decisions"),
     "P13": (p13_faster_than_replay, "03_decisions"),
-    "P14": (_unavailable("its latency half is no declared comparison of notebook 03 (the latency family compares SUR "
-                         "with the references only), and the default preset runs none of the three selectors"), None),
+    "P14": (_not_run("notebook 03's default runs none of the three selectors (the paper preset runs them, and decides "
+                     "their EM against SUR's in its family of rivals); the latency half is no declared comparison of "
+                     "notebook 03 at any preset (its latency family compares SUR with the references only)"), None),
     "A9.3-1": (a93_1_matched_tokens, None),
-    "A9.3-2": (_unavailable("the default preset runs 1K and 2K contexts only; the claim contrasts them with 4K and "
-                            "longer (the paper preset), and 'concentrates' is no declared comparison"), None),
+    "A9.3-2": (_not_run("the default preset runs 1K and 2K contexts only; the claim contrasts them with 4K and "
+                        "longer (the paper preset runs them), and 'concentrates' is no declared comparison"), None),
     "A9.3-3": (a93_3_design_tie, None),
     "A9.3-4": (a93_4_boundaries, None),
     "A10-1": (a10_1_nll_side_null, None),
@@ -1353,8 +1470,7 @@ _COMPUTED: dict[str, tuple[Callable[[Path], Estimate], str | None]] = {
     "S5": (s5_linked_below_suffix, None),
     "S6": (s6_adaptive_drifts, None),
     "S7": (s7_exact_then_degrades, "06_noprefix_endpoints"),
-    "S8": (_unavailable("the position sweep (06_noprefix_position_sweep) is descriptive: no declared "
-                        "comparison across evidence positions"), None),
+    "S8": (s8_position_dependence, "06_noprefix_sweep_runs"),
     "S9": (s9_full_prefill_everywhere, None),
     "S10": (s10_donor_overstates, "06_noprefix_decided"),
     "B6": (b6_sync_answers_alike, "10_agent_traces_decided"),
@@ -1393,7 +1509,8 @@ def claim_row(claim: Claim, results: Path, finished: Mapping[str, bool] | None =
     The verdict is :data:`NOT_COMPUTED` (with the reason in ``note``) when the claim has no ``compute`` function, when
     its notebook has not finished in the release, or when ``compute`` cannot run yet (the decisions module missing, a
     table absent: ``cannot compute yet``), or when the claim is about a quantity the run cannot produce
-    (:class:`NotComputed`, whose reason is the note).
+    (:class:`NotComputed`, whose reason is the note). A comparison the preset does not run (:class:`NotRun`) is
+    "undecided at this size" with ``n`` 0 and the reason as the note.
     """
     finished = _finished(results) if finished is None else finished
     base = {"id": claim.id, "source": claim.source, "section": claim.section, "claim": claim.text,
@@ -1406,6 +1523,8 @@ def claim_row(claim: Claim, results: Path, finished: Mapping[str, bool] | None =
         return {**base, **empty, "note": f"{claim.notebook} has not finished in this release"}
     try:
         est = claim.compute(Path(results))
+    except NotRun as err:
+        return {**base, **empty, "verdict": claim_of_outcome(None), "n": 0, "note": f"not run at this preset: {err}"}
     except NotComputed as err:
         return {**base, **empty, "note": str(err)}
     except (ImportError, FileNotFoundError, KeyError, ValueError) as err:
@@ -1457,6 +1576,8 @@ def format_verdict(row: Mapping[str, Any]) -> str:
     """The verdict, with the smallest separable difference when undecided (the comparison's ``mde``: the difference
     whose units, all one way, would just reach significance at this size; not an 80 %-power effect), or "not yet
     computed"."""
+    if row["verdict"] == "undecided at this size" and row.get("n") == 0 and row.get("estimate") is None:
+        return "undecided at this size (0 units: this preset does not run it)"
     if row["verdict"] == "undecided at this size" and row.get("mde") is not None:
         return f"undecided at this size (smallest separable: {abs(row['mde']):.3g} {row['unit']})"
     return row["verdict"]
