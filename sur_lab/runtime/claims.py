@@ -16,8 +16,8 @@ function, whose notebook has not finished in the release, or whose quantity the 
 (:class:`NotComputed`: a table not written, a paper model or a GPU measurement) renders as "not yet computed" with
 the reason, never as a verdict. A claim whose comparison the release's preset does not run (an arm, budget or context
 length that only the ``paper`` preset runs: :class:`NotRun`) is "undecided at this size" with no unit, the verdict
-``decisions.claim_of_outcome(None)`` gives a comparison that was not made, and its note names the preset that runs it. Each ``compute`` reads
-``results/tables/<table>_<run tag>.csv`` (:func:`read_table`).
+``decisions.claim_of_outcome(None)`` gives a comparison that was not made, and its note names the preset that runs
+it. Each ``compute`` reads ``results/tables/<table>_<run tag>.csv`` (:func:`read_table`).
 
 :func:`write_claims` writes ``results/claims.md`` (the first page of the results) and ``results/claims.csv``; the
 release (:mod:`sur_lab.runtime.release`) calls it after every run. Sources: "Budgeted KV-Cache Repair for Evolving
@@ -1017,13 +1017,13 @@ def s8_position_dependence(results: Path) -> Estimate:
     table = "06_noprefix_sweep_runs"
     df = read_table(results, table)
     df = df[df["protocol"] == "forward"]
-    missing = [c for c in ("slot", "label", "preserved", *("dataset", "source_id")) if c not in df.columns]
+    keys = ["dataset", "source_id"]
+    missing = [c for c in ("slot", "label", "preserved", *keys) if c not in df.columns]
     if missing:
         raise ValueError(f"{table} lacks the columns {missing}")
     if df["slot"].nunique() < 2:
         raise NotComputed(f"{table} has fewer than two evidence slots")
     first, last = int(df["slot"].min()), int(df["slot"].max())
-    keys = ["dataset", "source_id"]
 
     def preserved(label: str, slot: int) -> pd.Series:
         sel = df[(df["label"] == label) & (df["slot"] == slot)]
