@@ -284,8 +284,10 @@ def test_design_tie_reads_the_joint_arm_only(tmp_path):
     row = _row_of(results, "A9.3-3")
     assert row["verdict"] == "undecided at this size" and row["estimate"] is None and row["n"] == 0
     assert row["note"].startswith(f"not run at this preset: the claim's joint arm ({cl.JOINT_ARM} 5%) did not run "
-                                  "(the paper preset runs it); single factors against SUR at 5 %: "
-                                  "SUR[aggregation=mean] 5% vs SUR 5%: +50 pp EM [")
+                                  "(the paper preset runs it); as context, each factor alone against SUR at 5 % (no "
+                                  "verdict: the claim is about both together, with allowance_base=prompt as the "
+                                  "paper's configuration): SUR[aggregation=mean] 5% vs SUR 5% +50 pp EM [")
+    assert "hold" not in row["note"]  # the context carries no verdict word
     joint = _decided({("SUR[aggregation=mean] 5%", "SUR 5%"): (ONES, HALF),
                       (f"{cl.JOINT_ARM} 5%", "SUR 5%"): (ONES, ONES)}, family="SUR's design factors")
     results = _results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_ablation": joint.assign(metric="em")})
@@ -389,7 +391,7 @@ def test_every_claim_renders_on_empty_and_on_finished_folders(tmp_path):
         "not run at this preset: ") for r in rows if r["id"] in not_run)
     notes = {r["id"]: r["note"] for r in rows}
     assert notes["P1"].startswith("cannot compute yet: FileNotFoundError: results/tables has no 02_budget_table_em")
-    assert notes["P4"].startswith("cannot compute yet: FileNotFoundError: results/tables has no 02_budget_table_em")
+    assert notes["P4"].startswith("cannot compute yet: FileNotFoundError: results/tables has no 02_niah_records")
     md = cl.claims_markdown(rows)
     assert all(f"| {c.id} |" in md for c in cl.CLAIMS)
 
@@ -572,30 +574,39 @@ def _donor_runs(donor_kept: int, n: int = 16) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _endpoints(*workloads):
+    """``06_noprefix_endpoints`` with one forwarded suffix K1 row per workload name."""
+    return pd.DataFrame({"workload": list(workloads), "label": "Suffix K1 · risk", "protocol": "forward", "n": 8,
+                         "preservation": 1.0})
+
+
 def test_s10_reads_the_donor_proxy_row_of_the_saved_decided_table(tmp_path):
     # Donor-copy preserves 16 of 16, forwarding 8 of 16: +50 pp, 8 discordant pairs all one way (sign p 0.0078), so
-    # donor-copy overstates forwarding: S10 holds, with the table's numbers in pp.
+    # donor-copy overstates forwarding: S10 holds, with the table's numbers in pp (a run with Noise64).
+    noise64 = _endpoints("HotpotQA·4", "Noise64")
     table = decided_table(_donor_runs(16), seed=0)
-    s10 = _row_of(_results(tmp_path, {"06_noprefix_decided": table}), "S10")
+    s10 = _row_of(_results(tmp_path, {"06_noprefix_decided": table, "06_noprefix_endpoints": noise64}), "S10")
     assert s10["verdict"] == "holds" and s10["estimate"] == pytest.approx(50.0) and s10["n"] == 16
     assert s10["ci_low"] == pytest.approx(table.iloc[0].delta_low) and s10["ci_high"] == pytest.approx(
         table.iloc[0].delta_high)
+    assert s10["note"].endswith("8 of 16 request pairs discordant; pooled over the workloads of 4, 64 documents")
     # Donor-copy preserves exactly forwarding's requests: no discordant pair, undecided (never "holds" on a tie).
-    same = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(8), seed=0)}), "S10")
+    same = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(8), seed=0),
+                                       "06_noprefix_endpoints": noise64}), "S10")
     assert same["verdict"] == "undecided at this size" and same["estimate"] == 0.0
-    assert same["note"].endswith("0 of 16 request pairs discordant")
-    assert s10["note"].endswith("8 of 16 request pairs discordant")
+    assert "0 of 16 request pairs discordant" in same["note"]
     # Donor-copy below forwarding (0 of 16 against 8): the claim does not hold.
-    below = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(0), seed=0)}), "S10")
+    below = _row_of(_results(tmp_path, {"06_noprefix_decided": decided_table(_donor_runs(0), seed=0),
+                                        "06_noprefix_endpoints": noise64}), "S10")
     assert below["verdict"] == "does not hold"
-    # With the endpoints table the note says which workloads the estimate pools, and that Noise64 is not among them.
-    ends = pd.DataFrame({"workload": ["HotpotQA·4", "HotpotQA·16"], "label": "Suffix K1 · risk", "protocol": "forward",
-                         "n": 8, "preservation": 1.0})
-    tables = {"06_noprefix_decided": table, "06_noprefix_endpoints": ends}
-    assert _row_of(_results(tmp_path, tables), "S10")["note"].endswith(
-        "; pooled over the workloads of 4, 16 documents (the claim is about Noise64, which only the paper preset runs)")
-    tables["06_noprefix_endpoints"] = ends.assign(workload=["HotpotQA·4", "Noise64"])
-    assert _row_of(_results(tmp_path, tables), "S10")["note"].endswith("; pooled over the workloads of 4, 64 documents")
+    # Without a long composition (the default's 4 and 16 documents) the claim's workload was not run: undecided with
+    # no unit, whatever the pooled primary says, which the note gives as context.
+    short = _row_of(_results(tmp_path, {"06_noprefix_decided": table,
+                                        "06_noprefix_endpoints": _endpoints("HotpotQA·4", "HotpotQA·16")}), "S10")
+    assert short["verdict"] == "undecided at this size" and short["n"] == 0 and short["estimate"] is None
+    assert short["note"].startswith("not run at this preset: the claim is about a long composition (Noise64, "
+                                    "SAFE-KV's Table 20), and this run's largest workload has 16 documents")
+    assert "as context, notebook 06's primary: +50 pp preservation [" in short["note"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -770,9 +781,9 @@ def test_agent_session_row_is_both_declared_parts_from_the_saved_decided_table(t
     assert row["verdict"] == "undecided at this size" and row["n"] == 240 and row["mde"] == 100 * p.mde == 2.5
     assert (row["estimate"], row["ci_low"], row["ci_high"]) == (0.0, 100 * p.ci_low, 100 * p.ci_high)
     assert row["note"].startswith(f"all of 2 must hold; shown: {narrows}. {close}: ")
-    assert (f"{close}: +0 pp agreement with Re-prefill [-1.58, +1.58] (n 240 in 12 clusters; p 1) holds; {narrows}: "
-            "+0 pp agreement with Re-prefill [-1.58, +1.58] (n 240 in 12 clusters; p 1) undecided at this size."
-            ) in row["note"]
+    assert (f"{close}: +0 pp agreement with Re-prefill [-1.58, +1.58] (n 240 in 12 clusters; p 1) holds (") in row["note"]
+    assert (f"{narrows}: +0 pp agreement with Re-prefill [-1.58, +1.58] (n 240 in 12 clusters; p 1) undecided at this "
+            "size (") in row["note"]
     assert row["note"].endswith("Not decided: 'a fraction of its recomputation' (07_agent_session_summary's "
                                 "cost_ratio, a mean without an interval)")
 
@@ -876,16 +887,42 @@ def test_a11_reads_the_decodes_as_notebook_05_saves_them(tmp_path):
     assert a2["n"] == 4 and a2["verdict"] in cl.VERDICTS
 
 
-def test_p4_can_fail_on_its_first_half_and_is_undecided_while_the_second_is_not_run(tmp_path):
-    """P4 needs Dense tokens at 80 %, which no preset's declared family compares: the conjunction never holds, but a
-    first half that fails (Dense tokens at 5 % beats SUR) makes the claim fail."""
+def test_p4_needs_a_near_perfect_sur_and_is_undecided_while_its_80_percent_half_is_not_run(tmp_path):
+    """P4 needs Dense tokens at 80 %, which no preset's declared family compares: the conjunction never holds. SUR's
+    own EM at 5 % below near-perfect (an upper bound under 95 %) or Dense tokens beating SUR at 5 % makes it fail."""
+    records = pd.DataFrame({"method": "SUR", "budget_pct": 5.0, "em": [True] * 48})  # 48 of 48: lower bound 92.6 %
     rivals = _decided({("SUR 5%", "Dense tokens 5%"): (ONES, ZEROS)}, family=RIVALS)
-    row = _row_of(_results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals}), "P4")
-    assert row["verdict"] == "undecided at this size" and row["estimate"] is None and row["n"] == 0
+    tables = {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals, "02_niah_records": records}
+    row = _row_of(_results(tmp_path, tables), "P4")
+    assert row["verdict"] == "undecided at this size" and row["n"] == 48 and row["estimate"] == 100.0
     assert "SUR 5% vs Dense tokens 5%: +100 pp EM" in row["note"] and "Dense tokens at 80 %" in row["note"]
-    rivals = _decided({("SUR 5%", "Dense tokens 5%"): (ZEROS, ONES)}, family=RIVALS)
-    row = _row_of(_results(tmp_path, {"02_budget_table_em": EM_LEAD, "02_sur_vs_allocators": rivals}), "P4")
+    assert "decided by no preset yet" in row["note"]  # the part's own reading is kept in the conjunction's note
+    tables["02_sur_vs_allocators"] = _decided({("SUR 5%", "Dense tokens 5%"): (ZEROS, ONES)}, family=RIVALS)
+    row = _row_of(_results(tmp_path, tables), "P4")
     assert row["verdict"] == "does not hold" and row["estimate"] == -100.0 and row["n"] == 48
+    tables["02_sur_vs_allocators"] = rivals
+    tables["02_niah_records"] = records.assign(em=[True] * 31 + [False] * 17)  # 64.6 %: upper bound 77.8 % < 95 %
+    row = _row_of(_results(tmp_path, tables), "P4")
+    _, low, high = proportion_interval(31, 48)
+    assert row["verdict"] == "does not hold" and (row["estimate"], row["ci_low"], row["ci_high"]) == pytest.approx(
+        (100 * 31 / 48, 100 * low, 100 * high), rel=1e-12)
+
+
+def test_verdict_says_when_no_difference_can_separate():
+    """Six clusters under Holm over three cannot reach the first step's 1.67 % (it needs seven, all one way): the
+    verdict says so instead of quoting a smallest separable difference."""
+    row = {"verdict": "undecided at this size", "estimate": 1.65, "n": 18, "n_clusters": 6, "p": 0.094,
+           "family_size": 3, "mde": None, "unit": "x"}
+    assert cl.format_verdict(row) == ("undecided at this size (no difference can separate: it needs at least 7 "
+                                      "clusters under Holm over 3)")
+    assert cl.too_few_units({**row, "n_clusters": 7}) is None
+    assert cl.format_verdict({**row, "n_clusters": 7, "mde": 0.2}) == "undecided at this size (smallest separable: " \
+                                                                     "0.2 x)"
+    assert cl.format_verdict({**row, "n_clusters": None, "n": 5, "family_size": 1}) == (
+        "undecided at this size (no difference can separate: it needs at least 6 units)")
+    assert cl.format_estimate({"estimate": None, "verdict": "undecided at this size", "n": None,
+                               "note": "ledger: not separated"}) == "– (decided in words: see how it was read)"
+    assert cl.format_estimate({"estimate": None, "verdict": "undecided at this size", "n": 0, "note": "x"}) == "–"
 
 
 def _sweep_runs(doc_first, comp_first, suffix_first, suffix_last, *, n):

@@ -38,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from sur_lab.analysis.decisions import (
+    ALPHA,
     EQUIVALENT,
     NOT_DECIDED,
     Family,
@@ -49,6 +50,7 @@ from sur_lab.analysis.decisions import (
     claim_verdict,
     decides,
     judge,
+    min_separating_units,
     paired_family,
     proportion_interval,
 )
@@ -338,7 +340,8 @@ def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Est
     """A claim that is the conjunction of several decided comparisons ("beats each of four allocators"): the part
     whose verdict is weakest ("does not hold", then "undecided at this size", then "holds"; the first in order on a
     tie), so the claim holds only when every part does and fails when one fails. The verdict is that part's
-    (:func:`decide`'s), unchanged; the note lists every part.
+    (:func:`decide`'s), unchanged; the note lists every part with its estimate, its verdict and, in parentheses, how
+    it was read (the part's own note, unless it only repeats the part's name).
 
     Raises:
         NotComputed: when ``parts`` is empty (none of the comparisons ran).
@@ -346,7 +349,8 @@ def all_of(parts: Mapping[str, Estimate], *, missing: Sequence[str] = ()) -> Est
     if not parts:
         raise NotComputed("none of the comparisons ran" + (f" ({', '.join(missing)})" if missing else ""))
     label, weakest = min(parts.items(), key=lambda kv: claim_rank(kv[1].verdict))
-    listed = "; ".join(f"{k}: {format_estimate(vars(e))} {e.verdict}" for k, e in parts.items())
+    listed = "; ".join(f"{k}: {format_estimate(vars(e))} {e.verdict}" + (f" ({e.note})" if e.note and e.note != k
+                                                                           else "") for k, e in parts.items())
     note = f"all of {len(parts)} must hold; shown: {label}. {listed}"
     if missing:
         note += f". Not run here: {', '.join(missing)}"
@@ -422,12 +426,8 @@ def _bound(k: int, n: int, *, at_least: float, decide_: bool, unit: str, note: s
 
 def p2_sur_em_at_2(results: Path) -> Estimate:
     """P2: SUR's strict EM at 2 % (``02_niah_records``), at least :data:`P2_EM_FLOOR` by its exact lower bound."""
-    df = read_table(results, "02_niah_records")
-    em = df.loc[(df["method"] == "SUR") & (df["budget_pct"] == 2.0), "em"]
-    if em.empty:
-        raise NotComputed("02_niah_records has no SUR record at 2 %")
-    em = em.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(int)
-    return _bound(int(em.sum()), len(em), at_least=P2_EM_FLOOR, decide_=_decides(results, _NIAH), unit="% EM",
+    k, n = _sur_em(results, 2.0)
+    return _bound(k, n, at_least=P2_EM_FLOOR, decide_=_decides(results, _NIAH), unit="% EM",
                   note=f"SUR's strict EM at 2 % with its exact 95 % interval; 'high' read as at least "
                        f"{100 * P2_EM_FLOOR:g} % (the paper's lowest model) by the lower bound")
 
@@ -443,11 +443,37 @@ P4_NOT_RUN = ("Dense tokens at 80 % against SUR at 5 %: the default runs budgets
               "is decided by no preset yet")
 
 
+#: P4's "near-perfect" as a proportion: SUR's strict EM at 5 % at least this by its exact lower bound (the paper's
+#: 98.96 % on Qwen3-8B; fixed before reading the release). 48 cases all answered give a lower bound of 92.6 %, so the
+#: default can show "does not hold" (an upper bound below it) but not "holds": that needs >= 59 cases.
+P4_NEAR_PERFECT = 0.95
+
+
+def _sur_em(results: Path, budget: float) -> tuple[int, int]:
+    """``(k, n)``: SUR's strict EM successes and records at ``budget`` % in ``02_niah_records``.
+
+    Raises:
+        NotComputed: when the table holds no SUR record at that budget.
+    """
+    df = read_table(results, "02_niah_records")
+    em = df.loc[(df["method"] == "SUR") & (df["budget_pct"] == float(budget)), "em"]
+    if em.empty:
+        raise NotComputed(f"02_niah_records has no SUR record at {budget:g} %")
+    em = em.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(int)
+    return int(em.sum()), len(em)
+
+
 def p4_sur_near_perfect_at_5(results: Path) -> Estimate:
-    """P4, as :func:`all_of` two halves: SUR beats Dense tokens at 5 % (``02_sur_vs_allocators``), and Dense tokens
-    approaches SUR only at 80 % (:data:`P4_NOT_RUN`: :func:`not_run_part`). The claim can fail on its first half and is
-    at best undecided while the second is not run."""
-    return all_of({"SUR 5% vs Dense tokens 5%": _niah_rival(results, "SUR 5% vs Dense tokens 5%"),
+    """P4, as :func:`all_of` three parts: SUR's strict EM at 5 % is near-perfect (at least :data:`P4_NEAR_PERFECT` by
+    its exact bound, ``decisions.bound_claim``), SUR beats Dense tokens at 5 % (``02_sur_vs_allocators``), and Dense
+    tokens approaches SUR only at 80 % (:data:`P4_NOT_RUN`: :func:`not_run_part`). The claim can fail on either of
+    the first two parts and is at best undecided while the third is not run."""
+    k, n = _sur_em(results, 5.0)
+    level = _bound(k, n, at_least=P4_NEAR_PERFECT, decide_=_decides(results, _NIAH), unit="% EM",
+                   note=f"SUR's strict EM at 5 % with its exact 95 % interval; 'near-perfect' read as at least "
+                        f"{100 * P4_NEAR_PERFECT:g} % by the bounds")
+    return all_of({"SUR's EM at 5 %": level,
+                   "SUR 5% vs Dense tokens 5%": _niah_rival(results, "SUR 5% vs Dense tokens 5%"),
                    "Dense tokens at 80 %": not_run_part(P4_NOT_RUN)})
 
 
@@ -532,11 +558,15 @@ def a93_3_design_tie(results: Path) -> Estimate:
     try:
         return _ablation(results, (JOINT_ARM,), (5.0,), "equivalent")
     except NotComputed:
-        try:
-            factors = _ablation(results, ("SUR[aggregation=mean]", "SUR[partial_unit=prefix]"), (5.0,), "equivalent")
-        except NotComputed:
-            factors = None
-        seen = "" if factors is None else f"; single factors against SUR at 5 %: {factors.note.split('. ', 1)[-1]}"
+        seen = []
+        for factor in ("SUR[aggregation=mean]", "SUR[partial_unit=prefix]"):
+            try:
+                est = _ablation(results, (factor,), (5.0,), "equivalent")
+            except NotComputed:
+                continue
+            seen.append(f"{factor} 5% vs SUR 5% {format_estimate(vars(est))}")
+        seen = f"; as context, each factor alone against SUR at 5 % (no verdict: the claim is about both together, " \
+               f"with allowance_base=prompt as the paper's configuration): {'; '.join(seen)}" if seen else ""
         raise NotRun(f"the claim's joint arm ({JOINT_ARM} 5%) did not run (the paper preset runs it){seen}") from None
 
 
@@ -1056,26 +1086,34 @@ def s8_position_dependence(results: Path) -> Estimate:
                              f"the margin; {how}")
 
 
+#: The smallest composition S10 is about: SAFE-KV's Table 20 measures the donor-copy gap on Noise64.
+S10_MIN_DOCS = 64
+
+
 def s10_donor_overstates(results: Path) -> Estimate:
     """S10: donor-copy minus actual forwarding of suffix K1 (risk) in answer preservation, above 0: the primary row of
     ``06_noprefix_decided`` (:func:`sur_lab.studies.noprefix.decided_table`, family ``DONOR_PROXY``: paired over
     requests, sources clustered), judged as a claim that donor-copy is higher (``expect="greater"``): the mapping is
-    :func:`~sur_lab.analysis.decisions.claim_verdict`'s."""
+    :func:`~sur_lab.analysis.decisions.claim_verdict`'s.
+
+    Raises:
+        NotRun: when the run has no workload of :data:`S10_MIN_DOCS` documents or more (``06_noprefix_endpoints``): the
+            claim is about a long composition, and the primary pooled over short ones is only context, in the note.
+    """
     df = read_table(results, "06_noprefix_decided")
     row = _row(df, "06_noprefix_decided", "donor-copy vs actual forwarding", family=DONOR_PROXY.name)
     discordant = _finite(row.get("n_discordant"))
     pairs = "" if discordant is None else f"; {int(discordant)} of {int(row['n'])} request pairs discordant"
-    try:
-        docs = sorted({d for w in read_table(results, "06_noprefix_endpoints")["workload"]
-                       if (d := _workload_docs(w)) is not None})
-    except (FileNotFoundError, KeyError, ValueError):
-        docs = []
-    pooled = "" if not docs else (
-        f"; pooled over the workloads of {', '.join(map(str, docs))} documents"
-        + ("" if 64 in docs else " (the claim is about Noise64, which only the paper preset runs)"))
-    return decide(_scaled(row, 100.0), expect="greater", unit="pp preservation",
-                  note="donor-copy minus actual forwarding (suffix K1, risk); requests paired, sources clustered"
-                  + pairs + pooled)
+    docs = sorted({d for w in read_table(results, "06_noprefix_endpoints")["workload"]
+                   if (d := _workload_docs(w)) is not None})
+    note = (f"donor-copy minus actual forwarding (suffix K1, risk); requests paired, sources clustered{pairs}; pooled "
+            f"over the workloads of {', '.join(map(str, docs))} documents")
+    est = decide(_scaled(row, 100.0), expect="greater", unit="pp preservation", note=note)
+    if not docs or max(docs) < S10_MIN_DOCS:
+        raise NotRun(f"the claim is about a long composition (Noise64, SAFE-KV's Table 20), and this run's largest "
+                     f"workload has {max(docs) if docs else 0} documents (the paper preset runs Noise64); as context, "
+                     f"notebook 06's primary: {format_estimate(vars(est))} ({note})")
+    return est
 
 
 def s9_full_prefill_everywhere(results: Path) -> Estimate:
@@ -1559,7 +1597,8 @@ def format_estimate(row: Mapping[str, Any]) -> str:
     is unadjusted, so the p-value says why one that excludes 0 can still be undecided. ``"–"`` for a row not
     computed."""
     if row["estimate"] is None:
-        return "–"
+        words = row.get("verdict") not in (None, NOT_COMPUTED) and row.get("n") != 0 and row.get("note")
+        return "– (decided in words: see how it was read)" if words else "–"
     parts = []
     if row.get("n") is not None:
         clusters = row.get("n_clusters")
@@ -1572,12 +1611,29 @@ def format_estimate(row: Mapping[str, Any]) -> str:
         "  ", " ")
 
 
+def too_few_units(row: Mapping[str, Any]) -> int | None:
+    """The fewest units (clusters, when the comparison clusters) whose exact sign or sign-flip test could reach
+    significance at the first Holm step of the row's family (``decisions.min_separating_units``), when the row has
+    fewer: then no difference of any size separates at this size. ``None`` when the row has enough units, or no test
+    (no ``p``) or no unit count."""
+    units = row.get("n_clusters") if row.get("n_clusters") is not None else row.get("n")
+    if row.get("p") is None or not units:
+        return None
+    needed = min_separating_units(ALPHA / max(int(row.get("family_size") or 1), 1))
+    return needed if int(units) < needed else None
+
+
 def format_verdict(row: Mapping[str, Any]) -> str:
-    """The verdict, with the smallest separable difference when undecided (the comparison's ``mde``: the difference
-    whose units, all one way, would just reach significance at this size; not an 80 %-power effect), or "not yet
-    computed"."""
+    """The verdict; when undecided, why: the smallest separable difference (the comparison's ``mde``: the difference
+    whose units, all one way, would just reach significance at this size; not an 80 %-power effect), or that no
+    difference can separate with this few units (:func:`too_few_units`), or that the preset ran no unit of it."""
     if row["verdict"] == "undecided at this size" and row.get("n") == 0 and row.get("estimate") is None:
         return "undecided at this size (0 units: this preset does not run it)"
+    if row["verdict"] == "undecided at this size" and (needed := too_few_units(row)) is not None:
+        what = "clusters" if row.get("n_clusters") is not None else "units"
+        size = row.get("family_size") or 1
+        holm = f" under Holm over {size}" if size > 1 else ""
+        return f"undecided at this size (no difference can separate: it needs at least {needed} {what}{holm})"
     if row["verdict"] == "undecided at this size" and row.get("mde") is not None:
         return f"undecided at this size (smallest separable: {abs(row['mde']):.3g} {row['unit']})"
     return row["verdict"]
