@@ -6,8 +6,8 @@
   Widget outputs (tqdm progress bars, the token view's control) have no state in an executed copy: their
   widget-view data is dropped so that the static fallback (text or HTML) renders.
 * ``results.md`` is generated at build time from the same folder's records by
-  :mod:`sur_lab.runtime.results_page` (with the release's copies in ``results/`` and the default suite's in
-  ``outputs/`` when there are any); it is never typed by hand.
+  :mod:`sur_lab.runtime.results_page` (with the default suite's copies in ``outputs/`` when there are any; the
+  release's times are on its own pages, with each run's machine from its manifest); it is never typed by hand.
 * The *Results* section (``release/``) renders the committed release, ``results/`` (or ``$SUR_LAB_DOCS_RESULTS``):
   the claims table, each notebook's figures and tables, and the run manifest, with a banner on every result whose
   fingerprint differs from the current code (:func:`sur_lab.runtime.results_page.release_pages`).
@@ -114,7 +114,9 @@ def on_files(files, config):
             files.remove(existing)
         files.append(File(src, str(stage), config["site_dir"], config["use_directory_urls"]))
     results = results_folder()
-    files.append(File.generated(config, "results.md", content=results_markdown(run, results, outputs_dir())))
+    # The release's runs are on its own pages, with the machine of each from its manifest; this page shows the
+    # build's run and the local outputs/ (the notebook stamps do not say which CPU ran them).
+    files.append(File.generated(config, "results.md", content=results_markdown(run, outputs_dir())))
     pages, assets = release_pages(results, notebook_titles(config["nav"]))
     for name, content in pages.items():
         files.append(File.generated(config, name, content=content))
@@ -190,7 +192,8 @@ def on_config(config):
 
     pages = api_pages()
     titles = notebook_titles(config["nav"])
-    release = [f"{SITE_PREFIX}/index.md"] + [{titles.get(p.stem, p.stem): f"{SITE_PREFIX}/{p.stem}.md"}
+    # "(results)": the Notebooks section lists the same titles for the notebooks themselves.
+    release = [f"{SITE_PREFIX}/index.md"] + [{f"{titles.get(p.stem, p.stem)} (results)": f"{SITE_PREFIX}/{p.stem}.md"}
                                             for p in sorted(NOTEBOOKS.glob("*.ipynb"))]
     studies = sorted(str(p.relative_to(REPO / "docs")) for p in (REPO / "docs" / "studies").glob("*.md"))
     studies = ["studies/index.md"] + [p for p in studies if p != "studies/index.md"]

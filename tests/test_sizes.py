@@ -100,6 +100,12 @@ def test_sizes_table_values(release_folder):
     effect, unit = NIAH.mde(NIAH.params("default", num_cases=20))
     assert (niah["mde"], niah["mde_unit"]) == (effect, unit) and unit == "pp"
     assert niah["mde"] != NIAH.mde(NIAH.params("default"))[0]
+    # the paper preset's MDE: its own sizes, not the run's parameters; smaller than the default's where both decide
+    for stem, row in table.iterrows():
+        study = sizes.notebook_studies()[stem]
+        assert _same(row["paper_mde"], study.mde(study.params("paper"))[0]), stem
+    assert niah["paper_mde"] < NIAH.mde(NIAH.params("default"))[0]
+    assert math.isnan(QA.mde(QA.params("default"))[0]) and table.loc["03_natural_qa_latency", "paper_mde"] > 0
     assert (niah["family"], niah["comparison"], niah["verdict"]) == (NIAH.primary.name, NIAH.power.comparison, "beats")
     qa = table.loc["03_natural_qa_latency"]
     assert (qa["verdict"], qa["wall_minutes"]) == (sizes.FAILED, 3.0) and pd.isna(qa["cases"])
@@ -165,8 +171,10 @@ def test_index_and_command(release_folder, smoke_folder, capsys):
     runs, rest = readme.split("## What each study cost, and what it can decide")
     assert "## Runs" in runs and "## 02_allocation_geometry" in rest  # after the runs, before each notebook's files
     effect = NIAH.mde(NIAH.params("default", num_cases=20))[0]
+    paper = NIAH.mde(NIAH.params("paper"))[0]
     assert (f"| `02_allocation_geometry` | default | 3 | 12 min | primary: {NIAH.power.comparison} | {effect:.1f} pp "
-            "| beats |") in rest
+            f"| {paper:.1f} pp | beats |") in rest
+    assert "| MDE (80 % power) | MDE at `paper` | verdict |" in rest
     assert "| `06_noprefix_reuse` | default | – | – |" in rest and "| not run |" in rest
     capsys.readouterr()
     assert rel.main(["--sizes", str(smoke_folder), "--results", str(release_folder)]) == 0

@@ -1055,12 +1055,13 @@ def sizes_markdown(table: pd.DataFrame, *, smoke_preset: str = "smoke") -> list[
         return format_minutes(None if math.isnan(v) else float(v))
 
     smoke = "smoke_cases" in table.columns
-    head = ["notebook", "preset", "cases", "wall time", "primary comparison", "MDE (80 % power)", "verdict"]
+    head = ["notebook", "preset", "cases", "wall time", "primary comparison", "MDE (80 % power)", "MDE at `paper`",
+            "verdict"]
     head += [f"{smoke_preset} cases", f"{smoke_preset} wall time", f"{smoke_preset} MDE"] if smoke else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table.itertuples(index=False):
         cells = [f"`{r.notebook}`", r.preset, cases(r.cases), minutes(r.wall_minutes), f"{r.family}: {r.comparison}",
-                 effect_text(r.mde, r.mde_unit), r.verdict]
+                 effect_text(r.mde, r.mde_unit), effect_text(r.paper_mde, r.mde_unit), r.verdict]
         if smoke:
             cells += [cases(r.smoke_cases), minutes(r.smoke_minutes), effect_text(r.smoke_mde, r.mde_unit)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -1155,8 +1156,10 @@ def index_markdown(results: Path, manifest: Mapping[str, Any]) -> str:
     lines += ["", "## What each study cost, and what it can decide", "",
               "One row per notebook with a sweepable study (`sur_lab.runtime.sizes`): its cases (distinct case ids in "
               "its sweep records), its wall time, its primary comparison's minimal detectable effect at 80 % power, "
-              "two-sided 5 %, at this run's parameters (\"none\": this size cannot reach 80 %), and the verdict of "
-              "the notebook's saved decided table. `sur-lab release --sizes SMOKE_DIR` prints it beside a smoke "
+              "two-sided 5 %, at this run's parameters (\"none\": this size cannot reach 80 %), the same at the "
+              "`paper` preset's sizes (the size that decides a primary the default cannot: a size the suite cannot "
+              "hold within its 3 hours belongs to that preset), and the verdict of the notebook's saved decided "
+              "table. `sur-lab release --sizes SMOKE_DIR` prints it beside a smoke "
               "release's.", "", *sizes_markdown(sizes_table(results, manifest))]
     for stem in stems:
         entry = entries.get(stem)
@@ -1235,7 +1238,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--verify", action="store_true",
                       help="only verify that results/ parses and matches its manifest (exit 1 when not)")
     mode.add_argument("--index", action="store_true",
-                      help="rewrite results/README.md and the claims table from the manifest; runs nothing")
+                      help="rewrite results/README.md and the claims table from the manifest (and the manifest "
+                           "itself, adding a 'missing' entry for a notebook never run); runs nothing")
     mode.add_argument("--sizes", nargs="?", const="", default=None, metavar="SMOKE_DIR",
                       help="print, as Markdown, what each study's run in --results cost and what it can decide "
                            "(cases, wall time, primary comparison's MDE and verdict), with SMOKE_DIR's cases, wall "

@@ -36,7 +36,9 @@ Generated from the executed notebooks' own records (papermill's timings and the 
 site was built; nothing on this page is typed by hand. Timings depend on the machine and on what else ran on it, so
 read them as one run's wall times, not as benchmarks; the benchmarks are notebooks 04 and 05 and the scripts in
 [Executors and performance](executors.md). The *load* column is the machine's 1-minute load average when each run
-finished: a load above the CPU count means that other work shared the cores.
+finished: a load above the CPU count means that other work shared the cores. The committed release's own times,
+peak memory and the machine of each run (a release may be run on several machines) are on the
+[Results](release/index.md) page, from its manifest.
 """
 
 
@@ -320,7 +322,8 @@ def release_notebook_page(results: Path, check, preset: str = "default",
     if executed in outs:
         assets[executed] = Path(results) / executed
         lines += ["## Executed notebook", "", f"[{executed}]({executed}) (download; its figures are the files above). "
-                  f"The site's notebook page, [{title}](../notebooks/{executed}), shows the copy its build ran.", ""]
+                  f"The site's notebook page, [{title}](../notebooks/{executed}), shows the notebook as the site's "
+                  "build ran it (`make docs`: its smoke run), or its code without outputs (`make docs-release`).", ""]
     return "\n".join(lines), assets
 
 

@@ -14,6 +14,8 @@ reads from a release folder (``results/`` or a ``--preset smoke --results DIR`` 
   minimal detectable effect at 80 % power, two-sided 5 % (``study.mde``), at the run's parameters
   (:func:`study_parameters`: the notebook's literal defaults, the manifest's parameters over them, mapped onto the
   study's parameters);
+- **the ``paper`` preset's MDE**: the same at ``study.params("paper")``, the size a default that cannot decide its
+  primary defers to (issue 40: a size the suite cannot hold within 3 hours is the ``paper`` preset's);
 - **the verdict**: the ``verdict`` of the primary family's row in the notebook's saved decided tables (the
   :data:`sur_lab.analysis.decisions.COLUMNS` schema, read from ``tables/<NN>_*.csv``: :func:`primary_verdict`);
   :data:`NOT_RUN` for a notebook that never ran, :data:`FAILED` for one that failed, :data:`NOT_SAVED` when no saved
@@ -47,7 +49,7 @@ FAILED = "failed"
 NOT_SAVED = "not in a saved table"
 #: :func:`sizes_table`'s columns; the ``smoke_*`` ones only with a second folder.
 COLUMNS = ["notebook", "study", "preset", "cases", "wall_minutes", "family", "comparison", "mde", "mde_unit",
-           "verdict"]
+           "paper_mde", "verdict"]
 SMOKE_COLUMNS = ["smoke_cases", "smoke_minutes", "smoke_mde"]
 
 
@@ -211,8 +213,9 @@ def sizes_table(results: Path, manifest: Mapping[str, Any], *, smoke: Path | Non
         smoke_manifest: its manifest (required with ``smoke``).
 
     Returns:
-        A DataFrame with :data:`COLUMNS` (``cases`` an ``Int64`` with missing values, ``wall_minutes`` and ``mde``
-        float64 with NaN for missing and for a size that cannot reach 80 % power, ``mde_unit`` e.g. ``"pp"``,
+        A DataFrame with :data:`COLUMNS` (``cases`` an ``Int64`` with missing values, ``wall_minutes``, ``mde`` and
+        ``paper_mde`` float64 with NaN for missing and for a size that cannot reach 80 % power, ``mde_unit`` e.g.
+        ``"pp"``,
         ``"x"``, ``"nats"``) and, with ``smoke``, :data:`SMOKE_COLUMNS` (the same quantities in that folder;
         ``smoke_mde`` in ``mde_unit``).
 
@@ -228,9 +231,10 @@ def sizes_table(results: Path, manifest: Mapping[str, Any], *, smoke: Path | Non
             continue
         main = _facts(Path(results), manifest, study, paths[stem])
         _, verdict = primary_verdict(Path(results), study, main["entry"])
+        paper, _ = study.mde(study.params("paper")) if "paper" in study.presets else (math.nan, "")
         row = {"notebook": stem, "study": study.name, "preset": main["preset"], "cases": main["cases"],
                "wall_minutes": main["minutes"], "family": study.primary.name, "comparison": study.power.comparison,
-               "mde": main["mde"], "mde_unit": main["unit"], "verdict": verdict}
+               "mde": main["mde"], "mde_unit": main["unit"], "paper_mde": float(paper), "verdict": verdict}
         if smoke is not None:
             other = _facts(Path(smoke), smoke_manifest, study, paths[stem])
             row.update(smoke_cases=other["cases"], smoke_minutes=other["minutes"], smoke_mde=other["mde"])
@@ -240,7 +244,7 @@ def sizes_table(results: Path, manifest: Mapping[str, Any], *, smoke: Path | Non
     for col in ("cases", "smoke_cases"):
         if col in table:
             table[col] = table[col].astype("Int64")
-    for col in ("wall_minutes", "mde", "smoke_minutes", "smoke_mde"):
+    for col in ("wall_minutes", "mde", "paper_mde", "smoke_minutes", "smoke_mde"):
         if col in table:
             table[col] = table[col].astype("float64")
     return table
