@@ -750,7 +750,9 @@ def _t15(results: Path, condition: str, hypothesis: str, *, expect: str, margin:
         "Holm p over the secondary family" if holm else "tested alone")
     return decide({"estimate": r["delta"], "ci_low": r["delta_low"], "ci_high": r["delta_high"], "n": n,
                    "verdict": word},
-                  expect=expect, unit=unit, note=f"{condition}: {hypothesis} contrast over {n} sources; {how}")
+                  expect=expect, unit=unit, note=f"{condition}: {hypothesis} contrast over {n} sources; {how}"
+                  + ("; the EM stratum (the sources Re-prefill answers) held one source, too few for an interval"
+                     if "EM" in hypothesis and n == 1 else ""))
 
 
 def a10_1_nll_side_null(results: Path) -> Estimate:
