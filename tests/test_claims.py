@@ -353,6 +353,15 @@ def test_evidence_location_rows(tmp_path):
     assert a1["unit"] == "nats"
     a2 = _row_of(results, "A10-2")
     assert a2["verdict"] == "holds" and a2["unit"] == "pp EM" and a2["estimate"] == 6.0
+    assert "too few for an interval" not in a2["note"]
+    one = t15.copy()
+    # one source: no interval, and its test cannot reach significance (p 1)
+    one.loc[one.hypothesis == "EM side", ["n", "n_clusters", "delta_low", "delta_high", "p", "p_adj"]] = [
+        1, 1, np.nan, np.nan, 1.0, 1.0]
+    a2_one = _row_of(_results(tmp_path, {"08_table15": one, "08_findings": findings}), "A10-2")
+    assert a2_one["verdict"] == "undecided at this size" and a2_one["n"] == 1
+    assert a2_one["note"].endswith("the EM stratum (the sources Re-prefill answers) held one source, too few for an "
+                                   "interval")
     a3 = _row_of(results, "A10-3")  # no margin for these: never shown null
     assert a3["verdict"] == "undecided at this size" and a3["note"].startswith("all of 4 must hold")
     a4 = _row_of(results, "A10-4")
