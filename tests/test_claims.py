@@ -394,7 +394,7 @@ def test_every_claim_renders_on_empty_and_on_finished_folders(tmp_path):
     results = _results(tmp_path, {}, finished=finished)
     rows = cl.claim_rows(results)
     not_run = {r["id"] for r in rows if r["verdict"] != cl.NOT_COMPUTED}
-    assert not_run == {"P14", "A9.3-2"}
+    assert not_run == {"A9.3-2"}
     assert all(r["verdict"] == cl.NOT_COMPUTED and r["note"] for r in rows if r["id"] not in not_run)
     assert all(r["verdict"] == "undecided at this size" and r["n"] == 0 and r["note"].startswith(
         "not run at this preset: ") for r in rows if r["id"] in not_run)
@@ -980,3 +980,45 @@ def test_no_better_reads_loses_and_equivalent_as_holding():
 
     assert [claim_verdict(v, cl._no_better(v)) for v in ("loses to", "equivalent", "beats", "not separated")] == [
         "holds", "holds", "does not hold", "undecided at this size"]
+
+
+def _qa_records(selectors, *, n_sources=8, sur_ms=100.0, selector_ms=300.0, timed=True):
+    """``03_natural_qa_records`` as notebook 03 saves it, trimmed to what the claims read: per source and placement,
+    SUR at 5 %, each selector at 5 % and the references, with Eq. 20's parts (the selector slower)."""
+    rows = []
+    for i in range(n_sources):
+        for placement in ("before", "between", "after"):
+            for method, budget, ms in (("SUR", 5.0, sur_ms), *((s, 5.0, selector_ms + i) for s in selectors),
+                                       ("Shift", np.nan, 10.0), ("Re-prefill", np.nan, 500.0)):
+                rows.append({"dataset": "hotpotqa", "source_id": f"s{i}", "placement": placement, "method": method,
+                             "budget_pct": budget, "em": True, "prediction": "x", "timed": timed,
+                             "select_ms": 1.0, "shift_ms": 1.0, "refresh_ms": ms - 3.0, "answer_ms": 1.0,
+                             "latency_ms": ms})
+    return pd.DataFrame(rows)
+
+
+def test_p14_decides_em_and_latency_per_selector_and_needs_all_three(tmp_path):
+    """P14 at a preset that runs the selectors: EM from 03_decisions' family of rivals, latency declared here on the
+    timed records (24 cases in 8 source clusters, each selector 3x slower): both halves beat for the selectors that
+    ran; one selector not run leaves the claim undecided; none run: 0 units."""
+    from sur_lab.studies import natural_qa as qa
+
+    t7 = pd.DataFrame({"condition": ["SUR 5%", "Re-prefill"], "em_pct": [40.0, 90.0]})  # EM leads
+    sel = list(cl.P14_SELECTORS)
+    rivals = _decided({("SUR 5%", f"{s} 5%"): (ONES, HALF) for s in sel}, family=qa.RIVALS)
+    tables = {"03_decisions": rivals, "03_table7_quality_latency": t7, "03_natural_qa_records": _qa_records(sel)}
+    row = _row_of(_results(tmp_path, tables), "P14")
+    assert row["verdict"] == "holds", row["note"]
+    assert "all of 6 must hold" in row["note"] and f"latency: SUR 5% vs {sel[0]} 5%: +3" in row["note"]
+    assert "post-edit latency against the selectors (P14), Holm over 3" in row["note"]
+    # the latency ratio is the study's own pairing: (selector ms) / (SUR ms) per case, geometric mean
+    expected = float(np.exp(np.mean(np.log([(300.0 + i) / 100.0 for i in range(8) for _ in range(3)]))))
+    assert f"latency: SUR 5% vs {sel[0]} 5%: +{expected:.3g} x" in row["note"]
+    tables["03_natural_qa_records"] = _qa_records(sel[:2])
+    row = _row_of(_results(tmp_path, tables), "P14")
+    assert row["verdict"] == "undecided at this size" and f"not run at this preset: notebook 03 ran no {sel[2]}" in (
+        row["note"])
+    tables["03_natural_qa_records"] = _qa_records([])
+    row = _row_of(_results(tmp_path, tables), "P14")
+    assert row["verdict"] == "undecided at this size" and row["n"] == 0
+    assert row["note"].startswith("not run at this preset: notebook 03 ran none of CacheBlend-Adapted")
