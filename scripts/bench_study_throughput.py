@@ -431,6 +431,24 @@ def _load(study: str, folder: str) -> pd.DataFrame:
     return _study(study).add_stale_endpoints(df) if study == "stale-facts" else df
 
 
+#: pandas display options of the printed tables.
+DISPLAY = ("display.width", 250, "display.max_columns", 40, "display.max_rows", 500, "display.max_colwidth", 60)
+
+
+def _print_runs(summary: pd.DataFrame, results: list[dict], table: pd.DataFrame) -> None:
+    """Print each run's throughput summary, its dtype and why, and where a case's time goes."""
+    print()
+    print(summary.round({"wall_s": 1, "records_per_min": 2, "model_rss_mb": 0, "peak_rss_mb": 0, "ratio": 2,
+                         "peak_ratio": 2, "answer_agreement": 4}).to_string(index=False))
+    print()
+    for r in results:
+        print(f"{r['run']}: dtype {r['dtype']} ({r['dtype_reason']})")
+    print()
+    print("where a case's time goes (s per case; query/decode/score: batch wall times summed over the case):")
+    print(table.round(2).to_string(index=False))
+    print()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child is not None:
@@ -486,12 +504,9 @@ def main(argv=None) -> int:
     if len(labels) == 1:
         # One run measures its throughput alone (e.g. each dtype run on its own core into one --out); a later
         # invocation with both runs resumes their sweeps and compares them.
-        with pd.option_context("display.width", 250, "display.max_columns", 40):
-            print()
-            print(summary.round(2).to_string(index=False))
-            print()
-            print(table.round(2).to_string(index=False))
-            print("\none run: no parity study (give two --runs to compare them)")
+        with pd.option_context(*DISPLAY):
+            _print_runs(summary, results, table)
+            print("one run: no parity study (give two --runs to compare them)")
         if args.json:
             Path(args.json).write_text(json.dumps({"summary": summary.to_dict("records"),
                                                    "breakdown": table.to_dict("records")}, indent=1, default=str))
@@ -525,18 +540,8 @@ def main(argv=None) -> int:
                                                       options)
             d.update(parting_step=step, top2_logit_margin=margin)
 
-    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500,
-                           "display.max_colwidth", 60):
-        print()
-        print(summary.round({"wall_s": 1, "records_per_min": 2, "model_rss_mb": 0, "peak_rss_mb": 0, "ratio": 2,
-                             "peak_ratio": 2, "answer_agreement": 4}).to_string(index=False))
-        print()
-        for r in results:
-            print(f"{r['run']}: dtype {r['dtype']} ({r['dtype_reason']})")
-        print()
-        print("where a case's time goes (s per case; query/decode/score: batch wall times summed over the case):")
-        print(table.round(2).to_string(index=False))
-        print()
+    with pd.option_context(*DISPLAY):
+        _print_runs(summary, results, table)
         if per_method:
             print(f"answer agreement with the baseline ({base_label}), per method and budget:")
             print(pd.concat(per_method, axis=1).round(4).to_string())

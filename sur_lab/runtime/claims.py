@@ -451,6 +451,11 @@ P4_NOT_RUN = ("Dense tokens at 80 % against SUR at 5 %: the default runs budgets
 P4_NEAR_PERFECT = 0.95
 
 
+def _flags(values: pd.Series) -> pd.Series:
+    """0/1 ints of a flag column read back from CSV (``True``/``False``, ``1``/``0``, as text or typed)."""
+    return values.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(int)
+
+
 def _sur_em(results: Path, budget: float) -> tuple[int, int]:
     """``(k, n)``: SUR's strict EM successes and records at ``budget`` % in ``02_niah_records``.
 
@@ -461,8 +466,7 @@ def _sur_em(results: Path, budget: float) -> tuple[int, int]:
     em = df.loc[(df["method"] == "SUR") & (df["budget_pct"] == float(budget)), "em"]
     if em.empty:
         raise NotComputed(f"02_niah_records has no SUR record at {budget:g} %")
-    em = em.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(int)
-    return int(em.sum()), len(em)
+    return int(_flags(em).sum()), len(em)
 
 
 def p4_sur_near_perfect_at_5(results: Path) -> Estimate:
@@ -1104,20 +1108,17 @@ def s8_position_dependence(results: Path) -> Estimate:
         raise NotComputed(f"{table} has fewer than two evidence slots")
     first, last = int(df["slot"].min()), int(df["slot"].max())
 
-    def preserved(label: str, slot: int) -> pd.Series:
-        sel = df[(df["label"] == label) & (df["slot"] == slot)]
-        if sel.empty:
-            raise NotComputed(f"{table} has no forwarded {label!r} request in slot {slot}")
-        flags = sel["preserved"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
-        return pd.Series(flags.astype(int).to_numpy(), index=pd.MultiIndex.from_frame(sel[keys]))
-
-    def paired(a: pd.Series, b: pd.Series) -> tuple[Any, Any]:
-        both = a.index.intersection(b.index)
-        return a.loc[both].to_numpy(), b.loc[both].to_numpy()
-
-    diffs = {(S8_DOC, S8_COMPOSITION): paired(preserved(S8_DOC, first), preserved(S8_COMPOSITION, first)),
-             (f"{S8_SUFFIX} first", f"{S8_SUFFIX} last"): paired(preserved(S8_SUFFIX, first),
-                                                                  preserved(S8_SUFFIX, last))}
+    # one arm per (path, slot); a source's request is the paired unit (paired_outcomes, as the studies pair)
+    arms = df.assign(_arm=df["label"] + " @ " + df["slot"].astype(int).astype(str),
+                     _unit=df["dataset"].astype(str) + "/" + df["source_id"].astype(str),
+                     _kept=_flags(df["preserved"]))
+    compared = {(S8_DOC, S8_COMPOSITION): (f"{S8_DOC} @ {first}", f"{S8_COMPOSITION} @ {first}"),
+                (f"{S8_SUFFIX} first", f"{S8_SUFFIX} last"): (f"{S8_SUFFIX} @ {first}", f"{S8_SUFFIX} @ {last}")}
+    outcomes, _ = paired_outcomes(arms, list(compared.values()), "_kept", arm_col="_arm", case_col="_unit")
+    lacking = [" and ".join(pair) for pair in compared.values() if pair not in outcomes]
+    if lacking:
+        raise NotComputed(f"{table} has no forwarded requests of {lacking[0]}")
+    diffs = {name: outcomes[pair] for name, pair in compared.items()}
     rows = paired_family(diffs, family=POSITION_FAMILY, decide=_decides(results, _NOPREFIX)).to_dict("records")
     doc, suffix = rows
     margin = f"the margin ±{100 * LEDGER_MARGIN.value:g} points ({LEDGER_MARGIN.source})"

@@ -215,8 +215,7 @@ def sizes_table(results: Path, manifest: Mapping[str, Any], *, smoke: Path | Non
     Returns:
         A DataFrame with :data:`COLUMNS` (``cases`` an ``Int64`` with missing values, ``wall_minutes``, ``mde`` and
         ``paper_mde`` float64 with NaN for missing and for a size that cannot reach 80 % power, ``mde_unit`` e.g.
-        ``"pp"``,
-        ``"x"``, ``"nats"``) and, with ``smoke``, :data:`SMOKE_COLUMNS` (the same quantities in that folder;
+        ``"pp"``, ``"x"``, ``"nats"``) and, with ``smoke``, :data:`SMOKE_COLUMNS` (the same quantities in that folder;
         ``smoke_mde`` in ``mde_unit``).
 
     Raises:
